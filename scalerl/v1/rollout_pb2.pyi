@@ -1,0 +1,193 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_INTERRUPTED: _ClassVar[FinishReason]
+    FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+
+class InterruptMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERRUPT_MODE_UNSPECIFIED: _ClassVar[InterruptMode]
+    INTERRUPT_MODE_TRUNCATE: _ClassVar[InterruptMode]
+    INTERRUPT_MODE_ABORT: _ClassVar[InterruptMode]
+
+class WeightsFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHTS_FORMAT_UNSPECIFIED: _ClassVar[WeightsFormat]
+    WEIGHTS_FORMAT_SAFETENSORS: _ClassVar[WeightsFormat]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_INTERRUPTED: FinishReason
+FINISH_REASON_ABORTED: FinishReason
+INTERRUPT_MODE_UNSPECIFIED: InterruptMode
+INTERRUPT_MODE_TRUNCATE: InterruptMode
+INTERRUPT_MODE_ABORT: InterruptMode
+WEIGHTS_FORMAT_UNSPECIFIED: WeightsFormat
+WEIGHTS_FORMAT_SAFETENSORS: WeightsFormat
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "seed", "max_new_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    seed: int
+    max_new_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+
+class LengthControl(_message.Message):
+    __slots__ = ("thinking_budget", "answer_budget", "interrupt_text")
+    THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    thinking_budget: int
+    answer_budget: int
+    interrupt_text: str
+    def __init__(self, thinking_budget: _Optional[int] = ..., answer_budget: _Optional[int] = ..., interrupt_text: _Optional[str] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_text", "prompt_token_ids", "sampling", "length_control")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_text: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    length_control: LengthControl
+    def __init__(self, request_id: _Optional[str] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., length_control: _Optional[_Union[LengthControl, _Mapping]] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "token_ids", "logprobs", "policy_versions", "forced", "finish_reason", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    forced: _containers.RepeatedScalarFieldContainer[bool]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class InterruptRequest(_message.Message):
+    __slots__ = ("request_id", "mode")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    mode: InterruptMode
+    def __init__(self, request_id: _Optional[str] = ..., mode: _Optional[_Union[InterruptMode, str]] = ...) -> None: ...
+
+class InterruptResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class WeightsHeader(_message.Message):
+    __slots__ = ("version", "format", "total_bytes", "sha256", "uri")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    format: WeightsFormat
+    total_bytes: int
+    sha256: str
+    uri: str
+    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightsFormat, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., uri: _Optional[str] = ...) -> None: ...
+
+class UpdateWeightsRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: WeightsHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class UpdateWeightsResponse(_message.Message):
+    __slots__ = ("policy_version", "seconds")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    seconds: float
+    def __init__(self, policy_version: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class GetRolloutStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetRolloutStatusResponse(_message.Message):
+    __slots__ = ("worker_id", "engine", "model", "policy_version", "active_requests", "tokens_generated")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    engine: str
+    model: str
+    policy_version: int
+    active_requests: int
+    tokens_generated: int
+    def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., active_requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PARSE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    forced: _containers.RepeatedScalarFieldContainer[bool]
+    reward: float
+    finish_reason: FinishReason
+    parse_failed: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., parse_failed: _Optional[bool] = ...) -> None: ...
+
+class RolloutGroup(_message.Message):
+    __slots__ = ("group_id", "prompt_id", "prompt_token_ids", "samples", "min_policy_version", "max_policy_version", "worker_id", "created_unix_s")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    prompt_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    min_policy_version: int
+    max_policy_version: int
+    worker_id: str
+    created_unix_s: float
+    def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., min_policy_version: _Optional[int] = ..., max_policy_version: _Optional[int] = ..., worker_id: _Optional[str] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
