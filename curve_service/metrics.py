@@ -1,0 +1,112 @@
+"""Prometheus metrics of the curve service (ARCHITECTURE.md sec. 8), prefix `scalerl_`.
+
+Each `CurveMetrics` owns its own registry, so several services (or tests) in one process
+do not collide; `start_metrics_server` exposes one registry over HTTP at /metrics.
+"""
+
+from __future__ import annotations
+
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+import scalerl
+from curve_service.fit import FitResult
+
+FIT_STATUSES = ("ok", "invalid", "error")
+# Fits take ~0.1-1 s on small histories and up to ~10 s near the 100,000-point limit.
+_FIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class CurveMetrics:
+    """Fit counters and timings, per-run fitted parameters, and build info."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        reg = self.registry
+        self.fits = Counter(
+            "scalerl_curve_fits",
+            "Curve fits by outcome: ok, invalid (bad input) or error (fit failed).",
+            ["status"],
+            registry=reg,
+        )
+        self.fit_seconds = Histogram(
+            "scalerl_curve_fit_seconds",
+            "Wall time of one sigmoid fit (grid search and refinement), in seconds.",
+            buckets=_FIT_BUCKETS,
+            registry=reg,
+        )
+        self.asymptote = Gauge(
+            "scalerl_curve_asymptote",
+            "Fitted A (asymptotic reward) of a run.",
+            ["run_id"],
+            registry=reg,
+        )
+        self.exponent = Gauge(
+            "scalerl_curve_exponent",
+            "Fitted B (scaling exponent) of a run.",
+            ["run_id"],
+            registry=reg,
+        )
+        self.midpoint = Gauge(
+            "scalerl_curve_midpoint",
+            "Fitted C_mid of a run, in the run's compute unit (accelerator-hours by default).",
+            ["run_id"],
+            registry=reg,
+        )
+        self.points = Gauge(
+            "scalerl_curve_points", "Eval points recorded for a run.", ["run_id"], registry=reg
+        )
+        build = Gauge(
+            "scalerl_build_info",
+            "Build of this process; the value is always 1.",
+            ["service", "version"],
+            registry=reg,
+        )
+        build.labels(service="curve", version=scalerl.__version__).set(1)
+        for status in FIT_STATUSES:
+            self.fits.labels(status=status)  # export every status from the start, at 0
+
+    def observe_fit(self, status: str, seconds: float) -> None:
+        """Count one fit with `status` (one of FIT_STATUSES) that took `seconds`."""
+        if status not in FIT_STATUSES:
+            raise ValueError(f"status must be one of {FIT_STATUSES}, got {status!r}")
+        self.fits.labels(status=status).inc()
+        self.fit_seconds.observe(seconds)
+
+    def set_run(self, run_id: str, points: int, fit: FitResult | None) -> None:
+        """Publish a run's point count and, when it has one, its fitted A, B, C_mid."""
+        self.points.labels(run_id=run_id).set(points)
+        if fit is None:
+            for gauge in (self.asymptote, self.exponent, self.midpoint):
+                try:
+                    gauge.remove(run_id)
+                except KeyError:
+                    pass  # the run never had a fit
+            return
+        self.asymptote.labels(run_id=run_id).set(fit.a)
+        self.exponent.labels(run_id=run_id).set(fit.b)
+        self.midpoint.labels(run_id=run_id).set(fit.c_mid)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format, as served at /metrics."""
+        return generate_latest(self.registry)
+
+
+def start_metrics_server(
+    metrics: CurveMetrics, port: int = 0, host: str = "127.0.0.1"
+) -> tuple[WSGIServer, int]:
+    """Serve `metrics` at http://host:port/metrics in a daemon thread.
+
+    port 0 picks a free port. Returns (server, bound_port); stop with server.shutdown().
+    Raises OSError when the port cannot be bound.
+    """
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    return server, int(server.server_port)

@@ -1,0 +1,51 @@
+"""`scalerl-learner`: the learner process. Arguments are parsed before torch is imported."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scalerl-learner", description=__doc__)
+    parser.add_argument("--config", required=True, help="Run config: built-in name or YAML.")
+    parser.add_argument("--redis-url", required=True, help="redis://host:port/db")
+    parser.add_argument("--run-dir", required=True, type=Path, help="Run folder.")
+    parser.add_argument("--curve-address", default=None, help="host:port of the curve service.")
+    parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
+    parser.add_argument("--port", type=int, default=0, help="LearnerService port (0 = free).")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="Config override (repeatable).")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s learner %(levelname)s %(message)s")
+    from scalerl.config import load_config
+
+    try:
+        config = load_config(args.config, args.set)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"scalerl-learner: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
+    from learner_service.learner import Learner
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    learner = Learner(config, args.redis_url, args.run_dir, args.curve_address,
+                      args.host, args.port)
+    try:
+        return learner.run(stop)
+    finally:
+        learner.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The actor loop of a rollout worker (ARCHITECTURE sec. 2).
+
+Pull a prompt from the pool, generate its group of G completions on the local engine,
+score each with the task's verifier, and push the `RolloutGroup` to the replay stream.
+Several groups are kept in flight so the engine's continuous batching stays full; pushing
+waits while the stream is at capacity, which is what bounds off-policyness (PipelineRL-k).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rollout_service.engine import GenerationRequest, GenerationStream, TorchEngine
+from scalerl.config import RunConfig
+from scalerl.prompt_pool import PromptPool
+from scalerl.registry import RunState
+from scalerl.replay import PushAborted, ReplayStream
+from scalerl.staleness import is_admissible
+from scalerl.tasks import AdditionTask
+from scalerl.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _GroupInFlight:
+    prompt_id: str
+    prompt_ids: list[int]
+    streams: list[GenerationStream]
+    submitted_version: int
+    started: float = field(default_factory=time.monotonic)
+
+    def done(self) -> bool:
+        return all(s.finished.is_set() for s in self.streams)
+
+
+class ActorLoop:
+    """Generates, scores and pushes groups until `should_stop()` is true.
+
+    engine: the worker's `TorchEngine`; tokenizer: `scalerl.models.PolicyTokenizer`;
+    task: the run's task (train split and verifier). Counters `groups_pushed` and
+    `groups_dropped_stale` are for metrics.
+    """
+
+    def __init__(
+        self,
+        engine: TorchEngine,
+        tokenizer,
+        task: AdditionTask,
+        pool: PromptPool,
+        replay: ReplayStream,
+        state: RunState,
+        config: RunConfig,
+        worker_id: str,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.task = task
+        self.pool = pool
+        self.replay = replay
+        self.state = state
+        self.config = config
+        self.worker_id = worker_id
+        self.rng = random.Random(f"{config.seed}-{worker_id}")
+        rollout = config.rollout
+        self.interrupt_ids = (
+            tuple(tokenizer.encode(rollout.interrupt_text)) if rollout.thinking_budget else ()
+        )
+        self.groups_pushed = 0
+        self.groups_dropped_stale = 0
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Loop until `should_stop()`; in-flight requests are aborted on the way out."""
+        in_flight: list[_GroupInFlight] = []
+        try:
+            while not should_stop():
+                while len(in_flight) < self.config.rollout.groups_in_flight:
+                    in_flight.append(self._start_group())
+                finished = [g for g in in_flight if g.done()]
+                if not finished:
+                    in_flight[0].streams[-1].finished.wait(0.05)
+                    continue
+                for group in finished:
+                    in_flight.remove(group)
+                    self._finish_group(group, should_stop)
+        except PushAborted:
+            pass
+        finally:
+            for group in in_flight:
+                for stream in group.streams:
+                    stream.cancel()
+
+    def _start_group(self) -> _GroupInFlight:
+        prompt_id = self.pool.sample(1, self.rng)[0]
+        problem = self.task.problem(prompt_id)
+        prompt_ids = self.tokenizer.prompt_ids(problem.question, self.config.task.system_prompt)
+        rollout = self.config.rollout
+        version = self.engine.policy_version
+        streams = []
+        for i in range(rollout.group_size):
+            request = GenerationRequest(
+                request_id=f"{self.worker_id}-{prompt_id}-{self.rng.getrandbits(48):x}-{i}",
+                prompt_ids=tuple(prompt_ids),
+                max_new_tokens=rollout.max_new_tokens,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                seed=self.rng.getrandbits(63),
+                thinking_budget=rollout.thinking_budget,
+                answer_budget=rollout.answer_budget if rollout.thinking_budget else 0,
+                interrupt_ids=self.interrupt_ids,
+            )
+            streams.append(self.engine.submit(request))
+        return _GroupInFlight(prompt_id, prompt_ids, streams, version)
+
+    def _finish_group(self, group: _GroupInFlight, should_stop: Callable[[], bool]) -> None:
+        message = build_group(group, self.task, self.tokenizer, self.worker_id)
+        learner_version = self.state.get_policy_version()
+        if not is_admissible(learner_version, message.min_policy_version,
+                             self.config.learner.off_policy_k):
+            self.groups_dropped_stale += 1  # the learner would drop it anyway
+            return
+        self.replay.push(message, should_stop=should_stop)
+        self.groups_pushed += 1
+
+
+def build_group(group: _GroupInFlight, task: AdditionTask, tokenizer,
+                worker_id: str) -> rollout_pb2.RolloutGroup:
+    """Join the G finished streams into a scored `RolloutGroup` (reward by the task's
+    verifier on the decoded completion; min/max policy version over every token)."""
+    samples, versions = [], []
+    for stream in group.streams:
+        done = stream.result()
+        verdict = task.score(group.prompt_id, tokenizer.decode(done.token_ids))
+        samples.append(rollout_pb2.Sample(
+            token_ids=done.token_ids, logprobs=done.logprobs, policy_versions=done.versions,
+            forced=done.forced, reward=verdict.reward, finish_reason=done.finish_reason,
+            parse_failed=verdict.parse_failed,
+        ))
+        versions += done.versions or [group.submitted_version]
+    return rollout_pb2.RolloutGroup(
+        group_id=f"{worker_id}-{group.streams[0].request_id}",
+        prompt_id=group.prompt_id,
+        prompt_token_ids=group.prompt_ids,
+        samples=samples,
+        min_policy_version=min(versions),
+        max_policy_version=max(versions),
+        worker_id=worker_id,
+        created_unix_s=time.time(),
+    )

@@ -1,0 +1,304 @@
+"""A minimal Llama forward over the engine's own slot KV cache.
+
+The Hugging Face `LlamaForCausalLM` stays the owner of the parameters (so a weight update
+is a plain `copy_` into them); this module only replaces the cache and the attention
+plumbing so that a batch of sequences with different lengths can share one preallocated
+cache:
+
+    k, v: [layers, max_batch, kv_heads, max_seq_len, head_dim]   (body dtype)
+
+A *slot* is one row of that cache; the engine assigns a slot per running request. Two
+entry points:
+
+- `SlotLlama.extend(slot, start, token_ids)`: append a chunk of T tokens to one slot
+  (prefill, or the forced interrupt phrase), returning fp32 logits.
+- `SlotLlama.decode(slots, positions, token_ids)`: one token for each of N slots, each at
+  its own position (continuous batching), returning fp32 logits [N, vocab].
+
+Formulas follow the Llama architecture (Touvron et al. 2023, Sec. 2.2): pre-normalisation
+with RMSNorm, rotary position embeddings (RoPE; Su et al. 2021, RoFormer eq. 34, in the
+"rotate half" layout used by Hugging Face), SwiGLU MLP, grouped-query attention
+(Ainslie et al. 2023). The language-model head runs in fp32 whatever the body dtype
+(ScaleRL, Khatri et al. 2025, Sec. 3.2 "FP32 precision at the LM head").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def default_rope_theta(config: object) -> float:
+    """RoPE base frequency of an HF Llama config (`rope_parameters` or `rope_theta`).
+
+    Raises ValueError when the config asks for a RoPE type other than "default"
+    (linear/dynamic/yarn/llama3 scaling are not implemented here).
+    """
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported by the torch engine; only 'default' RoPE"
+        )
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    return float(theta if theta is not None else 10000.0)
+
+
+def rope_tables(theta: float, head_dim: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each [max_seq_len, head_dim] fp32, for positions 0..max_seq_len-1.
+
+    RoFormer eq. 34 with inv_freq_i = theta^(-2i/d), duplicated over both halves because the
+    rotation pairs dimension i with i + d/2 ("rotate half"). Computed exactly as HF's
+    default rotary embedding does (fp32 product, then cos/sin) so logits match it.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    positions = torch.arange(max_seq_len, dtype=torch.float)
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [N, heads, T, D] by cos/sin [N, 1, T, D] (RoFormer eq. 34, rotate-half form)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class SlotKVCache:
+    """Preallocated keys and values, each [layers, max_batch, kv_heads, max_seq_len, head_dim].
+
+    Memory: 2 * layers * max_batch * kv_heads * max_seq_len * head_dim * bytes(dtype).
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        max_batch: int,
+        kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (layers, max_batch, kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def write(
+        self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """Store k, v [N, kv_heads, T, D] of slots [N] at positions [N, T]."""
+        rows = slots[:, None]
+        # Advanced indices separated by a slice put the indexed dims first: [N, T, heads, D].
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+
+    def read(
+        self, layer: int, slots: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots [N] for positions < length: each [N, kv_heads, length, D]."""
+        keys = self.k[layer, :, :, :length].index_select(0, slots)
+        values = self.v[layer, :, :, :length].index_select(0, slots)
+        return keys, values
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot src into slot dst (shared prompts)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
+
+@dataclass
+class StagedWeights:
+    """Validated tensors ready to be copied into the model (already in the body dtype)."""
+
+    tensors: dict[str, torch.Tensor]
+    head_fp32: torch.Tensor
+
+
+class SlotLlama:
+    """Llama forward over a `SlotKVCache`, reusing an HF `LlamaForCausalLM`'s modules.
+
+    The model is moved to `device`/`dtype` in place: the caller hands over ownership.
+    The fp32 head weight is taken before the cast, so a bf16 body keeps an fp32 head of
+    full precision. Raises ValueError for an unsupported RoPE type.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_batch: int,
+        max_seq_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        config = model.config
+        theta = default_rope_theta(config)
+        self.head_fp32 = model.lm_head.weight.detach().to(device, torch.float32).clone()
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.vocab_size = config.vocab_size
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.tied = model.lm_head.weight is model.model.embed_tokens.weight
+        self.head_name = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+        self.cache = SlotKVCache(
+            config.num_hidden_layers, max_batch, self.num_kv_heads, max_seq_len, self.head_dim,
+            dtype, self.device,
+        )
+        cos, sin = rope_tables(theta, self.head_dim, max_seq_len)
+        # HF casts cos/sin to the activation dtype before rotating; do the same.
+        self._cos = cos.to(self.device, dtype)
+        self._sin = sin.to(self.device, dtype)
+
+    # ----- forward -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def extend(
+        self, slot: int, start: int, token_ids: Sequence[int] | torch.Tensor,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Append T tokens to `slot` at positions start..start+T-1 (its cache before `start`
+        must be filled). Returns fp32 logits [T, vocab] if all_logits, else [vocab] for the
+        last token. Raises ValueError if the chunk is empty or would pass max_seq_len.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        count = ids.shape[1]
+        if count == 0 or start < 0 or start + count > self.max_seq_len:
+            raise ValueError(
+                f"extend: positions {start}..{start + count - 1} must lie in "
+                f"0..{self.max_seq_len - 1} and hold at least one token"
+            )
+        slots = torch.tensor([slot], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + count, device=self.device)[None, :]
+        hidden = self._forward(ids, slots, positions, start + count)[0]
+        return self.logits(hidden if all_logits else hidden[-1])
+
+    @torch.no_grad()
+    def decode(
+        self, slots: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step: token_ids [N] go into slots [N] at positions [N] (each slot's
+        cache must be filled below its position). Returns fp32 logits [N, vocab]."""
+        slots = slots.to(self.device)
+        positions = positions.to(self.device)[:, None]
+        ids = token_ids.to(self.device)[:, None]
+        kv_len = int(positions.max()) + 1
+        return self.logits(self._forward(ids, slots, positions, kv_len)[:, 0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 LM head: hidden [..., hidden_size] (any dtype) -> logits [..., vocab] fp32."""
+        return F.linear(hidden.float(), self.head_fp32)
+
+    def _forward(
+        self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        """ids, positions [N, T]; slots [N]; attention over cache positions < kv_len.
+        Returns the final-normed hidden state [N, T, hidden] in the body dtype."""
+        body = self.model.model
+        hidden = body.embed_tokens(ids)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
+        # Causal mask per row: query at position p sees cache positions <= p. Stale entries
+        # of a reused slot lie beyond p, so they are masked too.
+        keys_pos = torch.arange(kv_len, device=self.device)
+        mask = (keys_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        for index, layer in enumerate(body.layers):
+            normed = layer.input_layernorm(hidden)
+            hidden = hidden + self._attention(
+                layer.self_attn, normed, index, slots, positions, cos, sin, mask, kv_len
+            )
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return body.norm(hidden)
+
+    def _attention(
+        self,
+        attn: torch.nn.Module,
+        x: torch.Tensor,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        """Grouped-query attention of x [N, T, hidden] over the slots' cache (Vaswani et al.
+        2017 eq. 1, softmax(q k^T / sqrt(d)) v, with kv heads shared by groups of q heads)."""
+        n, t, _ = x.shape
+        q = attn.q_proj(x).view(n, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        self.cache.write(layer, slots, positions, k, v)
+        keys, values = self.cache.read(layer, slots, kv_len)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.num_heads * self.head_dim))
+
+    # ----- weights -----------------------------------------------------------------------
+
+    def parameter_shapes(self) -> dict[str, torch.Size]:
+        """Names and shapes of the model's state dict (tied lm_head included)."""
+        return {name: t.shape for name, t in self.model.state_dict().items()}
+
+    def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> StagedWeights:
+        """Validate a full state dict and cast it to the body dtype; changes nothing.
+
+        Every tensor of the model must be present (`lm_head.weight` may be omitted when the
+        embeddings are tied; if given it is ignored, the embedding is the head), with the
+        same shape, a floating dtype and finite values. Raises ValueError naming the first
+        bad tensor.
+        """
+        expected = self.parameter_shapes()
+        unknown = sorted(name for name in state_dict if name not in expected)
+        if unknown:
+            raise ValueError(f"unknown tensor {unknown[0]!r}: the model has no parameter of "
+                             "that name")
+        skip = {"lm_head.weight"} if self.tied else set()
+        for name, shape in expected.items():  # the model's order: the first bad one is stable
+            if name in state_dict:
+                _check_tensor(name, state_dict[name], shape)
+            elif name not in skip:
+                raise ValueError(f"state dict is missing tensor {name!r}")
+        tensors = {
+            name: state_dict[name].detach().to(self.device, self.dtype).contiguous()
+            for name in expected
+            if name not in skip
+        }
+        head = state_dict[self.head_name].detach().to(self.device, torch.float32).clone()
+        return StagedWeights(tensors, head)
+
+    @torch.no_grad()
+    def load_weights(self, staged: StagedWeights) -> None:
+        """Copy staged tensors into the parameters and refresh the fp32 head. The KV cache
+        is kept untouched (in-flight update, PipelineRL)."""
+        targets = self.model.state_dict()
+        for name, tensor in staged.tensors.items():
+            targets[name].copy_(tensor)
+        self.head_fp32 = staged.head_fp32
+
+
+def _check_tensor(name: str, tensor: object, shape: torch.Size) -> None:
+    """Raise ValueError unless `tensor` is a finite floating tensor of `shape`."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"tensor {name!r} has dtype {kind}; a floating-point dtype is required")
+    if tensor.shape != shape:
+        raise ValueError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}; the model expects {tuple(shape)}"
+        )
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"tensor {name!r} holds NaN or infinite values")

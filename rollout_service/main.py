@@ -1,0 +1,60 @@
+"""`scalerl-rollout`: one rollout worker process (engine + gRPC RolloutService + actor loop).
+
+Arguments are parsed before torch is imported, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scalerl-rollout", description=__doc__)
+    parser.add_argument("--config", required=True, help="Run config: built-in name or YAML.")
+    parser.add_argument("--redis-url", required=True, help="redis://host:port/db")
+    parser.add_argument("--worker-id", required=True, help="Unique worker name.")
+    parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
+    parser.add_argument("--advertise-host", default=None, help="Address others dial.")
+    parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = free port).")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0=off).")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="Config override, e.g. rollout.temperature=0.7 (repeatable).")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rollout[{args.worker_id}] %(levelname)s %(message)s",
+    )
+    from scalerl.config import load_config
+
+    try:
+        config = load_config(args.config, args.set)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"scalerl-rollout: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
+    from rollout_service.worker import RolloutWorker
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker = RolloutWorker(config, args.redis_url, args.worker_id, args.host,
+                           args.advertise_host or args.host, args.port, args.metrics_port)
+    try:
+        worker.start()
+        worker.run(stop)
+    finally:
+        worker.close()
+    time.sleep(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Prometheus metrics of a rollout worker (prefix `scalerl_`, base units in the names).
+
+The engine updates tokens, time to first token, interruptions, finished requests, the
+policy version and active requests; the servicer observes weight-update durations. The
+truncation rate the paper watches (ScaleRL Sec. 3.1: training degraded when more than ~10%
+of samples were truncated) is derived from `scalerl_rollout_requests_finished_total`
+(finish_reason="FINISH_REASON_LENGTH" over all), so no ratio gauge is kept.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds; generation on CPU ranges from milliseconds (tiny model) to seconds (prefill of
+# long prompts behind a busy batch).
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_UPDATE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class RolloutMetrics:
+    """The rollout worker's metric families, registered on `registry` (the process-wide
+    default when None; tests pass a fresh `CollectorRegistry`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = REGISTRY if registry is None else registry
+        self.registry = registry
+        self.tokens_generated = Counter(
+            "scalerl_rollout_tokens_generated_total",
+            "Completion tokens emitted (sampled and forced).",
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "scalerl_rollout_time_to_first_token_seconds",
+            "Seconds from a request's submission to its first completion token.",
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.interruptions = Counter(
+            "scalerl_rollout_interruptions_total",
+            "Interruptions by reason: thinking_budget and truncate force the interrupt "
+            "phrase; abort ends the request.",
+            ["reason"],
+            registry=registry,
+        )
+        self.requests_finished = Counter(
+            "scalerl_rollout_requests_finished_total",
+            "Finished requests by finish reason.",
+            ["finish_reason"],
+            registry=registry,
+        )
+        self.policy_version = Gauge(
+            "scalerl_rollout_policy_version",
+            "Policy version of the weights now serving.",
+            registry=registry,
+        )
+        self.weight_update_seconds = Histogram(
+            "scalerl_rollout_weight_update_seconds",
+            "Seconds from the first UpdateWeights message to the swap.",
+            buckets=_UPDATE_BUCKETS,
+            registry=registry,
+        )
+        self.active_requests = Gauge(
+            "scalerl_rollout_active_requests",
+            "Requests submitted and not finished (running or waiting for a KV slot).",
+            registry=registry,
+        )

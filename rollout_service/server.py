@@ -1,0 +1,229 @@
+"""gRPC `RolloutService` over a `TorchEngine`: converts messages, validates input, and maps
+domain exceptions to status codes in one place (`_status_of`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import uuid
+from collections.abc import Iterator
+
+import grpc
+
+from rollout_service.engine import (
+    MAX_TEMPERATURE,
+    Chunk,
+    DuplicateRequestError,
+    EngineError,
+    GenerationRequest,
+    TorchEngine,
+)
+from rollout_service.metrics import RolloutMetrics
+from rollout_service.weights import DATA_LOSS_FIELDS, WeightsError, receive_weights
+from scalerl.grpc_util import make_server
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+
+
+class InvalidRequest(ValueError):
+    """A request field is out of range; `field` is its path in the request message."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _status_of(exc: Exception) -> grpc.StatusCode:
+    """The one mapping from domain exceptions to gRPC status codes."""
+    if isinstance(exc, WeightsError):
+        if exc.field in DATA_LOSS_FIELDS:
+            return grpc.StatusCode.DATA_LOSS
+        return grpc.StatusCode.UNAVAILABLE if exc.field == "apply" else (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+    if isinstance(exc, DuplicateRequestError):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, EngineError):
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNAVAILABLE  # RuntimeError: the engine is stopping
+
+
+@contextlib.contextmanager
+def _grpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
+    """Abort the RPC with the mapped status for domain exceptions."""
+    try:
+        yield
+    except (ValueError, WeightsError, RuntimeError) as exc:
+        context.abort(_status_of(exc), str(exc))
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """Generate / Interrupt / UpdateWeights / GetStatus over one engine.
+
+    tokenizer: a `scalerl.models.PolicyTokenizer` (for prompt_text and interrupt text).
+    default_interrupt_text: forced phrase when a request leaves it empty.
+    default_max_new_tokens: used when a request's max_new_tokens is 0.
+    """
+
+    def __init__(
+        self,
+        engine: TorchEngine,
+        tokenizer: object,
+        worker_id: str,
+        model_name: str,
+        default_interrupt_text: str,
+        default_max_new_tokens: int,
+        metrics: RolloutMetrics | None = None,
+    ) -> None:
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._worker_id = worker_id
+        self._model_name = model_name
+        self._default_interrupt_ids = tuple(tokenizer.encode(default_interrupt_text))
+        self._default_max_new_tokens = default_max_new_tokens
+        self._metrics = metrics
+
+    def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[rollout_pb2.GenerateResponse]:
+        with _grpc_errors(context):
+            engine_request = self.to_engine_request(request)
+            stream = self._engine.submit(engine_request)
+        request_id = engine_request.request_id
+        # Runs when the RPC ends for any reason; after a normal finish it finds nothing.
+        context.add_callback(lambda: stream.cancel())
+        with _grpc_errors(context):
+            for chunk in stream.chunks():
+                yield _response(request_id, len(engine_request.prompt_ids), chunk)
+
+    def Interrupt(
+        self, request: rollout_pb2.InterruptRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.InterruptResponse:
+        with _grpc_errors(context):
+            if request.mode not in (
+                rollout_pb2.INTERRUPT_MODE_TRUNCATE, rollout_pb2.INTERRUPT_MODE_ABORT
+            ):
+                raise InvalidRequest("mode", "must be INTERRUPT_MODE_TRUNCATE or _ABORT")
+            found = self._engine.interrupt(request.request_id, request.mode)
+        return rollout_pb2.InterruptResponse(found=found)
+
+    def UpdateWeights(
+        self, request_iterator: Iterator[rollout_pb2.UpdateWeightsRequest],
+        context: grpc.ServicerContext,
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        with _grpc_errors(context):
+            version, seconds = receive_weights(request_iterator, self._engine)
+        if self._metrics is not None:
+            self._metrics.weight_update_seconds.observe(seconds)
+        log.info("weights of policy version %d applied in %.3fs", version, seconds)
+        return rollout_pb2.UpdateWeightsResponse(policy_version=version, seconds=seconds)
+
+    def GetStatus(
+        self, request: rollout_pb2.GetRolloutStatusRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.GetRolloutStatusResponse:
+        return rollout_pb2.GetRolloutStatusResponse(
+            worker_id=self._worker_id,
+            engine="torch",
+            model=self._model_name,
+            policy_version=self._engine.policy_version,
+            active_requests=self._engine.active_requests,
+            tokens_generated=self._engine.tokens_generated,
+        )
+
+    # ----- conversion ----------------------------------------------------------------------
+
+    def to_engine_request(self, request: rollout_pb2.GenerateRequest) -> GenerationRequest:
+        """Validate a GenerateRequest and fill defaults. Raises InvalidRequest naming the
+        field (prompt, sampling.*, length_control.*)."""
+        prompt = self._prompt_ids(request)
+        sampling, control = request.sampling, request.length_control
+        temperature = sampling.temperature if sampling.HasField("temperature") else 1.0
+        if math.isnan(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise InvalidRequest("sampling.temperature",
+                                 f"must lie in [0, {MAX_TEMPERATURE}], got {temperature}")
+        top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
+        if math.isnan(top_p) or not 0.0 < top_p <= 1.0:
+            raise InvalidRequest("sampling.top_p", f"must lie in (0, 1], got {top_p}")
+        max_new = sampling.max_new_tokens or self._default_max_new_tokens
+        limit = self._engine.max_seq_len
+        if len(prompt) + max_new > limit:
+            raise InvalidRequest(
+                "sampling.max_new_tokens",
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new}) must be <= {limit}",
+            )
+        if control.thinking_budget and control.thinking_budget >= max_new:
+            raise InvalidRequest(
+                "length_control.thinking_budget",
+                f"must be < max_new_tokens ({max_new}), got {control.thinking_budget}",
+            )
+        return GenerationRequest(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt_ids=prompt,
+            max_new_tokens=max_new,
+            temperature=temperature,
+            top_p=top_p,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+            thinking_budget=control.thinking_budget,
+            answer_budget=control.answer_budget,
+            interrupt_ids=self._interrupt_ids(control.interrupt_text),
+        )
+
+    def _prompt_ids(self, request: rollout_pb2.GenerateRequest) -> tuple[int, ...]:
+        has_text, has_ids = bool(request.prompt_text), bool(request.prompt_token_ids)
+        if has_text == has_ids:
+            raise InvalidRequest("prompt", "set exactly one of prompt_text or prompt_token_ids")
+        if has_ids:
+            vocab = self._engine.vocab_size
+            bad = [t for t in request.prompt_token_ids if t >= vocab]
+            if bad:
+                raise InvalidRequest("prompt_token_ids",
+                                     f"token id {bad[0]} outside 0..{vocab - 1}")
+            return tuple(request.prompt_token_ids)
+        return tuple(self._encode("prompt_text", request.prompt_text))
+
+    def _interrupt_ids(self, text: str) -> tuple[int, ...]:
+        if not text:
+            return self._default_interrupt_ids
+        return tuple(self._encode("length_control.interrupt_text", text))
+
+    def _encode(self, field: str, text: str) -> list[int]:
+        try:
+            ids = self._tokenizer.encode(text)
+        except (KeyError, ValueError) as exc:  # the character tokenizer's unknown symbol
+            raise InvalidRequest(field, f"cannot be tokenized: {exc}") from exc
+        if not ids:
+            raise InvalidRequest(field, "encodes to no tokens")
+        return ids
+
+
+def _response(request_id: str, prompt_tokens: int, chunk: Chunk) -> rollout_pb2.GenerateResponse:
+    return rollout_pb2.GenerateResponse(
+        request_id=request_id,
+        token_ids=chunk.token_ids,
+        logprobs=chunk.logprobs,
+        policy_versions=chunk.versions,
+        forced=chunk.forced,
+        finish_reason=chunk.finish_reason,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def start_server(
+    servicer: RolloutServicer, port: int = 0, host: str = "127.0.0.1",
+    max_workers: int | None = None,
+) -> tuple[grpc.Server, int]:
+    """Serve `servicer` with health and reflection; returns (server, bound port).
+
+    Each open Generate stream holds a server thread, so the pool defaults to the engine's
+    slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks."""
+    workers = max_workers or servicer._engine.max_batch + 8
+    server, bound, _ = make_server(
+        [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
+        port=port, host=host, max_workers=workers,
+    )
+    return server, bound

@@ -1,0 +1,199 @@
+"""Weight transport for UpdateWeights: the learner's side (serialize, chunk) and the
+rollout worker's side (receive, verify, stage, wait for the swap).
+
+Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
+SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
+`chunk` messages of at most a few MiB. The payload is one safetensors file of the full
+state dict; `lm_head.weight` is left out when it is tied to the embeddings.
+
+Any failure raises `WeightsError(field, message)` before anything is staged, so the
+engine keeps serving the old version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from scalerl.v1 import rollout_pb2
+
+CHUNK_BYTES = 4 * 1024 * 1024
+# Upper bound on one payload (bytes), so a bad header cannot make the worker buffer
+# without limit. SmolLM2-135M in fp32 is ~0.5 GB.
+MAX_PAYLOAD_BYTES = 64 * 1024**3
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Fields whose failure means the bytes were damaged in transit (DATA_LOSS over gRPC);
+# every other field is a bad request (INVALID_ARGUMENT).
+DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
+
+
+class WeightsError(Exception):
+    """A weight update was refused; `field` names what was wrong (header, version,
+    format, total_bytes, sha256, chunk, uri, payload, state_dict, apply)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# ----- learner side --------------------------------------------------------------------
+
+
+def serialize_state_dict(
+    model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
+    dtype: torch.dtype | str | None = None,
+) -> bytes:
+    """The full state dict as safetensors bytes, tensors cast to `dtype` (e.g.
+    torch.bfloat16 or "bfloat16"; None keeps each tensor's dtype). `lm_head.weight` is
+    skipped when it shares storage with `model.embed_tokens.weight` (tied embeddings)."""
+    if isinstance(model_or_sd, torch.nn.Module):
+        state = model_or_sd.state_dict()
+    else:
+        state = dict(model_or_sd)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
+    tensors = {
+        name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+        for name, tensor in state.items()
+        if not (tied and name == "lm_head.weight")
+    }
+    return save_safetensors(tensors)
+
+
+def weights_requests(
+    payload: bytes, version: int, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[rollout_pb2.UpdateWeightsRequest]:
+    """Header then chunks of at most `chunk_bytes` bytes for an UpdateWeights stream."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    header = rollout_pb2.WeightsHeader(
+        version=version,
+        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+        total_bytes=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
+    yield rollout_pb2.UpdateWeightsRequest(header=header)
+    view = memoryview(payload)
+    for start in range(0, len(payload), chunk_bytes):
+        yield rollout_pb2.UpdateWeightsRequest(chunk=bytes(view[start : start + chunk_bytes]))
+
+
+def weights_uri_request(path: str | Path, version: int) -> rollout_pb2.UpdateWeightsRequest:
+    """The single header message of an UpdateWeights stream pointing at a file on shared
+    storage (size and sha256 computed from the file)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK_BYTES):
+            digest.update(block)
+            size += len(block)
+    header = rollout_pb2.WeightsHeader(
+        version=version,
+        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+        total_bytes=size,
+        sha256=digest.hexdigest(),
+        uri=str(path),
+    )
+    return rollout_pb2.UpdateWeightsRequest(header=header)
+
+
+# ----- rollout worker side -------------------------------------------------------------
+
+
+def receive_weights(
+    requests: Iterable[rollout_pb2.UpdateWeightsRequest],
+    engine: object,
+    apply_timeout_s: float = 120.0,
+) -> tuple[int, float]:
+    """Read an UpdateWeights stream, verify it, stage it on `engine` (a `TorchEngine`) and
+    wait until the loop swapped it in. Returns (policy_version, seconds from the first
+    message to the swap). Raises WeightsError; the engine then serves the old version
+    (after an `apply` timeout the update is cancelled unless the swap already started)."""
+    start = time.monotonic()
+    iterator = iter(requests)
+    header = _read_header(iterator)
+    payload = _read_uri(header) if header.uri else _read_chunks(iterator, header.total_bytes)
+    if header.uri and next(iterator, None) is not None:
+        raise WeightsError("chunk", "a header with a uri must not be followed by chunks")
+    _check_digest(payload, header.sha256)
+    state_dict = _parse(payload)
+    try:
+        future = engine.stage_weights(state_dict, header.version)
+    except ValueError as exc:
+        raise WeightsError("state_dict", str(exc)) from exc
+    try:
+        version = future.result(timeout=apply_timeout_s)
+    except (FutureTimeout, CancelledError) as exc:
+        future.cancel()
+        raise WeightsError("apply", f"weights not swapped in within {apply_timeout_s}s") from exc
+    except Exception as exc:
+        raise WeightsError("apply", f"swap failed: {exc}") from exc
+    return version, time.monotonic() - start
+
+
+def _read_header(iterator: Iterator[rollout_pb2.UpdateWeightsRequest]) -> rollout_pb2.WeightsHeader:
+    first = next(iterator, None)
+    if first is None or first.WhichOneof("payload") != "header":
+        raise WeightsError("header", "the first message must carry the WeightsHeader")
+    header = first.header
+    if header.version < 0:
+        raise WeightsError("version", f"must be >= 0, got {header.version}")
+    if header.format != rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS:
+        raise WeightsError("format", "must be WEIGHTS_FORMAT_SAFETENSORS")
+    if not 0 < header.total_bytes <= MAX_PAYLOAD_BYTES:
+        raise WeightsError("total_bytes", f"must lie in 1..{MAX_PAYLOAD_BYTES}, "
+                           f"got {header.total_bytes}")
+    if not _SHA256.match(header.sha256):
+        raise WeightsError("sha256", "must be 64 lowercase hex digits")
+    return header
+
+
+def _read_chunks(iterator: Iterator[rollout_pb2.UpdateWeightsRequest], total: int) -> bytes:
+    buffer = bytearray()
+    for message in iterator:
+        if message.WhichOneof("payload") != "chunk":
+            raise WeightsError("header", "only the first message may carry a header")
+        buffer += message.chunk
+        if len(buffer) > total:
+            raise WeightsError("chunk", f"received more than total_bytes = {total} bytes")
+    if len(buffer) < total:
+        raise WeightsError("total_bytes", f"stream ended after {len(buffer)} of {total} bytes")
+    return bytes(buffer)
+
+
+def _read_uri(header: rollout_pb2.WeightsHeader) -> bytes:
+    path = Path(header.uri.removeprefix("file://"))
+    try:
+        size = path.stat().st_size
+        if size != header.total_bytes:
+            raise WeightsError("total_bytes", f"{path} holds {size} bytes, header says "
+                               f"{header.total_bytes}")
+        return path.read_bytes()
+    except OSError as exc:
+        raise WeightsError("uri", f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _check_digest(payload: bytes, expected: str) -> None:
+    actual = hashlib.sha256(payload).hexdigest()
+    if actual != expected:
+        raise WeightsError("sha256", f"payload hashes to {actual}, header says {expected}")
+
+
+def _parse(payload: bytes) -> dict[str, torch.Tensor]:
+    try:
+        return load_safetensors(payload)
+    except (SafetensorError, ValueError) as exc:
+        raise WeightsError("payload", f"not a valid safetensors file: {exc}") from exc

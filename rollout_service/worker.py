@@ -1,0 +1,137 @@
+"""A rollout worker's lifecycle: build the engine, serve gRPC, register with a heartbeat,
+take the latest published weights, run the actor loop, report busy compute."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+from prometheus_client import start_http_server
+
+from rollout_service.actor import ActorLoop
+from rollout_service.engine import TorchEngine
+from rollout_service.metrics import RolloutMetrics
+from rollout_service.server import RolloutServicer
+from rollout_service.weights import receive_weights, weights_uri_request
+from scalerl.compute import ComputeCounters
+from scalerl.config import RunConfig
+from scalerl.grpc_util import make_server
+from scalerl.models import load_policy
+from scalerl.prompt_pool import PromptPool
+from scalerl.redis_server import connect
+from scalerl.registry import RunState, WorkerRegistry
+from scalerl.replay import ReplayStream
+from scalerl.tasks import build_task
+from scalerl.v1 import rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "scalerl.v1.RolloutService"
+
+
+class RolloutWorker:
+    """Owns one engine, its gRPC server, the registry heartbeat and the actor loop."""
+
+    def __init__(self, config: RunConfig, redis_url: str, worker_id: str, host: str,
+                 advertise_host: str, port: int, metrics_port: int) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.host, self.advertise_host, self.port = host, advertise_host, port
+        self.metrics_port = metrics_port
+        self.client = connect(redis_url)
+        run_id = config.run_id
+        self.state = RunState(self.client, run_id)
+        self.registry = WorkerRegistry(self.client, run_id)
+        self.compute = ComputeCounters(self.client, run_id)
+        self.pool = PromptPool(self.client, run_id)
+        self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
+        self.server = None
+        self.engine: TorchEngine | None = None
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+
+    def start(self) -> None:
+        """Load the model, start the engine and the gRPC server, begin heart-beating."""
+        torch.set_num_threads(self.config.rollout.threads)
+        model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
+        self.metrics = RolloutMetrics()
+        rollout = self.config.rollout
+        self.engine = TorchEngine(model, self.tokenizer.stop_token_ids, rollout.max_batch,
+                                  rollout.max_seq_len, rollout.dtype, metrics=self.metrics)
+        servicer = RolloutServicer(self.engine, self.tokenizer, self.worker_id,
+                                   self.config.model.kind, rollout.interrupt_text,
+                                   rollout.max_new_tokens, metrics=self.metrics)
+        self.server, self.port, _ = make_server(
+            [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
+            self.port, self.host)
+        if self.metrics_port:
+            start_http_server(self.metrics_port, addr=self.host)
+        self._spawn(self._heartbeat)
+        self._spawn(self._report_compute)
+        log.info("listening on %s:%d", self.advertise_host, self.port)
+
+    def run(self, stop: threading.Event) -> None:
+        """Wait for the learner's first weights, then run the actor loop until `stop`."""
+        task = build_task(self.config.task)
+        if not self._await_initial_weights(stop):
+            return
+        actor = ActorLoop(self.engine, self.tokenizer, task, self.pool, self.replay,
+                          self.state, self.config, self.worker_id)
+
+        def should_stop() -> bool:
+            return stop.is_set() or self.state.stop_requested()
+
+        actor.run(should_stop)
+        log.info("actor loop ended: %d groups pushed, %d dropped as stale",
+                 actor.groups_pushed, actor.groups_dropped_stale)
+
+    def _await_initial_weights(self, stop: threading.Event) -> bool:
+        """The learner publishes version 0 before any rollout (after its warm-up, if any);
+        generating earlier would stamp other weights with version 0."""
+        while not stop.is_set() and not self.state.stop_requested():
+            ref = self.state.get_latest_weights()
+            if ref is not None:
+                if ref.uri and ref.version >= self.engine.policy_version:
+                    receive_weights([weights_uri_request(ref.uri, ref.version)], self.engine)
+                log.info("starting at policy version %d", self.engine.policy_version)
+                return True
+            stop.wait(0.2)
+        return False
+
+    def close(self) -> None:
+        """Deregister, stop serving, stop the engine. Safe to call more than once."""
+        self._closing.set()
+        try:
+            self.registry.remove(self.worker_id)
+        except Exception:  # noqa: BLE001 - Redis may already be gone at shutdown
+            pass
+        if self.server is not None:
+            self.server.stop(grace=2).wait()
+        if self.engine is not None:
+            self.engine.stop()
+
+    def _spawn(self, target) -> None:
+        thread = threading.Thread(target=target, daemon=True, name=target.__name__)
+        thread.start()
+        self._threads.append(thread)
+
+    def _heartbeat(self) -> None:
+        period = self.config.rollout.heartbeat_s
+        address = f"{self.advertise_host}:{self.port}"
+        while not self._closing.is_set():
+            try:
+                self.registry.heartbeat(self.worker_id, address, ttl_s=3 * period)
+            except Exception as exc:  # noqa: BLE001 - keep beating through Redis hiccups
+                log.warning("heartbeat failed: %s", exc)
+            self._closing.wait(period)
+
+    def _report_compute(self) -> None:
+        """Add this process's busy device-seconds (time with requests in the engine)
+        to the run's compute counter once a second (ARCHITECTURE sec. 6)."""
+        last = time.monotonic()
+        while not self._closing.wait(1.0):
+            now = time.monotonic()
+            if self.engine.active_requests > 0:
+                self.compute.add("rollout", now - last)
+            last = now

@@ -1,0 +1,106 @@
+"""Compute accounting (ARCHITECTURE sec. 6): busy accelerator-seconds per role, in Redis.
+
+Each process adds devices x wall seconds of its busy time to a counter of its role
+(`rollout`, `learner`, `eval`, ...). The x-axis of the ScaleRL curve
+R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (paper Eq. 1) is C = total accelerator-hours.
+On CPU the unit is device-hours of the CPU processes.
+
+Key: `scalerl:{run_id}:compute` (hash role -> seconds, INCRBYFLOAT).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from numbers import Real
+from types import TracebackType
+
+import redis
+
+from scalerl.redis_server import run_key
+
+SECONDS_PER_HOUR = 3600.0
+_ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class ComputeCounters:
+    """Per-role busy accelerator-seconds of one run."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self._client = client
+        self._key = run_key(run_id, "compute")
+
+    def add(self, role: str, device_seconds: float) -> float:
+        """Add `device_seconds` (devices x wall seconds, >= 0) to `role`; returns the role's
+        new total in seconds. Raises ValueError for a role outside [a-z][a-z0-9_]{0,31} or a
+        negative / non-finite amount."""
+        _check_role(role)
+        if not (
+            isinstance(device_seconds, Real)
+            and math.isfinite(device_seconds)
+            and device_seconds >= 0
+        ):
+            raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds!r}")
+        return float(self._client.hincrbyfloat(self._key, role, float(device_seconds)))
+
+    def by_role(self) -> dict[str, float]:
+        """Seconds per role, sorted by role."""
+        raw = self._client.hgetall(self._key)
+        return {role.decode(): float(value) for role, value in sorted(raw.items())}
+
+    def total_seconds(self) -> float:
+        """All roles together, accelerator-seconds."""
+        return math.fsum(self.by_role().values())
+
+    def total_hours(self) -> float:
+        """All roles together, accelerator-hours: the compute C of an eval point."""
+        return self.total_seconds() / SECONDS_PER_HOUR
+
+
+class BusyTimer:
+    """Context manager adding devices x wall seconds of its block to `role`.
+
+    The time is added even when the block raises: the accelerator was busy either way.
+    """
+
+    def __init__(
+        self,
+        counters: ComputeCounters,
+        role: str,
+        devices: float = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`devices`: accelerators held during the block (> 0; fractions allowed for shared
+        CPU cores). `clock`: monotonic seconds. Raises ValueError for a bad role or devices."""
+        _check_role(role)
+        if not (isinstance(devices, Real) and math.isfinite(devices) and devices > 0):
+            raise ValueError(f"devices must be a finite number > 0, got {devices!r}")
+        self._counters = counters
+        self._role = role
+        self._devices = float(devices)
+        self._clock = clock
+        self._start: float | None = None
+        self.device_seconds = 0.0
+
+    def __enter__(self) -> BusyTimer:
+        self._start = self._clock()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._start is not None, "BusyTimer exited without entering"
+        elapsed = max(0.0, self._clock() - self._start)
+        self.device_seconds = self._devices * elapsed
+        self._counters.add(self._role, self.device_seconds)
+        self._start = None
+
+
+def _check_role(role: str) -> None:
+    if not isinstance(role, str) or not _ROLE_RE.fullmatch(role):
+        raise ValueError(f"role must match {_ROLE_RE.pattern}, got {role!r}")

@@ -1,0 +1,176 @@
+"""`scalerl run`: Redis, the curve service, N rollout workers and the learner on one machine.
+
+The launcher owns the run folder (resolved config, logs, metrics.jsonl and eval.jsonl
+written by the learner, curve.json, plot.png, report.json, the final checkpoint), shows a
+live progress line, and stops every process on Ctrl-C or when any of them fails. A run
+whose worker crashed never ends as a success.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import grpc
+from rich.console import Console
+from rich.live import Live
+
+from scalerl.config import RunConfig, dump_config
+from scalerl.grpc_util import channel, wait_healthy
+from scalerl.plot import plot_run
+from scalerl.processes import Child, free_port, start_child, stop_children
+from scalerl.redis_server import RedisServer
+from scalerl.v1 import curve_pb2, curve_pb2_grpc, learner_pb2, learner_pb2_grpc
+
+console = Console(stderr=True)
+
+
+class RunFailed(RuntimeError):
+    """A child process exited before the learner finished, or with an error."""
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    return Path("runs") / f"{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_model(config: RunConfig) -> None:
+    """Convert the embedded model once, before any child loads it (no conversion race)."""
+    if config.model.kind == "smollm2":
+        from scalerl.models import smollm2_dir
+
+        with console.status("preparing SmolLM2-135M-Instruct (one-time conversion)"):
+            smollm2_dir(config.model.cache_dir)
+
+
+def run(config: RunConfig, run_dir: Path) -> int:
+    """Run one training job end to end; returns the process exit code (0 = success)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(dump_config(config))
+    prepare_model(config)
+    logs = run_dir / "logs"
+    children: list[Child] = []
+    started = time.monotonic()
+    with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
+        try:
+            curve_address = _start_services(config, config_path, run_dir, redis_server.url,
+                                            logs, children)
+            learner_address = children[-1].learner_address
+            _watch(children, learner_address)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: stopping every process[/]")
+            stop_children(children)
+            return 130
+        except RunFailed as exc:
+            console.print(f"[red]run failed:[/] {exc}")
+            stop_children(children)
+            return 1
+        _finish_report(run_dir, config, curve_address, time.monotonic() - started)
+        stop_children(children)
+    console.print(f"run folder: {run_dir}")
+    return 0
+
+
+def _start_services(config: RunConfig, config_path: Path, run_dir: Path, redis_url: str,
+                    logs: Path, children: list[Child]) -> str:
+    curve_port = free_port()
+    curve_address = f"127.0.0.1:{curve_port}"
+    children.append(start_child("curve", "curve_service.main",
+                                ["--port", str(curve_port), "--metrics-port", "0"], logs))
+    wait_healthy(curve_address, 60)
+    for i in range(config.rollout.workers):
+        children.append(start_child(f"rollout-{i}", "rollout_service.main", [
+            "--config", str(config_path), "--redis-url", redis_url,
+            "--worker-id", f"rollout-{i}", "--port", str(free_port())], logs))
+    learner_port = free_port()
+    learner = start_child("learner", "learner_service.main", [
+        "--config", str(config_path), "--redis-url", redis_url, "--run-dir", str(run_dir),
+        "--curve-address", curve_address, "--port", str(learner_port)], logs)
+    learner.learner_address = f"127.0.0.1:{learner_port}"
+    children.append(learner)
+    return curve_address
+
+
+def _watch(children: list[Child], learner_address: str) -> None:
+    """Show progress until the learner exits 0; raise RunFailed on any other exit."""
+    learner = children[-1]
+    with Live(console=console, refresh_per_second=2, transient=False) as live, \
+            channel(learner_address) as ch:
+        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        start = time.monotonic()
+        while True:
+            for child in children:
+                code = child.poll()
+                if code is None or (child is learner and code == 0):
+                    continue
+                raise RunFailed(f"{child.name} exited with code {code}; last log lines "
+                                f"({child.log_path}):\n{child.log_tail()}")
+            if learner.poll() == 0:
+                return
+            live.update(_progress_line(stub, time.monotonic() - start))
+            time.sleep(1.0)
+
+
+def _progress_line(stub, elapsed_s: float) -> str:
+    try:
+        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2)
+    except grpc.RpcError:
+        return f"[{elapsed_s:5.0f}s] starting services..."
+    rate = f"{s.heldout_pass_rate:.3f}" if s.HasField("heldout_pass_rate") else "  -  "
+    trunc = s.last_metrics.get("truncation_rate", 0.0)
+    return (f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
+            f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
+            f"compute {s.compute_hours:.4f} h")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fit(curve_address: str, evals: list[dict], r0: float) -> dict | None:
+    """Fit the sigmoid over `evals` on the curve service; None when it refuses."""
+    points = [curve_pb2.CurvePoint(compute=max(e["compute"], 1e-9), reward=e["pass_rate"])
+              for e in evals]
+    try:
+        with channel(curve_address) as ch:
+            reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(
+                curve_pb2.FitRequest(points=points, r0=r0), timeout=60)
+    except grpc.RpcError as exc:
+        console.print(f"[yellow]curve fit on {len(points)} points refused:[/] {exc.details()}")
+        return None
+    p = reply.params
+    return {"A": p.a, "B": p.b, "C_mid": p.c_mid, "R0": p.r0, "sse": reply.sse,
+            "points_used": reply.points_used, "warnings": list(reply.warnings)}
+
+
+def _finish_report(run_dir: Path, config: RunConfig, curve_address: str,
+                   wall_s: float) -> None:
+    """curve.json (fit on all evaluations), plot.png, and report.json with the
+    extrapolation check: the fit on the first half of the evaluations predicts the last."""
+    evals = _read_jsonl(run_dir / "eval.jsonl")
+    if not evals:
+        return
+    r0 = evals[0]["pass_rate"]
+    fit = _fit(curve_address, evals, r0)
+    if fit:
+        (run_dir / "curve.json").write_text(json.dumps({**fit, "compute_unit":
+                                                        "cpu-core-hours"}, indent=2))
+    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0)
+    report = {"wall_seconds": wall_s, "evaluations": len(evals),
+              "pass_rate_step0": r0, "pass_rate_final": evals[-1]["pass_rate"],
+              "final_step": evals[-1]["step"], "final_compute": evals[-1]["compute"],
+              "fit": fit, "fit_first_half": half}
+    if half:
+        from scalerl.plot import sigmoid
+
+        report["predicted_final_from_first_half"] = float(sigmoid(
+            evals[-1]["compute"], half["A"], half["B"], half["C_mid"], half["R0"]))
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    plot_run(evals, fit, run_dir / "plot.png", f"scalerl run {config.run_id}")
+    console.print(
+        f"held-out pass rate {r0:.3f} -> {evals[-1]['pass_rate']:.3f} over "
+        f"{evals[-1]['step']} steps in {wall_s / 60:.1f} min" +
+        (f"; fit A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}" if fit else ""))

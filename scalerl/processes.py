@@ -1,0 +1,78 @@
+"""Child processes of the launcher: start with logs, watch, stop with no orphan left."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the launcher dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    os.setpgrp()  # Ctrl-C reaches the launcher only; it stops children in order
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Child:
+    """A named child process with its log file."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def start_child(name: str, module: str, args: list[str], log_dir: Path,
+                env: dict[str, str] | None = None) -> Child:
+    """Run `python -m module args...` with stdout and stderr in log_dir/NAME.log."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    handle = open(log_path, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", module, *args],
+        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent,
+    )
+    handle.close()
+    return Child(name, proc, log_path)
+
+
+def stop_children(children: list[Child], grace_s: float = 15.0) -> None:
+    """SIGTERM every running child, wait up to grace_s, then SIGKILL the rest; reaps all."""
+    for child in children:
+        if child.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()

@@ -1,0 +1,268 @@
+"""The prompt pool: training prompt ids still eligible, their pass statistics, and
+No-Positive-Resampling (ScaleRL paper Sec. 3.2; ARCHITECTURE sec. 4-5).
+
+Keys under `scalerl:{run_id}:pool:` — `eligible` (set), `retired` (set), `attempts` and
+`passes` (hashes prompt id -> cumulative count), `initialized` (flag).
+
+No-Positive-Resampling: once a prompt's historical pass rate passes/attempts reaches the
+threshold (0.9 in the paper) after at least `min_attempts` attempts, it leaves the pool for
+good. The last eligible prompt is never retired, so the workers always have something to
+sample and a long run on a small task keeps going instead of stalling.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from numbers import Integral, Real
+from typing import Any
+
+import redis
+
+from scalerl.redis_server import run_key
+
+# Fill the pool only if it was never initialised (idempotent across learner restarts).
+_INIT_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
+for i = 1, #ARGV do
+  redis.call('SADD', KEYS[1], ARGV[i])
+end
+redis.call('SET', KEYS[2], '1')
+return 1
+"""
+
+# Move one prompt from eligible to retired unless it is the last eligible one.
+_RETIRE_LUA = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('SCARD', KEYS[1]) <= 1 then
+  return 0
+end
+redis.call('SMOVE', KEYS[1], KEYS[2], ARGV[1])
+return 1
+"""
+
+# Add attempts/passes, then retire when the pass rate reaches the threshold (NPR).
+# ARGV: prompt_id, attempts, passes, threshold, min_attempts. Returns {attempts, passes, retired}.
+_RECORD_RETIRE_LUA = """
+local a = redis.call('HINCRBY', KEYS[3], ARGV[1], ARGV[2])
+local p = redis.call('HINCRBY', KEYS[4], ARGV[1], ARGV[3])
+local retired = 0
+if a >= tonumber(ARGV[5]) and p / a >= tonumber(ARGV[4])
+    and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1
+    and redis.call('SCARD', KEYS[1]) > 1 then
+  redis.call('SMOVE', KEYS[1], KEYS[2], ARGV[1])
+  retired = 1
+end
+return {a, p, retired}
+"""
+
+
+class PromptPool:
+    """Eligible prompt ids of one run, with cumulative attempts/passes per prompt."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self._client = client
+        self._eligible = run_key(run_id, "pool", "eligible")
+        self._retired = run_key(run_id, "pool", "retired")
+        self._attempts = run_key(run_id, "pool", "attempts")
+        self._passes = run_key(run_id, "pool", "passes")
+        self._initialized = run_key(run_id, "pool", "initialized")
+        self._init_script = client.register_script(_INIT_LUA)
+        self._retire_script = client.register_script(_RETIRE_LUA)
+        self._record_retire_script = client.register_script(_RECORD_RETIRE_LUA)
+
+    def init(self, prompt_ids: Iterable[str]) -> bool:
+        """Fill the pool with `prompt_ids` unless it was ever initialised before.
+
+        Returns True when it filled the pool, False when it was already initialised (a
+        restarted learner must not resurrect retired prompts). Raises ValueError for an
+        empty list or an empty id.
+        """
+        ids = [_check_id(prompt_id) for prompt_id in prompt_ids]
+        if not ids:
+            raise ValueError("prompt_ids must contain at least one id")
+        filled = self._init_script(keys=[self._eligible, self._initialized], args=ids)
+        return bool(filled)
+
+    def sample(self, count: int, rng: random.Random | None = None) -> list[str]:
+        """Up to `count` distinct eligible ids (fewer when the pool is smaller).
+
+        Without `rng` the server picks (SRANDMEMBER). With `rng` the choice is made here from
+        the sorted eligible ids, so it is reproducible for a given seed and pool. Raises
+        ValueError for count < 1.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if rng is None:
+            return [_text(m) for m in self._client.srandmember(self._eligible, count)]
+        members = sorted(_text(m) for m in self._client.smembers(self._eligible))
+        return rng.sample(members, min(count, len(members)))
+
+    def record(self, prompt_id: str, attempts: int, passes: int) -> tuple[int, int]:
+        """Add one group's outcome; returns the cumulative (attempts, passes) of the prompt.
+
+        Raises ValueError unless 0 <= passes <= attempts.
+        """
+        _check_counts(prompt_id, attempts, passes)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(self._attempts, prompt_id, int(attempts))
+            pipe.hincrby(self._passes, prompt_id, int(passes))
+            total_attempts, total_passes = pipe.execute()
+        return int(total_attempts), int(total_passes)
+
+    def record_and_maybe_retire(
+        self,
+        prompt_id: str,
+        attempts: int,
+        passes: int,
+        threshold: float,
+        min_attempts: int,
+    ) -> bool:
+        """`record`, then retire the prompt (atomically, in one Lua script) when its
+        cumulative attempts >= min_attempts and passes / attempts >= threshold
+        (No-Positive-Resampling, ScaleRL Sec. 3.2). Returns True when this call retired it;
+        False if it stays, was already retired, or is the last eligible prompt.
+
+        Raises ValueError unless 0 <= passes <= attempts, 0 < threshold <= 1 and
+        min_attempts >= 1.
+        """
+        _check_counts(prompt_id, attempts, passes)
+        if not (isinstance(threshold, Real) and 0 < threshold <= 1):
+            raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+        if min_attempts < 1:
+            raise ValueError(f"min_attempts must be >= 1, got {min_attempts}")
+        _, _, retired = self._record_retire_script(
+            keys=[self._eligible, self._retired, self._attempts, self._passes],
+            args=[prompt_id, int(attempts), int(passes), repr(float(threshold)), min_attempts],
+        )
+        return bool(retired)
+
+    def retire(self, prompt_id: str) -> bool:
+        """Move the prompt to the retired set for good. Returns False when it is not
+        eligible or is the last eligible prompt (kept so the run can continue)."""
+        _check_id(prompt_id)
+        return bool(self._retire_script(keys=[self._eligible, self._retired], args=[prompt_id]))
+
+    def stats(self, prompt_id: str) -> tuple[int, int]:
+        """Cumulative (attempts, passes) of one prompt; (0, 0) when never recorded."""
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(self._attempts, prompt_id)
+            pipe.hget(self._passes, prompt_id)
+            attempts, passes = pipe.execute()
+        return int(attempts or 0), int(passes or 0)
+
+    def eligible_count(self) -> int:
+        """Prompts that may still be sampled."""
+        return int(self._client.scard(self._eligible))
+
+    def retired_count(self) -> int:
+        """Prompts retired by No-Positive-Resampling."""
+        return int(self._client.scard(self._retired))
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent (read in one MULTI), JSON-serialisable copy for checkpoints:
+        {"initialized": bool, "eligible": [ids], "retired": [ids],
+        "attempts": {id: int}, "passes": {id: int}}."""
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.exists(self._initialized)
+            pipe.smembers(self._eligible)
+            pipe.smembers(self._retired)
+            pipe.hgetall(self._attempts)
+            pipe.hgetall(self._passes)
+            initialized, eligible, retired, attempts, passes = pipe.execute()
+        return {
+            "initialized": bool(initialized),
+            "eligible": sorted(_text(m) for m in eligible),
+            "retired": sorted(_text(m) for m in retired),
+            "attempts": {_text(k): int(v) for k, v in sorted(attempts.items())},
+            "passes": {_text(k): int(v) for k, v in sorted(passes.items())},
+        }
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Replace the pool with a `snapshot()` result, atomically (one MULTI).
+
+        The snapshot is validated first, so bad input changes nothing: raises ValueError
+        naming the field (missing keys, a non-string id, a negative or non-integer count,
+        passes > attempts, an id both eligible and retired).
+        """
+        eligible, retired, attempts, passes, initialized = _validate_snapshot(snapshot)
+        keys = [self._eligible, self._retired, self._attempts, self._passes, self._initialized]
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(*keys)
+            if eligible:
+                pipe.sadd(self._eligible, *eligible)
+            if retired:
+                pipe.sadd(self._retired, *retired)
+            if attempts:
+                pipe.hset(self._attempts, mapping=attempts)
+            if passes:
+                pipe.hset(self._passes, mapping=passes)
+            if initialized:
+                pipe.set(self._initialized, "1")
+            pipe.execute()
+
+
+def _validate_snapshot(
+    snapshot: Mapping[str, Any],
+) -> tuple[list[str], list[str], dict[str, int], dict[str, int], bool]:
+    if not isinstance(snapshot, Mapping):
+        raise ValueError(f"snapshot must be a mapping, got {type(snapshot).__name__}")
+    for field in ("initialized", "eligible", "retired", "attempts", "passes"):
+        if field not in snapshot:
+            raise ValueError(f"snapshot.{field} is missing")
+    eligible = _id_list(snapshot["eligible"], "snapshot.eligible")
+    retired = _id_list(snapshot["retired"], "snapshot.retired")
+    both = set(eligible) & set(retired)
+    if both:
+        raise ValueError(f"snapshot ids both eligible and retired: {sorted(both)[:5]}")
+    attempts = _count_map(snapshot["attempts"], "snapshot.attempts")
+    passes = _count_map(snapshot["passes"], "snapshot.passes")
+    for prompt_id, value in passes.items():
+        if value > attempts.get(prompt_id, 0):
+            raise ValueError(f"snapshot.passes[{prompt_id!r}] = {value} exceeds its attempts")
+    return eligible, retired, attempts, passes, bool(snapshot["initialized"])
+
+
+def _id_list(value: Any, name: str) -> list[str]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of prompt ids")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"{name} must hold non-empty strings, got {item!r}")
+    return list(value)
+
+
+def _count_map(value: Any, name: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a mapping of prompt id to count")
+    out: dict[str, int] = {}
+    for key, count in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{name} keys must be non-empty strings, got {key!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{name}[{key!r}] must be an integer >= 0, got {count!r}")
+        out[key] = count
+    return out
+
+
+def _check_id(prompt_id: str) -> str:
+    if not isinstance(prompt_id, str) or not prompt_id:
+        raise ValueError(f"prompt_id must be a non-empty string, got {prompt_id!r}")
+    return prompt_id
+
+
+def _check_counts(prompt_id: str, attempts: int, passes: int) -> None:
+    _check_id(prompt_id)
+    for name, value in (("attempts", attempts), ("passes", passes)):
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not (0 <= passes <= attempts):
+        raise ValueError(f"need 0 <= passes <= attempts, got passes={passes}, attempts={attempts}")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

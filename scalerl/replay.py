@@ -1,0 +1,323 @@
+"""The replay stream: rollout groups from the workers to the learner, bounded and crash-safe.
+
+One Redis stream per run (`scalerl:{run_id}:replay`, ARCHITECTURE sec. 4); each entry is one
+prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
+
+- Bounded: producers wait while the stream holds `capacity` entries, (k + 1) x batch groups
+  for PipelineRL-k (ScaleRL paper Sec. 3.1). The length check and XADD run in one Lua script,
+  so concurrent producers can never overshoot.
+- Crash-safe: the learner reads through a consumer group and calls `ack` only after the
+  optimizer step that used the entries; `ack` removes them (XACK + XDEL in one MULTI), which
+  is also what frees capacity. Entries read but not yet acknowledged still count.
+- Re-delivery: a consumer restarted under the same name first gets its own unacknowledged
+  entries back; entries held by another consumer idle for longer than `claim_idle_ms` are
+  claimed (XAUTOCLAIM), so a learner that died mid-step loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+from google.protobuf.message import DecodeError
+
+from scalerl.redis_server import run_key
+from scalerl.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+
+ENTRY_FIELD = b"g"
+DEFAULT_GROUP = "learner"
+DEFAULT_CLAIM_IDLE_MS = 120_000
+_MAX_CLAIM_ROUNDS = 64
+_POLL_MIN_S = 0.005
+_POLL_MAX_S = 0.1
+
+# Atomic bounded append: returns the new entry id, or nil (None) when the stream is full.
+_PUSH_LUA = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  return false
+end
+return redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
+"""
+
+Entry = tuple[str, rollout_pb2.RolloutGroup]
+
+
+class PushAborted(RuntimeError):
+    """`push` gave up because its `should_stop` callback returned True."""
+
+
+def stream_capacity(off_policy_k: int, batch_prompts: int) -> int:
+    """(k + 1) x batch groups: enough for k steps of lag plus the batch being trained on.
+
+    Raises ValueError for k < 0 or batch_prompts < 1.
+    """
+    if off_policy_k < 0:
+        raise ValueError(f"off_policy_k must be >= 0, got {off_policy_k}")
+    if batch_prompts < 1:
+        raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+    return (off_policy_k + 1) * batch_prompts
+
+
+class ReplayStream:
+    """Bounded Redis stream of `RolloutGroup` entries read through one consumer group.
+
+    Thread-safe: one instance may be shared by producer threads; a consumer may read from one
+    thread and acknowledge from another.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        capacity: int,
+        *,
+        group: str = DEFAULT_GROUP,
+        claim_idle_ms: int = DEFAULT_CLAIM_IDLE_MS,
+    ) -> None:
+        """`capacity`: most entries the stream may hold (>= 1). `claim_idle_ms`: how long
+        (milliseconds, >= 1) another consumer's unacknowledged entry must sit before it is
+        taken over; it must exceed the longest read-to-ack time of a live learner (one
+        optimizer step), else a live consumer's entries would be read twice.
+
+        Creates the consumer group if missing. Raises ValueError for a bad argument.
+        """
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        if claim_idle_ms < 1:
+            raise ValueError(f"claim_idle_ms must be >= 1, got {claim_idle_ms}")
+        if not group:
+            raise ValueError("group must be a non-empty string")
+        self._client = client
+        self._key = run_key(run_id, "replay")
+        self._capacity = capacity
+        self._group = group
+        self._claim_idle_ms = int(claim_idle_ms)
+        self._push_script = client.register_script(_PUSH_LUA)
+        self._lock = threading.Lock()
+        self._held: set[str] = set()  # delivered to this instance, not yet acknowledged
+        self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
+        self._recovered: set[str] = set()  # consumers whose old pending entries were replayed
+        self.corrupt_dropped = 0
+        self._ensure_group()
+
+    @property
+    def key(self) -> str:
+        """The stream's Redis key."""
+        return self._key
+
+    @property
+    def capacity(self) -> int:
+        """Most entries (groups) the stream may hold, acknowledged-not-yet ones included."""
+        return self._capacity
+
+    def depth(self) -> int:
+        """Entries in the stream now: waiting plus read-but-unacknowledged (XLEN)."""
+        return int(self._client.xlen(self._key))
+
+    def pending(self) -> int:
+        """Entries read by some consumer and not yet acknowledged (XPENDING count)."""
+        try:
+            return int(self._client.xpending(self._key, self._group)["pending"])
+        except redis.ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            return 0
+
+    def try_push(self, group: rollout_pb2.RolloutGroup) -> str | None:
+        """One atomic attempt: the new entry id, or None when the stream is full."""
+        payload = _serialize(group)
+        entry_id = self._push_script(keys=[self._key], args=[self._capacity, ENTRY_FIELD, payload])
+        return None if entry_id is None else _text(entry_id)
+
+    def push(
+        self,
+        group: rollout_pb2.RolloutGroup,
+        timeout_s: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> str:
+        """Append `group`, waiting (polling 5-100 ms) while the stream is at capacity.
+
+        Returns the entry id. Raises TimeoutError after `timeout_s` seconds (None = wait
+        forever), PushAborted as soon as `should_stop()` returns True, TypeError when `group`
+        is not a RolloutGroup.
+        """
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        sleep_s = _POLL_MIN_S
+        while True:
+            entry_id = self.try_push(group)
+            if entry_id is not None:
+                return entry_id
+            if should_stop is not None and should_stop():
+                raise PushAborted("push aborted: stop requested while the stream was full")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"replay stream {self._key} stayed full ({self._capacity} groups) "
+                    f"for {timeout_s} s"
+                )
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            time.sleep(sleep_s if remaining is None else min(sleep_s, remaining))
+            sleep_s = min(sleep_s * 2, _POLL_MAX_S)
+
+    def read(self, consumer: str, count: int, block_ms: int = 0) -> list[Entry]:
+        """Up to `count` (entry_id, group) pairs for `consumer`, in this order:
+
+        1. this consumer's own unacknowledged entries from before this instance existed
+           (re-delivery after a restart under the same name), each returned once;
+        2. entries of other consumers idle for more than `claim_idle_ms` (XAUTOCLAIM);
+        3. new entries, waiting up to `block_ms` milliseconds (0 = do not wait) when
+           steps 1-2 found nothing.
+
+        An entry is never returned twice by the same instance before it is acknowledged.
+        Raises ValueError for an empty consumer, count < 1 or block_ms < 0.
+        """
+        if not consumer:
+            raise ValueError("consumer must be a non-empty string")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if block_ms < 0:
+            raise ValueError(f"block_ms must be >= 0, got {block_ms}")
+        out = self._own_pending(consumer, count)
+        if len(out) < count:
+            out += self._claim_idle(consumer, count - len(out))
+        if len(out) < count:
+            out += self._read_new(consumer, count - len(out), 0 if out else block_ms)
+        return out
+
+    def ack(self, entry_ids: Iterable[str]) -> int:
+        """Acknowledge and delete entries (XACK + XDEL in one MULTI), freeing capacity.
+
+        Call it after the optimizer step that used them, and also for groups the learner
+        dropped (stale, zero-variance). Returns the number of entries deleted.
+        """
+        ids = [_text(entry_id) for entry_id in entry_ids]
+        if not ids:
+            return 0
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.xack(self._key, self._group, *ids)
+            pipe.xdel(self._key, *ids)
+            _, deleted = pipe.execute()
+        with self._lock:
+            self._held.difference_update(ids)
+        return int(deleted)
+
+    def _ensure_group(self) -> None:
+        # Id 0 (not $) so entries pushed before the group existed are still delivered.
+        try:
+            self._client.xgroup_create(self._key, self._group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a group command, re-creating the group once if the stream was deleted."""
+        try:
+            return fn(*args, **kwargs)
+        except redis.ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            self._ensure_group()
+            return fn(*args, **kwargs)
+
+    def _own_pending(self, consumer: str, count: int) -> list[Entry]:
+        with self._lock:
+            if consumer in self._recovered:
+                return []
+            cursor = self._pending_cursor.get(consumer, "0")
+        reply = self._call(
+            self._client.xreadgroup, self._group, consumer, {self._key: cursor}, count=count
+        )
+        raw = _stream_entries(reply)
+        with self._lock:
+            if not raw:
+                self._recovered.add(consumer)
+                return []
+            self._pending_cursor[consumer] = _text(raw[-1][0])
+        return self._accept(raw)
+
+    def _claim_idle(self, consumer: str, count: int) -> list[Entry]:
+        out: list[Entry] = []
+        start = "0-0"
+        for _ in range(_MAX_CLAIM_ROUNDS):
+            reply = self._call(
+                self._client.xautoclaim,
+                self._key,
+                self._group,
+                consumer,
+                self._claim_idle_ms,
+                start_id=start,
+                count=count - len(out),
+            )
+            start = _text(reply[0])
+            out += self._accept(reply[1])
+            if start == "0-0" or len(out) >= count:
+                break
+        return out
+
+    def _read_new(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
+        reply = self._call(
+            self._client.xreadgroup,
+            self._group,
+            consumer,
+            {self._key: ">"},
+            count=count,
+            block=block_ms if block_ms > 0 else None,
+        )
+        return self._accept(_stream_entries(reply))
+
+    def _accept(self, raw: Sequence[Any]) -> list[Entry]:
+        """Decode raw (id, fields) pairs, skipping entries this instance already holds and
+        deleting ones that cannot be decoded (they would otherwise be re-delivered forever)."""
+        out: list[Entry] = []
+        broken: list[str] = []
+        with self._lock:
+            for entry_id, fields in raw:
+                if entry_id is None:
+                    continue
+                entry_id = _text(entry_id)
+                if entry_id in self._held:
+                    continue  # our own entry, re-claimed by XAUTOCLAIM: already handed out
+                group = _parse(fields)
+                if group is None:
+                    broken.append(entry_id)
+                    continue
+                self._held.add(entry_id)
+                out.append((entry_id, group))
+        if broken:
+            log.error("dropping %d undecodable replay entries: %s", len(broken), broken)
+            self.corrupt_dropped += len(broken)
+            self.ack(broken)
+        return out
+
+
+def _serialize(group: rollout_pb2.RolloutGroup) -> bytes:
+    if not isinstance(group, rollout_pb2.RolloutGroup):
+        raise TypeError(f"group must be a RolloutGroup, got {type(group).__name__}")
+    return group.SerializeToString()
+
+
+def _parse(fields: dict[bytes, bytes] | None) -> rollout_pb2.RolloutGroup | None:
+    if not fields or ENTRY_FIELD not in fields:
+        return None
+    try:
+        return rollout_pb2.RolloutGroup.FromString(fields[ENTRY_FIELD])
+    except DecodeError:
+        return None
+
+
+def _stream_entries(reply: Any) -> list[Any]:
+    """Flatten an XREADGROUP reply ([[key, entries]], RESP2 as `connect` uses) to entries."""
+    if not reply:
+        return []
+    return [entry for _, entries in reply for entry in entries]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,39 @@
+"""Shared fixtures: one real redis-server for the whole test session.
+
+Tests isolate themselves by run id (every key is prefixed `scalerl:{run_id}:`), never by
+flushing the database, because servers and workers started by other fixtures may be using
+it at the same time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scalerl.redis_server import RedisServer, connect
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL (redis://127.0.0.1:PORT/0) of a non-persistent redis-server stopped at the end."""
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A bytes client (decode_responses=False) of the session server."""
+    client = connect(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def run_id() -> str:
+    """A fresh run id per test, so keys never collide between tests."""
+    return f"t-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,404 @@
+"""Torch engine: Llama forward parity with HF, sampling, continuous batching, interrupts,
+in-flight weight swaps, metrics. Tiny model, fp32, CPU."""
+
+from __future__ import annotations
+
+import copy
+import math
+import types
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from rollout_service.engine import (
+    ABORT,
+    ABORTED,
+    INTERRUPTED,
+    LENGTH,
+    STOP,
+    TRUNCATE,
+    DuplicateRequestError,
+    GenerationRequest,
+    TorchEngine,
+    sample,
+)
+from rollout_service.llama import SlotLlama, default_rope_theta
+from rollout_service.metrics import RolloutMetrics
+from scalerl.config import ModelConfig
+from scalerl.models import load_policy
+
+torch.set_num_threads(1)
+PHRASE = (5, 6, 7)
+
+
+@pytest.fixture(scope="module")
+def model0() -> torch.nn.Module:
+    return load_policy(ModelConfig(kind="tiny"), seed=0)[0]
+
+
+@pytest.fixture(scope="module")
+def model1() -> torch.nn.Module:
+    return load_policy(ModelConfig(kind="tiny"), seed=1)[0]
+
+
+def make_engine(model, stops=(), **kwargs) -> TorchEngine:
+    kwargs.setdefault("max_batch", 8)
+    kwargs.setdefault("max_seq_len", 96)
+    return TorchEngine(copy.deepcopy(model), stops, **kwargs)
+
+
+def run_alone(model, request: GenerationRequest, stops=()):
+    engine = make_engine(model, stops)
+    try:
+        return engine.submit(request).result(timeout=10)
+    finally:
+        engine.stop()
+
+
+def drain(engine: TorchEngine, streams, max_steps: int = 500) -> None:
+    for _ in range(max_steps):
+        if all(s.finished.is_set() for s in streams):
+            return
+        engine.step()
+    raise AssertionError("requests did not finish")
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """HF forward logits [len(ids), vocab] fp32."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+# ----- Llama forward -----------------------------------------------------------------------
+
+
+def test_slot_llama_matches_hf_prefill_and_mixed_decode(model0):
+    ids = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    reference = hf_logits(model0, ids)
+    llama = SlotLlama(copy.deepcopy(model0), max_batch=4, max_seq_len=32)
+    prefill = llama.extend(3, 0, ids[:6], all_logits=True)
+    assert prefill.dtype == torch.float32
+    torch.testing.assert_close(prefill, reference[:6], atol=1e-4, rtol=0)
+    # Slot 0 runs the same sequence three tokens behind slot 3: per-row positions.
+    llama.extend(0, 0, ids[:3])
+    for pos in range(6, 10):
+        logits = llama.decode(
+            torch.tensor([3, 0]), torch.tensor([pos, pos - 3]),
+            torch.tensor([ids[pos], ids[pos - 3]]),
+        )
+        torch.testing.assert_close(logits[0], reference[pos], atol=1e-4, rtol=0)
+        torch.testing.assert_close(logits[1], reference[pos - 3], atol=1e-4, rtol=0)
+
+
+def test_bf16_body_keeps_full_precision_fp32_head(model0):
+    original = model0.lm_head.weight.detach().clone()
+    llama = SlotLlama(copy.deepcopy(model0), max_batch=1, max_seq_len=16, dtype=torch.bfloat16)
+    assert llama.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert torch.equal(llama.head_fp32, original)  # taken before the bf16 cast
+    logits = llama.extend(0, 0, [3, 4, 5])
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, hf_logits(model0, [3, 4, 5])[-1], atol=0.1, rtol=0)
+
+
+def test_rope_theta_and_unsupported_rope_type():
+    plain = types.SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    assert default_rope_theta(plain) == 5e5
+    legacy = types.SimpleNamespace(rope_parameters=None, rope_theta=1234.0)
+    assert default_rope_theta(legacy) == 1234.0
+    scaled = types.SimpleNamespace(rope_parameters={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="'linear'"):
+        default_rope_theta(scaled)
+
+
+# ----- sampling ----------------------------------------------------------------------------
+
+
+def test_greedy_reports_untempered_logprob_of_argmax():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    tokens, logp = sample(logits, [0.0], [0.5], [None])
+    assert tokens.tolist() == [1]
+    # 3 - log(e^1 + e^3 + e^2) = -log(1 + e^-1 + e^-2) = -0.40761
+    assert logp.item() == pytest.approx(-0.407606, abs=1e-5)
+
+
+def test_tempered_inverse_cdf_draw():
+    # T = 0.5 on logits (0, log 2): probabilities 1:4 -> (0.2, 0.8). The seed-0 generator's
+    # first uniform is 0.4963 > 0.2, so token 1 with log 0.8.
+    gen = torch.Generator().manual_seed(0)
+    assert torch.rand((), generator=torch.Generator().manual_seed(0)).item() == pytest.approx(
+        0.4963, abs=1e-4
+    )
+    tokens, logp = sample(torch.tensor([[0.0, math.log(2.0)]]), [0.5], [1.0], [gen])
+    assert tokens.tolist() == [1]
+    assert logp.item() == pytest.approx(math.log(0.8), abs=1e-6)
+
+
+def test_top_p_renormalises_over_the_nucleus():
+    # Probabilities (0.5, 0.3, 0.2), top_p 0.7: mass before token 2 is 0.8 >= 0.7, so the
+    # nucleus is {0, 1} with renormalised probabilities (0.625, 0.375).
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(400, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(400)]
+    tokens, logp = sample(logits, [1.0] * 400, [0.7] * 400, gens)
+    assert set(tokens.tolist()) == {0, 1}
+    expected = torch.where(tokens == 0, math.log(0.625), math.log(0.375))
+    torch.testing.assert_close(logp, expected.float(), atol=1e-6, rtol=0)
+    assert 0.55 < (tokens == 0).float().mean().item() < 0.70  # 0.625 +- 3 sigma
+
+
+# ----- continuous batching ------------------------------------------------------------------
+
+
+def test_sequence_in_changing_batch_matches_alone(model0):
+    target = GenerationRequest("a", (3, 4, 5, 6), 24, temperature=1.0, top_p=0.9, seed=11)
+    twin = GenerationRequest("d", (3, 4, 5, 6), 20, temperature=0.7, seed=5)  # shared prompt
+    alone_a = run_alone(model0, target)
+    alone_d = run_alone(model0, twin)
+    engine = make_engine(model0, max_batch=4, autostart=False)
+    early = [
+        engine.submit(GenerationRequest("b", (8, 9), 5, temperature=1.0, seed=1)),
+        engine.submit(GenerationRequest("c", (10, 11, 12, 13, 14, 15), 30, seed=2)),
+    ]
+    for _ in range(3):
+        engine.step()
+    stream_a, stream_d = engine.submit(target), engine.submit(twin)
+    for _ in range(4):
+        engine.step()  # "b" leaves during these steps
+    late = engine.submit(GenerationRequest("e", (4, 4), 6, temperature=0.0))
+    drain(engine, [stream_a, stream_d, late, *early])
+    for alone, stream in ((alone_a, stream_a), (alone_d, stream_d)):
+        batched = stream.result(timeout=1)
+        assert batched.token_ids == alone.token_ids
+        torch.testing.assert_close(
+            torch.tensor(batched.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0
+        )
+    assert len(alone_a.token_ids) == 24 and alone_a.finish_reason == LENGTH
+
+
+def test_more_requests_than_slots_all_finish(model0):
+    engine = make_engine(model0, stops=(1,), max_batch=2)
+    try:
+        streams = [
+            engine.submit(GenerationRequest(f"r{i}", (3, 4 + i), 8, seed=i)) for i in range(6)
+        ]
+        results = [s.result(timeout=10) for s in streams]
+    finally:
+        engine.stop()
+    for result in results:
+        ends_on_stop = result.token_ids[-1] == 1
+        assert result.finish_reason == (STOP if ends_on_stop else LENGTH)
+        assert len(result.token_ids) == 8 or ends_on_stop
+    assert engine.tokens_generated == sum(len(r.token_ids) for r in results)
+    assert engine.active_requests == 0
+
+
+def test_submit_rejects_bad_requests(model0):
+    engine = make_engine(model0, max_seq_len=16, autostart=False)
+    cases = [
+        (GenerationRequest("x", (), 4), "prompt_ids"),
+        (GenerationRequest("x", (3, 21), 4), "prompt_ids: token id 21"),
+        (GenerationRequest("x", (3,), 4, temperature=5.5), "temperature"),
+        (GenerationRequest("x", (3,), 4, top_p=0.0), "top_p"),
+        (GenerationRequest("x", (3,) * 10, 7), "max_seq_len 16"),
+        (GenerationRequest("x", (3,), 4, interrupt_ids=(99,)), "interrupt_ids"),
+    ]
+    for request, message in cases:
+        with pytest.raises(ValueError, match=message):
+            engine.submit(request)
+    engine.submit(GenerationRequest("x", (3,), 4))
+    with pytest.raises(DuplicateRequestError):
+        engine.submit(GenerationRequest("x", (3,), 4))
+    engine.stop()
+
+
+# ----- log-probs vs the HF forward ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_logprobs_match_hf_recompute(model0, temperature):
+    prompt = (3, 4, 14, 5, 15, 16)
+    engine = make_engine(model0)
+    try:
+        streams = [
+            engine.submit(GenerationRequest(f"s{i}", prompt, 24, temperature=temperature,
+                                            seed=100 + i))
+            for i in range(3)
+        ]
+        results = [s.result(timeout=10) for s in streams]
+    finally:
+        engine.stop()
+    for result in results:
+        ids = list(prompt) + result.token_ids
+        logits = hf_logits(model0, ids)[len(prompt) - 1 : -1]
+        logp_hf = torch.log_softmax(logits / temperature, dim=-1)
+        picked = logp_hf.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        ratio = torch.exp(picked - torch.tensor(result.logprobs))
+        torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
+
+
+# ----- interruption-based length control ----------------------------------------------------
+
+
+def test_thinking_budget_forces_phrase_then_answer_budget(model0):
+    prompt = (3, 4, 5)
+    request = GenerationRequest("t", prompt, 30, temperature=1.0, seed=3, thinking_budget=4,
+                                answer_budget=3, interrupt_ids=PHRASE)
+    registry = CollectorRegistry()
+    engine = make_engine(model0, metrics=RolloutMetrics(registry))
+    try:
+        result = engine.submit(request).result(timeout=10)
+    finally:
+        engine.stop()
+    assert result.finish_reason == LENGTH
+    assert result.forced == [False] * 4 + [True] * 3 + [False] * 3
+    assert tuple(result.token_ids[4:7]) == PHRASE
+    assert result.versions == [0] * 10
+    # Forced tokens: plain log-prob; sampled tokens: T = 1 log-prob (the same formula).
+    ids = list(prompt) + result.token_ids
+    logp_hf = torch.log_softmax(hf_logits(model0, ids)[len(prompt) - 1 : -1], dim=-1)
+    expected = logp_hf.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0)
+    value = registry.get_sample_value
+    assert value("scalerl_rollout_interruptions_total", {"reason": "thinking_budget"}) == 1
+    assert value("scalerl_rollout_tokens_generated_total") == 10
+    assert value("scalerl_rollout_requests_finished_total",
+                 {"finish_reason": "FINISH_REASON_LENGTH"}) == 1
+    assert value("scalerl_rollout_time_to_first_token_seconds_count") == 1
+
+
+def test_phrase_cut_by_max_new_tokens(model0):
+    request = GenerationRequest("t", (3, 4), 5, temperature=0.0, thinking_budget=4,
+                                answer_budget=3, interrupt_ids=PHRASE)
+    result = run_alone(model0, request)
+    assert result.forced == [False] * 4 + [True]
+    assert result.token_ids[4] == PHRASE[0]
+    assert result.finish_reason == LENGTH
+
+
+def test_stop_before_and_after_the_interrupt(model0):
+    def greedy(prompt, stops):
+        request = GenerationRequest("g", prompt, 12, temperature=0.0, thinking_budget=3,
+                                    answer_budget=6, interrupt_ids=PHRASE)
+        return run_alone(model0, request, stops)
+
+    for prompt in [(12, 13, 4), (3, 4, 5), (6, 7, 8, 9), (10, 11)]:
+        free = greedy(prompt, ())
+        thinking, answer0 = free.token_ids[:3], free.token_ids[6]
+        if answer0 not in thinking and answer0 not in PHRASE:
+            break
+    else:
+        pytest.fail("no prompt whose first answer token differs from its thinking tokens")
+    interrupted = greedy(prompt, (answer0,))
+    assert interrupted.finish_reason == INTERRUPTED
+    assert interrupted.token_ids == free.token_ids[:7]
+    assert interrupted.forced == [False] * 3 + [True] * 3 + [False]
+    stopped = greedy(prompt, (thinking[0],))
+    assert stopped.finish_reason == STOP
+    assert stopped.token_ids == thinking[:1] and stopped.forced == [False]
+
+
+def test_truncate_and_abort_interrupts(model0):
+    engine = make_engine(model0, max_batch=1, autostart=False)
+    stream = engine.submit(GenerationRequest("t", (3, 4), 40, seed=9, answer_budget=2,
+                                             interrupt_ids=PHRASE))
+    waiting = engine.submit(GenerationRequest("w", (3, 4), 40, seed=9))
+    for _ in range(3):
+        engine.step()
+    assert engine.interrupt("t", TRUNCATE)
+    engine.step()  # forces the phrase, then samples the first answer token
+    assert engine.interrupt("t", TRUNCATE)  # already forced: a no-op
+    assert engine.interrupt("w", ABORT)  # still waiting for the only slot
+    drain(engine, [stream, waiting])
+    result = stream.result(timeout=1)
+    assert result.forced == [False] * 3 + [True] * 3 + [False] * 2
+    assert result.finish_reason == LENGTH
+    assert waiting.result(timeout=1).finish_reason == ABORTED
+    assert waiting.result(timeout=1).token_ids == []
+    assert not engine.interrupt("t", ABORT)  # finished
+    assert not engine.interrupt("nope", TRUNCATE)
+    running = engine.submit(GenerationRequest("r", (3,), 40, seed=1))
+    engine.step()
+    engine.step()
+    assert engine.interrupt("r", ABORT)
+    engine.step()
+    aborted = running.result(timeout=1)
+    assert aborted.finish_reason == ABORTED and len(aborted.token_ids) == 2
+    assert engine.active_requests == 0
+    engine.stop()
+
+
+def test_stop_aborts_everything(model0):
+    engine = make_engine(model0, autostart=False)
+    stream = engine.submit(GenerationRequest("s", (3, 4), 10))
+    future = engine.stage_weights(copy.deepcopy(model0).state_dict(), 1)
+    engine.stop()
+    assert stream.result(timeout=1).finish_reason == ABORTED
+    assert future.exception(timeout=1) is not None
+    with pytest.raises(RuntimeError):
+        engine.submit(GenerationRequest("t", (3,), 4))
+
+
+# ----- in-flight weight updates --------------------------------------------------------------
+
+
+def test_weight_swap_keeps_kv_cache_and_stamps_new_version(model0, model1):
+    prompt = [3, 4, 5, 6]
+    registry = CollectorRegistry()
+    engine = make_engine(model0, autostart=False, metrics=RolloutMetrics(registry))
+    stream = engine.submit(GenerationRequest("w", tuple(prompt), 12, temperature=0.0))
+    for _ in range(5):
+        engine.step()  # 5 tokens sampled by version 0; the 5th is not in the KV cache yet
+    new_sd = {k: v for k, v in model1.state_dict().items() if k != "lm_head.weight"}
+    future = engine.stage_weights(new_sd, version=7)
+    assert not future.done() and engine.policy_version == 0
+    engine.step()
+    assert future.result(timeout=0) == 7 and engine.policy_version == 7
+    drain(engine, [stream])
+    result = stream.result(timeout=1)
+    assert result.versions == [0] * 5 + [7] * 7
+    assert registry.get_sample_value("scalerl_rollout_policy_version") == 7
+
+    # Reference: version-0 KV for the prompt and tokens 1-4, then version 1 weights.
+    tokens = result.token_ids
+    with torch.no_grad():
+        cache = model0(torch.tensor([prompt + tokens[:4]]), use_cache=True).cache
+        feed, expected, logps = tokens[4], [], []
+        for _ in range(7):
+            out = model1(torch.tensor([[feed]]), cache=cache, use_cache=True)
+            cache = out.cache
+            logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            feed = int(logp.argmax())
+            expected.append(feed)
+            logps.append(float(logp[feed]))
+    assert tokens[5:] == expected
+    torch.testing.assert_close(torch.tensor(result.logprobs[5:]), torch.tensor(logps),
+                               atol=1e-4, rtol=0)
+    # The test discriminates: recomputing the KV with the new weights gives other log-probs.
+    fresh = torch.log_softmax(hf_logits(model1, prompt + tokens[:5])[-1], dim=-1)
+    assert abs(float(fresh[tokens[5]]) - result.logprobs[5]) > 1e-3
+    unswapped = run_alone(model0, GenerationRequest("u", tuple(prompt), 12, temperature=0.0))
+    assert abs(unswapped.logprobs[5] - result.logprobs[5]) > 1e-3
+
+
+def test_stage_weights_rejects_bad_state_dicts(model0, model1):
+    engine = make_engine(model0, autostart=False)
+    before = copy.deepcopy(engine.llama.model.state_dict())
+    good = model1.state_dict()
+    wrong_shape = dict(good, **{"model.norm.weight": torch.ones(64)})
+    nan = dict(good, **{"model.layers.1.mlp.up_proj.weight": good[
+        "model.layers.1.mlp.up_proj.weight"] * float("nan")})
+    cases = [
+        (dict(good, extra=torch.ones(1)), "unknown tensor 'extra'"),
+        ({k: v for k, v in good.items() if k != "model.norm.weight"}, "'model.norm.weight'"),
+        (wrong_shape, r"'model.norm.weight' has shape \(64,\)"),
+        (dict(good, **{"model.norm.weight": torch.ones(128, dtype=torch.int64)}), "dtype"),
+        (nan, "'model.layers.1.mlp.up_proj.weight' holds NaN"),
+    ]
+    for state_dict, message in cases:
+        with pytest.raises(ValueError, match=message):
+            engine.stage_weights(state_dict, 1)
+    engine.step()
+    assert engine.policy_version == 0
+    after = engine.llama.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    engine.stop()

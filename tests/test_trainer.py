@@ -1,0 +1,297 @@
+"""Learner training step: packing, fp32-head log-probs, and Trainer.step on the tiny model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from learner_service.trainer import Trainer, pack_groups, token_logprobs
+from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.models import load_policy
+from scalerl.v1 import rollout_pb2
+
+torch.set_num_threads(1)
+
+STOP = rollout_pb2.FINISH_REASON_STOP
+LENGTH = rollout_pb2.FINISH_REASON_LENGTH
+INTERRUPTED = rollout_pb2.FINISH_REASON_INTERRUPTED
+ABORTED = rollout_pb2.FINISH_REASON_ABORTED
+
+
+def tiny(seed: int = 0) -> torch.nn.Module:
+    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=64, tiny_layers=2), seed=seed)
+    return model
+
+
+def sample(tokens, reward, finish=STOP, forced=(), logprobs=None, versions=None):
+    return rollout_pb2.Sample(
+        token_ids=tokens,
+        logprobs=logprobs if logprobs is not None else [-1.0] * len(tokens),
+        policy_versions=versions if versions is not None else [0] * len(tokens),
+        forced=forced,
+        reward=reward,
+        finish_reason=finish,
+    )
+
+
+def group(prompt, samples, group_id="g"):
+    return rollout_pb2.RolloutGroup(group_id=group_id, prompt_token_ids=prompt, samples=samples)
+
+
+def on_policy(model, prompt, completions, rewards, temperature=1.0, finish=STOP):
+    """A group whose generator log-probs are the model's own (rho = 1)."""
+    samples = []
+    for tokens, reward in zip(completions, rewards, strict=True):
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            lp = token_logprobs(model, ids, torch.ones_like(ids), temperature)[0]
+        samples.append(sample(tokens, reward, finish, logprobs=lp[len(prompt) - 1 :].tolist()))
+    return group(prompt, samples)
+
+
+def completion_logprob(model, prompt, tokens, temperature=1.0) -> float:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, torch.ones_like(ids), temperature)[0]
+    return float(lp[len(prompt) - 1 :].sum())
+
+
+def params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def config(**kw) -> LearnerConfig:
+    return LearnerConfig(**({"lr": 1e-3, "autocast_bf16": False} | kw))
+
+
+# --- pack_groups ---------------------------------------------------------------------
+
+
+def test_pack_groups_layout() -> None:
+    groups = [
+        group(
+            [5, 6],
+            [
+                sample([7, 1], 1.0, STOP, logprobs=[-0.1, -0.2], versions=[3, 4]),
+                # Ends on the eos id but finished by LENGTH: counted as truncated all the same.
+                sample([1], 0.0, LENGTH, forced=[True], logprobs=[-0.3], versions=[4]),
+            ],
+        ),
+        group(
+            [9],
+            [
+                sample([10, 11, 12], 0.5, INTERRUPTED, forced=[False, True, False]),
+                sample([], 0.0, ABORTED),
+            ],
+        ),
+    ]
+    b = pack_groups(groups, pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 1], [5, 6, 1, 0], [9, 10, 11, 12], [9, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert b.positions.tolist() == [1, 2, 1, 0, 1, 2]
+    assert b.sample_index.tolist() == [0, 0, 1, 2, 2, 2]
+    assert b.group_index.tolist() == [0, 0, 0, 1, 1, 1]
+    assert b.loss_mask.tolist() == [True, True, False, True, False, True]
+    assert b.logp_gen.tolist() == pytest.approx([-0.1, -0.2, -0.3, -1.0, -1.0, -1.0])
+    assert b.policy_versions.tolist() == [3, 4, 4, 0, 0, 0]
+    assert b.token_offsets.tolist() == [0, 2, 3, 6, 6]
+    assert b.rewards.tolist() == [1.0, 0.0, 0.5, 0.0]
+    assert b.sample_group.tolist() == [0, 0, 1, 1]
+    assert b.seq_lens.tolist() == [4, 3, 4, 1]
+    assert (b.truncated, b.interrupted, b.num_samples) == (1, 1, 4)
+
+
+def test_pack_groups_rejects_malformed() -> None:
+    with pytest.raises(ValueError, match="logprobs"):
+        pack_groups([group([5], [sample([7, 8], 1.0, logprobs=[-1.0])])], 0)
+    with pytest.raises(ValueError, match="forced"):
+        pack_groups([group([5], [sample([7, 8], 1.0, forced=[True])])], 0)
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        pack_groups([group([], [sample([7], 1.0)])], 0)
+    with pytest.raises(ValueError, match="finite"):
+        pack_groups([group([5], [sample([7], 1.0, logprobs=[float("nan")])])], 0)
+    with pytest.raises(ValueError, match="at least one"):
+        pack_groups([], 0)
+
+
+# --- token_logprobs ------------------------------------------------------------------
+
+
+def reference_logprobs(model, ids, mask, temperature):
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float() / temperature
+    return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("fp32_lm_head", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_hf_forward(fp32_lm_head: bool, temperature: float) -> None:
+    model = tiny()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        got = token_logprobs(model, ids, mask, temperature, fp32_lm_head=fp32_lm_head)
+    ref = reference_logprobs(model, ids, mask, temperature)
+    valid = mask[:, 1:].bool()
+    assert got.shape == (2, 5) and got.dtype == torch.float32
+    assert torch.allclose(got[valid], ref[valid], atol=1e-5, rtol=0)
+    # Tempering matters: the untempered log-probs differ visibly.
+    if temperature != 1.0:
+        plain = reference_logprobs(model, ids, mask, 1.0)
+        assert (plain[valid] - got[valid]).abs().max() > 1e-3
+
+
+def test_token_logprobs_bf16_body_stays_close() -> None:
+    model = tiny()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        fp32 = token_logprobs(model, ids, mask)
+        bf16 = token_logprobs(model, ids, mask, autocast_bf16=True)
+    assert bf16.dtype == torch.float32
+    assert (bf16 - fp32).abs().max() < 0.05
+
+
+def test_packed_positions_index_the_right_logprobs() -> None:
+    model = tiny()
+    groups = [
+        group([3, 4], [sample([5, 6], 1.0), sample([7], 0.0)]),
+        group([8], [sample([9, 10, 11], 1.0)]),
+    ]
+    b = pack_groups(groups, pad_id=0)
+    with torch.no_grad():
+        packed = token_logprobs(model, b.input_ids, b.attention_mask)[b.sample_index, b.positions]
+    expected = []
+    for g in groups:
+        for s in g.samples:
+            ids = torch.tensor([list(g.prompt_token_ids) + list(s.token_ids)])
+            ref = reference_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+            expected.extend(ref[len(g.prompt_token_ids) - 1 :].tolist())
+    assert packed.tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_token_logprobs_rejects_zero_temperature() -> None:
+    ids = torch.tensor([[3, 4]])
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(tiny(), ids, torch.ones_like(ids), temperature=0.0)
+
+
+# --- Trainer -------------------------------------------------------------------------
+
+PROMPT = [2, 3]
+
+
+def test_step_raises_logprob_of_the_rewarded_completion() -> None:
+    model = tiny()
+    good, bad = [4, 1], [5, 1]
+    batch = [on_policy(model, PROMPT, [good, bad, bad], [1.0, 0.0, 0.0])]
+    before = (completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad))
+    metrics = Trainer(model, config(), temperature=1.0).step(batch)
+    after = (completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad))
+    assert metrics["stepped"] == 1.0
+    assert after[0] > before[0] + 0.1  # positive advantage: more likely
+    assert after[1] < before[1] - 0.1  # negative advantage: less likely
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy
+    assert metrics["ratio_truncated_frac"] == 0.0
+    assert metrics["tokens"] == 6 and metrics["samples"] == 3 and metrics["groups_used"] == 1
+    assert metrics["mean_reward"] == pytest.approx(1 / 3)
+    assert metrics["grad_norm"] > 0 and metrics["loss"] != 0.0
+
+
+def test_all_zero_variance_takes_no_step() -> None:
+    model = tiny()
+    before = params(model)
+    batch = [
+        group(PROMPT, [sample([4], 0.1)] * 8, "a"),
+        group(PROMPT, [sample([5], 1.0, LENGTH)] * 3, "b"),
+    ]
+    trainer = Trainer(model, config(), temperature=1.0)
+    metrics = trainer.step(batch)
+    assert metrics["stepped"] == 0.0
+    assert metrics["groups_zero_variance"] == 2 and metrics["groups_used"] == 0
+    assert metrics["tokens"] == 0 and metrics["samples"] == 0
+    assert metrics["mean_reward"] == pytest.approx((0.8 + 3.0) / 11, rel=1e-6)
+    assert metrics["truncation_rate"] == pytest.approx(3 / 11)
+    assert all(torch.equal(a, b) for a, b in zip(before, params(model), strict=True))
+    assert trainer.optimizer.state_dict()["state"] == {}
+    assert trainer.steps == 0
+
+
+def test_zero_variance_group_is_dropped_and_counted() -> None:
+    model = tiny()
+    real = on_policy(model, PROMPT, [[4], [5]], [1.0, 0.0], finish=INTERRUPTED)
+    flat = group(PROMPT, [sample([6, 7], 0.1, LENGTH)] * 8, "flat")
+    metrics = Trainer(model, config(), temperature=1.0).step([real, flat])
+    assert metrics["stepped"] == 1.0
+    assert metrics["groups_used"] == 1 and metrics["groups_zero_variance"] == 1
+    assert metrics["samples"] == 2 and metrics["tokens"] == 2
+    assert metrics["truncation_rate"] == pytest.approx(8 / 10)
+    assert metrics["interrupted_rate"] == pytest.approx(2 / 10)
+
+
+@pytest.mark.parametrize("aggregation", ["prompt", "sample", "token"])
+def test_micro_batch_size_does_not_change_loss_or_gradient(aggregation: str) -> None:
+    model = tiny()
+    # 5 samples in groups of 3 and 2 (not a multiple of either); completions of 1-3 tokens,
+    # slightly off-policy generator log-probs, one forced token.
+    g1 = on_policy(model, PROMPT, [[4, 5], [6], [7, 8, 1]], [1.0, 0.0, 0.5])
+    g2 = on_policy(model, [9, 10, 11], [[12], [13, 14]], [0.0, 1.0])
+    g1.samples[2].forced[:] = [False, True, False]
+    for s in list(g1.samples) + list(g2.samples):
+        s.logprobs[:] = [lp - 0.3 * (i % 2) for i, lp in enumerate(s.logprobs)]
+    results = []
+    for micro in (1, 2, 16):
+        cfg = config(micro_batch_samples=micro, aggregation=aggregation)
+        results.append(Trainer(copy.deepcopy(model), cfg, temperature=0.8).step([g1, g2]))
+    for other in results[1:]:
+        assert other["loss"] == pytest.approx(results[0]["loss"], abs=1e-6)
+        assert other["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5)
+        assert other["ratio_mean"] == pytest.approx(results[0]["ratio_mean"], rel=1e-6)
+    assert results[0]["loss"] != 0.0 and results[0]["ratio_mean"] > 1.0
+
+
+def test_bad_input_changes_nothing() -> None:
+    model = tiny()
+    before = params(model)
+    trainer = Trainer(model, config(), temperature=1.0)
+    with pytest.raises(ValueError, match="vocabulary"):
+        trainer.step([group(PROMPT, [sample([4], 1.0), sample([999], 0.0)])])
+    with pytest.raises(ValueError, match="policy_versions"):
+        trainer.step([group(PROMPT, [sample([4], 1.0, versions=[]), sample([5], 0.0)])])
+    assert all(torch.equal(a, b) for a, b in zip(before, params(model), strict=True))
+
+
+def test_trainer_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        Trainer(tiny(), config(), temperature=0.0)
+    with pytest.raises(ValueError, match="eps_low"):
+        Trainer(tiny(), config(), temperature=1.0, loss_hyperparameters={"eps_low": 0.2})
+
+
+def test_state_dict_round_trip() -> None:
+    batch_model = tiny()
+    batch = [on_policy(batch_model, PROMPT, [[4], [5], [6]], [1.0, 0.0, 0.0])]
+    a = Trainer(tiny(seed=0), config(), temperature=1.0)
+    a.step(batch)
+    b = Trainer(tiny(seed=1), config(), temperature=1.0)
+    b.load_state_dict(a.state_dict())
+    assert b.steps == 1
+    a.step(batch)
+    b.step(batch)  # identical weights and AdamW moments -> identical second step
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_bad_checkpoint_changes_nothing() -> None:
+    trainer = Trainer(tiny(), config(), temperature=1.0)
+    before = params(trainer.model)
+    other = Trainer(tiny(seed=1), config(), temperature=1.0).state_dict()
+    with pytest.raises(ValueError, match="optimizer"):
+        trainer.load_state_dict({"model": other["model"]})
+    name = next(iter(other["model"]))
+    broken = dict(other["model"]) | {name: torch.zeros(3)}
+    with pytest.raises(ValueError, match="shape"):
+        trainer.load_state_dict({"model": broken, "optimizer": other["optimizer"]})
+    assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model), strict=True))
