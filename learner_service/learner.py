@@ -99,7 +99,7 @@ class Learner:
             log.info("supervised warm-up: %d steps, final loss %.3f",
                      cfg.model.warmup_steps, loss)
         self.state.set_policy_version(self.version)
-        self.publisher.publish(self.model, self.version, force_file=True)
+        self.publisher.publish(self.model, self.version, force_file=True, wait=True)
 
     def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> None:
         want = self.config.rollout.workers
@@ -159,6 +159,7 @@ class Learner:
         return groups, entry_ids
 
     def _train_step(self, groups: list, entry_ids: list[str]) -> None:
+        stale = [staleness(self.version, g.min_policy_version) for g in groups]
         with BusyTimer(self.compute, "learner") as timer:
             metrics = self.trainer.step(groups)
         self.replay.ack(entry_ids)
@@ -169,7 +170,6 @@ class Learner:
             self.state.set_policy_version(self.version)
             self.publisher.publish(self.model, self.version)
         self.step += 1
-        stale = [staleness(self.version - 1, g.min_policy_version) for g in groups]
         record = {
             "step": self.step, "policy_version": self.version, "time": time.time(),
             "compute": self.compute.total_hours(), "step_seconds": timer.device_seconds,
@@ -201,6 +201,7 @@ class Learner:
     # ----- evaluation, curve, checkpoints ----------------------------------------------------
 
     def _evaluate(self) -> None:
+        self.publisher.wait()  # evaluate the current version on every worker
         start = time.monotonic()
         workers = sorted(self.registry.workers().values())
         result = self.evaluator.evaluate(workers, seed=self.config.seed + 7919 * self.step)

@@ -1,14 +1,22 @@
 """Weight publication: every new policy version goes to every registered rollout worker.
 
-Transport `stream` sends the safetensors payload as chunks of an UpdateWeights stream;
-`uri` writes it once to shared storage (the run folder) and sends only the header. Version 0
-is always written to a file and announced in Redis, so a worker that starts (or restarts)
-later pulls the latest weights before generating (ARCHITECTURE sec. 2).
+Transport `uri` writes the safetensors payload once to shared storage (the run folder on
+one machine, a shared volume in a cluster) and sends only the header; `stream` sends the
+payload itself as chunks of the UpdateWeights stream. Every version is also announced in
+Redis, so a worker that starts (or restarts) later pulls the latest weights before
+generating (ARCHITECTURE sec. 2).
+
+Serialization is synchronous (it snapshots the weights before the next optimizer step
+changes them); the sends run in the background while the learner reads its next batch,
+as PipelineRL does. A new publish first waits for the previous one, so versions arrive
+in order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,23 +24,25 @@ from pathlib import Path
 import grpc
 import torch
 
-from rollout_service.weights import serialize_state_dict, weights_requests, weights_uri_request
+from rollout_service.weights import serialize_state_dict, weights_requests
 from scalerl.grpc_util import channel
 from scalerl.registry import RunState, WeightsRef, WorkerRegistry
-from scalerl.v1 import rollout_pb2_grpc
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
+_KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
 
 
 class WeightPublisher:
     """Pushes the model's weights (cast to the engines' dtype) to all registered workers.
 
-    weights_dir: where `uri` payloads and version 0 are written. timeout_s: deadline of
-    one UpdateWeights call, seconds.
+    weights_dir: where `uri` payloads are written. timeout_s: deadline of one
+    UpdateWeights call, seconds. `last_seconds`: serialization plus sends of the last
+    completed publish; `failures`: refused or unreachable sends so far.
     """
 
     def __init__(self, registry: WorkerRegistry, state: RunState, weights_dir: Path,
-                 dtype: str, transport: str = "stream", timeout_s: float = 120.0) -> None:
+                 dtype: str, transport: str = "uri", timeout_s: float = 120.0) -> None:
         self.registry = registry
         self.state = state
         self.weights_dir = Path(weights_dir)
@@ -42,37 +52,62 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.failures = 0
         self.last_seconds = 0.0
+        self._sending: threading.Thread | None = None
 
-    def publish(self, model: torch.nn.Module, version: int, force_file: bool = False) -> int:
-        """Send `version` to every worker; returns how many accepted it.
+    def publish(self, model: torch.nn.Module, version: int, force_file: bool = False,
+                wait: bool = False) -> None:
+        """Snapshot `model` as `version` and send it to every registered worker.
 
         A worker that refuses or cannot be reached is logged and counted in `failures`;
         it keeps serving its old version and its groups age out by the staleness bound.
+        force_file: write the payload to a file even with the stream transport (so late
+        workers can pull it). wait: return only once every send finished.
         """
+        self.wait()
         start = time.monotonic()
         payload = serialize_state_dict(model, self.dtype)
-        uri = ""
-        if force_file or self.transport == "uri":
-            path = self.weights_dir / f"policy-v{version}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(payload)
-            tmp.rename(path)
-            uri = str(path)
-            self._remove_old_files(keep=path)
-        header_only = weights_uri_request(uri, version) if uri else None
-        sha = (header_only.header.sha256 if header_only else
-               next(weights_requests(payload, version)).header.sha256)
+        sha = hashlib.sha256(payload).hexdigest()
+        uri = self._write(payload, version) if force_file or self.transport == "uri" else ""
         self.state.set_latest_weights(WeightsRef(version, uri, sha, len(payload)))
-        workers = self.registry.workers()
-        with ThreadPoolExecutor(max(1, len(workers))) as pool:
-            results = list(pool.map(
-                lambda address: self._send(address, payload, version, header_only),
-                workers.values()))
-        self.last_seconds = time.monotonic() - start
-        return sum(results)
+        header = rollout_pb2.WeightsHeader(
+            version=version, format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+            total_bytes=len(payload), sha256=sha, uri=uri)
+        self._sending = threading.Thread(
+            target=self._send_all, args=(header, payload, start), daemon=True)
+        self._sending.start()
+        if wait:
+            self.wait()
 
-    def _send(self, address: str, payload: bytes, version: int, header_only) -> bool:
-        requests = iter([header_only]) if header_only else weights_requests(payload, version)
+    def wait(self) -> None:
+        """Block until the previous publish reached every worker (or failed)."""
+        if self._sending is not None:
+            self._sending.join()
+            self._sending = None
+
+    def _write(self, payload: bytes, version: int) -> str:
+        path = self.weights_dir / f"policy-v{version}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(payload)
+        tmp.rename(path)  # atomic: a reader never sees half a file
+        old = sorted(self.weights_dir.glob("policy-v*.safetensors"),
+                     key=lambda p: int(p.stem.split("-v")[1]))
+        for stale in old[:-_KEEP_FILES]:
+            stale.unlink(missing_ok=True)
+        return str(path)
+
+    def _send_all(self, header: rollout_pb2.WeightsHeader, payload: bytes,
+                  start: float) -> None:
+        workers = list(self.registry.workers().values())
+        if workers:
+            with ThreadPoolExecutor(len(workers)) as pool:
+                list(pool.map(lambda a: self._send(a, header, payload), workers))
+        self.last_seconds = time.monotonic() - start
+
+    def _send(self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes) -> bool:
+        if header.uri:
+            requests = iter([rollout_pb2.UpdateWeightsRequest(header=header)])
+        else:
+            requests = weights_requests(payload, header.version)
         try:
             with channel(address) as ch:
                 rollout_pb2_grpc.RolloutServiceStub(ch).UpdateWeights(
@@ -80,11 +115,6 @@ class WeightPublisher:
             return True
         except grpc.RpcError as exc:
             self.failures += 1
-            log.warning("weights v%d to %s failed: %s %s", version, address, exc.code(),
-                        exc.details())
+            log.warning("weights v%d to %s failed: %s %s", header.version, address,
+                        exc.code(), exc.details())
             return False
-
-    def _remove_old_files(self, keep: Path) -> None:
-        for old in self.weights_dir.glob("policy-v*.safetensors"):
-            if old != keep:
-                old.unlink(missing_ok=True)

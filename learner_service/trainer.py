@@ -28,6 +28,7 @@ def token_logprobs(
     temperature: float = 1.0,
     fp32_lm_head: bool = True,
     autocast_bf16: bool = False,
+    start: int = 0,
 ) -> torch.Tensor:
     """Log-probability of each next token under the tempered policy (paper Sec. 3.2/4).
 
@@ -48,9 +49,12 @@ def token_logprobs(
         temperature: > 0.
         fp32_lm_head: compute logits in fp32.
         autocast_bf16: run the body under bf16 autocast.
+        start: first column to compute; the LM head (the costliest part on a 49k
+            vocabulary) skips the prompt columns before it.
 
     Returns:
-        float32 [B, T-1]: entry [b, t] is log p(input_ids[b, t+1] | input_ids[b, :t+1]).
+        float32 [B, T-1-start]: entry [b, t] is
+        log p(input_ids[b, start+t+1] | input_ids[b, :start+t+1]).
         Entries at padding positions are meaningless.
 
     Raises:
@@ -67,7 +71,7 @@ def token_logprobs(
     with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
         hidden = model.model(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-        ).last_hidden_state[:, :-1]
+        ).last_hidden_state[:, start:-1]
         if not fp32_lm_head:
             logits = model.lm_head(hidden)
     if fp32_lm_head:
@@ -76,7 +80,7 @@ def token_logprobs(
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.float()
     logits = logits.float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, start + 1 :].unsqueeze(-1)
     # gather - logsumexp equals log_softmax-then-gather without a second [B, T, V] tensor.
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -348,6 +352,8 @@ class Trainer:
             if t1 == t0:
                 continue
             width = int(batch.seq_lens[s0:s1].max())  # drop columns that are padding for all
+            positions = batch.positions[t0:t1].to(dev)
+            start = int(positions.min())  # no log-prob needed before the first completion
             logp_all = token_logprobs(
                 self.model,
                 batch.input_ids[s0:s1, :width].to(dev),
@@ -355,9 +361,10 @@ class Trainer:
                 self.temperature,
                 cfg.fp32_lm_head,
                 cfg.autocast_bf16,
+                start,
             )
             rows = batch.sample_index[t0:t1].to(dev) - s0
-            logp = logp_all[rows, batch.positions[t0:t1].to(dev)]
+            logp = logp_all[rows, positions - start]
             sl = slice(t0, t1)
             mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
             loss = recipe.policy_loss(

@@ -18,7 +18,7 @@ swap carries the new version.
 
 Sampling (per request, with the request's own `torch.Generator`, so a request's samples
 do not depend on its batch-mates): temperature T > 0 samples from softmax(logits / T),
-restricted to the top-p nucleus and renormalised (Holtzman et al. 2020, eq. 3), by
+restricted to the top-p nucleus and renormalised (Holtzman et al. 2020, Sec. 3.1), by
 inverse-CDF with one uniform draw per token. The reported log-prob is that of the token
 under this exact distribution. T = 0 is greedy: the token is the argmax and its
 reported log-prob is log softmax(logits) at the argmax, i.e. under the untempered
@@ -139,6 +139,19 @@ class GenerationStream:
             raise EngineError(f"request {self.request_id!r} failed: {item}") from item
         return item
 
+    def poll(self) -> list[Chunk]:
+        """Chunks available now, without waiting (empty when none). Raises EngineError if
+        the engine failed on this request."""
+        ready = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return ready
+            if isinstance(item, BaseException):
+                raise EngineError(f"request {self.request_id!r} failed: {item}") from item
+            ready.append(item)
+
     def chunks(self, timeout: float | None = None) -> Iterator[Chunk]:
         """Chunks until (and including) the last; `timeout` bounds the wait for each."""
         while True:
@@ -174,7 +187,7 @@ class GenerationStream:
             self.finished.set()
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: found in and removed from queues by identity
 class _Seq:
     """Engine-thread state of one request."""
 
@@ -194,7 +207,7 @@ class _Seq:
     first_token: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Staged:
     staged: object
     version: int
@@ -229,8 +242,9 @@ class TorchEngine:
         if torch_dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch < 1 or max_seq_len < 2:
-            raise ValueError(f"max_batch must be >= 1 and max_seq_len >= 2, got "
-                             f"{max_batch}, {max_seq_len}")
+            raise ValueError(
+                f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
+            )
         self.llama = SlotLlama(model, max_batch, max_seq_len, torch_dtype, device)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_batch = max_batch
@@ -305,9 +319,7 @@ class TorchEngine:
             if self._stopping:
                 raise RuntimeError("the engine is stopped")
             if request.request_id in self._live:
-                raise DuplicateRequestError(
-                    f"request_id {request.request_id!r} is already running"
-                )
+                raise DuplicateRequestError(f"request_id {request.request_id!r} is already running")
             self._live[request.request_id] = seq
             self._waiting.append(seq)
             self._set_active_gauge()
@@ -403,8 +415,12 @@ class TorchEngine:
                 raise
             self._version = item.version
             item.future.set_result(item.version)
-            log.info("policy version %d now serving (swap %.3fs, %d running)", item.version,
-                     time.monotonic() - start, len(self._active))
+            log.info(
+                "policy version %d now serving (swap %.3fs, %d running)",
+                item.version,
+                time.monotonic() - start,
+                len(self._active),
+            )
             if self._metrics is not None:
                 self._metrics.policy_version.set(item.version)
 
@@ -416,17 +432,19 @@ class TorchEngine:
             self._count_interrupt("abort")
             if seq.slot < 0:  # still waiting for a slot
                 with self._lock:
-                    self._waiting.remove(seq)
+                    if seq in self._waiting:
+                        self._waiting.remove(seq)
             self._finish(seq, Chunk([], [], [], []), ABORTED)
         elif seq.forced_at is None and seq.want_force is None:
             seq.want_force = "truncate"
 
     def _admit(self, seqs: list[_Seq]) -> None:
         """Prefill new requests; one forward per distinct prompt, KV copied to the rest."""
-        first: dict[tuple[int, ...], _Seq] = {}
-        for seq in seqs:
+        for seq in seqs:  # all active first, so a failing prefill fails all of them
             seq.slot = self._free.pop()
             self._active[seq.slot] = seq
+        first: dict[tuple[int, ...], _Seq] = {}
+        for seq in seqs:
             prompt = seq.request.prompt_ids
             seq.length = len(prompt)
             seq.logits_version = self._version
@@ -458,8 +476,9 @@ class TorchEngine:
             seq.next_logits = out[-1]
             seq.logits_version = self._version
             seq.generated += len(phrase)
-            chunk = Chunk(phrase, picked.tolist(), [self._version] * len(phrase),
-                          [True] * len(phrase))
+            chunk = Chunk(
+                phrase, picked.tolist(), [self._version] * len(phrase), [True] * len(phrase)
+            )
         else:
             chunk = Chunk([], [], [], [])
         if seq.generated >= request.max_new_tokens:
@@ -570,8 +589,9 @@ class TorchEngine:
             if bad:
                 raise ValueError(f"{name}: token id {bad[0]} outside 0..{self.vocab_size - 1}")
         if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
-            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE}], "
-                             f"got {request.temperature}")
+            raise ValueError(
+                f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
+            )
         if not 0.0 < request.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
         if request.max_new_tokens < 1:
@@ -609,20 +629,21 @@ def sample(
         logp = torch.where(nucleus[:, None], top_p_renormalise(logp, top_p), logp)
     uniforms = torch.tensor(
         [float(torch.rand((), generator=g)) if g is not None else 0.0 for g in generators],
-        dtype=torch.float32, device=logits.device,
+        dtype=torch.float32,
+        device=logits.device,
     )
     cdf = logp.exp().cumsum(dim=-1)
     # u * total guards against a cdf ending slightly below 1; the floor keeps u = 0 from
     # picking a leading zero-probability token.
     target = (uniforms * cdf[:, -1]).clamp_min(torch.finfo(torch.float32).tiny)
     drawn = torch.searchsorted(cdf, target[:, None])[:, 0].clamp_max(logits.shape[1] - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn) if bool(greedy.any()) else drawn
     picked = logp[torch.arange(rows, device=logits.device), tokens]
     return tokens, picked
 
 
 def top_p_renormalise(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Nucleus filter (Holtzman et al. 2020, eq. 3): keep the smallest set of most likely
+    """Nucleus filter (Holtzman et al. 2020, Sec. 3.1): keep the smallest set of most likely
     tokens whose mass reaches top_p [N], renormalise. logp [N, vocab] -> [N, vocab], with
     -inf outside the nucleus."""
     sorted_logp, order = logp.sort(dim=-1, descending=True)

@@ -90,7 +90,11 @@ class SlotKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
     def write(
-        self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
         v: torch.Tensor,
     ) -> None:
         """Store k, v [N, kv_heads, T, D] of slots [N] at positions [N, T]."""
@@ -154,8 +158,13 @@ class SlotLlama:
         self.tied = model.lm_head.weight is model.model.embed_tokens.weight
         self.head_name = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
         self.cache = SlotKVCache(
-            config.num_hidden_layers, max_batch, self.num_kv_heads, max_seq_len, self.head_dim,
-            dtype, self.device,
+            config.num_hidden_layers,
+            max_batch,
+            self.num_kv_heads,
+            max_seq_len,
+            self.head_dim,
+            dtype,
+            self.device,
         )
         cos, sin = rope_tables(theta, self.head_dim, max_seq_len)
         # HF casts cos/sin to the activation dtype before rotating; do the same.
@@ -166,7 +175,10 @@ class SlotLlama:
 
     @torch.no_grad()
     def extend(
-        self, slot: int, start: int, token_ids: Sequence[int] | torch.Tensor,
+        self,
+        slot: int,
+        start: int,
+        token_ids: Sequence[int] | torch.Tensor,
         all_logits: bool = False,
     ) -> torch.Tensor:
         """Append T tokens to `slot` at positions start..start+T-1 (its cache before `start`
@@ -265,20 +277,23 @@ class SlotLlama:
         expected = self.parameter_shapes()
         unknown = sorted(name for name in state_dict if name not in expected)
         if unknown:
-            raise ValueError(f"unknown tensor {unknown[0]!r}: the model has no parameter of "
-                             "that name")
+            raise ValueError(
+                f"unknown tensor {unknown[0]!r}: the model has no parameter of that name"
+            )
         skip = {"lm_head.weight"} if self.tied else set()
         for name, shape in expected.items():  # the model's order: the first bad one is stable
             if name in state_dict:
                 _check_tensor(name, state_dict[name], shape)
             elif name not in skip:
                 raise ValueError(f"state dict is missing tensor {name!r}")
+        # copy=True: a snapshot, so a caller that keeps training its tensors before the
+        # swap cannot change what gets applied.
         tensors = {
-            name: state_dict[name].detach().to(self.device, self.dtype).contiguous()
+            name: state_dict[name].detach().to(self.device, self.dtype, copy=True)
             for name in expected
             if name not in skip
         }
-        head = state_dict[self.head_name].detach().to(self.device, torch.float32).clone()
+        head = state_dict[self.head_name].detach().to(self.device, torch.float32, copy=True)
         return StagedWeights(tensors, head)
 
     @torch.no_grad()

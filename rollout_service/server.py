@@ -41,9 +41,9 @@ def _status_of(exc: Exception) -> grpc.StatusCode:
     if isinstance(exc, WeightsError):
         if exc.field in DATA_LOSS_FIELDS:
             return grpc.StatusCode.DATA_LOSS
-        return grpc.StatusCode.UNAVAILABLE if exc.field == "apply" else (
-            grpc.StatusCode.INVALID_ARGUMENT
-        )
+        if exc.field == "apply":
+            return grpc.StatusCode.UNAVAILABLE
+        return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, DuplicateRequestError):
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(exc, ValueError):
@@ -106,14 +106,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.InterruptResponse:
         with _grpc_errors(context):
             if request.mode not in (
-                rollout_pb2.INTERRUPT_MODE_TRUNCATE, rollout_pb2.INTERRUPT_MODE_ABORT
+                rollout_pb2.INTERRUPT_MODE_TRUNCATE,
+                rollout_pb2.INTERRUPT_MODE_ABORT,
             ):
                 raise InvalidRequest("mode", "must be INTERRUPT_MODE_TRUNCATE or _ABORT")
             found = self._engine.interrupt(request.request_id, request.mode)
         return rollout_pb2.InterruptResponse(found=found)
 
     def UpdateWeights(
-        self, request_iterator: Iterator[rollout_pb2.UpdateWeightsRequest],
+        self,
+        request_iterator: Iterator[rollout_pb2.UpdateWeightsRequest],
         context: grpc.ServicerContext,
     ) -> rollout_pb2.UpdateWeightsResponse:
         with _grpc_errors(context):
@@ -144,8 +146,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         sampling, control = request.sampling, request.length_control
         temperature = sampling.temperature if sampling.HasField("temperature") else 1.0
         if math.isnan(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
-            raise InvalidRequest("sampling.temperature",
-                                 f"must lie in [0, {MAX_TEMPERATURE}], got {temperature}")
+            raise InvalidRequest(
+                "sampling.temperature", f"must lie in [0, {MAX_TEMPERATURE}], got {temperature}"
+            )
         top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
         if math.isnan(top_p) or not 0.0 < top_p <= 1.0:
             raise InvalidRequest("sampling.top_p", f"must lie in (0, 1], got {top_p}")
@@ -181,8 +184,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             vocab = self._engine.vocab_size
             bad = [t for t in request.prompt_token_ids if t >= vocab]
             if bad:
-                raise InvalidRequest("prompt_token_ids",
-                                     f"token id {bad[0]} outside 0..{vocab - 1}")
+                raise InvalidRequest(
+                    "prompt_token_ids", f"token id {bad[0]} outside 0..{vocab - 1}"
+                )
             return tuple(request.prompt_token_ids)
         return tuple(self._encode("prompt_text", request.prompt_text))
 
@@ -214,7 +218,9 @@ def _response(request_id: str, prompt_tokens: int, chunk: Chunk) -> rollout_pb2.
 
 
 def start_server(
-    servicer: RolloutServicer, port: int = 0, host: str = "127.0.0.1",
+    servicer: RolloutServicer,
+    port: int = 0,
+    host: str = "127.0.0.1",
     max_workers: int | None = None,
 ) -> tuple[grpc.Server, int]:
     """Serve `servicer` with health and reflection; returns (server, bound port).
@@ -224,6 +230,8 @@ def start_server(
     workers = max_workers or servicer._engine.max_batch + 8
     server, bound, _ = make_server(
         [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
-        port=port, host=host, max_workers=workers,
+        port=port,
+        host=host,
+        max_workers=workers,
     )
     return server, bound

@@ -154,8 +154,9 @@ def _read_header(iterator: Iterator[rollout_pb2.UpdateWeightsRequest]) -> rollou
     if header.format != rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS:
         raise WeightsError("format", "must be WEIGHTS_FORMAT_SAFETENSORS")
     if not 0 < header.total_bytes <= MAX_PAYLOAD_BYTES:
-        raise WeightsError("total_bytes", f"must lie in 1..{MAX_PAYLOAD_BYTES}, "
-                           f"got {header.total_bytes}")
+        raise WeightsError(
+            "total_bytes", f"must lie in 1..{MAX_PAYLOAD_BYTES}, got {header.total_bytes}"
+        )
     if not _SHA256.match(header.sha256):
         raise WeightsError("sha256", "must be 64 lowercase hex digits")
     return header
@@ -179,8 +180,9 @@ def _read_uri(header: rollout_pb2.WeightsHeader) -> bytes:
     try:
         size = path.stat().st_size
         if size != header.total_bytes:
-            raise WeightsError("total_bytes", f"{path} holds {size} bytes, header says "
-                               f"{header.total_bytes}")
+            raise WeightsError(
+                "total_bytes", f"{path} holds {size} bytes, header says {header.total_bytes}"
+            )
         return path.read_bytes()
     except OSError as exc:
         raise WeightsError("uri", f"cannot read {path}: {exc.strerror}") from exc

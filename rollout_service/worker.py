@@ -64,7 +64,7 @@ class RolloutWorker:
                                    rollout.max_new_tokens, metrics=self.metrics)
         self.server, self.port, _ = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
-            self.port, self.host)
+            self.port, self.host, max_workers=rollout.max_batch + 16)
         if self.metrics_port:
             start_http_server(self.metrics_port, addr=self.host)
         self._spawn(self._heartbeat)

@@ -123,7 +123,7 @@ class LearnerConfig(_Section):
     eval_temperature: float = Field(1.0, ge=0.0, le=5.0, description="Eval temperature.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = end).")
     weight_transport: Literal["stream", "uri"] = Field(
-        "stream", description="Send weights as gRPC chunks or as a path on shared storage."
+        "uri", description="Send weights as a path on shared storage, or as gRPC chunks."
     )
 
 

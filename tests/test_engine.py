@@ -84,7 +84,8 @@ def test_slot_llama_matches_hf_prefill_and_mixed_decode(model0):
     llama.extend(0, 0, ids[:3])
     for pos in range(6, 10):
         logits = llama.decode(
-            torch.tensor([3, 0]), torch.tensor([pos, pos - 3]),
+            torch.tensor([3, 0]),
+            torch.tensor([pos, pos - 3]),
             torch.tensor([ids[pos], ids[pos - 3]]),
         )
         torch.testing.assert_close(logits[0], reference[pos], atol=1e-4, rtol=0)
@@ -220,8 +221,9 @@ def test_logprobs_match_hf_recompute(model0, temperature):
     engine = make_engine(model0)
     try:
         streams = [
-            engine.submit(GenerationRequest(f"s{i}", prompt, 24, temperature=temperature,
-                                            seed=100 + i))
+            engine.submit(
+                GenerationRequest(f"s{i}", prompt, 24, temperature=temperature, seed=100 + i)
+            )
             for i in range(3)
         ]
         results = [s.result(timeout=10) for s in streams]
@@ -241,8 +243,16 @@ def test_logprobs_match_hf_recompute(model0, temperature):
 
 def test_thinking_budget_forces_phrase_then_answer_budget(model0):
     prompt = (3, 4, 5)
-    request = GenerationRequest("t", prompt, 30, temperature=1.0, seed=3, thinking_budget=4,
-                                answer_budget=3, interrupt_ids=PHRASE)
+    request = GenerationRequest(
+        "t",
+        prompt,
+        30,
+        temperature=1.0,
+        seed=3,
+        thinking_budget=4,
+        answer_budget=3,
+        interrupt_ids=PHRASE,
+    )
     registry = CollectorRegistry()
     engine = make_engine(model0, metrics=RolloutMetrics(registry))
     try:
@@ -261,14 +271,17 @@ def test_thinking_budget_forces_phrase_then_answer_budget(model0):
     value = registry.get_sample_value
     assert value("scalerl_rollout_interruptions_total", {"reason": "thinking_budget"}) == 1
     assert value("scalerl_rollout_tokens_generated_total") == 10
-    assert value("scalerl_rollout_requests_finished_total",
-                 {"finish_reason": "FINISH_REASON_LENGTH"}) == 1
+    assert (
+        value("scalerl_rollout_requests_finished_total", {"finish_reason": "FINISH_REASON_LENGTH"})
+        == 1
+    )
     assert value("scalerl_rollout_time_to_first_token_seconds_count") == 1
 
 
 def test_phrase_cut_by_max_new_tokens(model0):
-    request = GenerationRequest("t", (3, 4), 5, temperature=0.0, thinking_budget=4,
-                                answer_budget=3, interrupt_ids=PHRASE)
+    request = GenerationRequest(
+        "t", (3, 4), 5, temperature=0.0, thinking_budget=4, answer_budget=3, interrupt_ids=PHRASE
+    )
     result = run_alone(model0, request)
     assert result.forced == [False] * 4 + [True]
     assert result.token_ids[4] == PHRASE[0]
@@ -277,8 +290,15 @@ def test_phrase_cut_by_max_new_tokens(model0):
 
 def test_stop_before_and_after_the_interrupt(model0):
     def greedy(prompt, stops):
-        request = GenerationRequest("g", prompt, 12, temperature=0.0, thinking_budget=3,
-                                    answer_budget=6, interrupt_ids=PHRASE)
+        request = GenerationRequest(
+            "g",
+            prompt,
+            12,
+            temperature=0.0,
+            thinking_budget=3,
+            answer_budget=6,
+            interrupt_ids=PHRASE,
+        )
         return run_alone(model0, request, stops)
 
     for prompt in [(12, 13, 4), (3, 4, 5), (6, 7, 8, 9), (10, 11)]:
@@ -299,8 +319,9 @@ def test_stop_before_and_after_the_interrupt(model0):
 
 def test_truncate_and_abort_interrupts(model0):
     engine = make_engine(model0, max_batch=1, autostart=False)
-    stream = engine.submit(GenerationRequest("t", (3, 4), 40, seed=9, answer_budget=2,
-                                             interrupt_ids=PHRASE))
+    stream = engine.submit(
+        GenerationRequest("t", (3, 4), 40, seed=9, answer_budget=2, interrupt_ids=PHRASE)
+    )
     waiting = engine.submit(GenerationRequest("w", (3, 4), 40, seed=9))
     for _ in range(3):
         engine.step()
@@ -371,8 +392,9 @@ def test_weight_swap_keeps_kv_cache_and_stamps_new_version(model0, model1):
             expected.append(feed)
             logps.append(float(logp[feed]))
     assert tokens[5:] == expected
-    torch.testing.assert_close(torch.tensor(result.logprobs[5:]), torch.tensor(logps),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(result.logprobs[5:]), torch.tensor(logps), atol=1e-4, rtol=0
+    )
     # The test discriminates: recomputing the KV with the new weights gives other log-probs.
     fresh = torch.log_softmax(hf_logits(model1, prompt + tokens[:5])[-1], dim=-1)
     assert abs(float(fresh[tokens[5]]) - result.logprobs[5]) > 1e-3
@@ -385,8 +407,13 @@ def test_stage_weights_rejects_bad_state_dicts(model0, model1):
     before = copy.deepcopy(engine.llama.model.state_dict())
     good = model1.state_dict()
     wrong_shape = dict(good, **{"model.norm.weight": torch.ones(64)})
-    nan = dict(good, **{"model.layers.1.mlp.up_proj.weight": good[
-        "model.layers.1.mlp.up_proj.weight"] * float("nan")})
+    nan = dict(
+        good,
+        **{
+            "model.layers.1.mlp.up_proj.weight": good["model.layers.1.mlp.up_proj.weight"]
+            * float("nan")
+        },
+    )
     cases = [
         (dict(good, extra=torch.ones(1)), "unknown tensor 'extra'"),
         ({k: v for k, v in good.items() if k != "model.norm.weight"}, "'model.norm.weight'"),
@@ -401,4 +428,32 @@ def test_stage_weights_rejects_bad_state_dicts(model0, model1):
     assert engine.policy_version == 0
     after = engine.llama.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+    engine.stop()
+
+
+def test_staged_weights_are_a_snapshot_and_bf16_keeps_an_fp32_head(model0, model1):
+    engine = make_engine(model0, dtype="bfloat16", autostart=False)
+    state = {k: v.clone() for k, v in model1.state_dict().items()}
+    future = engine.stage_weights(state, 2)
+    expected_head = state["model.embed_tokens.weight"].clone()
+    state["model.embed_tokens.weight"].add_(1.0)  # the learner keeps training meanwhile
+    engine.step()
+    assert future.result(timeout=0) == 2
+    assert torch.equal(engine.llama.head_fp32, expected_head)  # fp32, not bf16-rounded
+    body = engine.llama.model.model.embed_tokens.weight
+    assert body.dtype == torch.bfloat16
+    assert torch.equal(body, expected_head.to(torch.bfloat16))
+    engine.stop()
+
+
+def test_poll_returns_ready_chunks_without_waiting(model0):
+    engine = make_engine(model0, autostart=False)
+    stream = engine.submit(GenerationRequest("p", (3, 4), 3, temperature=0.0))
+    assert stream.poll() == []
+    engine.step()
+    engine.step()
+    ready = stream.poll()
+    assert [len(c.token_ids) for c in ready] == [1, 1] and stream.poll() == []
+    engine.step()
+    assert stream.poll()[0].finish_reason == LENGTH
     engine.stop()

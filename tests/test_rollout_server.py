@@ -48,8 +48,7 @@ def service(policy):
     model, tokenizer = policy
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry)
-    engine = TorchEngine(copy.deepcopy(model), (), max_batch=4, max_seq_len=256,
-                         metrics=metrics)
+    engine = TorchEngine(copy.deepcopy(model), (), max_batch=4, max_seq_len=256, metrics=metrics)
     servicer = RolloutServicer(engine, tokenizer, "worker-7", "tiny", "=?", 16, metrics)
     server, port = start_server(servicer)
     ch = channel(f"127.0.0.1:{port}")
@@ -118,9 +117,12 @@ def test_generate_default_length_and_thinking_budget(service):
     # "=?" is the servicer's default phrase: 2 forced tokens after 5 sampled, then 4 more.
     assert forced == [False] * 5 + [True] * 2 + [False] * 4
     assert chunks[-1].finish_reason == rollout_pb2.FINISH_REASON_LENGTH
-    assert registry.get_sample_value(
-        "scalerl_rollout_interruptions_total", {"reason": "thinking_budget"}
-    ) == 1
+    assert (
+        registry.get_sample_value(
+            "scalerl_rollout_interruptions_total", {"reason": "thinking_budget"}
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize(
@@ -133,28 +135,40 @@ def test_generate_default_length_and_thinking_budget(service):
         ({"prompt_token_ids": [3], "sampling": {"temperature": 5.5}}, "sampling.temperature"),
         ({"prompt_token_ids": [3], "sampling": {"top_p": 0.0}}, "sampling.top_p"),
         ({"prompt_token_ids": [3], "sampling": {"top_p": 1.5}}, "sampling.top_p"),
-        ({"prompt_token_ids": [3] * 10, "sampling": {"max_new_tokens": 247}},
-         "sampling.max_new_tokens"),
-        ({"prompt_token_ids": [3], "length_control": {"thinking_budget": 16}},
-         "length_control.thinking_budget"),
-        ({"prompt_token_ids": [3], "length_control": {"thinking_budget": 2,
-                                                      "interrupt_text": "time is up"}},
-         "length_control.interrupt_text"),
+        (
+            {"prompt_token_ids": [3] * 10, "sampling": {"max_new_tokens": 247}},
+            "sampling.max_new_tokens",
+        ),
+        (
+            {"prompt_token_ids": [3], "length_control": {"thinking_budget": 16}},
+            "length_control.thinking_budget",
+        ),
+        (
+            {
+                "prompt_token_ids": [3],
+                "length_control": {"thinking_budget": 2, "interrupt_text": "time is up"},
+            },
+            "length_control.interrupt_text",
+        ),
     ],
 )
 def test_generate_rejects_bad_input(service, fields, match):
     stub = service[0]
     request = rollout_pb2.GenerateRequest(**fields)
-    expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                lambda: list(stub.Generate(request, timeout=TIMEOUT_S)), match=match)
+    expect_code(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: list(stub.Generate(request, timeout=TIMEOUT_S)),
+        match=match,
+    )
 
 
 def test_duplicate_request_id_is_already_exists(service):
     stub, engine, _, _ = service
     engine.submit(GenerationRequest("dup", (3,), 240))
     request = rollout_pb2.GenerateRequest(request_id="dup", prompt_token_ids=[3])
-    expect_code(grpc.StatusCode.ALREADY_EXISTS,
-                lambda: list(stub.Generate(request, timeout=TIMEOUT_S)))
+    expect_code(
+        grpc.StatusCode.ALREADY_EXISTS, lambda: list(stub.Generate(request, timeout=TIMEOUT_S))
+    )
     engine.interrupt("dup", rollout_pb2.INTERRUPT_MODE_ABORT)
 
 
@@ -168,8 +182,10 @@ def test_truncate_rpc_and_client_cancel(service):
     )
     responses = stub.Generate(request, timeout=TIMEOUT_S)
     first = next(responses)
-    reply = stub.Interrupt(rollout_pb2.InterruptRequest(
-        request_id="long", mode=rollout_pb2.INTERRUPT_MODE_TRUNCATE), timeout=TIMEOUT_S)
+    reply = stub.Interrupt(
+        rollout_pb2.InterruptRequest(request_id="long", mode=rollout_pb2.INTERRUPT_MODE_TRUNCATE),
+        timeout=TIMEOUT_S,
+    )
     assert reply.found
     chunks = [first, *responses]
     forced = [f for c in chunks for f in c.forced]
@@ -177,8 +193,11 @@ def test_truncate_rpc_and_client_cancel(service):
     assert forced[start:] == [True, True, False, False, False]  # phrase "=?", answer budget 3
     assert chunks[-1].finish_reason == rollout_pb2.FINISH_REASON_LENGTH
     # A client that goes away aborts its engine request.
-    cancelled = stub.Generate(rollout_pb2.GenerateRequest(
-        prompt_token_ids=[3], sampling=rollout_pb2.SamplingParams(max_new_tokens=240)))
+    cancelled = stub.Generate(
+        rollout_pb2.GenerateRequest(
+            prompt_token_ids=[3], sampling=rollout_pb2.SamplingParams(max_new_tokens=240)
+        )
+    )
     next(cancelled)
     cancelled.cancel()
     deadline = time.monotonic() + 5
@@ -189,11 +208,17 @@ def test_truncate_rpc_and_client_cancel(service):
 
 def test_interrupt_unknown_and_bad_mode(service):
     stub = service[0]
-    reply = stub.Interrupt(rollout_pb2.InterruptRequest(
-        request_id="nope", mode=rollout_pb2.INTERRUPT_MODE_ABORT), timeout=TIMEOUT_S)
+    reply = stub.Interrupt(
+        rollout_pb2.InterruptRequest(request_id="nope", mode=rollout_pb2.INTERRUPT_MODE_ABORT),
+        timeout=TIMEOUT_S,
+    )
     assert not reply.found
-    expect_code(grpc.StatusCode.INVALID_ARGUMENT, stub.Interrupt,
-                rollout_pb2.InterruptRequest(request_id="x"), match="mode")
+    expect_code(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        stub.Interrupt,
+        rollout_pb2.InterruptRequest(request_id="x"),
+        match="mode",
+    )
 
 
 def test_health_and_status(service):
@@ -215,8 +240,7 @@ def test_health_and_status(service):
 def test_update_weights_swaps_and_is_used(service, policy, model1):
     stub, _, registry, _ = service
     payload = serialize_state_dict(model1, torch.float32)
-    reply = stub.UpdateWeights(weights_requests(payload, 3, chunk_bytes=100_000),
-                               timeout=TIMEOUT_S)
+    reply = stub.UpdateWeights(weights_requests(payload, 3, chunk_bytes=100_000), timeout=TIMEOUT_S)
     assert reply.policy_version == 3 and reply.seconds > 0
     ids, _, versions = joined(greedy(stub))
     assert versions == [3] * 8
@@ -237,13 +261,24 @@ def _corrupt_streams(good: bytes, bad_shapes: bytes):
     flipped[10] ^= 0xFF
     return {
         "wrong checksum": ([wrong_sha, *chunks], grpc.StatusCode.DATA_LOSS, "sha256"),
-        "flipped byte": ([header, chunks[0], rollout_pb2.UpdateWeightsRequest(
-            chunk=bytes(flipped)), *chunks[2:]], grpc.StatusCode.DATA_LOSS, "sha256"),
+        "flipped byte": (
+            [
+                header,
+                chunks[0],
+                rollout_pb2.UpdateWeightsRequest(chunk=bytes(flipped)),
+                *chunks[2:],
+            ],
+            grpc.StatusCode.DATA_LOSS,
+            "sha256",
+        ),
         "cut short": ([header, *chunks[:-1]], grpc.StatusCode.DATA_LOSS, "total_bytes"),
         "too many bytes": ([header, *chunks, chunks[0]], grpc.StatusCode.DATA_LOSS, "chunk"),
         "no header": (chunks, grpc.StatusCode.INVALID_ARGUMENT, "header"),
-        "wrong shapes": (list(weights_requests(bad_shapes, 5)), grpc.StatusCode.INVALID_ARGUMENT,
-                         "state_dict: tensor 'model.embed_tokens.weight' has shape (21, 64)"),
+        "wrong shapes": (
+            list(weights_requests(bad_shapes, 5)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "state_dict: tensor 'model.embed_tokens.weight' has shape (21, 64)",
+        ),
     }
 
 
@@ -291,8 +326,7 @@ def test_update_weights_from_uri(service, model1, tmp_path):
     assert reply.policy_version == 9 and engine.policy_version == 9
     missing = weights_uri_request(path, 10)
     missing.header.uri = str(tmp_path / "absent.safetensors")
-    expect_code(grpc.StatusCode.INVALID_ARGUMENT, stub.UpdateWeights, iter([missing]),
-                match="uri")
+    expect_code(grpc.StatusCode.INVALID_ARGUMENT, stub.UpdateWeights, iter([missing]), match="uri")
     assert engine.policy_version == 9
 
 

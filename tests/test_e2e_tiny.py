@@ -1,0 +1,106 @@
+"""End to end with the `tiny` config: real Redis, real gRPC, separate processes.
+
+The launcher starts Redis, the curve service, two rollout workers and the learner; the
+held-out pass rate must rise, the run folder must hold every artifact, and a crashed
+worker or a Ctrl-C must stop everything with a non-zero exit and no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "scalerl.cli", "run", "--config", "tiny",
+            "--run-dir", str(run_dir)]
+    for item in overrides:
+        args += ["--set", item]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """PIDs whose command line names this run's folder (workers, learner)."""
+    out = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
+
+
+def _wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    evals = _read_jsonl(run_dir / "eval.jsonl")
+    assert len(evals) >= 4
+    assert all({"step", "compute", "pass_rate"} <= set(e) for e in evals)
+    assert [e["compute"] for e in evals] == sorted(e["compute"] for e in evals)
+    first, last = evals[0]["pass_rate"], evals[-1]["pass_rate"]
+    assert last >= first + 0.10, f"held-out pass rate did not rise: {first} -> {last}"
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
+    assert metrics[-1]["policy_version"] >= 1
+    assert all(m["staleness_max"] <= 2 for m in metrics)  # the tiny config's k
+    curve = json.loads((run_dir / "curve.json").read_text())
+    assert {"A", "B", "C_mid", "R0", "warnings"} <= set(curve)
+    assert (run_dir / "plot.png").stat().st_size > 1000
+    assert (run_dir / "checkpoint" / "model.safetensors").exists()
+    assert "policy_version" in json.loads((run_dir / "checkpoint" / "state.json").read_text())
+    assert (run_dir / "config.yaml").exists()
+    assert _processes_of(run_dir) == []
+
+
+def test_a_crashed_worker_fails_the_run_and_stops_everything(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, "learner.max_steps=100000")
+    try:
+        assert _wait_for(lambda: (run_dir / "metrics.jsonl").exists(), 300), "no step made"
+        worker = subprocess.run(["pgrep", "-f", f"{run_dir}.*--worker-id rollout-1"],
+                                capture_output=True, text=True).stdout.split()
+        assert worker, "rollout-1 not found"
+        os.kill(int(worker[0]), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output[-2000:]
+    assert "rollout-1 exited" in output
+    assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, "learner.max_steps=100000")
+    try:
+        assert _wait_for(lambda: len(_processes_of(run_dir)) >= 3, 120)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
