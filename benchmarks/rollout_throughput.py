@@ -1,71 +1,157 @@
 """Rollout throughput of the torch engine on SmolLM2-135M-Instruct.
 
-Generates 64 sequences x 48 new tokens (no stop tokens, so every sequence has exactly 48)
-with one torch thread, in bfloat16 and float32, and prints tokens per second. Prompts
-are addition questions in the chat template; `--group-size G` sends each prompt G times
-(the RL shape: one prefill per prompt, KV copied to the group), 1 makes all 64 distinct.
+Two scenarios, each with one torch thread by default and no stop tokens (so every
+sequence generates exactly the given number of new tokens):
 
-    python benchmarks/rollout_throughput.py [--group-size 8] [--threads 1]
+- `rl`: 8 prompts x 8 samples (group size 8, the RL shape: one prefill per prompt, KV
+  copied to the group), 48 new tokens, bfloat16 and float32.
+- `eval`: 200 distinct prompts x 2 samples, 32 new tokens, bfloat16 (the learner's
+  evaluation shape, where prefilling many distinct prompts dominates).
+- `prefill`: the forward alone for 64 distinct prompts, bfloat16: one forward per prompt
+  vs one batched forward (`SlotLlama.extend_batch`, when the engine has it).
+
+Prompts are addition questions in the chat template. The script prints tokens per second,
+the time until every request has its first token (prefill included), and the load average
+before and after each run (the machine may be shared).
+
+    python benchmarks/rollout_throughput.py [--scenario rl|eval|prefill|all] [--threads 1]
+        [--max-prefill-tokens N]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import inspect
+import os
 import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """prompts distinct prompts, each sent group_size times, new_tokens tokens each."""
+
+    prompts: int
+    group_size: int
+    new_tokens: int
+    dtypes: tuple[str, ...]
+
+
+SCENARIOS = {
+    "rl": Scenario(prompts=8, group_size=8, new_tokens=48, dtypes=("bfloat16", "float32")),
+    "eval": Scenario(prompts=200, group_size=2, new_tokens=32, dtypes=("bfloat16",)),
+}
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages as text."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, args) -> None:
+    """Generate the scenario's requests once per dtype and print the timings."""
+    from rollout_service.engine import GenerationRequest, TorchEngine
+
+    prompts = [
+        tuple(tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system))
+        for i in range(scenario.prompts)
+    ]
+    assert len(set(prompts)) == len(prompts), "prompts must be distinct"
+    requests = [
+        GenerationRequest(
+            f"r{i}",
+            prompts[i // scenario.group_size],
+            scenario.new_tokens,
+            temperature=1.0,
+            seed=i,
+        )
+        for i in range(scenario.prompts * scenario.group_size)
+    ]
+    max_len = max(len(p) for p in prompts) + scenario.new_tokens
+    print(
+        f"[{name}] {scenario.prompts} prompts x {scenario.group_size} samples = "
+        f"{len(requests)} sequences x {scenario.new_tokens} new tokens, prompts of "
+        f"{min(len(p) for p in prompts)}-{max(len(p) for p in prompts)} tokens, "
+        f"{args.threads} thread(s)"
+    )
+    extra = {}
+    if args.max_prefill_tokens is not None:
+        extra["max_prefill_tokens"] = args.max_prefill_tokens
+    if "max_prefill_tokens" not in inspect.signature(TorchEngine).parameters:
+        extra = {}  # an engine without batched prefill (for before/after comparisons)
+    for dtype in scenario.dtypes:
+        engine = TorchEngine(
+            copy.deepcopy(model),
+            (),
+            max_batch=len(requests),
+            max_seq_len=max_len,
+            dtype=dtype,
+            **extra,
+        )
+        load_before = load_average()
+        start = time.monotonic()
+        streams = [engine.submit(r) for r in requests]
+        first = [s.next_chunk(timeout=1800) for s in streams]
+        prefilled = time.monotonic()
+        tokens = len(first) + sum(len(s.result(timeout=1800).token_ids) for s in streams)
+        elapsed = time.monotonic() - start
+        engine.stop()
+        after_first = elapsed - (prefilled - start)
+        print(
+            f"{dtype:>9}: {tokens / elapsed:7.1f} tokens/s overall ({tokens} tokens in "
+            f"{elapsed:.1f} s; all first tokens after {prefilled - start:.1f} s, then "
+            f"{(tokens - len(first)) / after_first:.1f} tokens/s); load average "
+            f"{load_before} before, {load_average()} after"
+        )
+
+
+def run_prefill(model, tokenizer, system: str, prompts: int = 64) -> None:
+    """Time the prefill forward of `prompts` distinct prompts (bf16): one by one, batched."""
+    import torch
+
+    from rollout_service.llama import SlotLlama
+
+    ids = [tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system) for i in range(prompts)]
+    llama = SlotLlama(copy.deepcopy(model), prompts, max(map(len, ids)), torch.bfloat16)
+    llama.extend(0, 0, ids[0])  # warm-up
+    load_before, start = load_average(), time.monotonic()
+    for slot, prompt in enumerate(ids):
+        llama.extend(slot, 0, prompt)
+    single = time.monotonic() - start
+    line = f"[prefill] {prompts} prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens, "
+    line += f"bfloat16: one by one {single:.2f} s ({1000 * single / prompts:.0f} ms/prompt)"
+    if hasattr(llama, "extend_batch"):
+        start = time.monotonic()
+        llama.extend_batch(list(range(prompts)), [0] * prompts, ids)
+        batched = time.monotonic() - start
+        line += f", batched {batched:.2f} s ({1000 * batched / prompts:.0f} ms/prompt)"
+    print(f"{line}; load average {load_before} before, {load_average()} after")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "prefill", "all"], default="all")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument(
+        "--max-prefill-tokens", type=int, default=None, help="engine prefill token budget"
+    )
     args = parser.parse_args()
 
     import torch
 
-    from rollout_service.engine import GenerationRequest, TorchEngine
     from scalerl.config import ModelConfig, TaskConfig
     from scalerl.models import load_policy
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(ModelConfig())
     system = TaskConfig().system_prompt
-    prompts = [
-        tuple(tokenizer.prompt_ids(f"What is {i % 10} + {i * 7 % 40}?", system))
-        for i in range(args.sequences // args.group_size)
-    ]
-    requests = [
-        GenerationRequest(
-            f"r{i}", prompts[i // args.group_size], args.new_tokens, temperature=1.0, seed=i
-        )
-        for i in range(len(prompts) * args.group_size)
-    ]
-    max_len = max(len(p) for p in prompts) + args.new_tokens
-    print(
-        f"{len(requests)} sequences x {args.new_tokens} new tokens, prompts of "
-        f"{min(len(p) for p in prompts)}-{max(len(p) for p in prompts)} tokens, "
-        f"group size {args.group_size}, {args.threads} thread(s)"
-    )
-    for dtype in args.dtypes.split(","):
-        engine = TorchEngine(
-            copy.deepcopy(model), (), max_batch=len(requests), max_seq_len=max_len, dtype=dtype
-        )
-        start = time.monotonic()
-        streams = [engine.submit(r) for r in requests]
-        first = [s.next_chunk(timeout=600) for s in streams]
-        prefilled = time.monotonic()
-        tokens = len(first) + sum(len(s.result(timeout=600).token_ids) for s in streams)
-        elapsed = time.monotonic() - start
-        engine.stop()
-        decode_tokens = tokens - len(first)
-        print(
-            f"{dtype:>9}: {tokens / elapsed:7.1f} tokens/s overall ({tokens} tokens in "
-            f"{elapsed:.1f} s; prefill + first token {prefilled - start:.1f} s, then "
-            f"{decode_tokens / (elapsed - (prefilled - start)):.1f} tokens/s decoding)"
-        )
+    names = [*SCENARIOS, "prefill"] if args.scenario == "all" else [args.scenario]
+    for name in names:
+        if name == "prefill":
+            run_prefill(model, tokenizer, system)
+        else:
+            run_scenario(name, SCENARIOS[name], model, tokenizer, system, args)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ class Learner:
             with BusyTimer(self.compute, "learner"):
                 loss = supervised_warmup(self.model, self.tokenizer, self.task,
                                          cfg.task.system_prompt, cfg.model.warmup_steps,
-                                         cfg.model.warmup_lr, seed=cfg.seed)
+                                         cfg.model.warmup_lr, seed=cfg.seed,
+                                         distractor_rate=cfg.model.warmup_distractor_rate)
             log.info("supervised warm-up: %d steps, final loss %.3f",
                      cfg.model.warmup_steps, loss)
         self.state.set_policy_version(self.version)

@@ -12,12 +12,17 @@ from scalerl.tasks import AdditionTask
 
 def supervised_warmup(model: torch.nn.Module, tokenizer, task: AdditionTask,
                       system_prompt: str, steps: int, lr: float, batch: int = 32,
-                      seed: int = 0) -> float:
+                      seed: int = 0, distractor_rate: float = 0.0) -> float:
     """`steps` AdamW steps of next-token cross-entropy on the completion
-    "{answer}<eos>" of random training prompts (never held-out ones). Returns the last
-    loss (nats per completion token)."""
+    "{answer}<eos>" of random training prompts (never held-out ones), the learning rate
+    decaying linearly from `lr` to 0 so the last weights are settled. With
+    `distractor_rate` > 0 that fraction of targets is "{answer} {digit}<eos>": the model
+    then often appends a stray number, which the last-integer verifier scores 0, so RL has
+    a behaviour that generalizes across prompts to learn (stop after the answer), as the
+    embedded model has (stop explaining). Returns the last loss (nats per completion token)."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / max(1, steps))
     eos = min(tokenizer.stop_token_ids)
     loss_value = float("nan")
     model.train()
@@ -25,7 +30,10 @@ def supervised_warmup(model: torch.nn.Module, tokenizer, task: AdditionTask,
         rows, targets = [], []
         for problem in rng.choices(task.train, k=batch):
             prompt = tokenizer.prompt_ids(problem.question, system_prompt)
-            answer = tokenizer.encode(str(problem.answer)) + [eos]
+            text = str(problem.answer)
+            if rng.random() < distractor_rate:
+                text += f" {rng.randint(0, 9)}"
+            answer = tokenizer.encode(text) + [eos]
             rows.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer)
         width = max(len(r) for r in rows)
@@ -37,6 +45,7 @@ def supervised_warmup(model: torch.nn.Module, tokenizer, task: AdditionTask,
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
         loss_value = loss.item()
     model.eval()
     return loss_value

@@ -5,10 +5,13 @@ One background thread owns the model and runs a loop of *steps*. Each step:
 1. swaps in staged weights, if any (the decode-step boundary: in-flight sequences keep
    their KV cache, as in PipelineRL's in-flight weight update);
 2. applies interrupts (ABORT, TRUNCATE) that arrived since the last step;
-3. admits waiting requests into free slots (prefill; G requests with the same prompt are
-   prefilled once and the KV copied into the others' slots);
+3. admits waiting requests into free slots and prefills them in ONE forward over a
+   right-padded batch of their distinct prompts (G requests with the same prompt share a
+   row; its KV is copied into the others' slots). Admission is in arrival order and stops
+   before the distinct prompts, padded to the longest, would pass `max_prefill_tokens`
+   (the first is always admitted), which bounds the prefill's memory;
 4. forces the interrupt phrase for requests that asked for it (thinking budget reached,
-   or a TRUNCATE), in one chunked extend per request;
+   or a TRUNCATE), all of them in one batched extend;
 5. feeds last step's sampled tokens to the model as one batch (one position per slot),
    then samples one token for every running request and emits it.
 
@@ -223,7 +226,10 @@ class TorchEngine:
     others wait). max_seq_len: prompt + completion tokens per slot. dtype: "float32" or
     "bfloat16" body (the head is always fp32). metrics: an optional
     `rollout_service.metrics.RolloutMetrics`. autostart=False leaves the loop thread off
-    so tests can drive `step()` by hand.
+    so tests can drive `step()` by hand. max_prefill_tokens: token budget of one step's
+    batched prefill, counted as distinct prompts x the longest of them (padding included);
+    a single longer prompt is still admitted, alone. Raises ValueError for an unknown
+    dtype, max_batch < 1, max_seq_len < 2 or max_prefill_tokens < 1.
     """
 
     def __init__(
@@ -237,6 +243,7 @@ class TorchEngine:
         policy_version: int = 0,
         metrics: object | None = None,
         autostart: bool = True,
+        max_prefill_tokens: int = 2048,
     ) -> None:
         torch_dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         if torch_dtype not in DTYPES.values():
@@ -245,10 +252,13 @@ class TorchEngine:
             raise ValueError(
                 f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
             )
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         self.llama = SlotLlama(model, max_batch, max_seq_len, torch_dtype, device)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
+        self.max_prefill_tokens = max_prefill_tokens
         self.vocab_size = self.llama.vocab_size
         self.dtype = torch_dtype
         self._version = policy_version
@@ -370,9 +380,9 @@ class TorchEngine:
             admitted = self._take_waiting()
         busy = bool(staged or controls or admitted or self._active)
         self._admit(admitted)
-        for seq in list(self._active.values()):
-            if seq.want_force:
-                self._force_phrase(seq)
+        forcing = [seq for seq in self._active.values() if seq.want_force]
+        if forcing:
+            self._force_phrases(forcing)
         if self._active:
             self._decode()
         return busy
@@ -395,8 +405,20 @@ class TorchEngine:
         return bool(self._active or self._waiting or self._controls or self._staged)
 
     def _take_waiting(self) -> list[_Seq]:
-        taken = []
+        """Requests to admit this step, in arrival order (caller holds the lock): one per
+        free slot while the distinct prompts padded to the longest fit max_prefill_tokens.
+        Stops at the first prompt that does not fit, so none is overtaken indefinitely."""
+        taken: list[_Seq] = []
+        distinct: set[tuple[int, ...]] = set()
+        longest = 0
         while self._waiting and len(taken) < len(self._free):
+            prompt = self._waiting[0].request.prompt_ids
+            if prompt not in distinct:
+                width = max(longest, len(prompt))
+                if distinct and (len(distinct) + 1) * width > self.max_prefill_tokens:
+                    break
+                distinct.add(prompt)
+                longest = width
             taken.append(self._waiting.popleft())
         return taken
 
@@ -439,52 +461,75 @@ class TorchEngine:
             seq.want_force = "truncate"
 
     def _admit(self, seqs: list[_Seq]) -> None:
-        """Prefill new requests; one forward per distinct prompt, KV copied to the rest."""
+        """Prefill new requests: one batched forward over their distinct prompts, then the
+        KV of each prompt is copied into the slots of the other requests sharing it."""
         for seq in seqs:  # all active first, so a failing prefill fails all of them
             seq.slot = self._free.pop()
             self._active[seq.slot] = seq
         first: dict[tuple[int, ...], _Seq] = {}
         for seq in seqs:
+            first.setdefault(seq.request.prompt_ids, seq)
+        sources = list(first.values())
+        if sources:
+            logits = self.llama.extend_batch(
+                [seq.slot for seq in sources],
+                [0] * len(sources),
+                [seq.request.prompt_ids for seq in sources],
+            )
+            for seq, row in zip(sources, logits, strict=True):
+                seq.next_logits = row
+        for seq in seqs:
             prompt = seq.request.prompt_ids
             seq.length = len(prompt)
             seq.logits_version = self._version
-            source = first.get(prompt)
-            if source is None:
-                seq.next_logits = self.llama.extend(seq.slot, 0, prompt)
-                first[prompt] = seq
-            else:
+            source = first[prompt]
+            if source is not seq:
                 self.llama.cache.copy_prefix(source.slot, seq.slot, len(prompt))
                 seq.next_logits = source.next_logits
 
-    def _force_phrase(self, seq: _Seq) -> None:
-        """Append the interrupt phrase (as much as max_new_tokens leaves room for) in one
-        chunked extend; forced tokens get the plain (untempered) log-prob."""
-        reason, seq.want_force = seq.want_force, None
-        seq.forced_at = seq.sampled
-        self._count_interrupt(reason)
-        request = seq.request
-        phrase = list(request.interrupt_ids[: request.max_new_tokens - seq.generated])
-        if phrase:
-            chunk_ids = ([seq.unfed] if seq.unfed is not None else []) + phrase
-            out = self.llama.extend(seq.slot, seq.length, chunk_ids, all_logits=True)
-            if seq.unfed is None:  # the first phrase token is predicted by the pending logits
-                out = torch.cat([seq.next_logits[None], out])
-            logp = torch.log_softmax(out[: len(phrase)], dim=-1)
-            picked = logp.gather(1, torch.tensor(phrase)[:, None].to(logp.device))[:, 0]
-            seq.length += len(chunk_ids)
-            seq.unfed = None
-            seq.next_logits = out[-1]
-            seq.logits_version = self._version
-            seq.generated += len(phrase)
-            chunk = Chunk(
-                phrase, picked.tolist(), [self._version] * len(phrase), [True] * len(phrase)
+    def _force_phrases(self, seqs: list[_Seq]) -> None:
+        """Append each request's interrupt phrase (as much as its max_new_tokens leaves room
+        for), all rows in one batched extend; forced tokens get the plain (untempered)
+        log-prob. The batch holds at most max_batch rows of 1 + len(phrase) tokens."""
+        phrases = []
+        for seq in seqs:
+            reason, seq.want_force = seq.want_force, None
+            seq.forced_at = seq.sampled
+            self._count_interrupt(reason)
+            request = seq.request
+            phrases.append(list(request.interrupt_ids[: request.max_new_tokens - seq.generated]))
+        rows = [(seq, phrase) for seq, phrase in zip(seqs, phrases, strict=True) if phrase]
+        outputs = []
+        if rows:
+            outputs = self.llama.extend_batch(
+                [seq.slot for seq, _ in rows],
+                [seq.length for seq, _ in rows],
+                [([seq.unfed] if seq.unfed is not None else []) + phrase for seq, phrase in rows],
+                all_logits=True,
             )
-        else:
-            chunk = Chunk([], [], [], [])
-        if seq.generated >= request.max_new_tokens:
-            self._finish(seq, chunk, LENGTH)
-        else:
-            self._emit(seq, chunk)
+        chunks: dict[int, Chunk] = {}  # by id(seq)
+        for (seq, phrase), out in zip(rows, outputs, strict=True):
+            chunks[id(seq)] = self._forced_chunk(seq, phrase, out)
+        for seq in seqs:
+            chunk = chunks.get(id(seq), Chunk([], [], [], []))
+            if seq.generated >= seq.request.max_new_tokens:
+                self._finish(seq, chunk, LENGTH)
+            else:
+                self._emit(seq, chunk)
+
+    def _forced_chunk(self, seq: _Seq, phrase: list[int], out: torch.Tensor) -> Chunk:
+        """Update `seq` after its phrase went into the cache; out [len(chunk), vocab] fp32
+        are the logits of the extended chunk ([unfed] + phrase, or phrase alone)."""
+        if seq.unfed is None:  # the first phrase token is predicted by the pending logits
+            out = torch.cat([seq.next_logits[None], out])
+        logp = torch.log_softmax(out[: len(phrase)], dim=-1)
+        picked = logp.gather(1, torch.tensor(phrase)[:, None].to(logp.device))[:, 0]
+        seq.length += len(phrase) + (0 if seq.unfed is None else 1)
+        seq.unfed = None
+        seq.next_logits = out[-1]
+        seq.logits_version = self._version
+        seq.generated += len(phrase)
+        return Chunk(phrase, picked.tolist(), [self._version] * len(phrase), [True] * len(phrase))
 
     def _decode(self) -> None:
         """Feed last step's tokens as one batch, then sample one token per request."""

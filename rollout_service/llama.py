@@ -7,11 +7,16 @@ cache:
 
     k, v: [layers, max_batch, kv_heads, max_seq_len, head_dim]   (body dtype)
 
-A *slot* is one row of that cache; the engine assigns a slot per running request. Two
-entry points:
+A *slot* is one row of that cache; the engine assigns a slot per running request. Entry
+points:
 
-- `SlotLlama.extend(slot, start, token_ids)`: append a chunk of T tokens to one slot
-  (prefill, or the forced interrupt phrase), returning fp32 logits.
+- `SlotLlama.extend_batch(slots, starts, chunks)`: append a chunk of tokens to each of B
+  slots in one forward (batched prefill, or forced interrupt phrases). The chunks are
+  right-padded into a [B, T] batch; row i holds its tokens at positions
+  starts[i]..starts[i] + len(chunks[i]) - 1, attends causally within itself and to its
+  slot's cache below starts[i], never to padding, and only its real tokens' keys and
+  values are written to the cache. Returns fp32 logits per row.
+- `SlotLlama.extend(slot, start, token_ids)`: the same for one slot.
 - `SlotLlama.decode(slots, positions, token_ids)`: one token for each of N slots, each at
   its own position (continuous batching), returning fp32 logits [N, vocab].
 
@@ -96,12 +101,17 @@ class SlotKVCache:
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        valid: torch.Tensor | None = None,
     ) -> None:
-        """Store k, v [N, kv_heads, T, D] of slots [N] at positions [N, T]."""
-        rows = slots[:, None]
-        # Advanced indices separated by a slice put the indexed dims first: [N, T, heads, D].
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        """Store k, v [N, kv_heads, T, D] of slots [N] at positions [N, T]; with valid
+        [N, T] bool, only the entries marked True (padding is never written)."""
+        rows = slots[:, None].expand_as(positions)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [N, T, heads, D]
+        if valid is not None:
+            rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]
+        # Advanced indices separated by a slice put the indexed dims first: [..., heads, D].
+        self.k[layer][rows, :, positions] = k
+        self.v[layer][rows, :, positions] = v
 
     def read(
         self, layer: int, slots: torch.Tensor, length: int
@@ -183,19 +193,78 @@ class SlotLlama:
     ) -> torch.Tensor:
         """Append T tokens to `slot` at positions start..start+T-1 (its cache before `start`
         must be filled). Returns fp32 logits [T, vocab] if all_logits, else [vocab] for the
-        last token. Raises ValueError if the chunk is empty or would pass max_seq_len.
+        last token. Raises ValueError as `extend_batch` does."""
+        return self.extend_batch([slot], [start], [token_ids], all_logits)[0]
+
+    @torch.no_grad()
+    def extend_batch(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int] | torch.Tensor],
+        all_logits: bool = False,
+    ) -> list[torch.Tensor]:
+        """Append chunks[i] (T_i tokens) to slots[i] at positions starts[i]..starts[i]+T_i-1,
+        all B rows in one forward over a right-padded [B, max T_i] batch (each slot's cache
+        before its start must be filled). Returns one fp32 tensor per row: logits
+        [T_i, vocab] if all_logits, else [vocab] for the row's last token.
+
+        Memory grows with B * max T_i tokens (activations) and B * max T_i * the longest
+        start + T_i (attention scores); callers bound it. Raises ValueError when the lists
+        differ in length or are empty, a chunk is empty, a row would pass max_seq_len, or
+        a slot is outside 0..max_batch-1 or repeated.
         """
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        count = ids.shape[1]
-        if count == 0 or start < 0 or start + count > self.max_seq_len:
+        lengths = self._check_batch(slots, starts, chunks)
+        rows, width = len(chunks), max(lengths)
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        for row, chunk in enumerate(chunks):
+            ids[row, : lengths[row]] = torch.as_tensor(chunk, dtype=torch.long)
+        lens = torch.tensor(lengths)
+        begin = torch.tensor(list(starts))
+        offsets = torch.arange(width)
+        valid = offsets[None, :] < lens[:, None]
+        # Padding repeats the row's last real position: the RoPE tables and the causal mask
+        # stay in range, and a padded query (its output is discarded) sees only its own
+        # row's real keys. Its key and value are not written (`valid`).
+        positions = begin[:, None] + torch.minimum(offsets[None, :], (lens - 1)[:, None])
+        valid = valid.to(self.device)
+        hidden = self._forward(
+            ids.to(self.device),
+            torch.tensor(list(slots), device=self.device),
+            positions.to(self.device),
+            int((begin + lens).max()),
+            valid,
+        )
+        if all_logits:
+            return list(self.logits(hidden[valid]).split(lengths))
+        last = hidden[torch.arange(rows, device=self.device), (lens - 1).to(self.device)]
+        return list(self.logits(last).unbind(0))
+
+    def _check_batch(
+        self,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        chunks: Sequence[Sequence[int] | torch.Tensor],
+    ) -> list[int]:
+        """Chunk lengths after validating an `extend_batch` call (ValueError otherwise)."""
+        if not chunks or not len(slots) == len(starts) == len(chunks):
             raise ValueError(
-                f"extend: positions {start}..{start + count - 1} must lie in "
-                f"0..{self.max_seq_len - 1} and hold at least one token"
+                f"extend_batch: slots, starts and chunks must have the same length >= 1, got "
+                f"{len(slots)}, {len(starts)}, {len(chunks)}"
             )
-        slots = torch.tensor([slot], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + count, device=self.device)[None, :]
-        hidden = self._forward(ids, slots, positions, start + count)[0]
-        return self.logits(hidden if all_logits else hidden[-1])
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.max_batch for s in slots):
+            raise ValueError(
+                f"extend_batch: slots must be distinct and lie in 0..{self.max_batch - 1}, "
+                f"got {list(slots)}"
+            )
+        lengths = [len(chunk) for chunk in chunks]
+        for slot, start, count in zip(slots, starts, lengths, strict=True):
+            if count == 0 or start < 0 or start + count > self.max_seq_len:
+                raise ValueError(
+                    f"extend_batch: slot {slot} positions {start}..{start + count - 1} must lie in "
+                    f"0..{self.max_seq_len - 1} and hold at least one token"
+                )
+        return lengths
 
     @torch.no_grad()
     def decode(
@@ -214,9 +283,15 @@ class SlotLlama:
         return F.linear(hidden.float(), self.head_fp32)
 
     def _forward(
-        self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, kv_len: int
+        self,
+        ids: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """ids, positions [N, T]; slots [N]; attention over cache positions < kv_len.
+        """ids, positions [N, T]; slots [N]; attention over cache positions < kv_len; valid
+        [N, T] bool marks the tokens whose keys and values are cached (None: all).
         Returns the final-normed hidden state [N, T, hidden] in the body dtype."""
         body = self.model.model
         hidden = body.embed_tokens(ids)
@@ -229,7 +304,7 @@ class SlotLlama:
         for index, layer in enumerate(body.layers):
             normed = layer.input_layernorm(hidden)
             hidden = hidden + self._attention(
-                layer.self_attn, normed, index, slots, positions, cos, sin, mask, kv_len
+                layer.self_attn, normed, index, slots, positions, cos, sin, mask, kv_len, valid
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return body.norm(hidden)
@@ -245,6 +320,7 @@ class SlotLlama:
         sin: torch.Tensor,
         mask: torch.Tensor,
         kv_len: int,
+        valid: torch.Tensor | None,
     ) -> torch.Tensor:
         """Grouped-query attention of x [N, T, hidden] over the slots' cache (Vaswani et al.
         2017 eq. 1, softmax(q k^T / sqrt(d)) v, with kv heads shared by groups of q heads)."""
@@ -253,7 +329,7 @@ class SlotLlama:
         k = attn.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.cache.write(layer, slots, positions, k, v)
+        self.cache.write(layer, slots, positions, k, v, valid)
         keys, values = self.cache.read(layer, slots, kv_len)
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads

@@ -41,6 +41,11 @@ class ModelConfig(_Section):
         0, ge=0, le=10_000, description="Supervised warm-up steps before RL (tiny model)."
     )
     warmup_lr: float = Field(3e-3, gt=0, le=1.0, description="Supervised warm-up learning rate.")
+    warmup_distractor_rate: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="Fraction of warm-up targets followed by a stray number (gives RL a "
+        "behaviour to learn that generalizes to held-out prompts).",
+    )
 
 
 class TaskConfig(_Section):

@@ -9,12 +9,15 @@ whose worker crashed never ends as a success.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
 
 from scalerl.config import RunConfig, dump_config
 from scalerl.grpc_util import channel, wait_healthy
@@ -63,7 +66,7 @@ def run(config: RunConfig, run_dir: Path) -> int:
             stop_children(children)
             return 130
         except RunFailed as exc:
-            console.print(f"[red]run failed:[/] {exc}")
+            console.print(f"[red]run failed:[/] {escape(str(exc))}")
             stop_children(children)
             return 1
         _finish_report(run_dir, config, curve_address, time.monotonic() - started)
@@ -74,49 +77,71 @@ def run(config: RunConfig, run_dir: Path) -> int:
 
 def _start_services(config: RunConfig, config_path: Path, run_dir: Path, redis_url: str,
                     logs: Path, children: list[Child]) -> str:
-    curve_port = free_port()
+    """Start the curve service, the rollout workers and the learner (in that order) and
+    write their gRPC and Prometheus addresses to services.json. Returns the curve address."""
+    services = {"redis": redis_url}
+    curve_port, curve_metrics = free_port(), free_port()
     curve_address = f"127.0.0.1:{curve_port}"
-    children.append(start_child("curve", "curve_service.main",
-                                ["--port", str(curve_port), "--metrics-port", "0"], logs))
+    children.append(start_child("curve", "curve_service.main", [
+        "--port", str(curve_port), "--metrics-port", str(curve_metrics)], logs))
+    services["curve"] = {"grpc": curve_address, "metrics": f"127.0.0.1:{curve_metrics}"}
     wait_healthy(curve_address, 60)
     for i in range(config.rollout.workers):
+        port, metrics = free_port(), free_port()
         children.append(start_child(f"rollout-{i}", "rollout_service.main", [
             "--config", str(config_path), "--redis-url", redis_url,
-            "--worker-id", f"rollout-{i}", "--port", str(free_port())], logs))
+            "--worker-id", f"rollout-{i}", "--port", str(port),
+            "--metrics-port", str(metrics)], logs))
+        services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}",
+                                    "metrics": f"127.0.0.1:{metrics}"}
     learner_port = free_port()
     learner = start_child("learner", "learner_service.main", [
         "--config", str(config_path), "--redis-url", redis_url, "--run-dir", str(run_dir),
         "--curve-address", curve_address, "--port", str(learner_port)], logs)
     learner.learner_address = f"127.0.0.1:{learner_port}"
+    services["learner"] = {"grpc": learner.learner_address}
     children.append(learner)
+    (run_dir / "services.json").write_text(json.dumps(services, indent=2))
     return curve_address
 
 
 def _watch(children: list[Child], learner_address: str) -> None:
-    """Show progress until the learner exits 0; raise RunFailed on any other exit."""
+    """Show progress until the learner exits 0; raise RunFailed on any other ending.
+
+    The learner ends a finished run by raising the stop flag in Redis, so workers may exit
+    0 a moment before it: that counts as success only if the learner then exits 0 too."""
     learner = children[-1]
     with Live(console=console, refresh_per_second=2, transient=False) as live, \
             channel(learner_address) as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
         start = time.monotonic()
-        while True:
+        line = ""
+        while learner.poll() != 0:
             for child in children:
                 code = child.poll()
-                if code is None or (child is learner and code == 0):
+                if code is None or (code == 0 and _learner_finishes(learner)):
                     continue
                 raise RunFailed(f"{child.name} exited with code {code}; last log lines "
                                 f"({child.log_path}):\n{child.log_tail()}")
-            if learner.poll() == 0:
-                return
-            live.update(_progress_line(stub, time.monotonic() - start))
+            line = _progress_line(stub, time.monotonic() - start) or line
+            live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
+
+
+def _learner_finishes(learner: Child, grace_s: float = 120.0) -> bool:
+    """True when the learner exits 0 within grace_s seconds."""
+    try:
+        return learner.proc.wait(timeout=grace_s) == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _progress_line(stub, elapsed_s: float) -> str:
     try:
-        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2)
+        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2,
+                           wait_for_ready=True)
     except grpc.RpcError:
-        return f"[{elapsed_s:5.0f}s] starting services..."
+        return ""  # not up yet, or already shutting down: keep the last line
     rate = f"{s.heldout_pass_rate:.3f}" if s.HasField("heldout_pass_rate") else "  -  "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
     return (f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "

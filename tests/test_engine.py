@@ -1,5 +1,5 @@
-"""Torch engine: Llama forward parity with HF, sampling, continuous batching, interrupts,
-in-flight weight swaps, metrics. Tiny model, fp32, CPU."""
+"""Torch engine: Llama forward parity with HF, batched prefill, sampling, continuous
+batching, interrupts, in-flight weight swaps, metrics. Tiny model, fp32, CPU."""
 
 from __future__ import annotations
 
@@ -92,6 +92,48 @@ def test_slot_llama_matches_hf_prefill_and_mixed_decode(model0):
         torch.testing.assert_close(logits[1], reference[pos - 3], atol=1e-4, rtol=0)
 
 
+def test_extend_batch_matches_one_slot_at_a_time(model0):
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 4]]
+    slots, batched = [2, 0, 1], SlotLlama(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
+    single = SlotLlama(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
+    batched.extend(0, 0, [16, 15, 14, 13, 12, 11, 10, 9, 8])  # stale keys a mask must hide
+    first = batched.extend_batch(slots, [0, 0, 0], prompts)
+    assert [tuple(t.shape) for t in first] == [(21,)] * 3
+    for slot, prompt, logits in zip(slots, prompts, first, strict=True):
+        torch.testing.assert_close(logits, single.extend(slot, 0, prompt), atol=1e-5, rtol=0)
+    # Forced-phrase shape: chunks of different lengths, each at its own position.
+    chunks = [[5, 6, 7], [8], [9, 3]]
+    starts = [len(p) for p in prompts]
+    out = batched.extend_batch(slots, starts, chunks, all_logits=True)
+    assert [tuple(t.shape) for t in out] == [(3, 21), (1, 21), (2, 21)]
+    for slot, start, chunk, logits in zip(slots, starts, chunks, out, strict=True):
+        expected = single.extend(slot, start, chunk, all_logits=True)
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    # The caches agree too: the next decode step reads them (positions 10, 3, 6).
+    args = (torch.tensor(slots), torch.tensor([10, 3, 6]), torch.tensor([4, 5, 6]))
+    torch.testing.assert_close(batched.decode(*args), single.decode(*args), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        single.extend(2, 0, prompts[0] + chunks[0] + [4])[None],
+        hf_logits(model0, prompts[0] + chunks[0] + [4])[-1:],
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_extend_batch_rejects_bad_batches(model0):
+    llama = SlotLlama(copy.deepcopy(model0), max_batch=2, max_seq_len=8)
+    cases = [
+        (([0, 1], [0], [[3], [4]]), "same length"),
+        (([0, 0], [0, 0], [[3], [4]]), "distinct"),
+        (([2], [0], [[3]]), r"0\.\.1"),
+        (([0, 1], [0, 0], [[3], []]), "slot 1 positions"),
+        (([0], [6], [[3, 4, 5]]), r"slot 0 positions 6\.\.8"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            llama.extend_batch(*args)
+
+
 def test_bf16_body_keeps_full_precision_fp32_head(model0):
     original = model0.lm_head.weight.detach().clone()
     llama = SlotLlama(copy.deepcopy(model0), max_batch=1, max_seq_len=16, dtype=torch.bfloat16)
@@ -174,6 +216,90 @@ def test_sequence_in_changing_batch_matches_alone(model0):
             torch.tensor(batched.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0
         )
     assert len(alone_a.token_ids) == 24 and alone_a.finish_reason == LENGTH
+
+
+def spy_extends(engine: TorchEngine) -> list[list[int]]:
+    """Record the chunk lengths of every batched extend the engine runs."""
+    calls, original = [], engine.llama.extend_batch
+
+    def spy(slots, starts, chunks, all_logits=False):
+        calls.append([len(c) for c in chunks])
+        return original(slots, starts, chunks, all_logits)
+
+    engine.llama.extend_batch = spy
+    return calls
+
+
+def test_batched_prefill_of_distinct_prompts_matches_alone(model0):
+    requests = [
+        GenerationRequest("p", (3, 4, 5, 6, 7, 8, 9), 10, temperature=1.0, seed=1),
+        GenerationRequest("q", (10, 11), 10, temperature=0.0),
+        GenerationRequest("r", (3, 4, 5, 6, 7, 8, 9), 10, temperature=0.8, seed=2),  # as "p"
+        GenerationRequest("s", (12, 13, 14, 4), 10, temperature=1.0, top_p=0.9, seed=3),
+    ]
+    alone = [run_alone(model0, r) for r in requests]
+    engine = make_engine(model0, autostart=False)
+    calls = spy_extends(engine)
+    streams = [engine.submit(r) for r in requests]
+    drain(engine, streams)
+    assert calls == [[7, 2, 4]]  # one prefill forward; "r" shares the row of "p"
+    for reference, stream in zip(alone, streams, strict=True):
+        batched = stream.result(timeout=1)
+        assert batched.token_ids == reference.token_ids
+        torch.testing.assert_close(
+            torch.tensor(batched.logprobs), torch.tensor(reference.logprobs), atol=1e-5, rtol=0
+        )
+    engine.stop()
+
+
+def test_prefill_token_budget_splits_admission(model0):
+    with pytest.raises(ValueError, match="max_prefill_tokens must be >= 1, got 0"):
+        make_engine(model0, max_prefill_tokens=0, autostart=False)
+    engine = make_engine(model0, max_prefill_tokens=12, autostart=False)
+    calls = spy_extends(engine)
+    prompts = [(3, 4, 5, 6), (7, 8, 9, 10), (3, 4, 5, 6), (11, 12, 13, 14, 15), (4,) * 13]
+    streams = [
+        engine.submit(GenerationRequest(f"b{i}", p, 2, temperature=0.0))
+        for i, p in enumerate(prompts)
+    ]
+    engine.step()
+    # 2 distinct x 4 = 8 <= 12 (the repeated prompt is free); a third, 3 x 5 = 15, is not.
+    assert calls == [[4, 4]] and engine.active_requests == 5
+    engine.step()  # 5 fits; then 2 x 13 = 26 > 12
+    engine.step()  # 13 > 12, but a prompt alone is always admitted
+    assert calls == [[4, 4], [5], [13]]
+    drain(engine, streams)
+    assert [len(s.result(timeout=1).token_ids) for s in streams] == [2] * 5
+    engine.stop()
+
+
+def test_forced_phrases_of_several_requests_share_one_extend(model0):
+    def request(name, prompt, seed):
+        return GenerationRequest(
+            name, prompt, 9, seed=seed, thinking_budget=3, answer_budget=2, interrupt_ids=PHRASE
+        )
+
+    requests = [
+        request("x", (3, 4, 5), 4),
+        request("y", (10, 11, 12, 13, 14), 5),
+        GenerationRequest("z", (6, 7), 9, seed=6),
+    ]
+    alone = [run_alone(model0, r) for r in requests]
+    engine = make_engine(model0, autostart=False)
+    calls = spy_extends(engine)
+    streams = [engine.submit(r) for r in requests]
+    drain(engine, streams)
+    # One prefill, then both phrases ([unfed sample] + 3 phrase tokens each) in one extend.
+    assert calls == [[3, 5, 2], [4, 4]]
+    for reference, stream in zip(alone, streams, strict=True):
+        batched = stream.result(timeout=1)
+        assert batched.token_ids == reference.token_ids
+        assert batched.forced == reference.forced
+        torch.testing.assert_close(
+            torch.tensor(batched.logprobs), torch.tensor(reference.logprobs), atol=1e-5, rtol=0
+        )
+    assert alone[0].forced == [False] * 3 + [True] * 3 + [False] * 2
+    engine.stop()
 
 
 def test_more_requests_than_slots_all_finish(model0):
