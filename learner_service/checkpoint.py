@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
-def save_checkpoint(folder: Path, trainer, version: int, step: int,
-                    pool_snapshot: dict) -> Path:
+def save_checkpoint(folder: Path, trainer, version: int, step: int, pool_snapshot: dict) -> Path:
     """Write `folder` (replacing an older one only once the new one is complete).
 
     Layout: model.safetensors, optimizer.pt, state.json {policy_version, step},
@@ -29,8 +28,9 @@ def save_checkpoint(folder: Path, trainer, version: int, step: int,
         model_sd.pop("lm_head.weight", None)  # shares storage with the embedding
     save_file(model_sd, str(tmp / "model.safetensors"))
     torch.save(state["optimizer"], tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"policy_version": version, "step": step,
-                                                "trainer_steps": state["steps"]}))
+    (tmp / "state.json").write_text(
+        json.dumps({"policy_version": version, "step": step, "trainer_steps": state["steps"]})
+    )
     (tmp / "prompt_pool.json").write_text(json.dumps(pool_snapshot))
     if folder.exists():
         shutil.rmtree(folder)
@@ -48,7 +48,12 @@ def load_checkpoint(folder: Path, trainer) -> tuple[int, int, dict]:
         model_sd["lm_head.weight"] = model_sd["model.embed_tokens.weight"]
     optimizer = torch.load(folder / "optimizer.pt", weights_only=True)
     meta = json.loads((folder / "state.json").read_text())
-    trainer.load_state_dict({"model": model_sd, "optimizer": optimizer,
-                             "steps": meta.get("trainer_steps", meta["step"])})
+    trainer.load_state_dict(
+        {
+            "model": model_sd,
+            "optimizer": optimizer,
+            "steps": meta.get("trainer_steps", meta["step"]),
+        }
+    )
     pool = json.loads((folder / "prompt_pool.json").read_text())
     return int(meta["policy_version"]), int(meta["step"]), pool

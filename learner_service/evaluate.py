@@ -34,10 +34,18 @@ class Evaluator:
     concurrency: Generate calls in flight per worker (they join the engine's batch).
     """
 
-    def __init__(self, task: AdditionTask, tokenizer, system_prompt: str, samples: int,
-                 temperature: float, max_new_tokens: int,
-                 length_control: rollout_pb2.LengthControl | None = None,
-                 concurrency: int = 32, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        task: AdditionTask,
+        tokenizer,
+        system_prompt: str,
+        samples: int,
+        temperature: float,
+        max_new_tokens: int,
+        length_control: rollout_pb2.LengthControl | None = None,
+        concurrency: int = 32,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.task = task
         self.tokenizer = tokenizer
         self.samples = samples
@@ -57,7 +65,8 @@ class Evaluator:
             raise RuntimeError("no rollout worker registered: cannot evaluate")
         jobs = [
             (pid, ids, seed * 1_000_003 + i * 97 + s)
-            for i, (pid, ids) in enumerate(self._prompts) for s in range(self.samples)
+            for i, (pid, ids) in enumerate(self._prompts)
+            for s in range(self.samples)
         ]
         channels = [channel(a) for a in worker_addresses]
         try:
@@ -82,8 +91,11 @@ class Evaluator:
         request = rollout_pb2.GenerateRequest(
             prompt_token_ids=prompt_ids,
             sampling=rollout_pb2.SamplingParams(
-                temperature=self.temperature, top_p=1.0, seed=seed,
-                max_new_tokens=self.max_new_tokens),
+                temperature=self.temperature,
+                top_p=1.0,
+                seed=seed,
+                max_new_tokens=self.max_new_tokens,
+            ),
             length_control=self.length_control,
         )
         tokens: list[int] = []
@@ -92,5 +104,9 @@ class Evaluator:
             tokens += chunk.token_ids
             finish = chunk.finish_reason or finish
         verdict = self.task.score(prompt_id, self.tokenizer.decode(tokens))
-        return (verdict.reward, verdict.parse_failed, len(tokens),
-                finish == rollout_pb2.FINISH_REASON_LENGTH)
+        return (
+            verdict.reward,
+            verdict.parse_failed,
+            len(tokens),
+            finish == rollout_pb2.FINISH_REASON_LENGTH,
+        )

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 
 
@@ -18,29 +16,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--curve-address", default=None, help="host:port of the curve service.")
     parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
     parser.add_argument("--port", type=int, default=0, help="LearnerService port (0 = free).")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="Config override (repeatable).")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Config override (repeatable).",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s learner %(levelname)s %(message)s")
-    from scalerl.config import load_config
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+    from scalerl.entrypoint import load_config_or_none, stop_on_signals
 
-    try:
-        config = load_config(args.config, args.set)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"scalerl-learner: {exc}".splitlines()[0], file=sys.stderr)
+    config = load_config_or_none("scalerl-learner", args.config, args.set)
+    if config is None:
         return 2
     from learner_service.learner import Learner
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    learner = Learner(config, args.redis_url, args.run_dir, args.curve_address,
-                      args.host, args.port)
+    stop = stop_on_signals()
+    learner = Learner(
+        config, args.redis_url, args.run_dir, args.curve_address, args.host, args.port
+    )
     try:
         return learner.run(stop)
     finally:

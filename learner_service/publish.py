@@ -24,10 +24,10 @@ from pathlib import Path
 import grpc
 import torch
 
-from rollout_service.weights import serialize_state_dict, weights_requests
 from scalerl.grpc_util import channel
 from scalerl.registry import RunState, WeightsRef, WorkerRegistry
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights_wire import serialize_state_dict, weights_requests
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
@@ -41,8 +41,15 @@ class WeightPublisher:
     completed publish; `failures`: refused or unreachable sends so far.
     """
 
-    def __init__(self, registry: WorkerRegistry, state: RunState, weights_dir: Path,
-                 dtype: str, transport: str = "uri", timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        state: RunState,
+        weights_dir: Path,
+        dtype: str,
+        transport: str = "uri",
+        timeout_s: float = 120.0,
+    ) -> None:
         self.registry = registry
         self.state = state
         self.weights_dir = Path(weights_dir)
@@ -54,8 +61,9 @@ class WeightPublisher:
         self.last_seconds = 0.0
         self._sending: threading.Thread | None = None
 
-    def publish(self, model: torch.nn.Module, version: int, force_file: bool = False,
-                wait: bool = False) -> None:
+    def publish(
+        self, model: torch.nn.Module, version: int, force_file: bool = False, wait: bool = False
+    ) -> None:
         """Snapshot `model` as `version` and send it to every registered worker.
 
         A worker that refuses or cannot be reached is logged and counted in `failures`;
@@ -70,10 +78,15 @@ class WeightPublisher:
         uri = self._write(payload, version) if force_file or self.transport == "uri" else ""
         self.state.set_latest_weights(WeightsRef(version, uri, sha, len(payload)))
         header = rollout_pb2.WeightsHeader(
-            version=version, format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-            total_bytes=len(payload), sha256=sha, uri=uri)
+            version=version,
+            format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+            total_bytes=len(payload),
+            sha256=sha,
+            uri=uri,
+        )
         self._sending = threading.Thread(
-            target=self._send_all, args=(header, payload, start), daemon=True)
+            target=self._send_all, args=(header, payload, start), daemon=True
+        )
         self._sending.start()
         if wait:
             self.wait()
@@ -89,14 +102,14 @@ class WeightPublisher:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(payload)
         tmp.rename(path)  # atomic: a reader never sees half a file
-        old = sorted(self.weights_dir.glob("policy-v*.safetensors"),
-                     key=lambda p: int(p.stem.split("-v")[1]))
+        old = sorted(
+            self.weights_dir.glob("policy-v*.safetensors"), key=lambda p: int(p.stem.split("-v")[1])
+        )
         for stale in old[:-_KEEP_FILES]:
             stale.unlink(missing_ok=True)
         return str(path)
 
-    def _send_all(self, header: rollout_pb2.WeightsHeader, payload: bytes,
-                  start: float) -> None:
+    def _send_all(self, header: rollout_pb2.WeightsHeader, payload: bytes, start: float) -> None:
         workers = list(self.registry.workers().values())
         if workers:
             with ThreadPoolExecutor(len(workers)) as pool:
@@ -111,10 +124,16 @@ class WeightPublisher:
         try:
             with channel(address) as ch:
                 rollout_pb2_grpc.RolloutServiceStub(ch).UpdateWeights(
-                    requests, timeout=self.timeout_s)
+                    requests, timeout=self.timeout_s
+                )
             return True
         except grpc.RpcError as exc:
             self.failures += 1
-            log.warning("weights v%d to %s failed: %s %s", header.version, address,
-                        exc.code(), exc.details())
+            log.warning(
+                "weights v%d to %s failed: %s %s",
+                header.version,
+                address,
+                exc.code(),
+                exc.details(),
+            )
             return False

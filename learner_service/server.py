@@ -38,7 +38,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         s = self._status
         with s.lock:
             reply = learner_pb2.GetLearnerStatusResponse(
-                step=s.step, policy_version=s.policy_version, compute_hours=s.compute_hours,
+                step=s.step,
+                policy_version=s.policy_version,
+                compute_hours=s.compute_hours,
                 queue_depth=s.queue_depth,
                 last_metrics={k: float(v) for k, v in s.last_metrics.items()},
             )

@@ -10,9 +10,17 @@ import torch
 from scalerl.tasks import AdditionTask
 
 
-def supervised_warmup(model: torch.nn.Module, tokenizer, task: AdditionTask,
-                      system_prompt: str, steps: int, lr: float, batch: int = 32,
-                      seed: int = 0, distractor_rate: float = 0.0) -> float:
+def supervised_warmup(
+    model: torch.nn.Module,
+    tokenizer,
+    task: AdditionTask,
+    system_prompt: str,
+    steps: int,
+    lr: float,
+    batch: int = 32,
+    seed: int = 0,
+    distractor_rate: float = 0.0,
+) -> float:
     """`steps` AdamW steps of next-token cross-entropy on the completion
     "{answer}<eos>" of random training prompts (never held-out ones), the learning rate
     decaying linearly from `lr` to 0 so the last weights are settled. With
@@ -41,7 +49,8 @@ def supervised_warmup(model: torch.nn.Module, tokenizer, task: AdditionTask,
         labels = torch.tensor([t + [-100] * (width - 1 - len(t)) for t in targets])
         logits = model(input_ids=ids).logits[:, :-1].float()
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

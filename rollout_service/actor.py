@@ -119,27 +119,35 @@ class ActorLoop:
     def _finish_group(self, group: _GroupInFlight, should_stop: Callable[[], bool]) -> None:
         message = build_group(group, self.task, self.tokenizer, self.worker_id)
         learner_version = self.state.get_policy_version()
-        if not is_admissible(learner_version, message.min_policy_version,
-                             self.config.learner.off_policy_k):
+        if not is_admissible(
+            learner_version, message.min_policy_version, self.config.learner.off_policy_k
+        ):
             self.groups_dropped_stale += 1  # the learner would drop it anyway
             return
         self.replay.push(message, should_stop=should_stop)
         self.groups_pushed += 1
 
 
-def build_group(group: _GroupInFlight, task: AdditionTask, tokenizer,
-                worker_id: str) -> rollout_pb2.RolloutGroup:
+def build_group(
+    group: _GroupInFlight, task: AdditionTask, tokenizer, worker_id: str
+) -> rollout_pb2.RolloutGroup:
     """Join the G finished streams into a scored `RolloutGroup` (reward by the task's
     verifier on the decoded completion; min/max policy version over every token)."""
     samples, versions = [], []
     for stream in group.streams:
         done = stream.result()
         verdict = task.score(group.prompt_id, tokenizer.decode(done.token_ids))
-        samples.append(rollout_pb2.Sample(
-            token_ids=done.token_ids, logprobs=done.logprobs, policy_versions=done.versions,
-            forced=done.forced, reward=verdict.reward, finish_reason=done.finish_reason,
-            parse_failed=verdict.parse_failed,
-        ))
+        samples.append(
+            rollout_pb2.Sample(
+                token_ids=done.token_ids,
+                logprobs=done.logprobs,
+                policy_versions=done.versions,
+                forced=done.forced,
+                reward=verdict.reward,
+                finish_reason=done.finish_reason,
+                parse_failed=verdict.parse_failed,
+            )
+        )
         versions += done.versions or [group.submitted_version]
     return rollout_pb2.RolloutGroup(
         group_id=f"{worker_id}-{group.streams[0].request_id}",

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 import time
 
 
@@ -22,8 +20,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--advertise-host", default=None, help="Address others dial.")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = free port).")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0=off).")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="Config override, e.g. rollout.temperature=0.7 (repeatable).")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Config override, e.g. rollout.temperature=0.7 (repeatable).",
+    )
     return parser.parse_args(argv)
 
 
@@ -33,20 +36,23 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s rollout[{args.worker_id}] %(levelname)s %(message)s",
     )
-    from scalerl.config import load_config
+    from scalerl.entrypoint import load_config_or_none, stop_on_signals
 
-    try:
-        config = load_config(args.config, args.set)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"scalerl-rollout: {exc}".splitlines()[0], file=sys.stderr)
+    config = load_config_or_none("scalerl-rollout", args.config, args.set)
+    if config is None:
         return 2
     from rollout_service.worker import RolloutWorker
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    worker = RolloutWorker(config, args.redis_url, args.worker_id, args.host,
-                           args.advertise_host or args.host, args.port, args.metrics_port)
+    stop = stop_on_signals()
+    worker = RolloutWorker(
+        config,
+        args.redis_url,
+        args.worker_id,
+        args.host,
+        args.advertise_host or args.host,
+        args.port,
+        args.metrics_port,
+    )
     try:
         worker.start()
         worker.run(stop)

@@ -1,5 +1,5 @@
-"""Weight transport for UpdateWeights: the learner's side (serialize, chunk) and the
-rollout worker's side (receive, verify, stage, wait for the swap).
+"""Weight transport for UpdateWeights, the rollout worker's side: receive, verify, stage,
+wait for the swap (the learner's side is `scalerl.weights_wire`).
 
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -23,11 +23,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from scalerl.v1 import rollout_pb2
 
-CHUNK_BYTES = 4 * 1024 * 1024
 # Upper bound on one payload (bytes), so a bad header cannot make the worker buffer
 # without limit. SmolLM2-135M in fp32 is ~0.5 GB.
 MAX_PAYLOAD_BYTES = 64 * 1024**3
@@ -45,69 +43,6 @@ class WeightsError(Exception):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
-
-
-# ----- learner side --------------------------------------------------------------------
-
-
-def serialize_state_dict(
-    model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
-    dtype: torch.dtype | str | None = None,
-) -> bytes:
-    """The full state dict as safetensors bytes, tensors cast to `dtype` (e.g.
-    torch.bfloat16 or "bfloat16"; None keeps each tensor's dtype). `lm_head.weight` is
-    skipped when it shares storage with `model.embed_tokens.weight` (tied embeddings)."""
-    if isinstance(model_or_sd, torch.nn.Module):
-        state = model_or_sd.state_dict()
-    else:
-        state = dict(model_or_sd)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
-    tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
-    tensors = {
-        name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
-        for name, tensor in state.items()
-        if not (tied and name == "lm_head.weight")
-    }
-    return save_safetensors(tensors)
-
-
-def weights_requests(
-    payload: bytes, version: int, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[rollout_pb2.UpdateWeightsRequest]:
-    """Header then chunks of at most `chunk_bytes` bytes for an UpdateWeights stream."""
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    header = rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
-    yield rollout_pb2.UpdateWeightsRequest(header=header)
-    view = memoryview(payload)
-    for start in range(0, len(payload), chunk_bytes):
-        yield rollout_pb2.UpdateWeightsRequest(chunk=bytes(view[start : start + chunk_bytes]))
-
-
-def weights_uri_request(path: str | Path, version: int) -> rollout_pb2.UpdateWeightsRequest:
-    """The single header message of an UpdateWeights stream pointing at a file on shared
-    storage (size and sha256 computed from the file)."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK_BYTES):
-            digest.update(block)
-            size += len(block)
-    header = rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=size,
-        sha256=digest.hexdigest(),
-        uri=str(path),
-    )
-    return rollout_pb2.UpdateWeightsRequest(header=header)
 
 
 # ----- rollout worker side -------------------------------------------------------------

@@ -14,7 +14,7 @@ from rollout_service.actor import ActorLoop
 from rollout_service.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
-from rollout_service.weights import receive_weights, weights_uri_request
+from rollout_service.weights import receive_weights
 from scalerl.compute import ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.grpc_util import make_server
@@ -25,6 +25,7 @@ from scalerl.registry import RunState, WorkerRegistry
 from scalerl.replay import ReplayStream
 from scalerl.tasks import build_task
 from scalerl.v1 import rollout_pb2_grpc
+from scalerl.weights_wire import weights_uri_request
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "scalerl.v1.RolloutService"
@@ -33,8 +34,16 @@ SERVICE_NAME = "scalerl.v1.RolloutService"
 class RolloutWorker:
     """Owns one engine, its gRPC server, the registry heartbeat and the actor loop."""
 
-    def __init__(self, config: RunConfig, redis_url: str, worker_id: str, host: str,
-                 advertise_host: str, port: int, metrics_port: int) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        redis_url: str,
+        worker_id: str,
+        host: str,
+        advertise_host: str,
+        port: int,
+        metrics_port: int,
+    ) -> None:
         self.config = config
         self.worker_id = worker_id
         self.host, self.advertise_host, self.port = host, advertise_host, port
@@ -57,14 +66,29 @@ class RolloutWorker:
         model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
         self.metrics = RolloutMetrics()
         rollout = self.config.rollout
-        self.engine = TorchEngine(model, self.tokenizer.stop_token_ids, rollout.max_batch,
-                                  rollout.max_seq_len, rollout.dtype, metrics=self.metrics)
-        servicer = RolloutServicer(self.engine, self.tokenizer, self.worker_id,
-                                   self.config.model.kind, rollout.interrupt_text,
-                                   rollout.max_new_tokens, metrics=self.metrics)
+        self.engine = TorchEngine(
+            model,
+            self.tokenizer.stop_token_ids,
+            rollout.max_batch,
+            rollout.max_seq_len,
+            rollout.dtype,
+            metrics=self.metrics,
+        )
+        servicer = RolloutServicer(
+            self.engine,
+            self.tokenizer,
+            self.worker_id,
+            self.config.model.kind,
+            rollout.interrupt_text,
+            rollout.max_new_tokens,
+            metrics=self.metrics,
+        )
         self.server, self.port, _ = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
-            self.port, self.host, max_workers=rollout.max_batch + 16)
+            self.port,
+            self.host,
+            max_workers=rollout.max_batch + 16,
+        )
         if self.metrics_port:
             start_http_server(self.metrics_port, addr=self.host)
         self._spawn(self._heartbeat)
@@ -76,15 +100,26 @@ class RolloutWorker:
         task = build_task(self.config.task)
         if not self._await_initial_weights(stop):
             return
-        actor = ActorLoop(self.engine, self.tokenizer, task, self.pool, self.replay,
-                          self.state, self.config, self.worker_id)
+        actor = ActorLoop(
+            self.engine,
+            self.tokenizer,
+            task,
+            self.pool,
+            self.replay,
+            self.state,
+            self.config,
+            self.worker_id,
+        )
 
         def should_stop() -> bool:
             return stop.is_set() or self.state.stop_requested()
 
         actor.run(should_stop)
-        log.info("actor loop ended: %d groups pushed, %d dropped as stale",
-                 actor.groups_pushed, actor.groups_dropped_stale)
+        log.info(
+            "actor loop ended: %d groups pushed, %d dropped as stale",
+            actor.groups_pushed,
+            actor.groups_dropped_stale,
+        )
 
     def _await_initial_weights(self, stop: threading.Event) -> bool:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);

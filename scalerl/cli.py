@@ -14,40 +14,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalerl", description="ScaleRL post-training.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="Train with ScaleRL: every service on this machine.")
-    run.add_argument("--config", default="default",
-                     help="Built-in config (default, tiny) or a YAML file.")
-    run.add_argument("--run-dir", type=Path, default=None,
-                     help="Run folder (default runs/<run_id>-<time>).")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="Override a config field, e.g. --set learner.lr=2e-5 (repeatable).")
-    run.add_argument("--rollout-workers", type=int, default=None,
-                     help="Rollout worker processes (overrides rollout.workers).")
+    run.add_argument(
+        "--config", default="default", help="Built-in config (default, tiny) or a YAML file."
+    )
+    run.add_argument(
+        "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config field, e.g. --set learner.lr=2e-5 (repeatable).",
+    )
+    run.add_argument(
+        "--rollout-workers",
+        type=int,
+        default=None,
+        help="Rollout worker processes (overrides rollout.workers).",
+    )
     return parser
-
-
-def _config_error(exc: Exception) -> str:
-    """One line naming the field and what is allowed (pydantic's first error)."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        if not first["loc"]:
-            return first["msg"].removeprefix("Value error, ")
-        field = ".".join(str(p) for p in first["loc"])
-        return f"{field}: {first['msg']} (got {first.get('input')!r})"
-    return str(exc).splitlines()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from scalerl.config import load_config
+    from scalerl.entrypoint import load_config_or_none
 
     overrides = list(args.set)
     if args.rollout_workers is not None:
         overrides.append(f"rollout.workers={args.rollout_workers}")
-    try:
-        config = load_config(args.config, overrides)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"scalerl: {_config_error(exc)}", file=sys.stderr)
+    config = load_config_or_none("scalerl", args.config, overrides)
+    if config is None:
         return 2
     from scalerl import launcher
 

@@ -7,6 +7,7 @@ environment (`SCALERL_LEARNER__LR=2e-5`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+ENV_PREFIX = "SCALERL_"
+_ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
 DEFAULT_INTERRUPT_TEXT = "Okay, time is up. Let me stop thinking and formulate a final answer now."
 
 
@@ -42,7 +45,9 @@ class ModelConfig(_Section):
     )
     warmup_lr: float = Field(3e-3, gt=0, le=1.0, description="Supervised warm-up learning rate.")
     warmup_distractor_rate: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="Fraction of warm-up targets followed by a stray number (gives RL a "
         "behaviour to learn that generalizes to held-out prompts).",
     )
@@ -105,7 +110,10 @@ class LearnerConfig(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
     max_steps: int = Field(60, ge=0, le=10_000_000, description="Optimizer steps to run.")
     max_minutes: float = Field(
-        0.0, ge=0, description="Stop after this many minutes of training (0 = no limit)."
+        0.0,
+        ge=0,
+        description="Stop training this many minutes after the learner started, set-up and "
+        "evaluations included (0 = no limit); a final evaluation follows.",
     )
     off_policy_k: int = Field(8, ge=0, le=1024, description="k: max policy-version lag.")
     loss: Literal["cispo"] = "cispo"
@@ -201,14 +209,28 @@ def resolve_config_path(name_or_path: str) -> Path:
     raise FileNotFoundError(f"config {name_or_path!r}: not a YAML file nor one of: {names}")
 
 
+def environment_overrides(environ: dict[str, str] | None = None) -> list[str]:
+    """`SCALERL_SECTION__FIELD=value` variables as `section.field=value` overrides."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for key, value in sorted(environ.items()):
+        name = key.removeprefix(ENV_PREFIX).lower()
+        if key.startswith(ENV_PREFIX) and ("__" in name or name in _ENV_FIELDS):
+            found.append(f"{name.replace('__', '.')}={value}")
+    return found
+
+
 def load_config(name_or_path: str = "default", overrides: list[str] | None = None) -> RunConfig:
     """Load a built-in or file config, apply `a.b=value` overrides, validate.
+
+    Precedence, highest first: `overrides` (the command line), environment variables
+    (`SCALERL_LEARNER__LR=2e-5`, what Kubernetes users set), the YAML file, defaults.
 
     Raises FileNotFoundError for an unknown config and pydantic.ValidationError for a
     field out of range (the message names the field and the allowed range).
     """
     data = yaml.safe_load(resolve_config_path(name_or_path).read_text()) or {}
-    for item in overrides or []:
+    for item in environment_overrides() + list(overrides or []):
         key, value = parse_override(item)
         _set_dotted(data, key, value)
     return RunConfig(**data)

@@ -57,8 +57,9 @@ def run(config: RunConfig, run_dir: Path) -> int:
     started = time.monotonic()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         try:
-            curve_address = _start_services(config, config_path, run_dir, redis_server.url,
-                                            logs, children)
+            curve_address = _start_services(
+                config, config_path, run_dir, redis_server.url, logs, children
+            )
             learner_address = children[-1].learner_address
             _watch(children, learner_address)
         except KeyboardInterrupt:
@@ -75,29 +76,69 @@ def run(config: RunConfig, run_dir: Path) -> int:
     return 0
 
 
-def _start_services(config: RunConfig, config_path: Path, run_dir: Path, redis_url: str,
-                    logs: Path, children: list[Child]) -> str:
+def _start_services(
+    config: RunConfig,
+    config_path: Path,
+    run_dir: Path,
+    redis_url: str,
+    logs: Path,
+    children: list[Child],
+) -> str:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses to services.json. Returns the curve address."""
     services = {"redis": redis_url}
     curve_port, curve_metrics = free_port(), free_port()
     curve_address = f"127.0.0.1:{curve_port}"
-    children.append(start_child("curve", "curve_service.main", [
-        "--port", str(curve_port), "--metrics-port", str(curve_metrics)], logs))
+    children.append(
+        start_child(
+            "curve",
+            "curve_service.main",
+            ["--port", str(curve_port), "--metrics-port", str(curve_metrics)],
+            logs,
+        )
+    )
     services["curve"] = {"grpc": curve_address, "metrics": f"127.0.0.1:{curve_metrics}"}
     wait_healthy(curve_address, 60)
     for i in range(config.rollout.workers):
         port, metrics = free_port(), free_port()
-        children.append(start_child(f"rollout-{i}", "rollout_service.main", [
-            "--config", str(config_path), "--redis-url", redis_url,
-            "--worker-id", f"rollout-{i}", "--port", str(port),
-            "--metrics-port", str(metrics)], logs))
-        services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}",
-                                    "metrics": f"127.0.0.1:{metrics}"}
+        children.append(
+            start_child(
+                f"rollout-{i}",
+                "rollout_service.main",
+                [
+                    "--config",
+                    str(config_path),
+                    "--redis-url",
+                    redis_url,
+                    "--worker-id",
+                    f"rollout-{i}",
+                    "--port",
+                    str(port),
+                    "--metrics-port",
+                    str(metrics),
+                ],
+                logs,
+            )
+        )
+        services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
     learner_port = free_port()
-    learner = start_child("learner", "learner_service.main", [
-        "--config", str(config_path), "--redis-url", redis_url, "--run-dir", str(run_dir),
-        "--curve-address", curve_address, "--port", str(learner_port)], logs)
+    learner = start_child(
+        "learner",
+        "learner_service.main",
+        [
+            "--config",
+            str(config_path),
+            "--redis-url",
+            redis_url,
+            "--run-dir",
+            str(run_dir),
+            "--curve-address",
+            curve_address,
+            "--port",
+            str(learner_port),
+        ],
+        logs,
+    )
     learner.learner_address = f"127.0.0.1:{learner_port}"
     services["learner"] = {"grpc": learner.learner_address}
     children.append(learner)
@@ -111,8 +152,10 @@ def _watch(children: list[Child], learner_address: str) -> None:
     The learner ends a finished run by raising the stop flag in Redis, so workers may exit
     0 a moment before it: that counts as success only if the learner then exits 0 too."""
     learner = children[-1]
-    with Live(console=console, refresh_per_second=2, transient=False) as live, \
-            channel(learner_address) as ch:
+    with (
+        Live(console=console, refresh_per_second=2, transient=False) as live,
+        channel(learner_address) as ch,
+    ):
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
         start = time.monotonic()
         line = ""
@@ -121,8 +164,10 @@ def _watch(children: list[Child], learner_address: str) -> None:
                 code = child.poll()
                 if code is None or (code == 0 and _learner_finishes(learner)):
                     continue
-                raise RunFailed(f"{child.name} exited with code {code}; last log lines "
-                                f"({child.log_path}):\n{child.log_tail()}")
+                raise RunFailed(
+                    f"{child.name} exited with code {code}; last log lines "
+                    f"({child.log_path}):\n{child.log_tail()}"
+                )
             line = _progress_line(stub, time.monotonic() - start) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
@@ -138,15 +183,16 @@ def _learner_finishes(learner: Child, grace_s: float = 120.0) -> bool:
 
 def _progress_line(stub, elapsed_s: float) -> str:
     try:
-        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2,
-                           wait_for_ready=True)
+        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2, wait_for_ready=True)
     except grpc.RpcError:
         return ""  # not up yet, or already shutting down: keep the last line
     rate = f"{s.heldout_pass_rate:.3f}" if s.HasField("heldout_pass_rate") else "  -  "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
-    return (f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
-            f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
-            f"compute {s.compute_hours:.4f} h")
+    return (
+        f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
+        f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
+        f"compute {s.compute_hours:.4f} h"
+    )
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -157,22 +203,30 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def _fit(curve_address: str, evals: list[dict], r0: float) -> dict | None:
     """Fit the sigmoid over `evals` on the curve service; None when it refuses."""
-    points = [curve_pb2.CurvePoint(compute=max(e["compute"], 1e-9), reward=e["pass_rate"])
-              for e in evals]
+    points = [
+        curve_pb2.CurvePoint(compute=max(e["compute"], 1e-9), reward=e["pass_rate"]) for e in evals
+    ]
     try:
         with channel(curve_address) as ch:
             reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(
-                curve_pb2.FitRequest(points=points, r0=r0), timeout=60)
+                curve_pb2.FitRequest(points=points, r0=r0), timeout=60
+            )
     except grpc.RpcError as exc:
         console.print(f"[yellow]curve fit on {len(points)} points refused:[/] {exc.details()}")
         return None
     p = reply.params
-    return {"A": p.a, "B": p.b, "C_mid": p.c_mid, "R0": p.r0, "sse": reply.sse,
-            "points_used": reply.points_used, "warnings": list(reply.warnings)}
+    return {
+        "A": p.a,
+        "B": p.b,
+        "C_mid": p.c_mid,
+        "R0": p.r0,
+        "sse": reply.sse,
+        "points_used": reply.points_used,
+        "warnings": list(reply.warnings),
+    }
 
 
-def _finish_report(run_dir: Path, config: RunConfig, curve_address: str,
-                   wall_s: float) -> None:
+def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s: float) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
     extrapolation check: the fit on the first half of the evaluations predicts the last."""
     evals = _read_jsonl(run_dir / "eval.jsonl")
@@ -181,21 +235,30 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str,
     r0 = evals[0]["pass_rate"]
     fit = _fit(curve_address, evals, r0)
     if fit:
-        (run_dir / "curve.json").write_text(json.dumps({**fit, "compute_unit":
-                                                        "cpu-core-hours"}, indent=2))
+        (run_dir / "curve.json").write_text(
+            json.dumps({**fit, "compute_unit": "cpu-core-hours"}, indent=2)
+        )
     half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0)
-    report = {"wall_seconds": wall_s, "evaluations": len(evals),
-              "pass_rate_step0": r0, "pass_rate_final": evals[-1]["pass_rate"],
-              "final_step": evals[-1]["step"], "final_compute": evals[-1]["compute"],
-              "fit": fit, "fit_first_half": half}
+    report = {
+        "wall_seconds": wall_s,
+        "evaluations": len(evals),
+        "pass_rate_step0": r0,
+        "pass_rate_final": evals[-1]["pass_rate"],
+        "final_step": evals[-1]["step"],
+        "final_compute": evals[-1]["compute"],
+        "fit": fit,
+        "fit_first_half": half,
+    }
     if half:
         from scalerl.plot import sigmoid
 
-        report["predicted_final_from_first_half"] = float(sigmoid(
-            evals[-1]["compute"], half["A"], half["B"], half["C_mid"], half["R0"]))
+        report["predicted_final_from_first_half"] = float(
+            sigmoid(evals[-1]["compute"], half["A"], half["B"], half["C_mid"], half["R0"])
+        )
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     plot_run(evals, fit, run_dir / "plot.png", f"scalerl run {config.run_id}")
     console.print(
         f"held-out pass rate {r0:.3f} -> {evals[-1]['pass_rate']:.3f} over "
-        f"{evals[-1]['step']} steps in {wall_s / 60:.1f} min" +
-        (f"; fit A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}" if fit else ""))
+        f"{evals[-1]['step']} steps in {wall_s / 60:.1f} min"
+        + (f"; fit A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}" if fit else "")
+    )

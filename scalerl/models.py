@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+# Everything is loaded from local files; never let transformers reach for a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_CHARS = "0123456789+-=?:QA \n"
 

@@ -27,8 +27,12 @@ def plot_run(evals: list[dict], fit: dict | None, out: Path, title: str) -> Path
     ax.plot(xs, [e["pass_rate"] for e in evals], "o", label="held-out pass rate")
     if fit and xs:
         grid = np.geomspace(max(min(xs), 1e-6), 2 * max(xs), 200)
-        ax.plot(grid, sigmoid(grid, fit["A"], fit["B"], fit["C_mid"], fit["R0"]), "-",
-                label=f"fit: A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}")
+        ax.plot(
+            grid,
+            sigmoid(grid, fit["A"], fit["B"], fit["C_mid"], fit["R0"]),
+            "-",
+            label=f"fit: A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}",
+        )
         ax.axhline(fit["A"], ls="--", lw=0.8, color="gray", label="asymptote A")
     ax.set_xlabel("compute (CPU core-hours)")
     ax.set_ylabel("held-out pass rate")

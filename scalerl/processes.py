@@ -49,16 +49,20 @@ class Child:
             return ""
 
 
-def start_child(name: str, module: str, args: list[str], log_dir: Path,
-                env: dict[str, str] | None = None) -> Child:
+def start_child(
+    name: str, module: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None
+) -> Child:
     """Run `python -m module args...` with stdout and stderr in log_dir/NAME.log."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     handle = open(log_path, "ab")
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", module, *args],
-        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        preexec_fn=_die_with_parent,
     )
     handle.close()
     return Child(name, proc, log_path)

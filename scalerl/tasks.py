@@ -74,8 +74,9 @@ def split_problems(
 class AdditionTask:
     """The embedded addition task: splits plus the last-integer verifier."""
 
-    def __init__(self, small_max: int = 9, large_max: int = 39, heldout_size: int = 200,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, small_max: int = 9, large_max: int = 39, heldout_size: int = 200, seed: int = 0
+    ) -> None:
         self.train, self.heldout = split_problems(
             addition_problems(small_max, large_max), heldout_size, seed
         )

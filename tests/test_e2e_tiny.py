@@ -22,12 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "scalerl.cli", "run", "--config", "tiny",
-            "--run-dir", str(run_dir)]
+    args = [
+        sys.executable,
+        "-m",
+        "scalerl.cli",
+        "run",
+        "--config",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+    ]
     for item in overrides:
         args += ["--set", item]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _processes_of(run_dir: Path) -> list[int]:
@@ -78,8 +87,9 @@ def test_a_crashed_worker_fails_the_run_and_stops_everything(tmp_path):
     proc = _launch(run_dir, "learner.max_steps=100000")
     try:
         assert _wait_for(lambda: (run_dir / "metrics.jsonl").exists(), 300), "no step made"
-        worker = subprocess.run(["pgrep", "-f", f"{run_dir}.*--worker-id rollout-1"],
-                                capture_output=True, text=True).stdout.split()
+        worker = subprocess.run(
+            ["pgrep", "-f", f"{run_dir}.*--worker-id rollout-1"], capture_output=True, text=True
+        ).stdout.split()
         assert worker, "rollout-1 not found"
         os.kill(int(worker[0]), signal.SIGKILL)
         output, _ = proc.communicate(timeout=120)

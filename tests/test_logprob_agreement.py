@@ -33,22 +33,42 @@ def model():
 def _generate(model, dtype: str, temperature: float) -> rollout_pb2.RolloutGroup:
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=8, max_seq_len=64, dtype=dtype)
     try:
-        streams = [engine.submit(GenerationRequest(f"r{i}", PROMPT, 20, temperature=temperature,
-                                                   seed=11 + i)) for i in range(4)]
+        streams = [
+            engine.submit(
+                GenerationRequest(f"r{i}", PROMPT, 20, temperature=temperature, seed=11 + i)
+            )
+            for i in range(4)
+        ]
         done = [s.result(timeout=30) for s in streams]
     finally:
         engine.stop()
-    return rollout_pb2.RolloutGroup(prompt_token_ids=PROMPT, samples=[
-        rollout_pb2.Sample(token_ids=d.token_ids, logprobs=d.logprobs, policy_versions=d.versions,
-                           forced=d.forced, reward=float(i % 2), finish_reason=d.finish_reason)
-        for i, d in enumerate(done)])
+    return rollout_pb2.RolloutGroup(
+        prompt_token_ids=PROMPT,
+        samples=[
+            rollout_pb2.Sample(
+                token_ids=d.token_ids,
+                logprobs=d.logprobs,
+                policy_versions=d.versions,
+                forced=d.forced,
+                reward=float(i % 2),
+                finish_reason=d.finish_reason,
+            )
+            for i, d in enumerate(done)
+        ],
+    )
 
 
 def _learner_ratio(model, group, temperature: float, autocast: bool) -> torch.Tensor:
     batch = pack_groups([group], pad_id=0)
     with torch.no_grad():
-        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature,
-                              fp32_lm_head=True, autocast_bf16=autocast)
+        logp = token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature,
+            fp32_lm_head=True,
+            autocast_bf16=autocast,
+        )
     learner = logp[batch.sample_index, batch.positions]
     return torch.exp(learner - batch.logp_gen)
 

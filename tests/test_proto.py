@@ -16,9 +16,7 @@ def test_generated_code_has_no_drift(tmp_path):
     spec.loader.exec_module(gen)
     gen.generate(tmp_path)
     fresh = sorted(p.relative_to(tmp_path) for p in (tmp_path / "scalerl" / "v1").glob("*.py*"))
-    committed = sorted(
-        p.relative_to(ROOT) for p in (ROOT / "scalerl" / "v1").glob("*_pb2*.py*")
-    )
+    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "scalerl" / "v1").glob("*_pb2*.py*"))
     assert fresh == committed, "generated file set differs: run `make proto`"
     for rel in fresh:
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), (

@@ -16,17 +16,12 @@ from safetensors.torch import load as load_safetensors
 from rollout_service.engine import GenerationRequest, TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
-from rollout_service.weights import (
-    WeightsError,
-    receive_weights,
-    serialize_state_dict,
-    weights_requests,
-    weights_uri_request,
-)
+from rollout_service.weights import WeightsError, receive_weights
 from scalerl.config import ModelConfig
 from scalerl.grpc_util import channel
 from scalerl.models import load_policy
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights_wire import serialize_state_dict, weights_requests, weights_uri_request
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0

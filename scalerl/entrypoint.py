@@ -1,0 +1,40 @@
+"""What every process's console script does first: load the config with a one-line error,
+and turn SIGTERM / SIGINT into a stop event (torch-free)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from scalerl.config import RunConfig, load_config
+
+
+def config_error(exc: Exception) -> str:
+    """One line naming the field and what is allowed (pydantic's first error)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        if not first["loc"]:
+            return first["msg"].removeprefix("Value error, ")
+        field = ".".join(str(p) for p in first["loc"])
+        return f"{field}: {first['msg']} (got {first.get('input')!r})"
+    return str(exc).splitlines()[0]
+
+
+def load_config_or_none(prog: str, name_or_path: str, overrides: list[str]) -> RunConfig | None:
+    """The validated config, or None after printing `prog: <one line>` to stderr (the
+    caller then exits with code 2)."""
+    try:
+        return load_config(name_or_path, overrides)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"{prog}: {config_error(exc)}", file=sys.stderr)
+        return None
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so a process can finish its current step."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

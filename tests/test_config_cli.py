@@ -1,0 +1,44 @@
+"""Configs: every shipped config loads; bad input is one line naming the field, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalerl import cli
+from scalerl.config import CONFIG_DIR, dump_config, load_config
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_every_shipped_config_loads_and_round_trips(name, tmp_path):
+    config = load_config(name)
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(str(path)) == config
+
+
+def test_replay_capacity_is_k_plus_one_batches():
+    config = load_config("default", ["learner.off_policy_k=3", "learner.batch_prompts=5"])
+    assert config.replay_capacity == 20
+
+
+def test_environment_overrides_a_field(monkeypatch):
+    monkeypatch.setenv("SCALERL_LEARNER__LR", "2e-5")
+    assert load_config("default").learner.lr == 2e-5
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "learner.lr=-1"], "scalerl: learner.lr: Input should be greater than 0"),
+        (["--set", "rollout.group_size=1"], "scalerl: rollout.group_size: Input should be"),
+        (["--set", "learner.nope=1"], "scalerl: learner.nope: Extra inputs are not permitted"),
+        (["--set", "rollout.thinking_budget=99"], "scalerl: rollout.thinking_budget must be <"),
+        (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
+        (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, expected, capsys):
+    assert cli.main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected), err
+    assert err.count("\n") == 1
