@@ -137,7 +137,9 @@ def _check_sample(where: str, sample: rollout_pb2.Sample) -> None:
         raise ValueError(f"{where}: reward must be finite, got {sample.reward}")
 
 
-def pack_groups(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> PackedBatch:
+def pack_groups(
+    groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int, sort_by_length: bool = False
+) -> PackedBatch:
     """Pad and flatten replay groups for the learner.
 
     An empty `forced` list means no forced token. Truncation and interruption come from
@@ -146,6 +148,9 @@ def pack_groups(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> Pack
     Args:
         groups: replay entries, each with a non-empty prompt and at least one sample.
         pad_id: token id used for padding (masked out by attention_mask).
+        sort_by_length: order samples by length (shortest first) instead of group by
+            group, so that micro-batches of neighbours carry little padding; group ids
+            keep the group structure either way.
 
     Returns:
         A PackedBatch (CPU tensors).
@@ -165,23 +170,27 @@ def pack_groups(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> Pack
         where = f"group {g} ({group.group_id!r})"
         if not group.prompt_token_ids or not group.samples:
             raise ValueError(f"{where}: prompt_token_ids and samples must be non-empty")
-        prompt = list(group.prompt_token_ids)
         for j, sample in enumerate(group.samples):
             _check_sample(f"{where} sample {j}", sample)
-            n, s = len(sample.token_ids), len(seqs)
-            seqs.append(prompt + list(sample.token_ids))
-            # Token k of the completion sits at column len(prompt) + k of input_ids and is
-            # predicted by the logits one column earlier.
-            cols["positions"].extend(range(len(prompt) - 1, len(prompt) - 1 + n))
-            cols["logp_gen"].extend(sample.logprobs)
-            cols["sample"].extend([s] * n)
-            cols["group"].extend([g] * n)
-            cols["mask"].extend([not f for f in sample.forced] if sample.forced else [True] * n)
-            cols["version"].extend(sample.policy_versions)
-            rewards.append(sample.reward)
-            sample_group.append(g)
-            finish.append(sample.finish_reason)
-            offsets.append(offsets[-1] + n)
+    order = [(g, sample) for g, group in enumerate(groups) for sample in group.samples]
+    if sort_by_length:  # stable: equal lengths keep their group order
+        order.sort(key=lambda item: len(groups[item[0]].prompt_token_ids) + len(item[1].token_ids))
+    for g, sample in order:
+        prompt = list(groups[g].prompt_token_ids)
+        n, s = len(sample.token_ids), len(seqs)
+        seqs.append(prompt + list(sample.token_ids))
+        # Token k of the completion sits at column len(prompt) + k of input_ids and is
+        # predicted by the logits one column earlier.
+        cols["positions"].extend(range(len(prompt) - 1, len(prompt) - 1 + n))
+        cols["logp_gen"].extend(sample.logprobs)
+        cols["sample"].extend([s] * n)
+        cols["group"].extend([g] * n)
+        cols["mask"].extend([not f for f in sample.forced] if sample.forced else [True] * n)
+        cols["version"].extend(sample.policy_versions)
+        rewards.append(sample.reward)
+        sample_group.append(g)
+        finish.append(sample.finish_reason)
+        offsets.append(offsets[-1] + n)
     lens = [len(seq) for seq in seqs]
     input_ids = torch.full((len(seqs), max(lens)), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -298,7 +307,7 @@ class Trainer:
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]
         if not kept:
             return metrics | _idle_metrics(groups_used=0)
-        batch = full if len(kept) == len(groups) else pack_groups(kept, self.pad_id)
+        batch = pack_groups(kept, self.pad_id, sort_by_length=True)
         return metrics | self._optimize(batch, groups_used=len(kept))
 
     def _optimize(self, batch: PackedBatch, groups_used: int) -> dict[str, float]:

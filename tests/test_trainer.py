@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from learner_service import recipe
 from learner_service.trainer import Trainer, pack_groups, token_logprobs
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.models import load_policy
@@ -295,3 +296,49 @@ def test_bad_checkpoint_changes_nothing() -> None:
     with pytest.raises(ValueError, match="shape"):
         trainer.load_state_dict({"model": broken, "optimizer": other["optimizer"]})
     assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model), strict=True))
+
+
+def test_length_sorted_packing_gives_the_same_loss_and_gradient():
+    """Sorting samples by length only changes the padding, never the loss or gradient."""
+    model = load_policy(ModelConfig(kind="tiny"), seed=0)[0]
+    rng = torch.Generator().manual_seed(0)
+    groups = []
+    for g in range(3):
+        samples = []
+        for j in range(4):
+            n = int(torch.randint(1, 9, (1,), generator=rng))
+            ids = torch.randint(2, 20, (n,), generator=rng).tolist()
+            samples.append(
+                rollout_pb2.Sample(
+                    token_ids=ids,
+                    logprobs=[-2.5] * n,
+                    policy_versions=[0] * n,
+                    reward=float(j % 2),
+                    finish_reason=rollout_pb2.FINISH_REASON_STOP,
+                )
+            )
+        groups.append(rollout_pb2.RolloutGroup(prompt_token_ids=[3, 4, 5 + g], samples=samples))
+    results = []
+    for sort in (False, True):
+        batch = pack_groups(groups, pad_id=0, sort_by_length=sort)
+        model.zero_grad()
+        logp_all = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        logp = logp_all[batch.sample_index, batch.positions]
+        adv = recipe.compute_advantages(batch.rewards, batch.sample_group, "batch")
+        loss = recipe.policy_loss(
+            logp,
+            batch.logp_gen,
+            adv[batch.sample_index],
+            batch.sample_index,
+            batch.group_index,
+            batch.loss_mask,
+            loss="cispo",
+            aggregation="prompt",
+            eps_max=4.0,
+        )
+        loss.backward()
+        results.append((loss.item(), model.model.embed_tokens.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-6, rtol=0)
+    lens = pack_groups(groups, pad_id=0, sort_by_length=True).seq_lens.tolist()
+    assert lens == sorted(lens)
