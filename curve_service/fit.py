@@ -17,6 +17,7 @@ Pure numpy/scipy: no torch, no I/O, no state.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -38,6 +39,12 @@ _GOLDEN_ITERS = 20
 # chooses the refinement's start; the refinement always uses every point.
 _GRID_MAX_POINTS = 128
 _GRID_CHUNK_ELEMS = 2_000_000  # cells x points per vectorised block (bounds memory to ~16 MB)
+# Grid stage: B on a fixed log-spaced ladder, shared by every (A, C_mid) cell. For fixed
+# C_mid and B the curve shape s_n = 1 / (1 + (C_mid / C_n)^B) does not depend on A, so the
+# SSE of every A is a quadratic in (A - R0) with coefficients sum (y - R0) s and sum s^2:
+# the sigmoid is evaluated n_c * n_b * N times instead of n_a * n_c * n_b * N.
+_B_LADDER = 128
+MAX_SERIES = 64
 
 
 class CurveInputError(ValueError):
@@ -98,7 +105,9 @@ class CurvePoints(NamedTuple):
 
     compute: NDArray[np.float64]
     reward: NDArray[np.float64]
-    lowest_reward: float  # reward at the lowest compute of all points, before windowing
+    # Mean over series of each series' reward at its lowest compute, before windowing.
+    lowest_reward: float
+    series: NDArray[np.int64]  # [N] series (seed) index of each point, 0..S-1
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class FitResult:
     grid_best: SigmoidParams  # best grid cell, the refinement's start
     compute: NDArray[np.float64] = field(repr=False, compare=False)  # [N] points used
     reward: NDArray[np.float64] = field(repr=False, compare=False)  # [N]
+    series: NDArray[np.int64] | None = field(default=None, repr=False, compare=False)  # [N]
 
     @property
     def params(self) -> SigmoidParams:
@@ -191,15 +201,17 @@ def validate_points(
     reward: ArrayLike,
     min_compute: float | None = None,
     max_compute: float | None = None,
+    series: Sequence[str] | None = None,
 ) -> CurvePoints:
     """Check, sort and window (compute, reward) points.
 
-    compute, reward: [N] floats; N <= 100,000; compute finite and > 0, no duplicates;
-    reward finite in [-1, 1]. Unsorted input is sorted by compute. The fit window
-    [min_compute, max_compute] (inclusive, either end optional) must leave >= 4 points.
+    compute, reward: [N] floats; N <= 100,000; compute finite and > 0, no duplicates within
+    a series; reward finite in [-1, 1]. series: [N] seed labels (None = one series; at most
+    64 distinct). Unsorted input is sorted by compute. The fit window [min_compute,
+    max_compute] (inclusive, either end optional) must leave >= 4 points.
 
     Raises CurveInputError naming the field: "points", "compute[i]", "reward[i]",
-    "min_compute" or "max_compute" (i indexes the input as given).
+    "series", "min_compute" or "max_compute" (i indexes the input as given).
     """
     c = np.asarray(compute, dtype=np.float64).reshape(-1)
     r = np.asarray(reward, dtype=np.float64).reshape(-1)
@@ -207,14 +219,21 @@ def validate_points(
         raise CurveInputError("points", f"{c.size} compute values but {r.size} rewards")
     if c.size > MAX_POINTS:
         raise CurveInputError("points", f"{c.size} points; at most {MAX_POINTS} allowed")
+    if c.size < MIN_POINTS:
+        raise CurveInputError("points", f"{c.size} points; need at least {MIN_POINTS}")
+    s = _series_codes(series, c.size)
     _check_compute(c, "compute")
     _check_rewards(r, "reward")
-    order = np.argsort(c, kind="stable")
-    c_sorted, r_sorted = c[order], r[order]
-    dup = np.flatnonzero(np.diff(c_sorted) == 0)
+    order = np.lexsort((c, s))  # by series, then compute: duplicates are neighbours
+    same = (np.diff(c[order]) == 0) & (np.diff(s[order]) == 0)
+    dup = np.flatnonzero(same)
     if dup.size:
         i, j = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
         raise CurveInputError(f"compute[{j}]", f"duplicates compute[{i}] = {c[i]:g}")
+    firsts = order[np.r_[True, np.diff(s[order]) != 0]]  # lowest compute of each series
+    lowest = float(r[firsts].mean())
+    order = np.argsort(c, kind="stable")
+    c_sorted, r_sorted, s_sorted = c[order], r[order], s[order]
     lo, hi = _check_window(min_compute, max_compute)
     keep = (c_sorted >= lo) & (c_sorted <= hi)
     if keep.sum() < MIN_POINTS:
@@ -223,7 +242,20 @@ def validate_points(
             f"{int(keep.sum())} points in the fit window [{lo:g}, {hi:g}]; need at least "
             f"{MIN_POINTS}",
         )
-    return CurvePoints(c_sorted[keep], r_sorted[keep], float(r_sorted[0]))
+    return CurvePoints(c_sorted[keep], r_sorted[keep], lowest, s_sorted[keep])
+
+
+def _series_codes(series: Sequence[str] | None, n: int) -> NDArray[np.int64]:
+    """[n] integer code of each point's series label; raises CurveInputError("series")."""
+    if series is None:
+        return np.zeros(n, dtype=np.int64)
+    labels = list(series)
+    if len(labels) != n:
+        raise CurveInputError("series", f"{len(labels)} labels for {n} points")
+    names, codes = np.unique(np.asarray(labels, dtype=str), return_inverse=True)
+    if names.size > MAX_SERIES:
+        raise CurveInputError("series", f"{names.size} series; at most {MAX_SERIES} allowed")
+    return codes.astype(np.int64).reshape(-1)
 
 
 def default_grid(compute: NDArray[np.float64], reward: NDArray[np.float64], r0: float) -> GridSpec:
@@ -261,19 +293,24 @@ def fit_sigmoid(
     min_compute: float | None = None,
     max_compute: float | None = None,
     grid: GridSpec | None = None,
+    series: Sequence[str] | None = None,
 ) -> FitResult:
     """Fit paper Eq. 1 by the paper's procedure (App. A.5-A.7).
 
     compute, reward: [N] points (any order; compute > 0 in any unit, reward in [-1, 1]).
-    r0: fixed R0; None = the reward at the lowest compute of all points (before windowing).
-    min_compute, max_compute: fit window, inclusive. grid: None = `default_grid` of the data;
-    pass `PAPER_GRID` for the paper's own grid on GPU-hour data.
+    r0: fixed R0; None = the reward at the lowest compute of all points (before windowing;
+    with several series, the mean over series of that reward). min_compute, max_compute:
+    fit window, inclusive. grid: None = `default_grid` of the data; pass `PAPER_GRID` for
+    the paper's own grid on GPU-hour data. series: [N] seed labels, so several seeds of one
+    recipe are fitted together (one curve through all their points, as the paper pools
+    seeds); `bootstrap_params` then resamples whole seeds.
 
     Returns a FitResult whose warnings flag an A or C_mid at the grid edge, a window that
-    ends before C_mid, B at its bound, or fewer than 6 points. Raises CurveInputError for
-    invalid points, window, r0 or grid.
+    ends before C_mid, B at its bound, fewer than 6 points, a rise then collapse, or
+    negative (+/-1 style) rewards. Raises CurveInputError for invalid points, series,
+    window, r0 or grid.
     """
-    pts = validate_points(compute, reward, min_compute, max_compute)
+    pts = validate_points(compute, reward, min_compute, max_compute, series)
     r0_value = pts.lowest_reward if r0 is None else validate_r0(r0)
     grid = grid or default_grid(pts.compute, pts.reward, r0_value)
     _check_grid(grid)
@@ -293,7 +330,24 @@ def fit_sigmoid(
         grid_best=start,
         compute=pts.compute,
         reward=pts.reward,
+        series=pts.series,
     )
+
+
+def fit_fixed_a(fit: FitResult, a: float) -> SigmoidParams:
+    """Refit B and C_mid of `fit`'s points with A fixed (paper Sec. 3 / App. A.7: when two
+    recipes' A agree within the seed-to-seed margin, compare B at a shared A).
+
+    Grid over C_mid (the fit's grid) with least-squares B, then a continuous refinement of
+    (B, C_mid). Raises CurveInputError("a") unless a is finite, in [-1, 1] and on the same
+    side of R0 as the fit's A.
+    """
+    if not (math.isfinite(a) and abs(a) <= REWARD_LIMIT and (a - fit.r0) * (fit.a - fit.r0) > 0):
+        raise CurveInputError("a", f"must be in [-1, 1] on the side of r0={fit.r0:g}; got {a}")
+    g = fit.grid
+    line = GridSpec(a, a, g.a_step, g.c_mid_min, g.c_mid_max, g.c_mid_count)
+    start, _ = _grid_search(fit.compute, fit.reward, fit.r0, line)
+    return _refine(fit.compute, fit.reward, start, line, fix_a=True)
 
 
 def best_b(
@@ -358,12 +412,33 @@ def bootstrap_params(fit: FitResult, n_resamples: int = 64, seed: int = 0) -> ND
     resid = (fit.reward - fitted) * math.sqrt(n / max(n - 3, 1))
     floor = _reward_floor(fit.reward)  # resampled pass rates stay in [0, 1]
     rng = np.random.default_rng(seed)
+    series = fit.series if fit.series is not None else np.zeros(n, dtype=np.int64)
+    n_series = int(series.max()) + 1
     out = np.empty((n_resamples, 3))
     for i in range(n_resamples):
         y = np.clip(fitted + rng.choice(resid, size=n, replace=True), floor, REWARD_LIMIT)
-        p = _refine(fit.compute, y, fit.params, fit.grid)
+        weights = None
+        if n_series > 1:  # several seeds: also resample whole seeds (cluster bootstrap)
+            weights = rng.multinomial(n_series, np.full(n_series, 1.0 / n_series))[series]
+        p = _refine(fit.compute, y, fit.params, fit.grid, weights=weights)
         out[i] = (p.a, p.b, p.c_mid)
     return out
+
+
+def param_intervals(
+    fit: FitResult, samples: NDArray[np.float64], level: float = 0.9
+) -> NDArray[np.float64]:
+    """Central `level` percentile intervals [3, 2] (rows A, B, C_mid; columns lower, upper)
+    from bootstrap samples [S, 3]; each interval contains the fitted value.
+
+    Raises CurveInputError("level") unless 0 < level < 1.
+    """
+    if not 0.0 < level < 1.0:
+        raise CurveInputError("level", f"must be in (0, 1), got {level}")
+    q = (1.0 - level) / 2.0
+    lo, hi = np.quantile(samples, [q, 1.0 - q], axis=0)  # [3] each
+    est = np.array([fit.a, fit.b, fit.c_mid])
+    return np.stack([np.minimum(lo, est), np.maximum(hi, est)], axis=1)
 
 
 def prediction_band(
@@ -462,12 +537,58 @@ def _grid_search(
         idx = np.unique(np.linspace(0, compute.size - 1, _GRID_MAX_POINTS).round().astype(int))
         compute, reward = compute[idx], reward[idx]
     a_vals, c_vals = grid.a_values(), grid.c_mid_values()
-    aa, cc = np.meshgrid(a_vals, np.log(c_vals), indexing="ij")  # [n_a, n_c]
-    b, sse = best_b(np.log(compute), reward, aa.ravel(), cc.ravel(), r0)
-    flat = int(np.argmin(sse))
-    ia, ic = np.unravel_index(flat, aa.shape)
-    best = SigmoidParams(float(a_vals[ia]), float(b[flat]), float(c_vals[ic]), r0)
-    return best, (int(ia), int(ic))
+    log_c, y = np.log(compute), reward - r0
+    log_b = np.linspace(math.log(B_MIN), math.log(B_MAX), _B_LADDER)
+    s1, s2 = _shape_moments(log_c, y, np.log(c_vals), np.exp(log_b))  # [n_c, n_b] each
+    gain = a_vals - r0  # [n_a]
+    best_sse, best_cell = math.inf, (0, 0)
+    rows = max(1, _GRID_CHUNK_ELEMS // s1.size)
+    for start in range(0, gain.size, rows):
+        g = gain[start : start + rows, None, None]
+        sse = float(y @ y) - 2.0 * g * s1[None] + g * g * s2[None]  # [n_a', n_c, n_b]
+        cell_sse = _parabolic_min(sse)  # [n_a', n_c]: min over B, interpolated in ln B
+        k = int(np.argmin(cell_sse))
+        if cell_sse.flat[k] < best_sse:
+            ia, ic = np.unravel_index(k, cell_sse.shape)
+            best_sse, best_cell = float(cell_sse.flat[k]), (int(ia) + start, int(ic))
+    ia, ic = best_cell
+    # The winning cell's B to full precision (the 1-D least squares of App. A.5).
+    b, _ = best_b(log_c, reward, a_vals[ia : ia + 1], np.log(c_vals[ic : ic + 1]), r0)
+    best = SigmoidParams(float(a_vals[ia]), float(b[0]), float(c_vals[ic]), r0)
+    return best, best_cell
+
+
+def _shape_moments(
+    log_c: NDArray[np.float64],
+    y: NDArray[np.float64],
+    log_c_mid: NDArray[np.float64],
+    b: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """sum_n y_n s_n and sum_n s_n^2 [n_c, n_b], s = expit(B (ln C - ln C_mid)) over N points."""
+    n_c, n_b, n = log_c_mid.size, b.size, log_c.size
+    s1, s2 = np.empty((n_c, n_b)), np.empty((n_c, n_b))
+    rows = max(1, _GRID_CHUNK_ELEMS // (n_b * max(n, 1)))
+    for start in range(0, n_c, rows):
+        sl = slice(start, start + rows)
+        x = log_c[None, None, :] - log_c_mid[sl, None, None]  # [c, 1, N]
+        shape = expit(b[None, :, None] * x)  # [c, n_b, N]
+        s1[sl] = shape @ y
+        s2[sl] = np.einsum("cbn,cbn->cb", shape, shape)
+    return s1, s2
+
+
+def _parabolic_min(sse: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Min over the last axis (an even ladder in ln B) of sse [..., n_b], refined by a
+    parabola through the best value and its neighbours (never above the best value)."""
+    j = np.clip(sse.argmin(axis=-1), 1, sse.shape[-1] - 2)[..., None]
+    f0 = np.take_along_axis(sse, j, axis=-1)[..., 0]
+    fm = np.take_along_axis(sse, j - 1, axis=-1)[..., 0]
+    fp = np.take_along_axis(sse, j + 1, axis=-1)[..., 0]
+    curv = fm - 2.0 * f0 + fp
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drop = np.where(curv > 0, (fm - fp) ** 2 / (8.0 * curv), 0.0)
+    best = np.minimum(sse.min(axis=-1), f0 - np.minimum(drop, np.abs(fm - fp)))
+    return best
 
 
 def _refine(
@@ -475,13 +596,18 @@ def _refine(
     reward: NDArray[np.float64],
     start: SigmoidParams,
     grid: GridSpec,
+    fix_a: bool = False,
+    weights: NDArray[np.float64] | None = None,
 ) -> SigmoidParams:
     """Local least-squares refinement of (A, ln B, ln C_mid), R0 fixed (paper App. A.5).
 
     Bounds: A between R0 and the reward limit on the grid's side of R0; B in
     [B_MIN / 10, B_MAX * 5]; C_mid within 10x beyond the grid. Keeps the start when the
-    refinement does not lower the SSE.
+    refinement does not lower the SSE. fix_a keeps A at start.a; weights [N] (>= 0) weight
+    each squared residual (a seed drawn twice by the bootstrap counts twice).
     """
+    if fix_a:
+        return _refine_b_c_mid(compute, reward, start, grid, weights)
     r0 = start.r0
     if start.a > r0:
         a_lo, a_hi = r0 + 1e-9, max(REWARD_LIMIT, grid.a_max)
@@ -491,10 +617,11 @@ def _refine(
     ub = np.array([a_hi, math.log(B_MAX * 5), math.log(grid.c_mid_max * 10)])
     x0 = np.clip([start.a, math.log(start.b), math.log(start.c_mid)], lb, ub)
     log_c = np.log(compute)
+    root_w = 1.0 if weights is None else np.sqrt(weights)
 
     def residual(x: NDArray[np.float64]) -> NDArray[np.float64]:
         z = math.exp(x[1]) * (x[2] - log_c)
-        return r0 + (x[0] - r0) * expit(-z) - reward
+        return (r0 + (x[0] - r0) * expit(-z) - reward) * root_w
 
     sol = least_squares(
         residual,
@@ -511,6 +638,31 @@ def _refine(
     if float(sol.fun @ sol.fun) > float(r_start @ r_start):
         return start
     return SigmoidParams(float(sol.x[0]), math.exp(sol.x[1]), math.exp(sol.x[2]), r0)
+
+
+def _refine_b_c_mid(
+    compute: NDArray[np.float64],
+    reward: NDArray[np.float64],
+    start: SigmoidParams,
+    grid: GridSpec,
+    weights: NDArray[np.float64] | None,
+) -> SigmoidParams:
+    """`_refine` with A held at start.a: least squares over (ln B, ln C_mid) only."""
+    lb = np.array([math.log(B_MIN / 10), math.log(grid.c_mid_min / 10)])
+    ub = np.array([math.log(B_MAX * 5), math.log(grid.c_mid_max * 10)])
+    x0 = np.clip([math.log(start.b), math.log(start.c_mid)], lb, ub)
+    log_c, gain = np.log(compute), start.a - start.r0
+    root_w = 1.0 if weights is None else np.sqrt(weights)
+
+    def residual(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        z = math.exp(x[0]) * (x[1] - log_c)
+        return (start.r0 + gain * expit(-z) - reward) * root_w
+
+    sol = least_squares(residual, x0, bounds=(lb, ub), x_scale="jac", xtol=1e-12, ftol=1e-12)
+    r_start = residual(x0)
+    if float(sol.fun @ sol.fun) > float(r_start @ r_start):
+        return start
+    return SigmoidParams(start.a, math.exp(sol.x[0]), math.exp(sol.x[1]), start.r0)
 
 
 def _warnings(
@@ -538,4 +690,31 @@ def _warnings(
         out.append(f"B={best.b:.4g} at the edge of its search range [{B_MIN:g}, {B_MAX:g}]")
     if pts.compute.size < FEW_POINTS:
         out.append(f"only {pts.compute.size} points used; at least {FEW_POINTS} are advised")
+    collapse = _collapse(pts.reward, best.r0)
+    if collapse:
+        out.append(collapse)
+    if float(pts.reward.min()) < 0.0:
+        out.append(
+            "some rewards are negative: they look like +/-1 scores rather than pass rates; "
+            "A and R0 are on that scale"
+        )
     return out
+
+
+def _collapse(reward: NDArray[np.float64], r0: float) -> str | None:
+    """A warning when the rewards rise and then fall back: the last quarter of the points
+    (at least 2) averages below the peak by more than a third of the peak's gain over R0.
+    Eq. 1 is monotone, so such a run (e.g. an unstable recipe, paper Sec. 4) is misfit."""
+    n = reward.size
+    peak = int(np.argmax(reward))
+    gain = float(reward[peak]) - r0
+    tail = reward[n - max(2, n // 4) :]
+    if gain <= 0 or peak >= n - tail.size:
+        return None
+    drop = float(reward[peak]) - float(tail.mean())
+    if drop <= gain / 3.0:
+        return None
+    return (
+        f"rewards rise to {reward[peak]:.4g} and then fall back to {tail.mean():.4g}: the run "
+        "may have collapsed; a monotone sigmoid does not describe it"
+    )

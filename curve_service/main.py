@@ -1,6 +1,9 @@
 """`scalerl-curve`: run the curve service (gRPC CurveService plus Prometheus /metrics).
 
-    scalerl-curve --port 50053 --metrics-port 9103 [--host 0.0.0.0]
+    scalerl-curve --port 50053 --metrics-port 9103 [--host 0.0.0.0] [--redis-url URL]
+                  [--target-compute C]
+
+Runs are kept in memory, or in Redis with --redis-url (then they survive a restart).
 
 Prints one line, "curve service listening on HOST:PORT metrics on :M", once both servers
 are bound (ports chosen by the OS when 0 is given), then serves until SIGTERM or SIGINT and
@@ -34,7 +37,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--metrics-port", type=_port, required=True, help="Prometheus port (0 = any free)."
     )
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind both servers on.")
+    parser.add_argument(
+        "--redis-url", default=None, help="Keep runs in Redis (redis://HOST:PORT/DB)."
+    )
+    parser.add_argument(
+        "--target-compute",
+        type=_positive,
+        default=None,
+        help="Compute of the predicted-reward gauge (default 10x each run's largest).",
+    )
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,10 +67,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: stop.set())
     from curve_service.metrics import start_metrics_server
-    from curve_service.server import serve
+    from curve_service.server import CurveServicer, serve
 
+    store = None
+    if args.redis_url:
+        import redis
+
+        from curve_service.redis_store import RedisRunStore
+        from scalerl.redis_server import connect
+
+        client = connect(args.redis_url)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            print(f"scalerl-curve: --redis-url {args.redis_url}: {exc}", file=sys.stderr)
+            return 1
+        store = RedisRunStore(client)
+    servicer = CurveServicer(store=store, target_compute=args.target_compute)
     try:
-        server, port, servicer = serve(port=args.port, host=args.host)
+        server, port, servicer = serve(port=args.port, host=args.host, servicer=servicer)
     except RuntimeError as exc:
         print(f"scalerl-curve: {exc}", file=sys.stderr)
         return 1

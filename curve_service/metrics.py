@@ -18,7 +18,7 @@ from prometheus_client import (
 )
 
 import scalerl
-from curve_service.fit import FitResult
+from curve_service.fit import FitResult, predict
 
 FIT_STATUSES = ("ok", "invalid", "error")
 # Fits take ~0.1-1 s on small histories and up to ~10 s near the 100,000-point limit.
@@ -61,6 +61,14 @@ class CurveMetrics:
             ["run_id"],
             registry=reg,
         )
+        self.predicted = Gauge(
+            "scalerl_curve_predicted_reward",
+            "Reward a run's fit predicts at a target compute (paper Eq. 1); the label "
+            "target_compute is in the run's compute unit.",
+            ["run_id", "target_compute"],
+            registry=reg,
+        )
+        self._targets: dict[str, str] = {}  # run_id -> label of its predicted-reward series
         self.points = Gauge(
             "scalerl_curve_points", "Eval points recorded for a run.", ["run_id"], registry=reg
         )
@@ -81,9 +89,15 @@ class CurveMetrics:
         self.fits.labels(status=status).inc()
         self.fit_seconds.observe(seconds)
 
-    def set_run(self, run_id: str, points: int, fit: FitResult | None) -> None:
-        """Publish a run's point count and, when it has one, its fitted A, B, C_mid."""
+    def set_run(
+        self, run_id: str, points: int, fit: FitResult | None, target: float | None = None
+    ) -> None:
+        """Publish a run's point count and, when it has one, its fitted A, B, C_mid and the
+        predicted reward at `target` compute (None = 10x the run's largest compute)."""
         self.points.labels(run_id=run_id).set(points)
+        old = self._targets.pop(run_id, None)
+        if old is not None:
+            self.predicted.remove(run_id, old)
         if fit is None:
             for gauge in (self.asymptote, self.exponent, self.midpoint):
                 try:
@@ -94,6 +108,12 @@ class CurveMetrics:
         self.asymptote.labels(run_id=run_id).set(fit.a)
         self.exponent.labels(run_id=run_id).set(fit.b)
         self.midpoint.labels(run_id=run_id).set(fit.c_mid)
+        compute = target if target is not None else 10.0 * float(fit.compute.max())
+        label = f"{compute:g}"
+        self.predicted.labels(run_id=run_id, target_compute=label).set(
+            float(predict(fit.params, [compute])[0])
+        )
+        self._targets[run_id] = label
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format, as served at /metrics."""

@@ -1,4 +1,5 @@
-"""The `scalerl` command. `scalerl run [--config NAME_OR_PATH] [--run-dir DIR]`.
+"""The `scalerl` command. `scalerl run [--config NAME_OR_PATH] [--run-dir DIR]`;
+`scalerl curve fit|compare ...` (see `scalerl.curve_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -33,11 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Rollout worker processes (overrides rollout.workers).",
     )
+    from scalerl import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
+
+    curve_cli.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "curve":
+        from scalerl import curve_cli
+
+        return curve_cli.main(args)
     from scalerl.entrypoint import load_config_or_none
 
     overrides = list(args.set)

@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CurvePoint(_message.Message):
-    __slots__ = ("compute", "reward")
+    __slots__ = ("compute", "reward", "series")
     COMPUTE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
     compute: float
     reward: float
-    def __init__(self, compute: _Optional[float] = ..., reward: _Optional[float] = ...) -> None: ...
+    series: str
+    def __init__(self, compute: _Optional[float] = ..., reward: _Optional[float] = ..., series: _Optional[str] = ...) -> None: ...
 
 class CurveParams(_message.Message):
     __slots__ = ("a", "b", "c_mid", "r0")
@@ -27,28 +29,108 @@ class CurveParams(_message.Message):
     def __init__(self, a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ...) -> None: ...
 
 class FitRequest(_message.Message):
-    __slots__ = ("points", "r0", "min_compute", "max_compute")
+    __slots__ = ("points", "r0", "min_compute", "max_compute", "method", "predict_compute")
     POINTS_FIELD_NUMBER: _ClassVar[int]
     R0_FIELD_NUMBER: _ClassVar[int]
     MIN_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     MAX_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PREDICT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     points: _containers.RepeatedCompositeFieldContainer[CurvePoint]
     r0: float
     min_compute: float
     max_compute: float
-    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ...) -> None: ...
+    method: FitMethod
+    predict_compute: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class FitMethod(_message.Message):
+    __slots__ = ("bootstrap_resamples", "seed", "level", "paper_grid", "power_law")
+    BOOTSTRAP_RESAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PAPER_GRID_FIELD_NUMBER: _ClassVar[int]
+    POWER_LAW_FIELD_NUMBER: _ClassVar[int]
+    bootstrap_resamples: int
+    seed: int
+    level: float
+    paper_grid: bool
+    power_law: bool
+    def __init__(self, bootstrap_resamples: _Optional[int] = ..., seed: _Optional[int] = ..., level: _Optional[float] = ..., paper_grid: _Optional[bool] = ..., power_law: _Optional[bool] = ...) -> None: ...
+
+class Interval(_message.Message):
+    __slots__ = ("lower", "upper")
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    lower: float
+    upper: float
+    def __init__(self, lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
+
+class ParamIntervals(_message.Message):
+    __slots__ = ("a", "b", "c_mid", "level", "resamples")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    C_MID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLES_FIELD_NUMBER: _ClassVar[int]
+    a: Interval
+    b: Interval
+    c_mid: Interval
+    level: float
+    resamples: int
+    def __init__(self, a: _Optional[_Union[Interval, _Mapping]] = ..., b: _Optional[_Union[Interval, _Mapping]] = ..., c_mid: _Optional[_Union[Interval, _Mapping]] = ..., level: _Optional[float] = ..., resamples: _Optional[int] = ...) -> None: ...
+
+class FitGrid(_message.Message):
+    __slots__ = ("a_min", "a_max", "a_step", "c_mid_min", "c_mid_max", "c_mid_count", "description")
+    A_MIN_FIELD_NUMBER: _ClassVar[int]
+    A_MAX_FIELD_NUMBER: _ClassVar[int]
+    A_STEP_FIELD_NUMBER: _ClassVar[int]
+    C_MID_MIN_FIELD_NUMBER: _ClassVar[int]
+    C_MID_MAX_FIELD_NUMBER: _ClassVar[int]
+    C_MID_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    a_min: float
+    a_max: float
+    a_step: float
+    c_mid_min: float
+    c_mid_max: float
+    c_mid_count: int
+    description: str
+    def __init__(self, a_min: _Optional[float] = ..., a_max: _Optional[float] = ..., a_step: _Optional[float] = ..., c_mid_min: _Optional[float] = ..., c_mid_max: _Optional[float] = ..., c_mid_count: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class PowerLawFit(_message.Message):
+    __slots__ = ("a", "d", "b", "sse")
+    A_FIELD_NUMBER: _ClassVar[int]
+    D_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    SSE_FIELD_NUMBER: _ClassVar[int]
+    a: float
+    d: float
+    b: float
+    sse: float
+    def __init__(self, a: _Optional[float] = ..., d: _Optional[float] = ..., b: _Optional[float] = ..., sse: _Optional[float] = ...) -> None: ...
 
 class FitResponse(_message.Message):
-    __slots__ = ("params", "sse", "points_used", "warnings")
+    __slots__ = ("params", "sse", "points_used", "warnings", "intervals", "grid", "predictions", "power_law", "power_law_predictions")
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SSE_FIELD_NUMBER: _ClassVar[int]
     POINTS_USED_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    POWER_LAW_FIELD_NUMBER: _ClassVar[int]
+    POWER_LAW_PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     params: CurveParams
     sse: float
     points_used: int
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., sse: _Optional[float] = ..., points_used: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    intervals: ParamIntervals
+    grid: FitGrid
+    predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
+    power_law: PowerLawFit
+    power_law_predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
+    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., sse: _Optional[float] = ..., points_used: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., intervals: _Optional[_Union[ParamIntervals, _Mapping]] = ..., grid: _Optional[_Union[FitGrid, _Mapping]] = ..., predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., power_law: _Optional[_Union[PowerLawFit, _Mapping]] = ..., power_law_predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("compute", "reward", "lower", "upper")
@@ -111,3 +193,39 @@ class GetRunResponse(_message.Message):
     points: _containers.RepeatedCompositeFieldContainer[CurvePoint]
     fit: FitResponse
     def __init__(self, run_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ...) -> None: ...
+
+class CompareRunsRequest(_message.Message):
+    __slots__ = ("runs", "a_margin")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    A_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[FitRequest]
+    a_margin: float
+    def __init__(self, runs: _Optional[_Iterable[_Union[FitRequest, _Mapping]]] = ..., a_margin: _Optional[float] = ...) -> None: ...
+
+class RunComparison(_message.Message):
+    __slots__ = ("index", "fit", "rank", "b_at_shared_a", "c_mid_at_shared_a")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    FIT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    B_AT_SHARED_A_FIELD_NUMBER: _ClassVar[int]
+    C_MID_AT_SHARED_A_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    fit: FitResponse
+    rank: int
+    b_at_shared_a: float
+    c_mid_at_shared_a: float
+    def __init__(self, index: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., rank: _Optional[int] = ..., b_at_shared_a: _Optional[float] = ..., c_mid_at_shared_a: _Optional[float] = ...) -> None: ...
+
+class CompareRunsResponse(_message.Message):
+    __slots__ = ("runs", "best", "decided_by", "shared_a", "summary")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    BEST_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_A_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunComparison]
+    best: int
+    decided_by: str
+    shared_a: float
+    summary: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class CurveServiceStub:
                 request_serializer=scalerl_dot_v1_dot_curve__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_curve__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.CompareRuns = channel.unary_unary(
+                '/scalerl.v1.CurveService/CompareRuns',
+                request_serializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.FromString,
+                _registered_method=True)
 
 
 class CurveServiceServicer:
@@ -83,6 +88,12 @@ class CurveServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompareRuns(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CurveServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_CurveServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=scalerl_dot_v1_dot_curve__pb2.GetRunRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_curve__pb2.GetRunResponse.SerializeToString,
+            ),
+            'CompareRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompareRuns,
+                    request_deserializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class CurveService:
             '/scalerl.v1.CurveService/GetRun',
             scalerl_dot_v1_dot_curve__pb2.GetRunRequest.SerializeToString,
             scalerl_dot_v1_dot_curve__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompareRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.CurveService/CompareRuns',
+            scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.SerializeToString,
+            scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,112 @@
+"""Curve-fit speed: the paper-grid fit (App. A.5) against a plain scipy loop, Fit RPC latency,
+and the bootstrap.
+
+    .venv/bin/python benchmarks/curve_fit.py
+
+Data: 100 points of paper Eq. 1 (A=0.71, B=1.65, C_mid=6,500 GPU-hours, R0=0.51, the
+Scout run's scale) from 1,500 to 50,000 GPU-hours with reward noise sd 0.003, seed 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import numpy as np
+from scipy.optimize import OptimizeWarning, curve_fit
+
+from curve_service.fit import PAPER_GRID, SigmoidParams, bootstrap_params, fit_sigmoid, predict
+from curve_service.server import CurveServicer, serve
+from scalerl import grpc_util
+from scalerl.v1 import curve_pb2, curve_pb2_grpc
+
+TRUTH = SigmoidParams(a=0.71, b=1.65, c_mid=6500.0, r0=0.51)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    compute = np.geomspace(1500.0, 50_000.0, 100)
+    noise = np.random.default_rng(0).normal(0.0, 0.003, 100)
+    return compute, predict(TRUTH, compute) + noise
+
+
+def scipy_loop(compute: np.ndarray, reward: np.ndarray) -> tuple[float, float]:
+    """The plain way: curve_fit for B at every (A, C_mid) cell, then curve_fit of all three."""
+    r0, best = TRUTH.r0, (np.inf, 0.0, 0.0, 1.0)
+    for a in PAPER_GRID.a_values():
+        for c_mid in PAPER_GRID.c_mid_values():
+
+            def model(c, b, a=a, c_mid=c_mid):
+                return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+
+            try:
+                (b,), _ = curve_fit(model, compute, reward, p0=[1.5], bounds=(0.05, 20.0))
+            except RuntimeError:
+                continue
+            sse = float(np.sum((reward - model(compute, b)) ** 2))
+            if sse < best[0]:
+                best = (sse, a, c_mid, b)
+
+    def full(c, a, b, c_mid):
+        return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+
+    (a, b, _c), _ = curve_fit(
+        full,
+        compute,
+        reward,
+        p0=[best[1], best[3], best[2]],
+        bounds=([r0, 0.005, 10], [1, 100, 4e5]),
+    )
+    return float(a), float(b)
+
+
+def main() -> None:
+    compute, reward = _data()
+    warnings.simplefilter("ignore", OptimizeWarning)
+    ours = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fit = fit_sigmoid(compute, reward, r0=TRUTH.r0, grid=PAPER_GRID)
+        ours.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    a_loop, b_loop = scipy_loop(compute, reward)
+    loop_s = time.perf_counter() - t0
+    fast = statistics.median(ours)
+    print(f"paper-grid fit, 100 points: median {fast * 1e3:.1f} ms  A={fit.a:.5f} B={fit.b:.5f}")
+    print(
+        f"scipy curve_fit loop ({len(PAPER_GRID.a_values()) * PAPER_GRID.c_mid_count} cells): "
+        f"{loop_s:.2f} s  A={a_loop:.5f} B={b_loop:.5f}"
+    )
+    print(
+        f"|dA|={abs(fit.a - a_loop):.2e} |dB|={abs(fit.b - b_loop):.2e} "
+        f"speed-up {loop_s / fast:.0f}x"
+    )
+
+    t0 = time.perf_counter()
+    bootstrap_params(fit, n_resamples=200, seed=0)
+    print(f"200 bootstrap resamples: {time.perf_counter() - t0:.2f} s")
+
+    server, port, _ = serve(port=0, servicer=CurveServicer())
+    request = curve_pb2.FitRequest(
+        points=[
+            curve_pb2.CurvePoint(compute=c, reward=r) for c, r in zip(compute, reward, strict=True)
+        ],
+        r0=TRUTH.r0,
+    )
+    with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+        stub = curve_pb2_grpc.CurveServiceStub(ch)
+        stub.Fit(request, timeout=30)  # warm-up
+        lat = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            stub.Fit(request, timeout=30)
+            lat.append(time.perf_counter() - t0)
+    server.stop(None)
+    print(
+        f"Fit RPC, 100 points, 30 calls: median {statistics.median(lat) * 1e3:.1f} ms, "
+        f"max {max(lat) * 1e3:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()

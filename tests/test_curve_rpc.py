@@ -1,0 +1,217 @@
+"""Fit options, CompareRuns, bad input, Redis persistence and the `scalerl curve` CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from curve_service.fit import SigmoidParams, predict
+from curve_service.metrics import CurveMetrics
+from curve_service.redis_store import RedisRunStore
+from curve_service.server import CurveServicer, serve
+from scalerl import cli, grpc_util
+from scalerl.redis_server import connect
+from scalerl.v1 import curve_pb2, curve_pb2_grpc
+
+pytestmark = pytest.mark.integration
+TIMEOUT_S = 30.0
+TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
+COMPUTE = np.geomspace(1.0, 2000.0, 12)
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    server, port, _ = serve(port=0, servicer=CurveServicer(metrics=CurveMetrics()))
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def stub(address: str) -> Iterator[curve_pb2_grpc.CurveServiceStub]:
+    with grpc_util.channel(address) as ch:
+        yield curve_pb2_grpc.CurveServiceStub(ch)
+
+
+def _request(compute, reward, **kw) -> curve_pb2.FitRequest:
+    points = [
+        curve_pb2.CurvePoint(compute=c, reward=r) for c, r in zip(compute, reward, strict=True)
+    ]
+    return curve_pb2.FitRequest(points=points, **kw)
+
+
+def test_fit_returns_grid_intervals_band_and_power_law(stub) -> None:
+    reward = predict(TRUTH, COMPUTE) + np.random.default_rng(0).normal(0, 0.01, 12)
+    method = curve_pb2.FitMethod(bootstrap_resamples=50, seed=1, power_law=True)
+    request = _request(COMPUTE, reward, r0=0.1, method=method, predict_compute=[1e4, 1e5])
+    reply = stub.Fit(request, timeout=TIMEOUT_S)
+    iv = reply.intervals
+    assert (iv.level, iv.resamples) == (0.9, 50)
+    assert iv.a.lower <= reply.params.a <= iv.a.upper
+    assert iv.b.lower <= reply.params.b <= iv.b.upper
+    assert iv.c_mid.lower <= reply.params.c_mid <= iv.c_mid.upper
+    # Default grid: C_mid from a tenth of the lowest compute (0.1) to 10x the highest.
+    assert (reply.grid.c_mid_min, reply.grid.c_mid_max) == pytest.approx((0.1, 20_000.0))
+    assert reply.grid.a_step == 0.005
+    assert [p.compute for p in reply.predictions] == [1e4, 1e5]
+    for p in reply.predictions:
+        assert p.lower <= p.reward <= p.upper and p.upper - p.lower < 0.1
+    assert reply.power_law.b > 0 and len(reply.power_law_predictions) == 2
+    assert stub.Fit(request, timeout=TIMEOUT_S) == reply  # seeded
+
+
+def test_paper_grid_is_reported(stub) -> None:
+    request = _request(
+        COMPUTE * 20, predict(TRUTH, COMPUTE), r0=0.1, method=curve_pb2.FitMethod(paper_grid=True)
+    )
+    grid = stub.Fit(request, timeout=TIMEOUT_S).grid
+    assert (grid.a_min, grid.a_max, grid.c_mid_min, grid.c_mid_max) == (0.45, 0.8, 100, 40_000)
+    assert grid.description.startswith("A 0.450..0.800 step 0.005 (71)")
+
+
+def test_compare_runs_over_grpc(stub) -> None:
+    other = predict(SigmoidParams(0.81, 2.5, 100.0, 0.1), COMPUTE)
+    request = curve_pb2.CompareRunsRequest(
+        runs=[
+            _request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1),
+            _request(COMPUTE, other, r0=0.1),
+        ]
+    )
+    reply = stub.CompareRuns(request, timeout=TIMEOUT_S)
+    assert (reply.best, reply.decided_by) == (1, "B")
+    assert reply.shared_a == pytest.approx(0.805, abs=1e-6)
+    assert [r.rank for r in reply.runs] == [2, 1]
+    assert reply.runs[1].b_at_shared_a > reply.runs[0].b_at_shared_a
+    bad = curve_pb2.CompareRunsRequest(runs=[request.runs[0], _request([1.0], [0.1])])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CompareRuns(bad, timeout=TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("runs[1].points: 1 points")
+
+
+_C4 = [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (_request([], []), "points: 0 points"),
+        (_request([1.0], [0.1]), "points: 1 points"),
+        (_request(_C4[:3], [0.1, 0.2, 0.3]), "points: 3 points"),
+        (_request(_C4, [0.1, math.inf, 0.3, 0.4]), "points[1].reward: must be finite"),
+        (_request([1.0, 0.0, 3.0, 4.0], [0.1] * 4), "points[1].compute: must be > 0"),
+        (_request([1.0, 2.0, 1.0, 4.0], [0.1] * 4), "points[2].compute: duplicates"),
+        (_request(_C4, [0.1, 0.2, 0.3, -1.5]), "points[3].reward: must be in [-1, 1]"),
+        (
+            _request(_C4, [0.1] * 4, method=curve_pb2.FitMethod(bootstrap_resamples=5000)),
+            "method.bootstrap_resamples: must be <= 2000",
+        ),
+        (_request(_C4, [0.1] * 4, predict_compute=[1.0, math.nan]), "predict_compute[1]"),
+    ],
+)
+def test_bad_fit_requests_are_invalid_argument(stub, request_, field) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Fit(request_, timeout=TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(field)
+
+
+def test_a_million_points_are_rejected_and_the_server_stays_up(stub) -> None:
+    n = 1_000_000
+    request = curve_pb2.FitRequest()
+    request.points.extend([curve_pb2.CurvePoint(compute=1.0, reward=0.5)] * n)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Fit(request, timeout=TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "points: 1000000 points; at most 100000 allowed"
+    ok = stub.Fit(_request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1), timeout=TIMEOUT_S)
+    assert ok.params.a == pytest.approx(0.8, rel=1e-6)
+
+
+def test_runs_survive_a_restart_with_redis(redis_url: str, run_id: str) -> None:
+    reward = predict(TRUTH, COMPUTE)
+    first = CurveServicer(store=RedisRunStore(connect(redis_url)), metrics=CurveMetrics())
+    server, port, _ = serve(port=0, servicer=first)
+    with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+        stub = curve_pb2_grpc.CurveServiceStub(ch)
+        for c, r in zip(COMPUTE, reward, strict=True):
+            point = curve_pb2.CurvePoint(compute=c, reward=r)
+            stub.RecordPoint(curve_pb2.RecordPointRequest(run_id=run_id, point=point, r0=0.1))
+    server.stop(None).wait()
+    # A new service process state: only Redis remembers the run.
+    second = CurveServicer(store=RedisRunStore(connect(redis_url)), metrics=CurveMetrics())
+    server, port, _ = serve(port=0, servicer=second)
+    try:
+        with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+            stub = curve_pb2_grpc.CurveServiceStub(ch)
+            run = stub.GetRun(curve_pb2.GetRunRequest(run_id=run_id), timeout=TIMEOUT_S)
+    finally:
+        server.stop(None)
+    assert [p.compute for p in run.points] == list(COMPUTE)
+    assert run.fit.params.r0 == 0.1
+    assert run.fit.params.a == pytest.approx(0.8, rel=1e-5)
+
+
+def test_redis_store_rejects_conflicts_without_writing(redis_url: str, run_id: str) -> None:
+    store = RedisRunStore(connect(redis_url))
+    store.record(run_id, 1.0, 0.2, 0.1)
+    assert store.record(run_id, 1.0, 0.2, None).revision == 1  # identical retry
+    with pytest.raises(ValueError, match="^point.compute: "):
+        store.record(run_id, 1.0, 0.3, None)
+    snap = store.get(run_id)
+    assert (snap.points, snap.r0, snap.revision) == (((1.0, 0.2),), 0.1, 1)
+
+
+def _csv(path: Path, compute, reward) -> Path:
+    rows = ["step,compute,reward"] + [
+        f"{i},{float(c)!r},{float(r)!r}"
+        for i, (c, r) in enumerate(zip(compute, reward, strict=True))
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_cli_fit_json(tmp_path: Path, capsys) -> None:
+    points = _csv(tmp_path / "p.csv", COMPUTE, predict(TRUTH, COMPUTE))
+    argv = ["curve", "fit", str(points), "--r0", "0.1", "--predict", "100,1e4", "--json"]
+    assert cli.main([*argv, "--plot", str(tmp_path / "p.png")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"A", "B", "C_mid", "R0", "warnings", "predictions"}
+    assert (out["A"], out["B"], out["C_mid"], out["R0"]) == pytest.approx((0.8, 1.5, 100, 0.1))
+    # At C = C_mid the reward is half way: (0.8 + 0.1) / 2 = 0.45.
+    first = out["predictions"][0]
+    assert set(first) == {"compute", "reward", "lower", "upper"}
+    assert (first["compute"], first["reward"]) == pytest.approx((100.0, 0.45))
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("rows", "args", "message"),
+    [
+        ("compute,reward\n1,0.1\n2,abc\n", [], "line 3: reward: not a number: 'abc'"),
+        ("compute,reward\n1,0.1\n2,0.2\n3,0.3\n-4,0.4\n", [], "line 5: compute: must be > 0"),
+        ("compute,score\n1,0.1\n", [], "column 'reward' missing"),
+        ("compute,reward\n1,0.1\n2,0.2\n", [], "points: 2 points"),
+        ("compute,reward\n1,0.1\n2,0.2\n3,0.3\n4,0.4\n", ["--r0", "3"], "--r0: must be"),
+    ],
+)
+def test_cli_bad_input_names_the_field_and_exits_2(tmp_path, capsys, rows, args, message) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(rows)
+    assert cli.main(["curve", "fit", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_cli_compare_against_a_server(address: str, tmp_path: Path, capsys) -> None:
+    a = _csv(tmp_path / "a.csv", COMPUTE, predict(SigmoidParams(0.7, 3.0, 100.0, 0.1), COMPUTE))
+    b = _csv(tmp_path / "b.csv", COMPUTE, predict(TRUTH, COMPUTE))
+    argv = ["curve", "compare", str(a), str(b), "--r0", "0.1", "--json", "--server", address]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["best"], out["decided_by"], out["shared_A"]) == (str(b), "A", None)
