@@ -93,7 +93,14 @@ def _start_services(
         start_child(
             "curve",
             "curve_service.main",
-            ["--port", str(curve_port), "--metrics-port", str(curve_metrics)],
+            [
+                "--port",
+                str(curve_port),
+                "--metrics-port",
+                str(curve_metrics),
+                "--redis-url",
+                redis_url,
+            ],  # the run's points survive a curve-service restart
             logs,
         )
     )
@@ -201,29 +208,49 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _fit(curve_address: str, evals: list[dict], r0: float) -> dict | None:
-    """Fit the sigmoid over `evals` on the curve service; None when it refuses."""
+def _fit(
+    curve_address: str, evals: list[dict], r0: float, predict_at: float | None = None
+) -> dict | None:
+    """Fit the sigmoid over `evals` on the curve service (200 seeded bootstrap resamples
+    for intervals); with `predict_at`, also the extrapolated reward there with its 90%
+    band. None when the service refuses (for example fewer than 4 points)."""
     points = [
         curve_pb2.CurvePoint(compute=max(e["compute"], 1e-9), reward=e["pass_rate"]) for e in evals
     ]
+    request = curve_pb2.FitRequest(
+        points=points,
+        r0=r0,
+        method=curve_pb2.FitMethod(bootstrap_resamples=200, seed=0),
+        predict_compute=[predict_at] if predict_at else [],
+    )
     try:
         with channel(curve_address) as ch:
-            reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(
-                curve_pb2.FitRequest(points=points, r0=r0), timeout=60
-            )
+            reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(request, timeout=120)
     except grpc.RpcError as exc:
         console.print(f"[yellow]curve fit on {len(points)} points refused:[/] {exc.details()}")
         return None
-    p = reply.params
-    return {
+    p, ci = reply.params, reply.intervals
+    fit = {
         "A": p.a,
         "B": p.b,
         "C_mid": p.c_mid,
         "R0": p.r0,
+        "A_interval": [ci.a.lower, ci.a.upper],
+        "B_interval": [ci.b.lower, ci.b.upper],
+        "C_mid_interval": [ci.c_mid.lower, ci.c_mid.upper],
         "sse": reply.sse,
         "points_used": reply.points_used,
         "warnings": list(reply.warnings),
     }
+    if reply.predictions:
+        pred = reply.predictions[0]
+        fit["prediction"] = {
+            "compute": pred.compute,
+            "reward": pred.reward,
+            "lower": pred.lower,
+            "upper": pred.upper,
+        }
+    return fit
 
 
 def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s: float) -> None:
@@ -238,7 +265,8 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s:
         (run_dir / "curve.json").write_text(
             json.dumps({**fit, "compute_unit": "cpu-core-hours"}, indent=2)
         )
-    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0)
+    final = evals[-1]
+    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0, predict_at=final["compute"])
     report = {
         "wall_seconds": wall_s,
         "evaluations": len(evals),
@@ -249,12 +277,8 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s:
         "fit": fit,
         "fit_first_half": half,
     }
-    if half:
-        from scalerl.plot import sigmoid
-
-        report["predicted_final_from_first_half"] = float(
-            sigmoid(evals[-1]["compute"], half["A"], half["B"], half["C_mid"], half["R0"])
-        )
+    if half and "prediction" in half:
+        report["predicted_final_from_first_half"] = half["prediction"]
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     plot_run(evals, fit, run_dir / "plot.png", f"scalerl run {config.run_id}")
     console.print(
