@@ -9,6 +9,7 @@ whose worker crashed never ends as a success.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -72,6 +73,9 @@ def run(config: RunConfig, run_dir: Path) -> int:
             return 1
         _finish_report(run_dir, config, curve_address, time.monotonic() - started)
         stop_children(children)
+    # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
+    # the final weights.
+    shutil.rmtree(run_dir / "weights", ignore_errors=True)
     console.print(f"run folder: {run_dir}")
     return 0
 

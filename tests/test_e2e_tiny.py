@@ -81,6 +81,7 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert (run_dir / "checkpoint" / "model.safetensors").exists()
     assert "policy_version" in json.loads((run_dir / "checkpoint" / "state.json").read_text())
     assert (run_dir / "config.yaml").exists()
+    assert not (run_dir / "weights").exists()  # transient publications are cleaned up
     assert _processes_of(run_dir) == []
 
 
