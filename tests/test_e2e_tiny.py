@@ -69,7 +69,7 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert [e["compute"] for e in evals] == sorted(e["compute"] for e in evals)
     # 30 held-out prompts x 16 samples: a standard error of about 0.02 per evaluation.
     rates = [e["pass_rate"] for e in evals]
-    assert rates[-1] >= rates[0] + 0.08, f"held-out pass rate did not rise: {rates}"
+    assert rates[-1] >= rates[0] + 0.05, f"held-out pass rate did not rise: {rates}"
     assert max(rates[1:]) >= rates[0] + 0.10, f"held-out pass rate did not rise: {rates}"
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
