@@ -17,6 +17,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
     parser.add_argument("--port", type=int, default=0, help="LearnerService port (0 = free).")
     parser.add_argument(
+        "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)."
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -34,8 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config_or_none("scalerl-learner", args.config, args.set)
     if config is None:
         return 2
+    from prometheus_client import start_http_server
+
     from learner_service.learner import Learner
 
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.host)
     stop = stop_on_signals()
     learner = Learner(
         config, args.redis_url, args.run_dir, args.curve_address, args.host, args.port

@@ -360,27 +360,56 @@ def policy_loss(
     return (weights.to(terms.dtype) * terms).sum()
 
 
+def ratio_bounds(loss: str, hyperparameters: Mapping[str, float]) -> tuple[float, float]:
+    """The importance-ratio range outside which a token's ratio is truncated or clipped.
+
+    "cispo": (0, eps_max) (only the upper side is truncated, Eq. 4); "dapo" and "gspo":
+    (1 - eps_low, 1 + eps_high); "grpo": (1 - eps, 1 + eps).
+
+    Raises:
+        ValueError: as `check_loss`.
+    """
+    check_loss(loss, hyperparameters)
+    if loss == "cispo":
+        return 0.0, hyperparameters["eps_max"]
+    if loss == "grpo":
+        return 1.0 - hyperparameters["eps"], 1.0 + hyperparameters["eps"]
+    return 1.0 - hyperparameters["eps_low"], 1.0 + hyperparameters["eps_high"]
+
+
 @torch.no_grad()
 def importance_ratio_stats(
-    logp: torch.Tensor, logp_gen: torch.Tensor, loss_mask: torch.Tensor, eps_max: float
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    loss_mask: torch.Tensor,
+    upper: float,
+    lower: float = 0.0,
 ) -> dict[str, float]:
-    """Importance-ratio metrics over the masked tokens (paper Sec. 3.2, CISPO truncation).
+    """Importance-ratio metrics over the masked tokens (paper Sec. 3.2, training health).
+
+    A token counts as clipped when its per-token ratio rho = exp(logp - logp_gen) lies
+    outside [lower, upper] (see `ratio_bounds`): truncated by CISPO, clipped by the PPO
+    losses (the usual "clip fraction"; for GSPO the per-token ratio is a proxy for its
+    sequence ratio).
 
     Args:
         logp, logp_gen: float [N] learner and generator log-probs.
         loss_mask: bool [N].
-        eps_max: truncation threshold; a token counts as truncated when rho > eps_max.
+        upper, lower: the ratio range.
 
     Returns:
-        {"ratio_mean": mean rho, "ratio_truncated_frac": fraction with rho > eps_max,
-         "tokens": masked tokens counted}. With no masked token both statistics are NaN.
+        {"ratio_mean": mean rho, "ratio_clipped_frac": fraction outside [lower, upper],
+         "ratio_max": largest rho, "tokens": masked tokens counted}. With no masked token
+        the statistics are NaN.
     """
     rho = torch.exp(_log_ratio(logp.detach(), logp_gen, loss_mask).double())[loss_mask]
     tokens = rho.numel()
     if tokens == 0:
-        return {"ratio_mean": math.nan, "ratio_truncated_frac": math.nan, "tokens": 0.0}
+        nan = math.nan
+        return {"ratio_mean": nan, "ratio_clipped_frac": nan, "ratio_max": nan, "tokens": 0.0}
     return {
         "ratio_mean": float(rho.mean()),
-        "ratio_truncated_frac": float((rho > eps_max).double().mean()),
+        "ratio_clipped_frac": float(((rho > upper) | (rho < lower)).double().mean()),
+        "ratio_max": float(rho.max()),
         "tokens": float(tokens),
     }

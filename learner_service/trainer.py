@@ -223,9 +223,9 @@ class Trainer:
             normalization, filter, lr, betas, weight decay, grad clip, micro-batch size,
             fp32 head, bf16 autocast).
         temperature: the rollout sampling temperature (> 0).
-        loss_hyperparameters: the loss's eps values; default {"eps_max": config.eps_max}
-            for CISPO. Other losses need theirs here ("dapo"/"gspo": eps_low, eps_high;
-            "grpo": eps).
+        loss_hyperparameters: the loss's eps values; default
+            `config.loss_hyperparameters` ("cispo": eps_max; "dapo"/"gspo": eps_low,
+            eps_high; "grpo": eps).
         pad_id: padding token id; default the model config's pad_token_id, else 0.
 
     Raises:
@@ -250,9 +250,9 @@ class Trainer:
         self.hyperparameters = dict(
             loss_hyperparameters
             if loss_hyperparameters is not None
-            else ({"eps_max": config.eps_max} if config.loss == "cispo" else {})
+            else config.loss_hyperparameters
         )
-        recipe.check_loss(config.loss, self.hyperparameters)
+        self.ratio_bounds = recipe.ratio_bounds(config.loss, self.hyperparameters)
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
@@ -281,7 +281,9 @@ class Trainer:
         Returns:
             dict with loss, grad_norm (before clipping), tokens, samples, groups_used,
             groups_zero_variance, mean_reward, truncation_rate, interrupted_rate,
-            ratio_mean, ratio_truncated_frac (rho > eps_max; 0 when no token), stepped.
+            parse_failure_rate (samples whose reply had no parseable answer),
+            ratio_mean, ratio_max, ratio_clipped_frac (rho outside `recipe.ratio_bounds`:
+            truncated by CISPO, clipped by the PPO losses; 0 when no token), stepped.
 
         Raises:
             ValueError: no groups, malformed groups (see `pack_groups`), or token ids
@@ -302,6 +304,8 @@ class Trainer:
             "mean_reward": float(full.rewards.double().mean()),
             "truncation_rate": full.truncated / full.num_samples,
             "interrupted_rate": full.interrupted / full.num_samples,
+            "parse_failure_rate": sum(s.parse_failed for g in groups for s in g.samples)
+            / full.num_samples,
         }
         drop = zero_var if self.config.zero_variance_filter else torch.zeros_like(zero_var)
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]
@@ -342,7 +346,8 @@ class Trainer:
             "samples": float(batch.num_samples),
             "groups_used": float(groups_used),
             "ratio_mean": ratio[0] / ratio[2],
-            "ratio_truncated_frac": ratio[1] / ratio[2],
+            "ratio_max": ratio[3],
+            "ratio_clipped_frac": ratio[1] / ratio[2],
             "stepped": float(stepped),
         }
 
@@ -351,10 +356,10 @@ class Trainer:
     ) -> tuple[float, tuple[float, float, float]]:
         """Forward/backward over micro-batches of whole samples; gradients add up to the
         full-batch gradient because the aggregation weights were computed on the batch.
-        Returns (loss, (sum of rho, truncated tokens, tokens))."""
+        Returns (loss, (sum of rho, clipped tokens, tokens, max rho))."""
         cfg, dev = self.config, self.device
         size, offsets = cfg.micro_batch_samples, batch.token_offsets.tolist()
-        loss_total, rho_sum, truncated, counted = 0.0, 0.0, 0.0, 0.0
+        loss_total, rho_sum, clipped, counted, rho_max = 0.0, 0.0, 0.0, 0.0, 0.0
         for s0 in range(0, batch.num_samples, size):
             s1 = min(s0 + size, batch.num_samples)
             t0, t1 = offsets[s0], offsets[s1]
@@ -390,12 +395,14 @@ class Trainer:
             )
             loss.backward()
             loss_total += float(loss.detach())
-            stats = recipe.importance_ratio_stats(logp, logp_gen, mask, cfg.eps_max)
+            low, high = self.ratio_bounds
+            stats = recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
             if stats["tokens"]:
                 rho_sum += stats["ratio_mean"] * stats["tokens"]
-                truncated += stats["ratio_truncated_frac"] * stats["tokens"]
+                clipped += stats["ratio_clipped_frac"] * stats["tokens"]
                 counted += stats["tokens"]
-        return loss_total, (rho_sum, truncated, counted)
+                rho_max = max(rho_max, stats["ratio_max"])
+        return loss_total, (rho_sum, clipped, counted, rho_max)
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint: {"model": ..., "optimizer": ..., "steps": int}."""
@@ -444,6 +451,7 @@ def _idle_metrics(groups_used: int, samples: int = 0) -> dict[str, float]:
         "samples": float(samples),
         "groups_used": float(groups_used),
         "ratio_mean": 0.0,
-        "ratio_truncated_frac": 0.0,
+        "ratio_max": 0.0,
+        "ratio_clipped_frac": 0.0,
         "stepped": 0.0,
     }

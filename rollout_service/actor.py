@@ -4,6 +4,11 @@ Pull a prompt from the pool, generate its group of G completions on the local en
 score each with the task's verifier, and push the `RolloutGroup` to the replay stream.
 Several groups are kept in flight so the engine's continuous batching stays full; pushing
 waits while the stream is at capacity, which is what bounds off-policyness (PipelineRL-k).
+
+With PPO-off-policy-k (paper Sec. 3.1) a group is started only with a generation ticket for
+the policy version now serving (`RunState.take_generation_ticket`): the learner hands out
+k x batch_prompts tickets per published version, so one frozen policy generates exactly
+the batch that the learner then splits into k minibatches.
 """
 
 from __future__ import annotations
@@ -79,10 +84,15 @@ class ActorLoop:
         try:
             while not should_stop():
                 while len(in_flight) < self.config.rollout.groups_in_flight:
+                    if not self._may_start():
+                        break
                     in_flight.append(self._start_group())
                 finished = [g for g in in_flight if g.done()]
                 if not finished:
-                    in_flight[0].streams[-1].finished.wait(0.05)
+                    if in_flight:
+                        in_flight[0].streams[-1].finished.wait(0.05)
+                    else:
+                        time.sleep(0.05)  # PPO mode: waiting for the next policy version
                     continue
                 for group in finished:
                     in_flight.remove(group)
@@ -93,6 +103,13 @@ class ActorLoop:
             for group in in_flight:
                 for stream in group.streams:
                     stream.cancel()
+
+    def _may_start(self) -> bool:
+        """Always under PipelineRL-k; under PPO-off-policy-k only with a ticket for the
+        policy version now serving."""
+        if self.config.learner.off_policy_mode != "ppo":
+            return True
+        return self.state.take_generation_ticket(self.engine.policy_version)
 
     def _start_group(self) -> _GroupInFlight:
         prompt_id = self.pool.sample(1, self.rng)[0]

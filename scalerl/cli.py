@@ -1,5 +1,7 @@
-"""The `scalerl` command. `scalerl run [--config NAME_OR_PATH] [--run-dir DIR]`;
-`scalerl curve fit|compare ...` (see `scalerl.curve_cli`).
+"""The `scalerl` command: `scalerl run [--config NAME_OR_PATH] [--recipe NAME]
+[--leave-out COMPONENT] [--set KEY=VALUE] [--run-dir DIR]`; `scalerl sweep --vary
+KEY=V1,V2 ...` (see `scalerl.sweep`); `scalerl curve fit|compare ...` (see
+`scalerl.curve_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -11,28 +13,61 @@ import sys
 from pathlib import Path
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scalerl", description="ScaleRL post-training.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="Train with ScaleRL: every service on this machine.")
-    run.add_argument(
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    from scalerl.recipes import LEAVE_OUT, RECIPES
+
+    parser.add_argument(
         "--config", default="default", help="Built-in config (default, tiny) or a YAML file."
     )
-    run.add_argument(
-        "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help=f"Named recipe: {', '.join(RECIPES)} (default: the config's components).",
     )
-    run.add_argument(
+    parser.add_argument(
+        "--leave-out",
+        action="append",
+        default=[],
+        metavar="COMPONENT",
+        help=f"Revert one ScaleRL component to the baseline: {', '.join(LEAVE_OUT)}.",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="Override a config field, e.g. --set learner.lr=2e-5 (repeatable).",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalerl", description="ScaleRL post-training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="Train with ScaleRL: every service on this machine.")
+    _add_config_options(run)
+    run.add_argument(
+        "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
+    )
     run.add_argument(
         "--rollout-workers",
         type=int,
         default=None,
         help="Rollout worker processes (overrides rollout.workers).",
+    )
+    sweep = sub.add_parser(
+        "sweep", help="Run variants of a config, then fit and compare their curves."
+    )
+    _add_config_options(sweep)
+    sweep.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        required=True,
+        metavar="KEY=V1,V2",
+        help="A config field (or recipe, leave_out) and its values (repeatable).",
+    )
+    sweep.add_argument(
+        "--sweep-dir", type=Path, default=None, help="Sweep folder (default runs/sweep-<time>)."
     )
     from scalerl import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
 
@@ -46,17 +81,34 @@ def main(argv: list[str] | None = None) -> int:
         from scalerl import curve_cli
 
         return curve_cli.main(args)
+    if args.command == "sweep":
+        return _sweep(args)
     from scalerl.entrypoint import load_config_or_none
 
     overrides = list(args.set)
     if args.rollout_workers is not None:
         overrides.append(f"rollout.workers={args.rollout_workers}")
-    config = load_config_or_none("scalerl", args.config, overrides)
+    config = load_config_or_none("scalerl", args.config, overrides, args.recipe, args.leave_out)
     if config is None:
         return 2
     from scalerl import launcher
 
     return launcher.run(config, args.run_dir or launcher.default_run_dir(config))
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from scalerl import sweep
+    from scalerl.entrypoint import config_error
+
+    try:
+        axes = sweep.parse_vary(args.vary)
+        variants = sweep.build_variants(
+            args.config, axes, args.recipe, args.leave_out, list(args.set)
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"scalerl sweep: {config_error(exc)}", file=sys.stderr)
+        return 2
+    return sweep.run_sweep(variants, args.sweep_dir or sweep.default_sweep_dir())
 
 
 if __name__ == "__main__":

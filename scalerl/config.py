@@ -116,11 +116,26 @@ class LearnerConfig(_Section):
         "evaluations included (0 = no limit); a final evaluation follows.",
     )
     off_policy_k: int = Field(8, ge=0, le=1024, description="k: max policy-version lag.")
-    loss: Literal["cispo"] = "cispo"
+    off_policy_mode: Literal["pipeline", "ppo"] = Field(
+        "pipeline",
+        description="pipeline: PipelineRL-k, in-flight weight updates, a group is used while "
+        "learner version - its oldest token's version <= k; ppo: PPO-off-policy-k, a frozen "
+        "policy generates k x batch_prompts groups, split into k minibatches, one optimizer "
+        "step each, then new weights (paper Sec. 3.1).",
+    )
+    loss: Literal["cispo", "dapo", "gspo", "grpo"] = Field(
+        "cispo", description="Policy loss (learner_service.recipe.policy_loss)."
+    )
     eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="DAPO/GSPO lower clip: 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="DAPO/GSPO upper clip: 1 + eps_high.")
+    eps: float = Field(0.2, ge=0, lt=1, description="GRPO symmetric clip: 1 -/+ eps.")
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
     zero_variance_filter: bool = True
+    no_positive_resampling: bool = Field(
+        True, description="Retire prompts whose pass rate reaches npr_threshold (Sec. 3.2)."
+    )
     npr_threshold: float = Field(
         0.9, gt=0, le=1.0, description="No-Positive-Resampling pass-rate threshold."
     )
@@ -138,6 +153,26 @@ class LearnerConfig(_Section):
     weight_transport: Literal["stream", "uri"] = Field(
         "uri", description="Send weights as a path on shared storage, or as gRPC chunks."
     )
+
+    @property
+    def loss_hyperparameters(self) -> dict[str, float]:
+        """The eps values the configured loss takes (recipe.LOSS_HYPERPARAMETERS)."""
+        names = {
+            "cispo": ("eps_max",),
+            "dapo": ("eps_low", "eps_high"),
+            "gspo": ("eps_low", "eps_high"),
+            "grpo": ("eps",),
+        }[self.loss]
+        return {name: getattr(self, name) for name in names}
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> LearnerConfig:
+        if self.off_policy_mode == "ppo" and self.off_policy_k < 1:
+            raise ValueError(
+                "learner.off_policy_k must be >= 1 with off_policy_mode 'ppo' "
+                f"(k minibatches per generated batch), got {self.off_policy_k}"
+            )
+        return self
 
 
 class CurveConfig(_Section):
@@ -220,20 +255,48 @@ def environment_overrides(environ: dict[str, str] | None = None) -> list[str]:
     return found
 
 
-def load_config(name_or_path: str = "default", overrides: list[str] | None = None) -> RunConfig:
-    """Load a built-in or file config, apply `a.b=value` overrides, validate.
+def load_config(
+    name_or_path: str = "default",
+    overrides: list[str] | None = None,
+    recipe: str | None = None,
+    leave_out: list[str] | tuple[str, ...] = (),
+) -> RunConfig:
+    """Load a built-in or file config, apply a recipe and `a.b=value` overrides, validate.
 
     Precedence, highest first: `overrides` (the command line), environment variables
-    (`SCALERL_LEARNER__LR=2e-5`, what Kubernetes users set), the YAML file, defaults.
+    (`SCALERL_LEARNER__LR=2e-5`, what Kubernetes users set), leave-one-out components, the
+    named recipe (`scalerl.recipes`), the YAML file, defaults.
 
-    Raises FileNotFoundError for an unknown config and pydantic.ValidationError for a
-    field out of range (the message names the field and the allowed range).
+    Raises FileNotFoundError for an unknown config and ValueError for an unknown recipe
+    or component, or (pydantic.ValidationError) a field out of range (the message names
+    the field and the allowed range).
     """
+    from scalerl.recipes import recipe_overrides
+
     data = yaml.safe_load(resolve_config_path(name_or_path).read_text()) or {}
-    for item in environment_overrides() + list(overrides or []):
+    layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
+    for item in layers:
         key, value = parse_override(item)
-        _set_dotted(data, key, value)
+        _set_dotted(data, resolve_key(key), value)
     return RunConfig(**data)
+
+
+def resolve_key(key: str) -> str:
+    """`section.field` as given, or a bare field name (`loss`) resolved to the one section
+    that has it (`learner.loss`). Raises ValueError for an unknown or ambiguous name."""
+    if "." in key or key in RunConfig.model_fields:
+        return key
+    owners = [
+        name
+        for name, info in RunConfig.model_fields.items()
+        if isinstance(info.annotation, type)
+        and issubclass(info.annotation, BaseModel)
+        and key in info.annotation.model_fields
+    ]
+    if len(owners) != 1:
+        found = f"a field of {' and '.join(owners)}" if owners else "not a config field"
+        raise ValueError(f"{key}: {found}; write it as section.{key}")
+    return f"{owners[0]}.{key}"
 
 
 def dump_config(config: RunConfig) -> str:

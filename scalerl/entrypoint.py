@@ -15,18 +15,24 @@ def config_error(exc: Exception) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
         first = errors()[0]
-        if not first["loc"]:
+        if not first["loc"] or first["type"] == "value_error":  # our validators name fields
             return first["msg"].removeprefix("Value error, ")
         field = ".".join(str(p) for p in first["loc"])
         return f"{field}: {first['msg']} (got {first.get('input')!r})"
     return str(exc).splitlines()[0]
 
 
-def load_config_or_none(prog: str, name_or_path: str, overrides: list[str]) -> RunConfig | None:
+def load_config_or_none(
+    prog: str,
+    name_or_path: str,
+    overrides: list[str],
+    recipe: str | None = None,
+    leave_out: list[str] | tuple[str, ...] = (),
+) -> RunConfig | None:
     """The validated config, or None after printing `prog: <one line>` to stderr (the
     caller then exits with code 2)."""
     try:
-        return load_config(name_or_path, overrides)
+        return load_config(name_or_path, overrides, recipe, leave_out)
     except (FileNotFoundError, ValueError) as exc:
         print(f"{prog}: {config_error(exc)}", file=sys.stderr)
         return None

@@ -132,7 +132,7 @@ def _start_services(
             )
         )
         services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
-    learner_port = free_port()
+    learner_port, learner_metrics = free_port(), free_port()
     learner = start_child(
         "learner",
         "learner_service.main",
@@ -147,11 +147,16 @@ def _start_services(
             curve_address,
             "--port",
             str(learner_port),
+            "--metrics-port",
+            str(learner_metrics),
         ],
         logs,
     )
     learner.learner_address = f"127.0.0.1:{learner_port}"
-    services["learner"] = {"grpc": learner.learner_address}
+    services["learner"] = {
+        "grpc": learner.learner_address,
+        "metrics": f"127.0.0.1:{learner_metrics}",
+    }
     children.append(learner)
     (run_dir / "services.json").write_text(json.dumps(services, indent=2))
     return curve_address

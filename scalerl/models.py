@@ -168,9 +168,17 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
     )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     hf_tok = AutoTokenizer.from_pretrained(folder)
-    stops = {hf_tok.eos_token_id}
+    pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
+    return model.eval(), PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad)
+
+
+def chat_stop_token_ids(hf_tok) -> frozenset[int]:
+    """Token ids that end a chat completion: EOS and the chat template's end-of-turn
+    token (`<|im_end|>` for ChatML models such as SmolLM2), which often differ. The engine
+    finishes a sequence with STOP on any of them; LENGTH and INTERRUPTED come from the
+    engine's budgets, so nobody infers truncation from the last token."""
+    stops = {hf_tok.eos_token_id} if hf_tok.eos_token_id is not None else set()
     end_of_turn = hf_tok.convert_tokens_to_ids("<|im_end|>")
     if isinstance(end_of_turn, int) and end_of_turn != hf_tok.unk_token_id:
         stops.add(end_of_turn)
-    pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
-    return model.eval(), PolicyTokenizer(hf_tok, True, frozenset(stops), pad)
+    return frozenset(stops)

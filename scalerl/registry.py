@@ -2,7 +2,8 @@
 (policy version, latest published weights, stop flag). ARCHITECTURE sec. 2 and 4.
 
 Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (address, with a TTL renewed by each
-heartbeat), `state:policy_version`, `state:latest_weights` (hash), `state:stop`.
+heartbeat), `state:policy_version`, `state:latest_weights` (hash), `state:stop`,
+`state:generation_quota` (hash: version, remaining; PPO-off-policy-k only).
 """
 
 from __future__ import annotations
@@ -18,6 +19,20 @@ from scalerl.redis_server import run_key
 
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+# Take one generation ticket for the policy version in ARGV[1]: 1 if the quota is for that
+# version and not used up, else 0. One script, so concurrent workers never overdraw it.
+_TAKE_TICKET_LUA = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'remaining') or '0') <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'remaining', -1)
+return 1
+"""
+# Add ARGV[2] tickets if the quota is still for version ARGV[1]; returns the new remainder.
+_ADD_TICKETS_LUA = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return -1 end
+return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[2])
+"""
 
 
 class WorkerRegistry:
@@ -98,6 +113,9 @@ class RunState:
         self._version = run_key(run_id, "state", "policy_version")
         self._weights = run_key(run_id, "state", "latest_weights")
         self._stop = run_key(run_id, "state", "stop")
+        self._quota = run_key(run_id, "state", "generation_quota")
+        self._take_ticket = client.register_script(_TAKE_TICKET_LUA)
+        self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
 
     def get_policy_version(self) -> int:
         """The learner's current policy version; 0 before the first step."""
@@ -134,6 +152,30 @@ class RunState:
         }
         self._client.hset(self._weights, mapping=mapping)
 
+    def set_generation_quota(self, version: int, groups: int) -> None:
+        """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated
+        with policy `version`, and none with any other. Replaces the previous quota.
+
+        Raises:
+            ValueError: a negative version or a groups count < 0.
+        """
+        _check_count("version", version)
+        _check_count("groups", groups)
+        self._client.hset(self._quota, mapping={"version": version, "remaining": groups})
+
+    def add_generation_quota(self, version: int, groups: int) -> int:
+        """Allow `groups` more groups at `version` (to replace groups lost with a worker).
+        Returns the new remainder, or -1 when the quota is no longer for `version`."""
+        _check_count("version", version)
+        _check_count("groups", groups)
+        return int(self._add_tickets(keys=[self._quota], args=[version, groups]))
+
+    def take_generation_ticket(self, version: int) -> bool:
+        """Reserve one group's generation at `version`; False when the quota is for another
+        version or used up (the worker then waits for new weights)."""
+        _check_count("version", version)
+        return bool(self._take_ticket(keys=[self._quota], args=[version]))
+
     def request_stop(self) -> None:
         """Ask every process of the run to finish (workers stop pulling prompts)."""
         self._client.set(self._stop, "1")
@@ -145,6 +187,11 @@ class RunState:
     def stop_requested(self) -> bool:
         """True once `request_stop` was called and not cleared."""
         return bool(self._client.exists(self._stop))
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def _check_worker_id(worker_id: str) -> None:

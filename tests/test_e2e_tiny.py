@@ -117,3 +117,55 @@ def test_ctrl_c_stops_every_process(tmp_path):
             proc.kill()
     assert proc.returncode == 130
     assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
+
+
+def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
+    """PPO-off-policy-k with k = 2: every step's groups come from one policy version, the
+    first minibatch of each batch is on-policy (ratio 1 in fp32), the second one version
+    behind, and weights are published once per batch."""
+    run_dir = tmp_path / "run"
+    proc = _launch(
+        run_dir, "learner.off_policy_mode=ppo", "learner.max_steps=12", "learner.eval_every=4"
+    )
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == 12
+    for m in metrics:
+        lags = [lag for lag, count in enumerate(m["staleness_hist"]) if count]
+        assert len(lags) == 1 and lags[0] <= 1, m["staleness_hist"]  # one version, < k
+        assert m["groups_stale_total"] == 0
+    first = [m for m in metrics if m["step"] % 2 == 1]
+    assert all(m["staleness_hist"][0] == 8 for m in first)
+    assert all(abs(m["ratio_mean"] - 1.0) <= 1e-4 for m in first if m["stepped"])
+    evals = _read_jsonl(run_dir / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 4, 8, 12]  # on batch boundaries
+
+
+def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "scalerl.cli", "sweep", "--config", "tiny"]
+    args += ["--vary", "loss=cispo,dapo", "--set", "learner.max_steps=20"]
+    args += ["--sweep-dir", str(sweep_dir)]
+    proc = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ | {"COLUMNS": "160"},
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((sweep_dir / "sweep.json").read_text())
+    rows = {row["variant"]: row for row in summary["variants"]}
+    assert set(rows) == {"loss=cispo", "loss=dapo"}
+    for label, row in rows.items():
+        assert row["evaluations"] == 5  # steps 0, 5, 10, 15, 20
+        assert 0.0 < row["A"] <= 1.0 and row["B"] > 0, row
+        assert f"{row['A']:.3f}" in proc.stdout and label in proc.stdout
+        config = (sweep_dir / label.replace("=", "-") / "config.yaml").read_text()
+        assert f"loss: {label.split('=')[1]}" in config
+    assert {r["rank"] for r in rows.values()} == {1, 2}
+    verdict = summary["comparison"]
+    assert verdict["best"] in rows and verdict["decided_by"] in ("A", "B")
+    assert f"best: {verdict['best']} (decided by {verdict['decided_by']})" in proc.stdout

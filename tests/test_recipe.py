@@ -232,8 +232,15 @@ def test_importance_ratio_stats() -> None:
     stats = recipe.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], 4.0)
     # Masked ratios 2, 1, 0.5, 5, 1: mean 1.9, one of five above 4.
     assert stats["ratio_mean"] == pytest.approx(1.9)
-    assert stats["ratio_truncated_frac"] == pytest.approx(0.2)
+    assert stats["ratio_clipped_frac"] == pytest.approx(0.2)
     assert stats["tokens"] == 5
+    assert stats["ratio_max"] == pytest.approx(5.0)
+    # DAPO's range [0.8, 1.28]: 2, 0.5 and 5 lie outside.
+    low, high = recipe.ratio_bounds("dapo", {"eps_low": 0.2, "eps_high": 0.28})
+    dapo = recipe.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], high, low)
+    assert dapo["ratio_clipped_frac"] == pytest.approx(0.6)
+    assert recipe.ratio_bounds("grpo", {"eps": 0.1}) == pytest.approx((0.9, 1.1))
+    assert recipe.ratio_bounds("cispo", {"eps_max": 4.0}) == (0.0, 4.0)
     empty = recipe.importance_ratio_stats(
         b["logp"], b["logp_gen"], torch.zeros(6, dtype=torch.bool), 4.0
     )

@@ -510,3 +510,36 @@ def test_run_key_validates_run_id() -> None:
     assert run_key("run-1", "replay") == "scalerl:run-1:replay"
     with pytest.raises(ValueError, match="run_id"):
         run_key("bad*id", "replay")
+
+
+# --- PPO-off-policy-k generation quota ------------------------------------------------
+
+
+@integration
+def test_generation_quota_is_per_version_and_never_overdrawn(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    state = RunState(redis_client, run_id)
+    assert not state.take_generation_ticket(0)  # no quota yet
+    state.set_generation_quota(3, 16)
+    assert not state.take_generation_ticket(2)  # another version's worker waits
+    taken = []
+
+    def worker() -> None:
+        taken.extend(1 for _ in range(10) if state.take_generation_ticket(3))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == 16  # 40 attempts, exactly the quota granted
+    assert state.add_generation_quota(3, 2) == 2
+    assert state.take_generation_ticket(3) and state.take_generation_ticket(3)
+    assert not state.take_generation_ticket(3)
+    assert state.add_generation_quota(2, 5) == -1  # quota moved on: nothing added
+    state.set_generation_quota(4, 1)  # a new version replaces the old quota
+    assert not state.take_generation_ticket(3)
+    assert state.take_generation_ticket(4)
+    with pytest.raises(ValueError, match="groups must be an integer >= 0"):
+        state.set_generation_quota(4, -1)

@@ -195,7 +195,7 @@ def test_step_raises_logprob_of_the_rewarded_completion() -> None:
     assert after[0] > before[0] + 0.1  # positive advantage: more likely
     assert after[1] < before[1] - 0.1  # negative advantage: less likely
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy
-    assert metrics["ratio_truncated_frac"] == 0.0
+    assert metrics["ratio_clipped_frac"] == 0.0
     assert metrics["tokens"] == 6 and metrics["samples"] == 3 and metrics["groups_used"] == 1
     assert metrics["mean_reward"] == pytest.approx(1 / 3)
     assert metrics["grad_norm"] > 0 and metrics["loss"] != 0.0
@@ -342,3 +342,53 @@ def test_length_sorted_packing_gives_the_same_loss_and_gradient():
     torch.testing.assert_close(results[0][1], results[1][1], atol=1e-6, rtol=0)
     lens = pack_groups(groups, pad_id=0, sort_by_length=True).seq_lens.tolist()
     assert lens == sorted(lens)
+
+
+@pytest.mark.parametrize(
+    ("loss", "hyperparameters"),
+    [
+        ("cispo", {"eps_max": 2.5}),
+        ("dapo", {"eps_low": 0.1, "eps_high": 0.3}),
+        ("gspo", {"eps_low": 0.1, "eps_high": 0.3}),
+        ("grpo", {"eps": 0.15}),
+    ],
+)
+def test_trainer_takes_the_configured_loss(loss, hyperparameters) -> None:
+    model = tiny()
+    trainer = Trainer(model, config(loss=loss, **hyperparameters), temperature=1.0)
+    assert trainer.hyperparameters == hyperparameters
+    g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
+    metrics = trainer.step([g])
+    # On-policy: every ratio is 1 (fp32), inside every clip range; one step taken.
+    assert metrics["stepped"] == 1.0
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["ratio_clipped_frac"] == 0.0
+
+
+def test_truncation_comes_from_finish_reason_not_the_last_token() -> None:
+    """A chat model ends a turn with an end-of-turn token that is not its EOS: a STOP
+    ending on it is not truncated, a LENGTH ending on EOS is, and an INTERRUPTED sample
+    counts as interrupted whatever its last token."""
+    eos, end_of_turn = 1, 9
+    model = tiny()
+    g = group(
+        [3, 4],
+        [
+            sample([5, end_of_turn], 1.0, STOP),
+            sample([5, 6], 0.0, STOP),  # stopped by the engine on a stop id we don't know
+            sample([7, eos], 0.0, LENGTH),
+            sample([7, 8], 0.0, INTERRUPTED),
+        ],
+    )
+    metrics = Trainer(model, config(), temperature=1.0).step([g])
+    assert metrics["truncation_rate"] == 0.25
+    assert metrics["interrupted_rate"] == 0.25
+
+
+def test_parse_failures_are_counted_and_earn_nothing() -> None:
+    model = tiny()
+    samples = [sample([5, 6], 1.0), sample([5, 7], 0.0), sample([5, 8], 0.0)]
+    samples[1].parse_failed = True
+    samples[2].parse_failed = True
+    metrics = Trainer(model, config(), temperature=1.0).step([group([3, 4], samples)])
+    assert metrics["parse_failure_rate"] == pytest.approx(2 / 3)

@@ -1,0 +1,252 @@
+"""`scalerl sweep`: run variants of a config, each a full run, then have the curve service
+fit each run's held-out curve and compare them the paper's way.
+
+    scalerl sweep --config tiny --vary loss=cispo,dapo
+    scalerl sweep --vary recipe=scalerl,magistral --vary learner.lr=1e-5,2e-5
+    scalerl sweep --vary leave_out=none,cispo,fp32_lm_head
+
+`--vary KEY=V1,V2,...` is repeatable; the variants are the cartesian product. KEY is a
+config field (`learner.loss`, or a bare name such as `loss` that one section owns),
+`recipe` (a name from `scalerl.recipes.RECIPES`) or `leave_out` (a ScaleRL component from
+`scalerl.recipes.LEAVE_OUT`, or `none`). Every variant is validated before the first one
+runs. The variants run one after another (each owns the machine, as its compute
+accounting assumes), in `<sweep-dir>/<variant>/`; then CompareRuns (paper Sec. 2 and App.
+A.5: the asymptote A decides unless the A values lie within 0.02, then the efficiency B
+at a shared A) ranks them, and `sweep.json` keeps every fit and the verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from scalerl.config import RunConfig, load_config, parse_override, resolve_key
+from scalerl.entrypoint import config_error
+from scalerl.grpc_util import channel, wait_healthy
+from scalerl.processes import free_port, start_child, stop_children
+from scalerl.v1 import curve_pb2, curve_pb2_grpc
+
+console = Console(stderr=True)
+MIN_POINTS = 4  # the curve service's minimum for a sigmoid fit
+_SPECIAL = ("recipe", "leave_out")
+
+
+@dataclass
+class Variant:
+    """One point of the sweep: its label, recipe, leave-out components and overrides."""
+
+    label: str
+    recipe: str | None
+    leave_out: list[str]
+    overrides: list[str]
+    config: RunConfig | None = None
+    result: dict = field(default_factory=dict)
+
+
+def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
+    """`KEY=V1,V2` strings as (key, values); bare field names resolved to section.field.
+
+    Raises:
+        ValueError: no '=', an empty value list, a key given twice, or an unknown key.
+    """
+    axes: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, _ = parse_override(item)
+        raw = item.split("=", 1)[1]
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not values:
+            raise ValueError(f"--vary {key}: give at least one value, as {key}=A,B")
+        key = key if key in _SPECIAL else resolve_key(key)
+        if key in (k for k, _ in axes):
+            raise ValueError(f"--vary {key}: given twice")
+        axes.append((key, values))
+    if not axes:
+        raise ValueError("--vary: give at least one KEY=V1,V2")
+    return axes
+
+
+def build_variants(
+    config: str,
+    axes: list[tuple[str, list[str]]],
+    recipe: str | None,
+    leave_out: list[str],
+    overrides: list[str],
+) -> list[Variant]:
+    """Every combination of the axes, each loaded and validated into a RunConfig whose
+    run_id names the variant.
+
+    Raises:
+        ValueError: a variant's config does not load (one line naming the variant and
+            the field).
+    """
+    variants = []
+    for combo in itertools.product(*[[(k, v) for v in values] for k, values in axes]):
+        label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo)
+        variant = Variant(label, recipe, list(leave_out), list(overrides))
+        for key, value in combo:
+            if key == "recipe":
+                variant.recipe = value
+            elif key == "leave_out":
+                variant.leave_out += [] if value == "none" else [value]
+            else:
+                variant.overrides.append(f"{key}={value}")
+        try:
+            base = load_config(config, variant.overrides, variant.recipe, variant.leave_out)
+            run_id = f"{base.run_id}-{_slug(label)}"[:64]
+            variant.config = load_config(
+                config, [*variant.overrides, f"run_id={run_id}"], variant.recipe, variant.leave_out
+            )
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"variant {label}: {config_error(exc)}") from exc
+        variants.append(variant)
+    return variants
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")
+
+
+def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
+    """Run every variant, then fit and compare. Returns 0, 1 when a variant failed, 130
+    on Ctrl-C (the variants not yet run are skipped)."""
+    from scalerl import launcher
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    failed = False
+    for i, variant in enumerate(variants, 1):
+        console.rule(f"variant {i}/{len(variants)}: {variant.label}")
+        code = launcher.run(variant.config, sweep_dir / _slug(variant.label))
+        variant.result["exit_code"] = code
+        if code == 130:
+            return 130
+        failed |= code != 0
+    summary = compare(variants, sweep_dir)
+    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"sweep folder: {sweep_dir}")
+    return 1 if failed else 0
+
+
+def compare(variants: list[Variant], sweep_dir: Path) -> dict:
+    """Fit every finished variant's held-out curve and compare them on a curve service
+    started for the purpose. Prints the table; returns what sweep.json holds."""
+    evals = {v.label: _read_evals(sweep_dir / _slug(v.label) / "eval.jsonl") for v in variants}
+    fittable = [v for v in variants if len(evals[v.label]) >= MIN_POINTS]
+    reply = None
+    if len(fittable) >= 2:
+        try:
+            reply = _compare_on_service([evals[v.label] for v in fittable], sweep_dir / "logs")
+        except grpc.RpcError as exc:
+            console.print(f"[yellow]curve service refused the comparison:[/] {exc.details()}")
+    rows = []
+    for variant in variants:
+        points = evals[variant.label]
+        row = {
+            "variant": variant.label,
+            "run_dir": str(sweep_dir / _slug(variant.label)),
+            "exit_code": variant.result.get("exit_code"),
+            "evaluations": len(points),
+            "pass_rate_start": points[0]["pass_rate"] if points else None,
+            "pass_rate_final": points[-1]["pass_rate"] if points else None,
+        }
+        if reply is not None and variant in fittable:
+            row |= _fit_row(reply.runs, fittable.index(variant))
+        rows.append(row)
+    verdict = None
+    if reply is not None:
+        verdict = {
+            "best": fittable[reply.best].label,
+            "decided_by": reply.decided_by,
+            "shared_a": reply.shared_a if reply.HasField("shared_a") else None,
+            "summary": reply.summary,
+        }
+    _print_table(rows, verdict)
+    return {"variants": rows, "comparison": verdict}
+
+
+def _read_evals(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fit_request(points: list[dict]) -> curve_pb2.FitRequest:
+    return curve_pb2.FitRequest(
+        points=[
+            curve_pb2.CurvePoint(compute=max(p["compute"], 1e-9), reward=p["pass_rate"])
+            for p in points
+        ],
+        r0=points[0]["pass_rate"],
+        method=curve_pb2.FitMethod(bootstrap_resamples=200, seed=0),
+    )
+
+
+def _compare_on_service(runs: list[list[dict]], logs: Path) -> curve_pb2.CompareRunsResponse:
+    """Start a curve service, send CompareRuns, stop it. Raises grpc.RpcError."""
+    port = free_port()
+    child = start_child(
+        "curve", "curve_service.main", ["--port", str(port), "--metrics-port", "0"], logs
+    )
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_healthy(address, 60)
+        request = curve_pb2.CompareRunsRequest(runs=[_fit_request(points) for points in runs])
+        with channel(address) as ch:
+            return curve_pb2_grpc.CurveServiceStub(ch).CompareRuns(request, timeout=300)
+    finally:
+        stop_children([child])
+
+
+def _fit_row(runs, index: int) -> dict:
+    run = next(r for r in runs if r.index == index)
+    p, ci = run.fit.params, run.fit.intervals
+    row = {
+        "rank": run.rank,
+        "A": p.a,
+        "A_interval": [ci.a.lower, ci.a.upper],
+        "B": p.b,
+        "B_interval": [ci.b.lower, ci.b.upper],
+        "C_mid": p.c_mid,
+        "warnings": list(run.fit.warnings),
+    }
+    if run.HasField("b_at_shared_a"):
+        row["B_at_shared_A"] = run.b_at_shared_a
+    return row
+
+
+def _print_table(rows: list[dict], verdict: dict | None) -> None:
+    table = Table(title="sweep: held-out pass rate fits (R = R0 + (A - R0) / (1 + (C_mid/C)^B))")
+    for name in ("variant", "pass rate", "A [90%]", "B [90%]", "C_mid (h)", "rank"):
+        table.add_column(name)
+    for r in rows:
+        rate = (
+            f"{r['pass_rate_start']:.3f} -> {r['pass_rate_final']:.3f}"
+            if r["evaluations"]
+            else f"no evaluation (exit {r['exit_code']})"
+        )
+        if "A" in r:
+            a = f"{r['A']:.3f} [{r['A_interval'][0]:.3f}, {r['A_interval'][1]:.3f}]"
+            b = f"{r['B']:.2f} [{r['B_interval'][0]:.2f}, {r['B_interval'][1]:.2f}]"
+            table.add_row(r["variant"], rate, a, b, f"{r['C_mid']:.3g}", str(r["rank"]))
+        else:
+            table.add_row(r["variant"], rate, "-", "-", "-", "-")
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)  # a log file: one line per variant
+    out.print(table)
+    if verdict:
+        out.print(f"best: {verdict['best']} (decided by {verdict['decided_by']})")
+        out.print(verdict["summary"])
+    else:
+        out.print(f"no comparison: fewer than two variants with {MIN_POINTS} evaluations")
+
+
+def default_sweep_dir() -> Path:
+    return Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
