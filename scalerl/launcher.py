@@ -262,6 +262,37 @@ def _fit(
     return fit
 
 
+def training_health(steps: list[dict]) -> dict:
+    """The run's training-health summary (paper Sec. 3-4) from its metrics.jsonl records:
+    worst truncation rate and the steps above 10%, staleness histogram of the groups used
+    (index = versions behind), mean zero-variance fraction, stale groups dropped, prompts
+    retired by No-Positive-Resampling, importance-ratio statistics, gradient norms."""
+    if not steps:
+        return {}
+    last = steps[-1]
+    stepped = [m for m in steps if m.get("stepped")] or steps
+    width = max(len(m["staleness_hist"]) for m in steps)
+    hist = [
+        sum(m["staleness_hist"][i] for m in steps if i < len(m["staleness_hist"]))
+        for i in range(width)
+    ]
+    return {
+        "steps": len(steps),
+        "truncation_rate_max": max(m["truncation_rate"] for m in steps),
+        "steps_truncation_above_10pct": last["truncation_warnings_total"],
+        "staleness_hist": hist,
+        "zero_variance_frac_mean": sum(m["zero_variance_frac"] for m in steps) / len(steps),
+        "groups_stale_total": last["groups_stale_total"],
+        "prompts_retired_total": last["prompts_retired_total"],
+        "parse_failure_rate_mean": sum(m["parse_failure_rate"] for m in steps) / len(steps),
+        "ratio_mean": sum(m["ratio_mean"] for m in stepped) / len(stepped),
+        "ratio_max": max(m["ratio_max"] for m in stepped),
+        "ratio_clipped_frac_mean": sum(m["ratio_clipped_frac"] for m in stepped) / len(stepped),
+        "grad_norm_mean": sum(m["grad_norm"] for m in stepped) / len(stepped),
+        "grad_norm_max": max(m["grad_norm"] for m in stepped),
+    }
+
+
 def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s: float) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
     extrapolation check: the fit on the first half of the evaluations predicts the last."""
@@ -285,10 +316,16 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s:
         "final_compute": evals[-1]["compute"],
         "fit": fit,
         "fit_first_half": half,
+        "health": training_health(_read_jsonl(run_dir / "metrics.jsonl")),
     }
     if half and "prediction" in half:
         report["predicted_final_from_first_half"] = half["prediction"]
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    if report["health"].get("steps_truncation_above_10pct"):
+        console.print(
+            f"[yellow]truncation above 10% in {report['health']['steps_truncation_above_10pct']}"
+            " steps[/] (the paper saw training degrade there): see report.json"
+        )
     plot_run(evals, fit, run_dir / "plot.png", f"scalerl run {config.run_id}")
     console.print(
         f"held-out pass rate {r0:.3f} -> {evals[-1]['pass_rate']:.3f} over "

@@ -287,6 +287,19 @@ def test_unequal_unsorted_groups() -> None:
     assert prompt.tolist() == pytest.approx([1.0, -2 / 3 / s3, -1.0, 1 / 3 / s3, 1 / 3 / s3])
 
 
+def test_sample_count_not_a_multiple_of_the_group_size() -> None:
+    """11 samples with G = 4: two full groups, a group of 2 and a single sample (a worker
+    cut short). The single sample is zero-variance (advantage exactly 0, not 0/0), and the
+    batch std is over all 11 centred rewards: sum of squares 0.75 + 0.75 + 0.5 + 0 = 2."""
+    rewards = torch.tensor([1, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1], dtype=torch.float32)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3])
+    centred = [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25, 0.5, -0.5, 0.0]
+    adv = recipe.compute_advantages(rewards, groups, "batch")
+    assert adv.tolist() == pytest.approx([c / math.sqrt(2 / 11) for c in centred], rel=1e-6)
+    assert adv[10].item() == 0.0 and bool(torch.isfinite(adv).all())
+    assert recipe.zero_variance_mask(rewards, groups).tolist() == [False] * 10 + [True]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(("value", "size"), [(0.1, 8), (0.35, 8), (0.1, 3), (0.35, 7)])
 @pytest.mark.parametrize("normalization", ["batch", "prompt", "none"])
