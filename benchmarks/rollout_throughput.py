@@ -1,4 +1,4 @@
-"""Rollout throughput of the torch engine on SmolLM2-135M-Instruct.
+"""Rollout throughput of the torch engine (or vLLM, --engine vllm) on SmolLM2-135M-Instruct.
 
 Two scenarios, each with one torch thread by default and no stop tokens (so every
 sequence generates exactly the given number of new tokens):
@@ -15,7 +15,7 @@ the time until every request has its first token (prefill included), and the loa
 before and after each run (the machine may be shared).
 
     python benchmarks/rollout_throughput.py [--scenario rl|eval|prefill|all] [--threads 1]
-        [--max-prefill-tokens N]
+        [--max-prefill-tokens N] [--engine torch|vllm] [--dtypes bfloat16 float32]
 """
 
 from __future__ import annotations
@@ -80,15 +80,30 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
         extra["max_prefill_tokens"] = args.max_prefill_tokens
     if "max_prefill_tokens" not in inspect.signature(TorchEngine).parameters:
         extra = {}  # an engine without batched prefill (for before/after comparisons)
-    for dtype in scenario.dtypes:
-        engine = TorchEngine(
-            copy.deepcopy(model),
-            (),
-            max_batch=len(requests),
-            max_seq_len=max_len,
-            dtype=dtype,
-            **extra,
-        )
+    for dtype in args.dtypes or scenario.dtypes:
+        if args.engine == "vllm":
+            from rollout_service.vllm_engine import VLLMEngine
+            from scalerl.models import smollm2_dir
+
+            engine = VLLMEngine(
+                str(smollm2_dir()),
+                (),
+                max_batch=len(requests),
+                max_seq_len=max_len,
+                dtype=dtype,
+                threads=args.threads,
+            )
+            # One short request first, so the timing excludes vLLM's first-call set-up.
+            engine.submit(GenerationRequest("warm-up", prompts[0], 2)).result(timeout=600)
+        else:
+            engine = TorchEngine(
+                copy.deepcopy(model),
+                (),
+                max_batch=len(requests),
+                max_seq_len=max_len,
+                dtype=dtype,
+                **extra,
+            )
         load_before = load_average()
         start = time.monotonic()
         streams = [engine.submit(r) for r in requests]
@@ -99,8 +114,8 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
         engine.stop()
         after_first = elapsed - (prefilled - start)
         print(
-            f"{dtype:>9}: {tokens / elapsed:7.1f} tokens/s overall ({tokens} tokens in "
-            f"{elapsed:.1f} s; all first tokens after {prefilled - start:.1f} s, then "
+            f"{args.engine} {dtype:>9}: {tokens / elapsed:7.1f} tokens/s overall ({tokens} "
+            f"tokens in {elapsed:.1f} s; all first tokens after {prefilled - start:.1f} s, then "
             f"{(tokens - len(first)) / after_first:.1f} tokens/s); load average "
             f"{load_before} before, {load_average()} after"
         )
@@ -136,7 +151,18 @@ def main() -> None:
     parser.add_argument(
         "--max-prefill-tokens", type=int, default=None, help="engine prefill token budget"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["torch", "vllm"],
+        default="torch",
+        help="vllm needs the vllm package (make test-vllm creates .venv-vllm with it)",
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=["bfloat16", "float32"], help="override the scenario's"
+    )
     args = parser.parse_args()
+    if args.engine == "vllm" and "prefill" in ([args.scenario] if args.scenario != "all" else []):
+        parser.error("--scenario prefill times the torch engine's forward only")
 
     import torch
 
@@ -149,6 +175,8 @@ def main() -> None:
     names = [*SCENARIOS, "prefill"] if args.scenario == "all" else [args.scenario]
     for name in names:
         if name == "prefill":
+            if args.engine != "torch":
+                continue
             run_prefill(model, tokenizer, system)
         else:
             run_scenario(name, SCENARIOS[name], model, tokenizer, system, args)

@@ -47,6 +47,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file as load_safetensors_file
 
 from rollout_service.llama import SlotLlama
 from scalerl.v1 import rollout_pb2
@@ -364,6 +366,17 @@ class TorchEngine:
             self._staged.append(_Staged(staged, int(version), future))
             self._wake.notify_all()
         return future
+
+    def stage_weights_from_file(self, path: str, version: int) -> Future:
+        """Stage the weights of one safetensors file with HF parameter names (what the
+        learner publishes for the `uri` transport): read it, then as `stage_weights`.
+        Raises ValueError for an unreadable or invalid file or a bad tensor; nothing
+        changes then."""
+        try:
+            state_dict = load_safetensors_file(path)
+        except (OSError, SafetensorError) as exc:
+            raise ValueError(f"payload: {path} is not a readable safetensors file: {exc}") from exc
+        return self.stage_weights(state_dict, version)
 
     # ----- loop (engine thread) ----------------------------------------------------------
 

@@ -6,6 +6,10 @@ SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payl
 `chunk` messages of at most a few MiB. The payload is one safetensors file of the full
 state dict; `lm_head.weight` is left out when it is tied to the embeddings.
 
+A `uri` payload is verified (size, sha256) in place and handed to the engine as a path
+(`stage_weights_from_file`), so engines that load from disk (vLLM, SGLang) read it
+themselves; streamed chunks are parsed here and staged as a state dict.
+
 Any failure raises `WeightsError(field, message)` before anything is staged, so the
 engine keeps serving the old version.
 """
@@ -33,6 +37,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Fields whose failure means the bytes were damaged in transit (DATA_LOSS over gRPC);
 # every other field is a bad request (INVALID_ARGUMENT).
 DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
+_HASH_BLOCK_BYTES = 4 * 1024**2
 
 
 class WeightsError(Exception):
@@ -53,20 +58,24 @@ def receive_weights(
     engine: object,
     apply_timeout_s: float = 120.0,
 ) -> tuple[int, float]:
-    """Read an UpdateWeights stream, verify it, stage it on `engine` (a `TorchEngine`) and
-    wait until the loop swapped it in. Returns (policy_version, seconds from the first
-    message to the swap). Raises WeightsError; the engine then serves the old version
-    (after an `apply` timeout the update is cancelled unless the swap already started)."""
+    """Read an UpdateWeights stream, verify it, stage it on `engine` (a
+    `rollout_service.engine_api.RolloutEngine`) and wait until the new weights serve.
+    Returns (policy_version, seconds from the first message to the swap). Raises
+    WeightsError; the engine then serves the old version (after an `apply` timeout the
+    update is cancelled unless the swap already started)."""
     start = time.monotonic()
     iterator = iter(requests)
     header = _read_header(iterator)
-    payload = _read_uri(header) if header.uri else _read_chunks(iterator, header.total_bytes)
-    if header.uri and next(iterator, None) is not None:
-        raise WeightsError("chunk", "a header with a uri must not be followed by chunks")
-    _check_digest(payload, header.sha256)
-    state_dict = _parse(payload)
     try:
-        future = engine.stage_weights(state_dict, header.version)
+        if header.uri:
+            if next(iterator, None) is not None:
+                raise WeightsError("chunk", "a header with a uri must not be followed by chunks")
+            path = _check_uri(header)
+            future = engine.stage_weights_from_file(str(path), header.version)
+        else:
+            payload = _read_chunks(iterator, header.total_bytes)
+            _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
+            future = engine.stage_weights(_parse(payload), header.version)
     except ValueError as exc:
         raise WeightsError("state_dict", str(exc)) from exc
     try:
@@ -110,21 +119,26 @@ def _read_chunks(iterator: Iterator[rollout_pb2.UpdateWeightsRequest], total: in
     return bytes(buffer)
 
 
-def _read_uri(header: rollout_pb2.WeightsHeader) -> bytes:
+def _check_uri(header: rollout_pb2.WeightsHeader) -> Path:
+    """The file the header points at, once its size and sha256 match the header."""
     path = Path(header.uri.removeprefix("file://"))
+    digest = hashlib.sha256()
     try:
         size = path.stat().st_size
         if size != header.total_bytes:
             raise WeightsError(
                 "total_bytes", f"{path} holds {size} bytes, header says {header.total_bytes}"
             )
-        return path.read_bytes()
+        with path.open("rb") as handle:
+            while block := handle.read(_HASH_BLOCK_BYTES):
+                digest.update(block)
     except OSError as exc:
         raise WeightsError("uri", f"cannot read {path}: {exc.strerror}") from exc
+    _check_digest(digest.hexdigest(), header.sha256)
+    return path
 
 
-def _check_digest(payload: bytes, expected: str) -> None:
-    actual = hashlib.sha256(payload).hexdigest()
+def _check_digest(actual: str, expected: str) -> None:
     if actual != expected:
         raise WeightsError("sha256", f"payload hashes to {actual}, header says {expected}")
 

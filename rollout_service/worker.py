@@ -11,7 +11,7 @@ import torch
 from prometheus_client import start_http_server
 
 from rollout_service.actor import ActorLoop
-from rollout_service.engine import TorchEngine
+from rollout_service.engine_api import RolloutEngine, build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
 from rollout_service.weights import receive_weights
@@ -56,7 +56,7 @@ class RolloutWorker:
         self.pool = PromptPool(self.client, run_id)
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
         self.server = None
-        self.engine: TorchEngine | None = None
+        self.engine: RolloutEngine | None = None
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
 
@@ -66,14 +66,8 @@ class RolloutWorker:
         model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
         self.metrics = RolloutMetrics()
         rollout = self.config.rollout
-        self.engine = TorchEngine(
-            model,
-            self.tokenizer.stop_token_ids,
-            rollout.max_batch,
-            rollout.max_seq_len,
-            rollout.dtype,
-            metrics=self.metrics,
-        )
+        self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
+        del model  # engines that load the model folder themselves need no torch copy
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -91,15 +85,18 @@ class RolloutWorker:
         )
         if self.metrics_port:
             start_http_server(self.metrics_port, addr=self.host)
-        self._spawn(self._heartbeat)
         self._spawn(self._report_compute)
         log.info("listening on %s:%d", self.advertise_host, self.port)
 
     def run(self, stop: threading.Event) -> None:
-        """Wait for the learner's first weights, then run the actor loop until `stop`."""
+        """Load the learner's latest weights, register (heartbeats), then run the actor
+        loop until `stop`. Registering only now keeps the learner's evaluations and weight
+        pushes away from a worker that still serves its start-up weights."""
         task = build_task(self.config.task)
         if not self._await_initial_weights(stop):
             return
+        self._spawn(self._heartbeat)
+        self._load_latest_weights()  # one published while we registered was not pushed to us
         actor = ActorLoop(
             self.engine,
             self.tokenizer,
@@ -125,14 +122,22 @@ class RolloutWorker:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);
         generating earlier would stamp other weights with version 0."""
         while not stop.is_set() and not self.state.stop_requested():
-            ref = self.state.get_latest_weights()
-            if ref is not None:
-                if ref.uri and ref.version >= self.engine.policy_version:
-                    receive_weights([weights_uri_request(ref.uri, ref.version)], self.engine)
+            if self._load_latest_weights(at_least=self.engine.policy_version):
                 log.info("starting at policy version %d", self.engine.policy_version)
                 return True
             stop.wait(0.2)
         return False
+
+    def _load_latest_weights(self, at_least: int | None = None) -> bool:
+        """Load the latest published weights when their version is >= `at_least` (default:
+        newer than the engine's). False when nothing has been published yet."""
+        ref = self.state.get_latest_weights()
+        if ref is None:
+            return False
+        floor = self.engine.policy_version + 1 if at_least is None else at_least
+        if ref.uri and ref.version >= floor:
+            receive_weights([weights_uri_request(ref.uri, ref.version)], self.engine)
+        return True
 
     def close(self) -> None:
         """Deregister, stop serving, stop the engine. Safe to call more than once."""

