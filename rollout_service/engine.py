@@ -639,28 +639,39 @@ class TorchEngine:
             self._metrics.active_requests.set(len(self._live))
 
     def _validate(self, request: GenerationRequest) -> None:
-        ids = list(request.prompt_ids)
-        if not ids:
-            raise ValueError("prompt_ids must hold at least one token")
-        for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
-            bad = [t for t in values if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise ValueError(f"{name}: token id {bad[0]} outside 0..{self.vocab_size - 1}")
-        if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
-            raise ValueError(
-                f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
-            )
-        if not 0.0 < request.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-        if len(ids) + request.max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({request.max_new_tokens}) "
-                f"must be <= max_seq_len {self.max_seq_len}"
-            )
-        if request.thinking_budget < 0 or request.answer_budget < 0:
-            raise ValueError("thinking_budget and answer_budget must be >= 0")
+        validate_request(request, self.vocab_size, self.max_seq_len)
+
+
+def validate_request(request: GenerationRequest, vocab_size: int, max_seq_len: int) -> None:
+    """The request checks every engine makes in `submit` (same messages for all).
+
+    Raises:
+        ValueError: naming the bad field: empty prompt, token ids outside
+            0..vocab_size - 1, temperature outside [0, 5], top_p outside (0, 1],
+            max_new_tokens < 1, prompt + max_new_tokens > max_seq_len, negative budgets.
+    """
+    ids = list(request.prompt_ids)
+    if not ids:
+        raise ValueError("prompt_ids must hold at least one token")
+    for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
+        bad = [t for t in values if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token id {bad[0]} outside 0..{vocab_size - 1}")
+    if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
+        raise ValueError(
+            f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
+        )
+    if not 0.0 < request.top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
+    if request.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+    if len(ids) + request.max_new_tokens > max_seq_len:
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({request.max_new_tokens}) "
+            f"must be <= max_seq_len {max_seq_len}"
+        )
+    if request.thinking_budget < 0 or request.answer_budget < 0:
+        raise ValueError("thinking_budget and answer_budget must be >= 0")
 
 
 def sample(

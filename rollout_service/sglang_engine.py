@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -90,7 +89,6 @@ from rollout_service.engine import (
     ABORTED,
     INTERRUPTED,
     LENGTH,
-    MAX_TEMPERATURE,
     STOP,
     TRUNCATE,
     Chunk,
@@ -98,6 +96,7 @@ from rollout_service.engine import (
     EngineError,
     GenerationRequest,
     GenerationStream,
+    validate_request,
 )
 from scalerl.v1 import rollout_pb2
 
@@ -718,32 +717,6 @@ class SGLangEngine:
     def _set_active_gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.active_requests.set(len(self._live))
-
-
-def validate_request(request: GenerationRequest, vocab_size: int, max_seq_len: int) -> None:
-    """The checks of TorchEngine.submit. Raises ValueError naming the bad field."""
-    ids = list(request.prompt_ids)
-    if not ids:
-        raise ValueError("prompt_ids must hold at least one token")
-    for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
-        bad = [t for t in values if not 0 <= int(t) < vocab_size]
-        if bad:
-            raise ValueError(f"{name}: token id {bad[0]} outside 0..{vocab_size - 1}")
-    if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
-        raise ValueError(
-            f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
-        )
-    if not 0.0 < request.top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
-    if request.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-    if len(ids) + request.max_new_tokens > max_seq_len:
-        raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({request.max_new_tokens}) "
-            f"must be <= max_seq_len {max_seq_len}"
-        )
-    if request.thinking_budget < 0 or request.answer_budget < 0:
-        raise ValueError("thinking_budget and answer_budget must be >= 0")
 
 
 def read_safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:

@@ -44,7 +44,6 @@ import contextlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import secrets
 import tempfile
@@ -65,7 +64,6 @@ from rollout_service.engine import (
     ABORTED,
     INTERRUPTED,
     LENGTH,
-    MAX_TEMPERATURE,
     STOP,
     TRUNCATE,
     Chunk,
@@ -73,6 +71,7 @@ from rollout_service.engine import (
     EngineError,
     GenerationRequest,
     GenerationStream,
+    validate_request,
 )
 from scalerl.v1 import rollout_pb2
 
@@ -210,7 +209,7 @@ class VLLMEngine:
         """Queue a request; returns its stream at once. Raises ValueError naming the bad
         field (as the torch engine), DuplicateRequestError for a request_id still running,
         RuntimeError once the engine is stopping."""
-        self._validate(request)
+        validate_request(request, self.vocab_size, self.max_seq_len)
         stream = GenerationStream(self, request)
         seed = request.seed if request.seed is not None else secrets.randbits(62)
         state = _Request(request, stream, seed, time.monotonic())
@@ -536,31 +535,6 @@ class VLLMEngine:
     def _set_active_gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.active_requests.set(len(self._live))
-
-    def _validate(self, request: GenerationRequest) -> None:
-        """The torch engine's checks (same messages)."""
-        ids = list(request.prompt_ids)
-        if not ids:
-            raise ValueError("prompt_ids must hold at least one token")
-        for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
-            bad = [t for t in values if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise ValueError(f"{name}: token id {bad[0]} outside 0..{self.vocab_size - 1}")
-        if not 0.0 <= request.temperature <= MAX_TEMPERATURE or math.isnan(request.temperature):
-            raise ValueError(
-                f"temperature must lie in [0, {MAX_TEMPERATURE}], got {request.temperature}"
-            )
-        if not 0.0 < request.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-        if len(ids) + request.max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({request.max_new_tokens}) "
-                f"must be <= max_seq_len {self.max_seq_len}"
-            )
-        if request.thinking_budget < 0 or request.answer_budget < 0:
-            raise ValueError("thinking_budget and answer_budget must be >= 0")
 
 
 def require_vllm() -> None:
