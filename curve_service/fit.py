@@ -687,7 +687,10 @@ def _warnings(
             "poorly constrained (paper App. A.7)"
         )
     if not B_MIN * 1.001 < best.b < B_MAX * 0.999:
-        out.append(f"B={best.b:.4g} at the edge of its search range [{B_MIN:g}, {B_MAX:g}]")
+        out.append(
+            f"B={best.b:.4g} at or beyond the edge of the grid's range [{B_MIN:g}, {B_MAX:g}] "
+            f"(refinement bound [{B_MIN / 10:g}, {B_MAX * 5:g}]): these points do not pin B down"
+        )
     if pts.compute.size < FEW_POINTS:
         out.append(f"only {pts.compute.size} points used; at least {FEW_POINTS} are advised")
     collapse = _collapse(pts.reward, best.r0)

@@ -29,7 +29,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="COMPONENT",
-        help=f"Revert one ScaleRL component to the baseline: {', '.join(LEAVE_OUT)}.",
+        help=f"Revert one ScaleRL component to the baseline (repeatable): {', '.join(LEAVE_OUT)}.",
     )
     parser.add_argument(
         "--set",
@@ -43,7 +43,12 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalerl", description="ScaleRL post-training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="Train with ScaleRL: every service on this machine.")
+    run = sub.add_parser(
+        "run",
+        help="Train with ScaleRL: every service on this machine.",
+        description="Start Redis, the curve service, the rollout workers and the learner, "
+        "train, and write the run folder (metrics, evaluations, fit, plot, report).",
+    )
     _add_config_options(run)
     run.add_argument(
         "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
@@ -55,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Rollout worker processes (overrides rollout.workers).",
     )
     sweep = sub.add_parser(
-        "sweep", help="Run variants of a config, then fit and compare their curves."
+        "sweep",
+        help="Run variants of a config, then fit and compare their curves.",
+        description="Run every combination of the --vary values as a full run, one after "
+        "another, then fit each held-out curve and compare them on the curve service.",
     )
     _add_config_options(sweep)
     sweep.add_argument(
@@ -64,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         required=True,
         metavar="KEY=V1,V2",
-        help="A config field (or recipe, leave_out) and its values (repeatable).",
+        help="A config field (or recipe, leave_out) and its values; several --vary "
+        "combine as a cartesian product.",
     )
     sweep.add_argument(
         "--sweep-dir", type=Path, default=None, help="Sweep folder (default runs/sweep-<time>)."

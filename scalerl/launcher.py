@@ -27,7 +27,9 @@ from scalerl.processes import Child, free_port, start_child, stop_children
 from scalerl.redis_server import RedisServer
 from scalerl.v1 import curve_pb2, curve_pb2_grpc, learner_pb2, learner_pb2_grpc
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
+if not console.is_terminal:  # a log file: keep each progress line whole
+    console = Console(stderr=True, soft_wrap=True, width=200)
 
 
 class RunFailed(RuntimeError):

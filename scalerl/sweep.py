@@ -34,7 +34,7 @@ from scalerl.grpc_util import channel, wait_healthy
 from scalerl.processes import free_port, start_child, stop_children
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 MIN_POINTS = 4  # the curve service's minimum for a sigmoid fit
 _SPECIAL = ("recipe", "leave_out")
 
@@ -161,11 +161,13 @@ def compare(variants: list[Variant], sweep_dir: Path) -> dict:
         rows.append(row)
     verdict = None
     if reply is not None:
+        # The service numbers runs by position; name them by variant instead.
+        summary = re.sub(r"\brun (\d+)\b", lambda m: fittable[int(m.group(1))].label, reply.summary)
         verdict = {
             "best": fittable[reply.best].label,
             "decided_by": reply.decided_by,
             "shared_a": reply.shared_a if reply.HasField("shared_a") else None,
-            "summary": reply.summary,
+            "summary": summary,
         }
     _print_table(rows, verdict)
     return {"variants": rows, "comparison": verdict}
@@ -241,9 +243,14 @@ def _print_table(rows: list[dict], verdict: dict | None) -> None:
     if not out.is_terminal:
         out = Console(width=160)  # a log file: one line per variant
     out.print(table)
+    for r in rows:
+        for warning in r.get("warnings", []):
+            out.print(f"[yellow]{r['variant']}: fit warning:[/] {warning}")
     if verdict:
         out.print(f"best: {verdict['best']} (decided by {verdict['decided_by']})")
         out.print(verdict["summary"])
+        if any(r.get("warnings") for r in rows):
+            out.print("[yellow]read the verdict with the fit warnings above in mind[/]")
     else:
         out.print(f"no comparison: fewer than two variants with {MIN_POINTS} evaluations")
 
