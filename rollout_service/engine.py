@@ -219,7 +219,44 @@ class _Staged:
     future: Future
 
 
-class TorchEngine:
+class EngineBookkeeping:
+    """What every engine counts the same way: the serving policy version, the live
+    requests, the tokens emitted, and their Prometheus metrics. Subclasses set `_version`,
+    `_lock` (a threading.Lock), `_live` (request_id -> state), `_tokens` and `_metrics`
+    (a `RolloutMetrics` or None)."""
+
+    _version: int
+    _lock: threading.Lock
+    _live: dict
+    _tokens: int
+    _metrics: object | None
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now serving."""
+        return self._version
+
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet finished."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def tokens_generated(self) -> int:
+        """Completion tokens emitted since start, forced tokens included."""
+        return self._tokens
+
+    def _count_interrupt(self, reason: str | None) -> None:
+        if self._metrics is not None and reason is not None:
+            self._metrics.interruptions.labels(reason=reason).inc()
+
+    def _set_active_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.active_requests.set(len(self._live))
+
+
+class TorchEngine(EngineBookkeeping):
     """Continuous-batching generation over an HF Llama with a slot KV cache.
 
     model: an HF LlamaForCausalLM; the engine takes ownership (it is cast in place to
@@ -282,22 +319,6 @@ class TorchEngine:
             self.start()
 
     # ----- public API (any thread) -------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights now serving."""
-        return self._version
-
-    @property
-    def active_requests(self) -> int:
-        """Requests submitted and not yet finished (running or waiting for a slot)."""
-        with self._lock:
-            return len(self._live)
-
-    @property
-    def tokens_generated(self) -> int:
-        """Completion tokens emitted since start, forced tokens included."""
-        return self._tokens
 
     def start(self) -> None:
         """Start the background loop (idempotent)."""
@@ -629,14 +650,6 @@ class TorchEngine:
                 item.future.set_exception(EngineError("the engine stopped before the swap"))
         for seq in list(self._active.values()) + waiting:
             self._finish(seq, Chunk([], [], [], []), ABORTED)
-
-    def _count_interrupt(self, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.interruptions.labels(reason=reason).inc()
-
-    def _set_active_gauge(self) -> None:
-        if self._metrics is not None:
-            self._metrics.active_requests.set(len(self._live))
 
     def _validate(self, request: GenerationRequest) -> None:
         validate_request(request, self.vocab_size, self.max_seq_len)

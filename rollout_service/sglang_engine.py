@@ -93,6 +93,7 @@ from rollout_service.engine import (
     TRUNCATE,
     Chunk,
     DuplicateRequestError,
+    EngineBookkeeping,
     EngineError,
     GenerationRequest,
     GenerationStream,
@@ -124,7 +125,7 @@ class _Job:
     first_token: bool = False
 
 
-class SGLangEngine:
+class SGLangEngine(EngineBookkeeping):
     """Rollout engine backed by an SGLang server at `base_url` (e.g. "http://127.0.0.1:30000").
 
     stop_token_ids: ids that end a sequence (sent as `stop_token_ids`; the model's own EOS
@@ -189,22 +190,6 @@ class SGLangEngine:
         self.start()
 
     # ----- public API (any thread) -------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights now serving."""
-        return self._version
-
-    @property
-    def active_requests(self) -> int:
-        """Requests submitted and not yet finished (streaming or waiting for a worker)."""
-        with self._lock:
-            return len(self._live)
-
-    @property
-    def tokens_generated(self) -> int:
-        """Completion tokens emitted since start, forced tokens included."""
-        return self._tokens
 
     def start(self) -> None:
         """Create the request and weight-update workers (idempotent)."""
@@ -709,14 +694,6 @@ class SGLangEngine:
             return reply.json()
         except ValueError as exc:
             raise EngineError(f"{path}: reply is not JSON: {reply.text[:300]}") from exc
-
-    def _count_interrupt(self, reason: str | None) -> None:
-        if self._metrics is not None and reason is not None:
-            self._metrics.interruptions.labels(reason=reason).inc()
-
-    def _set_active_gauge(self) -> None:
-        if self._metrics is not None:
-            self._metrics.active_requests.set(len(self._live))
 
 
 def read_safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:

@@ -68,6 +68,7 @@ from rollout_service.engine import (
     TRUNCATE,
     Chunk,
     DuplicateRequestError,
+    EngineBookkeeping,
     EngineError,
     GenerationRequest,
     GenerationStream,
@@ -101,7 +102,7 @@ class _Request:
     first_token: bool = False
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBookkeeping):
     """Continuous-batching generation with vLLM, under the torch engine's contract.
 
     model_path: a transformers model folder with safetensors weights (the engine takes
@@ -172,22 +173,6 @@ class VLLMEngine:
             metrics.policy_version.set(policy_version)
 
     # ----- public API (any thread) -------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights now serving."""
-        return self._version
-
-    @property
-    def active_requests(self) -> int:
-        """Requests submitted and not yet finished."""
-        with self._lock:
-            return len(self._live)
-
-    @property
-    def tokens_generated(self) -> int:
-        """Completion tokens emitted since start, forced tokens included."""
-        return self._tokens
 
     def start(self) -> None:
         """No-op: vLLM starts in the constructor (kept for the engine interface)."""
@@ -527,14 +512,6 @@ class VLLMEngine:
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # collected now, not during interpreter teardown (its __del__ shuts down)
-
-    def _count_interrupt(self, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.interruptions.labels(reason=reason).inc()
-
-    def _set_active_gauge(self) -> None:
-        if self._metrics is not None:
-            self._metrics.active_requests.set(len(self._live))
 
 
 def require_vllm() -> None:
