@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 import torch
 
+from scalerl.config import LOSS_HYPERPARAMETERS  # one table for config and loss
+
 # Groups whose rewards all lie within this distance of each other carry no signal
 # (paper Sec. 3.2 "zero-variance filtering"): their advantages are set to exactly zero.
 ZERO_SPREAD_TOL = 1e-6
@@ -31,13 +33,6 @@ STD_FLOOR = 1e-4
 
 NORMALIZATIONS = ("batch", "prompt", "none")
 AGGREGATIONS = ("prompt", "sample", "token")
-# Hyperparameters each loss requires (and accepts: any other name is rejected).
-LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    "cispo": ("eps_max",),
-    "dapo": ("eps_low", "eps_high"),
-    "gspo": ("eps_low", "eps_high"),
-    "grpo": ("eps",),
-}
 
 
 def _check_index(name: str, index: torch.Tensor, size: int) -> None:

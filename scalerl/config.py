@@ -18,6 +18,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
+# Hyperparameters each policy loss takes (learner_service.recipe.policy_loss): here, torch-free,
+# so that the config and the learner share one table.
+LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    "cispo": ("eps_max",),
+    "dapo": ("eps_low", "eps_high"),
+    "gspo": ("eps_low", "eps_high"),
+    "grpo": ("eps",),
+}
 DEFAULT_INTERRUPT_TEXT = "Okay, time is up. Let me stop thinking and formulate a final answer now."
 
 
@@ -172,14 +180,8 @@ class LearnerConfig(_Section):
 
     @property
     def loss_hyperparameters(self) -> dict[str, float]:
-        """The eps values the configured loss takes (recipe.LOSS_HYPERPARAMETERS)."""
-        names = {
-            "cispo": ("eps_max",),
-            "dapo": ("eps_low", "eps_high"),
-            "gspo": ("eps_low", "eps_high"),
-            "grpo": ("eps",),
-        }[self.loss]
-        return {name: getattr(self, name) for name in names}
+        """The eps values the configured loss takes (LOSS_HYPERPARAMETERS)."""
+        return {name: getattr(self, name) for name in LOSS_HYPERPARAMETERS[self.loss]}
 
     @model_validator(mode="after")
     def _check_mode(self) -> LearnerConfig:
