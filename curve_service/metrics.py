@@ -17,8 +17,8 @@ from prometheus_client import (
     start_http_server,
 )
 
-import scalerl
 from curve_service.fit import FitResult, predict
+from scalerl.build_info import register_build_info
 
 FIT_STATUSES = ("ok", "invalid", "error")
 # Fits take ~0.1-1 s on small histories and up to ~10 s near the 100,000-point limit.
@@ -72,13 +72,7 @@ class CurveMetrics:
         self.points = Gauge(
             "scalerl_curve_points", "Eval points recorded for a run.", ["run_id"], registry=reg
         )
-        build = Gauge(
-            "scalerl_build_info",
-            "Build of this process; the value is always 1.",
-            ["service", "version"],
-            registry=reg,
-        )
-        build.labels(service="curve", version=scalerl.__version__).set(1)
+        register_build_info("curve", device="cpu", dtype="float64", registry=reg)
         for status in FIT_STATUSES:
             self.fits.labels(status=status)  # export every status from the start, at 0
 

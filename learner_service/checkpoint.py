@@ -42,11 +42,12 @@ def load_checkpoint(folder: Path, trainer) -> tuple[int, int, dict]:
     """Restore the trainer from `folder`; returns (policy_version, step, pool_snapshot).
     Raises FileNotFoundError or ValueError (mismatched model); nothing changes then."""
     folder = Path(folder)
-    model_sd = load_file(str(folder / "model.safetensors"))
+    device = str(next(trainer.model.parameters()).device)
+    model_sd = load_file(str(folder / "model.safetensors"), device=device)
     own = trainer.model.state_dict()
     if "lm_head.weight" in own and "lm_head.weight" not in model_sd:
         model_sd["lm_head.weight"] = model_sd["model.embed_tokens.weight"]
-    optimizer = torch.load(folder / "optimizer.pt", weights_only=True)
+    optimizer = torch.load(folder / "optimizer.pt", weights_only=True, map_location=device)
     meta = json.loads((folder / "state.json").read_text())
     trainer.load_state_dict(
         {

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from scalerl.grpc_util import channel
+from scalerl.length_control import scored_ids
 from scalerl.tasks import AdditionTask
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -99,11 +100,15 @@ class Evaluator:
             length_control=self.length_control,
         )
         tokens: list[int] = []
+        forced: list[bool] = []
         finish = 0
         for chunk in stub.Generate(request, timeout=self.timeout_s):
             tokens += chunk.token_ids
+            forced += chunk.forced or [False] * len(chunk.token_ids)
             finish = chunk.finish_reason or finish
-        verdict = self.task.score(prompt_id, self.tokenizer.decode(tokens))
+        # An interrupted reply is scored on its answer after the phrase alone.
+        answer = self.tokenizer.decode(scored_ids(tokens, forced))
+        verdict = self.task.score(prompt_id, answer)
         return (
             verdict.reward,
             verdict.parse_failed,

@@ -21,13 +21,14 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import torch
 
 from learner_service.checkpoint import load_checkpoint, save_checkpoint
-from learner_service.evaluate import Evaluator
+from learner_service.evaluate import EvalResult, Evaluator
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.publish import WeightPublisher
 from learner_service.server import SERVICE_NAME, LearnerServicer, LearnerStatus
@@ -99,6 +100,27 @@ class Learner:
         # Seconds without a new group before PPO mode re-issues the missing tickets (a worker
         # that died took its reserved groups with it).
         self.ppo_refill_s = 120.0
+        self._eval_job: _EvalJob | None = None
+        self._published = -1  # policy version of the weights last published
+        self._last_step_s = 0.0  # the last step, its wait for groups included
+        self._last_eval_s = 0.0
+        self._publish_block_s = 0.0  # learner-thread seconds publishing since the last step
+        self._eval_wait_s = 0.0  # learner-thread seconds waiting for evaluations, same
+        self._batch_wait_s = 0.0
+        # Where the learner's wall time goes (learner_timing.json); evaluations_background
+        # is evaluation time that overlapped training (not part of the total's split).
+        self.timing = dict.fromkeys(
+            (
+                "setup",
+                "train",
+                "wait_for_groups",
+                "publish",
+                "wait_for_evaluation",
+                "evaluations_background",
+                "checkpoint",
+            ),
+            0.0,
+        )
 
     # ----- setup -------------------------------------------------------------------------
 
@@ -107,6 +129,7 @@ class Learner:
         torch.set_num_threads(cfg.learner.threads)
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
+        self.model.to(cfg.device if cfg.device != "auto" else "cpu")
         self.task = build_task(cfg.task)
         self.pool.init(p.prompt_id for p in self.task.train)
         self.trainer = Trainer(
@@ -116,7 +139,7 @@ class Learner:
             self.registry,
             self.state,
             self.run_dir / "weights",
-            cfg.rollout.dtype,
+            cfg.rollout.dtype if cfg.rollout.dtype != "auto" else "float32",
             cfg.learner.weight_transport,
         )
         r = cfg.rollout
@@ -160,6 +183,7 @@ class Learner:
         self.state.set_policy_version(self.version)
         self._open_ppo_batch()
         self.publisher.publish(self.model, self.version, force_file=True, wait=True)
+        self._published = self.version
 
     @property
     def _ppo(self) -> bool:
@@ -186,32 +210,59 @@ class Learner:
 
     def run(self, stop: threading.Event) -> int:
         """Train until max_steps, max_minutes or `stop`; always ends with an evaluation,
-        a checkpoint and curve.json. Returns 0."""
+        a checkpoint and curve.json. Returns 0.
+
+        `max_minutes` bounds the whole learner, set-up and the final evaluation included:
+        training stops early enough for one more step and the final evaluation to fit
+        (each estimated by the last one measured)."""
         started = time.monotonic()  # the time budget covers set-up and evaluations too
+        cfg = self.config.learner
+        deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
         self._setup()
         self._await_workers(stop)
+        self.timing["setup"] = time.monotonic() - started
         if self.step == 0:
-            self._evaluate()
-        cfg = self.config.learner
+            self._evaluate(background=False)
         evaluated_at = self.step
         while self.step < cfg.max_steps and not stop.is_set():
-            if cfg.max_minutes and time.monotonic() - started > 60 * cfg.max_minutes:
+            if time.monotonic() + self._reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
                 break
             if self._ppo:
                 self._ppo_round(stop)
             else:
                 self._pipeline_step(stop)
+            self._finish_evaluation(block=False)
             if self.step // cfg.eval_every > evaluated_at // cfg.eval_every:
-                self._evaluate()
+                self._evaluate(background=not self._ppo)
                 evaluated_at = self.step
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self._checkpoint()
+        self._finish_evaluation(block=True)
         if evaluated_at != self.step:
-            self._evaluate()
+            self._evaluate(background=False)
+        checkpoint_start = time.monotonic()
         self._checkpoint()
+        self.timing["checkpoint"] = time.monotonic() - checkpoint_start
+        self.timing["total"] = time.monotonic() - started
+        self._write_timing()
         self.state.request_stop()
         return 0
+
+    def _write_timing(self) -> None:
+        """learner_timing.json: where the learner's wall time went (seconds) and the busy
+        seconds of each role (ARCHITECTURE sec. 6), for the run report's profile."""
+        timing = dict(self.timing)
+        timing["other"] = timing["total"] - sum(
+            v for k, v in timing.items() if k not in ("total", "evaluations_background")
+        )
+        payload = {"learner_seconds": timing, "busy_seconds_by_role": self.compute.by_role()}
+        (self.run_dir / "learner_timing.json").write_text(json.dumps(payload, indent=2))
+
+    def _reserve_s(self) -> float:
+        """Seconds to keep in hand before the deadline: one more step plus the final
+        evaluation (with a 20% margin), by the last of each measured."""
+        return 1.2 * (self._last_step_s + self._last_eval_s)
 
     def _pipeline_step(self, stop: threading.Event) -> None:
         """PipelineRL-k: one step on P admissible groups, then publish."""
@@ -244,9 +295,17 @@ class Learner:
             self._publish_if_new()
 
     def _publish_if_new(self) -> None:
+        """Announce the learner's version (staleness checks use it at once) and publish
+        its weights, unless an evaluation is running: its completions must all come from
+        one policy version, so the weights wait until it ends."""
         if self.state.get_policy_version() != self.version:
             self.state.set_policy_version(self.version)
+        if self._published != self.version and self._eval_job is None:
+            start = time.monotonic()
             self.publisher.publish(self.model, self.version)
+            self._published = self.version
+            self._publish_block_s += time.monotonic() - start
+            self.timing["publish"] += time.monotonic() - start
 
     def _collect_batch(
         self, stop: threading.Event, want: int, admissible
@@ -255,6 +314,9 @@ class Learner:
         groups, entry_ids = [], []
         wait_start = last_arrival = time.monotonic()
         while len(groups) < want and not stop.is_set():
+            # An evaluation that ended releases the weights it held back: without them the
+            # workers cannot make groups admissible again once the learner is k ahead.
+            self._finish_evaluation(block=False)
             for entry_id, group in self.replay.read(CONSUMER, want - len(groups), 500):
                 last_arrival = time.monotonic()
                 if admissible(group):
@@ -280,6 +342,9 @@ class Learner:
         stale = [staleness(self.version, g.min_policy_version) for g in groups]
         with BusyTimer(self.compute, "learner") as timer:
             metrics = self.trainer.step(groups)
+        self._last_step_s = timer.device_seconds + self._batch_wait_s
+        self.timing["train"] += timer.device_seconds
+        self.timing["wait_for_groups"] += self._batch_wait_s
         self.replay.ack(entry_ids)
         self._update_pool(groups)
         zero_variance = int(metrics.get("groups_zero_variance", 0))
@@ -298,6 +363,9 @@ class Learner:
             "step_seconds": timer.device_seconds,
             "batch_wait_seconds": self._batch_wait_s,
             "publish_seconds": self.publisher.last_seconds,
+            "publish_block_seconds": self._take_publish_block(),
+            "eval_wait_seconds": self._take_eval_wait(),
+            "busy_seconds_by_role": self.compute.by_role(),
             "queue_depth": self.replay.depth(),
             "staleness_mean": sum(stale) / len(stale),
             "staleness_max": max(stale),
@@ -356,36 +424,79 @@ class Learner:
 
     # ----- evaluation, curve, checkpoints ----------------------------------------------------
 
-    def _evaluate(self) -> None:
-        self.publisher.wait()  # evaluate the current version on every worker
-        start = time.monotonic()
+    def _evaluate(self, background: bool) -> None:
+        """Score the held-out split at the current policy version on the workers.
+
+        background (PipelineRL mode): the learner goes on training while the workers
+        evaluate, and holds its new weights back until the evaluation ends (at most k
+        steps, then the replay stream runs out of admissible groups); the point is
+        recorded at the compute and version of the evaluation's start. Otherwise the
+        learner waits for it."""
+        self._finish_evaluation(block=True)
+        self._publish_if_new()
+        self.publisher.wait()  # every worker serves the current version
+        job = _EvalJob(self.step, self.version, self.compute.total_hours(), time.monotonic())
         workers = sorted(self.registry.workers().values())
-        result = self.evaluator.evaluate(workers, seed=self.config.seed + 7919 * self.step)
-        compute = self.compute.total_hours()
+        seed = self.config.seed + 7919 * self.step
+        job.thread = threading.Thread(
+            target=job.run, args=(self.evaluator, workers, seed), name="evaluate", daemon=True
+        )
+        self._eval_job = job
+        job.thread.start()
+        if not background:
+            self._finish_evaluation(block=True)
+
+    def _finish_evaluation(self, block: bool) -> None:
+        """Record the running evaluation once it is done (waiting for it when `block`),
+        then publish the weights it held back. Re-raises the evaluation's error."""
+        job = self._eval_job
+        if job is None or (not block and job.thread.is_alive()):
+            return
+        waited = time.monotonic()
+        job.thread.join()
+        self._eval_wait_s += time.monotonic() - waited
+        self.timing["wait_for_evaluation"] += time.monotonic() - waited
+        self.timing["evaluations_background"] += job.seconds - (time.monotonic() - waited)
+        self._eval_job = None
+        if job.error is not None:
+            raise job.error
+        result = job.result
+        self._last_eval_s = job.seconds
         if self.r0 is None:
             self.r0 = result.pass_rate
         record = {
-            "step": self.step,
-            "policy_version": self.version,
-            "compute": compute,
+            "step": job.step,
+            "policy_version": job.version,
+            "compute": job.compute,
             "pass_rate": result.pass_rate,
             "parse_failure_rate": result.parse_failure_rate,
             "completions": result.completions,
             "mean_tokens": result.mean_tokens,
             "truncation_rate": result.truncation_rate,
-            "seconds": time.monotonic() - start,
+            "seconds": job.seconds,
+            "learner_steps_meanwhile": self.step - job.step,
             "time": time.time(),
         }
         self._append("eval.jsonl", record)
         self.status.update(heldout_pass_rate=result.pass_rate)
         log.info(
-            "eval step %d: pass rate %.3f over %d completions (%.1fs)",
-            self.step,
+            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)",
+            job.step,
             result.pass_rate,
             result.completions,
-            record["seconds"],
+            job.seconds,
+            record["learner_steps_meanwhile"],
         )
-        self._record_curve_point(compute, result.pass_rate)
+        self._record_curve_point(job.compute, result.pass_rate)
+        self._publish_if_new()
+
+    def _take_publish_block(self) -> float:
+        value, self._publish_block_s = self._publish_block_s, 0.0
+        return value
+
+    def _take_eval_wait(self) -> float:
+        value, self._eval_wait_s = self._eval_wait_s, 0.0
+        return value
 
     def _record_curve_point(self, compute: float, pass_rate: float) -> None:
         if not self.curve_address:
@@ -430,6 +541,27 @@ class Learner:
 
     def close(self) -> None:
         self.server.stop(grace=1)
+
+
+@dataclass
+class _EvalJob:
+    """One held-out evaluation running on the workers (`Learner._evaluate`)."""
+
+    step: int
+    version: int
+    compute: float  # core-hours when it started: the curve point's compute
+    started: float
+    thread: threading.Thread | None = None
+    result: EvalResult | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
+
+    def run(self, evaluator: Evaluator, workers: list[str], seed: int) -> None:
+        try:
+            self.result = evaluator.evaluate(workers, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - re-raised on the learner's thread
+            self.error = exc
+        self.seconds = time.monotonic() - self.started
 
 
 def _histogram(values: list[int], k: int) -> list[int]:

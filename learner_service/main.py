@@ -32,15 +32,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
-    from scalerl.entrypoint import load_config_or_none, stop_on_signals
+    from scalerl.entrypoint import (
+        load_config_or_none,
+        resolve_hardware_or_none,
+        stop_on_signals,
+    )
 
     config = load_config_or_none("scalerl-learner", args.config, args.set)
-    if config is None:
+    resolved = config and resolve_hardware_or_none("scalerl-learner", config)
+    if not resolved:
         return 2
+    config, precision = resolved
     from prometheus_client import start_http_server
 
     from learner_service.learner import Learner
+    from scalerl.build_info import register_build_info
 
+    register_build_info("learner", precision.device, precision.learner_dtype)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host)
     stop = stop_on_signals()

@@ -18,6 +18,7 @@ import torch
 
 from learner_service import recipe
 from scalerl.config import LearnerConfig
+from scalerl.hardware import native_bf16
 from scalerl.v1 import rollout_pb2
 
 
@@ -221,7 +222,7 @@ class Trainer:
         model: causal LM (see `token_logprobs`), already on its device.
         config: the learner section of the run config (loss, aggregation, advantage
             normalization, filter, lr, betas, weight decay, grad clip, micro-batch size,
-            fp32 head, bf16 autocast).
+            fp32 head, bf16 autocast: "auto" = where the model's device has native bf16).
         temperature: the rollout sampling temperature (> 0).
         loss_hyperparameters: the loss's eps values; default
             `config.loss_hyperparameters` ("cispo": eps_max; "dapo"/"gspo": eps_low,
@@ -257,6 +258,12 @@ class Trainer:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # "auto" (not resolved by the entry point): decide for the model's own device.
+        self.autocast_bf16 = (
+            native_bf16(str(self.params[0].device))[0]
+            if config.autocast_bf16 == "auto"
+            else bool(config.autocast_bf16)
+        )
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.lr,
@@ -374,7 +381,7 @@ class Trainer:
                 batch.attention_mask[s0:s1, :width].to(dev),
                 self.temperature,
                 cfg.fp32_lm_head,
-                cfg.autocast_bf16,
+                self.autocast_bf16,
                 start,
             )
             rows = batch.sample_index[t0:t1].to(dev) - s0

@@ -29,6 +29,7 @@ def supervised_warmup(
     a behaviour that generalizes across prompts to learn (stop after the answer), as the
     embedded model has (stop explaining). Returns the last loss (nats per completion token)."""
     rng = random.Random(seed)
+    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / max(1, steps))
     eos = min(tokenizer.stop_token_ids)
@@ -47,9 +48,9 @@ def supervised_warmup(
         width = max(len(r) for r in rows)
         ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         labels = torch.tensor([t + [-100] * (width - 1 - len(t)) for t in targets])
-        logits = model(input_ids=ids).logits[:, :-1].float()
+        logits = model(input_ids=ids.to(device)).logits[:, :-1].float()
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(device), ignore_index=-100
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

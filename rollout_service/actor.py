@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rollout_service.engine import GenerationRequest, GenerationStream, TorchEngine
 from scalerl.config import RunConfig
+from scalerl.length_control import forced_ids, scored_ids
 from scalerl.prompt_pool import PromptPool
 from scalerl.registry import RunState
 from scalerl.replay import PushAborted, ReplayStream
@@ -72,9 +73,11 @@ class ActorLoop:
         self.worker_id = worker_id
         self.rng = random.Random(f"{config.seed}-{worker_id}")
         rollout = config.rollout
+        on = bool(rollout.thinking_budget)
         self.interrupt_ids = (
-            tuple(tokenizer.encode(rollout.interrupt_text)) if rollout.thinking_budget else ()
+            forced_ids(rollout.interrupt_text, rollout.think_end, tokenizer.encode) if on else ()
         )
+        self.think_end_ids = tuple(tokenizer.encode(rollout.think_end)) if on else ()
         self.groups_pushed = 0
         self.groups_dropped_stale = 0
 
@@ -129,6 +132,7 @@ class ActorLoop:
                 thinking_budget=rollout.thinking_budget,
                 answer_budget=rollout.answer_budget if rollout.thinking_budget else 0,
                 interrupt_ids=self.interrupt_ids,
+                think_end_ids=self.think_end_ids,
             )
             streams.append(self.engine.submit(request))
         return _GroupInFlight(prompt_id, prompt_ids, streams, version)
@@ -149,11 +153,13 @@ def build_group(
     group: _GroupInFlight, task: AdditionTask, tokenizer, worker_id: str
 ) -> rollout_pb2.RolloutGroup:
     """Join the G finished streams into a scored `RolloutGroup` (reward by the task's
-    verifier on the decoded completion; min/max policy version over every token)."""
+    verifier on the decoded completion, only its answer after the forced phrase when it
+    was interrupted: `scalerl.length_control`; min/max policy version over every token)."""
     samples, versions = [], []
     for stream in group.streams:
         done = stream.result()
-        verdict = task.score(group.prompt_id, tokenizer.decode(done.token_ids))
+        answer = tokenizer.decode(scored_ids(done.token_ids, done.forced))
+        verdict = task.score(group.prompt_id, answer)
         samples.append(
             rollout_pb2.Sample(
                 token_ids=done.token_ids,

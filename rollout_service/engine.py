@@ -28,9 +28,12 @@ reported log-prob is log softmax(logits) at the argmax, i.e. under the untempere
 distribution (the greedy "distribution" is a point mass whose log-prob, 0, says nothing).
 
 Interruption-based length control (ScaleRL, Khatri et al. 2025, Sec. 3.1): after
-`thinking_budget` sampled tokens without a stop token, the interrupt phrase is forced
-(forced=True, log-prob under the plain untempered softmax), then at most
-`answer_budget` more tokens are sampled.
+`thinking_budget` sampled tokens without a stop token, the interrupt phrase (and the
+end-of-thinking marker, when the model has one) is forced (forced=True, log-prob under the
+plain untempered softmax), then at most `answer_budget` more tokens are sampled. A model
+that samples its end-of-thinking marker (`think_end_ids`) before the budget has ended its
+thinking by itself: it is never interrupted, and a later TRUNCATE only starts the answer
+budget.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -81,7 +84,10 @@ class GenerationRequest:
     (None = random); max_new_tokens: upper bound on completion tokens, forced included;
     thinking_budget: sampled tokens before the interrupt phrase is forced (0 = off);
     answer_budget: sampled tokens allowed after the phrase (0 = bounded by max_new_tokens
-    only); interrupt_ids: the phrase's token ids.
+    only); interrupt_ids: the tokens forced at the interrupt (the phrase, then the
+    end-of-thinking marker when the model has one); think_end_ids: the end-of-thinking
+    marker: once the model samples it, its thinking is over and the phrase is never
+    forced (empty = no marker, the budget alone decides).
     """
 
     request_id: str
@@ -93,6 +99,14 @@ class GenerationRequest:
     thinking_budget: int = 0
     answer_budget: int = 0
     interrupt_ids: tuple[int, ...] = ()
+    think_end_ids: tuple[int, ...] = ()
+
+
+def closes_thinking(sampled: Sequence[int], think_end_ids: Sequence[int]) -> bool:
+    """True when the sampled tokens end with the end-of-thinking marker (never without
+    one). Called after every sampled token, so the marker is seen when it completes."""
+    n = len(think_end_ids)
+    return n > 0 and len(sampled) >= n and tuple(sampled[-n:]) == tuple(think_end_ids)
 
 
 @dataclass
@@ -210,6 +224,8 @@ class _Seq:
     forced_at: int | None = None  # `sampled` when the phrase was forced
     want_force: str | None = None  # reason to force the phrase at the next step
     first_token: bool = False
+    thought_closed: bool = False  # the model sampled its end-of-thinking marker
+    tail: list[int] = field(default_factory=list)  # last sampled tokens (marker check)
 
 
 @dataclass(eq=False)
@@ -492,7 +508,10 @@ class TorchEngine(EngineBookkeeping):
                         self._waiting.remove(seq)
             self._finish(seq, Chunk([], [], [], []), ABORTED)
         elif seq.forced_at is None and seq.want_force is None:
-            seq.want_force = "truncate"
+            if seq.thought_closed:  # already answering: no phrase, the answer budget starts
+                seq.forced_at = seq.sampled
+            else:
+                seq.want_force = "truncate"
 
     def _admit(self, seqs: list[_Seq]) -> None:
         """Prefill new requests: one batched forward over their distinct prompts, then the
@@ -596,6 +615,10 @@ class TorchEngine(EngineBookkeeping):
         seq.generated += 1
         seq.unfed = token
         chunk = Chunk([token], [logprob], [seq.logits_version], [False])
+        marker = request.think_end_ids
+        if marker and seq.forced_at is None and not seq.thought_closed:
+            seq.tail = (seq.tail + [token])[-len(marker) :]
+            seq.thought_closed = closes_thinking(seq.tail, marker)
         if token in self.stop_token_ids:
             self._finish(seq, chunk, STOP if seq.forced_at is None else INTERRUPTED)
         elif seq.generated >= request.max_new_tokens:
@@ -603,7 +626,8 @@ class TorchEngine(EngineBookkeeping):
         elif seq.forced_at is not None and 0 < request.answer_budget <= seq.sampled - seq.forced_at:
             self._finish(seq, chunk, LENGTH)
         else:
-            if seq.forced_at is None and 0 < request.thinking_budget <= seq.sampled:
+            due = 0 < request.thinking_budget <= seq.sampled
+            if seq.forced_at is None and due and not seq.thought_closed:
                 seq.want_force = "thinking_budget"
             self._emit(seq, chunk)
 
@@ -666,7 +690,12 @@ def validate_request(request: GenerationRequest, vocab_size: int, max_seq_len: i
     ids = list(request.prompt_ids)
     if not ids:
         raise ValueError("prompt_ids must hold at least one token")
-    for name, values in (("prompt_ids", ids), ("interrupt_ids", request.interrupt_ids)):
+    named = (
+        ("prompt_ids", ids),
+        ("interrupt_ids", request.interrupt_ids),
+        ("think_end_ids", request.think_end_ids),
+    )
+    for name, values in named:
         bad = [t for t in values if not 0 <= int(t) < vocab_size]
         if bad:
             raise ValueError(f"{name}: token id {bad[0]} outside 0..{vocab_size - 1}")

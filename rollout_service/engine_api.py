@@ -92,7 +92,13 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
         from rollout_service.engine import TorchEngine
 
         return TorchEngine(
-            model, stops, rollout.max_batch, rollout.max_seq_len, rollout.dtype, metrics=metrics
+            model,
+            stops,
+            rollout.max_batch,
+            rollout.max_seq_len,
+            _concrete(rollout.dtype),
+            device=config.device if config.device != "auto" else "cpu",
+            metrics=metrics,
         )
     if rollout.engine == "vllm":
         from rollout_service.vllm_engine import VLLMEngine, require_vllm
@@ -103,7 +109,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             stops,
             max_batch=rollout.max_batch,
             max_seq_len=rollout.max_seq_len,
-            dtype=rollout.dtype,
+            dtype=_concrete(rollout.dtype),
             metrics=metrics,
             enforce_eager=rollout.vllm_enforce_eager,
             kv_cache_gib=rollout.vllm_kv_cache_gib,
@@ -111,6 +117,13 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             threads=rollout.threads,
         )
     return _build_sglang(config, model_folder(config, model), stops, metrics)
+
+
+def _concrete(dtype: str) -> str:
+    """The engine dtype; "auto" must have been resolved by `scalerl.hardware` first (the
+    worker's entry point does), so an unresolved one falls back to float32, never to a
+    bf16 that may be emulated."""
+    return "float32" if dtype == "auto" else dtype
 
 
 def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> RolloutEngine:
@@ -127,7 +140,7 @@ def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> 
     url = rollout.sglang_url
     if not url:
         port = _free_port()
-        process = launch_sglang_server(str(folder), port, dtype=rollout.dtype)
+        process = launch_sglang_server(str(folder), port, dtype=_concrete(rollout.dtype))
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, process=process)

@@ -36,12 +36,21 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s rollout[{args.worker_id}] %(levelname)s %(message)s",
     )
-    from scalerl.entrypoint import load_config_or_none, stop_on_signals
+    from scalerl.entrypoint import (
+        load_config_or_none,
+        resolve_hardware_or_none,
+        stop_on_signals,
+    )
 
     config = load_config_or_none("scalerl-rollout", args.config, args.set)
-    if config is None:
+    resolved = config and resolve_hardware_or_none("scalerl-rollout", config)
+    if not resolved:
         return 2
+    config, precision = resolved
     from rollout_service.worker import RolloutWorker
+    from scalerl.build_info import register_build_info
+
+    register_build_info("rollout", precision.device, precision.rollout_dtype)
 
     stop = stop_on_signals()
     worker = RolloutWorker(

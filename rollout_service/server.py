@@ -68,6 +68,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     tokenizer: a `scalerl.models.PolicyTokenizer` (for prompt_text and interrupt text).
     default_interrupt_text: forced phrase when a request leaves it empty.
     default_max_new_tokens: used when a request's max_new_tokens is 0.
+    think_end: the model's end-of-thinking marker (`rollout.think_end`; "" = none): forced
+    after every interrupt phrase, and a sampled one ends the thinking without a phrase.
     """
 
     def __init__(
@@ -79,12 +81,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         default_interrupt_text: str,
         default_max_new_tokens: int,
         metrics: RolloutMetrics | None = None,
+        think_end: str = "",
     ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
         self._worker_id = worker_id
         self._model_name = model_name
-        self._default_interrupt_ids = tuple(tokenizer.encode(default_interrupt_text))
+        self._think_end_ids = tuple(tokenizer.encode(think_end)) if think_end else ()
+        self._default_interrupt_ids = (
+            tuple(tokenizer.encode(default_interrupt_text)) + self._think_end_ids
+        )
         self._default_max_new_tokens = default_max_new_tokens
         self._metrics = metrics
 
@@ -174,6 +180,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             thinking_budget=control.thinking_budget,
             answer_budget=control.answer_budget,
             interrupt_ids=self._interrupt_ids(control.interrupt_text),
+            think_end_ids=self._think_end_ids,
         )
 
     def _prompt_ids(self, request: rollout_pb2.GenerateRequest) -> tuple[int, ...]:
@@ -193,7 +200,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _interrupt_ids(self, text: str) -> tuple[int, ...]:
         if not text:
             return self._default_interrupt_ids
-        return tuple(self._encode("length_control.interrupt_text", text))
+        return tuple(self._encode("length_control.interrupt_text", text)) + self._think_end_ids
 
     def _encode(self, field: str, text: str) -> list[int]:
         try:

@@ -223,6 +223,11 @@ class SGLangEngine(EngineBookkeeping):
         field (as TorchEngine.submit), DuplicateRequestError for a request_id still running,
         RuntimeError once the engine is stopping."""
         validate_request(request, self.vocab_size, self.max_seq_len)
+        if request.think_end_ids:
+            raise ValueError(
+                "think_end_ids: the SGLang adapter does not detect an end-of-thinking marker "
+                "yet; leave rollout.think_end empty with rollout.engine=sglang"
+            )
         stream = GenerationStream(self, request)
         job = _Job(request, stream, time.monotonic())
         with self._lock:

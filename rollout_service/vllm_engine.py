@@ -72,6 +72,7 @@ from rollout_service.engine import (
     EngineError,
     GenerationRequest,
     GenerationStream,
+    closes_thinking,
     validate_request,
 )
 from scalerl.v1 import rollout_pb2
@@ -96,6 +97,7 @@ class _Request:
     sampled: int = 0
     forced_at: int | None = None  # `sampled` when the phrase was forced
     want_force: str | None = None  # "thinking_budget" or "truncate"
+    thought_closed: bool = False  # the model sampled its end-of-thinking marker
     phases: int = 0
     task: asyncio.Task | None = None
     phase: asyncio.Task | None = None
@@ -321,6 +323,9 @@ class VLLMEngine(EngineBookkeeping):
             self._count_interrupt("abort")
             state.task.cancel()
         elif state.forced_at is None and state.want_force is None:
+            if state.thought_closed:  # already answering: no phrase, the answer budget starts
+                state.forced_at = state.sampled
+                return
             state.want_force = "truncate"
             if state.phase is not None:
                 state.phase.cancel()
@@ -406,12 +411,14 @@ class VLLMEngine(EngineBookkeeping):
                     return reason
         if state.want_force == "thinking_budget":
             return 0
+        if state.thought_closed and finish == "length":  # the thinking budget's phase ended
+            return 0  # after the model closed its thinking: go on sampling, no phrase
         raise EngineError(f"vLLM ended request {vllm_id} early (finish_reason {finish!r})")
 
     def _sample_limit(self, state: _Request, room: int) -> int:
         """Tokens this phase may sample: the room left, capped by the budget in force."""
         request = state.request
-        if state.forced_at is None and request.thinking_budget:
+        if state.forced_at is None and request.thinking_budget and not state.thought_closed:
             return min(room, request.thinking_budget - state.sampled)
         if state.forced_at is not None and request.answer_budget:
             return min(room, request.answer_budget - (state.sampled - state.forced_at))
@@ -429,11 +436,14 @@ class VLLMEngine(EngineBookkeeping):
             chunk.logprobs.append(float(completion.logprobs[index][token].logprob))
             chunk.versions.append(versions[index])
             chunk.forced.append(False)
+            if state.forced_at is None and not state.thought_closed:
+                state.thought_closed = closes_thinking(state.tokens, request.think_end_ids)
             reason = self._ends(state, token)
             if reason:
                 self._finish(state, chunk, reason)
                 return reason
-            if state.forced_at is None and 0 < request.thinking_budget <= state.sampled:
+            due = 0 < request.thinking_budget <= state.sampled
+            if state.forced_at is None and due and not state.thought_closed:
                 state.want_force = "thinking_budget"
                 self._emit(state, chunk)
                 return 0

@@ -18,6 +18,7 @@ from rollout_service.weights import receive_weights
 from scalerl.compute import ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.grpc_util import make_server
+from scalerl.length_control import check_budgets
 from scalerl.models import load_policy
 from scalerl.prompt_pool import PromptPool
 from scalerl.redis_server import connect
@@ -64,6 +65,7 @@ class RolloutWorker:
         """Load the model, start the engine and the gRPC server, begin heart-beating."""
         torch.set_num_threads(self.config.rollout.threads)
         model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
+        check_budgets(self.config.rollout, self.tokenizer.encode)
         self.metrics = RolloutMetrics()
         rollout = self.config.rollout
         self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
@@ -76,6 +78,7 @@ class RolloutWorker:
             rollout.interrupt_text,
             rollout.max_new_tokens,
             metrics=self.metrics,
+            think_end=rollout.think_end,
         )
         self.server, self.port, _ = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],

@@ -110,13 +110,23 @@ class RolloutConfig(_Section):
         16, ge=1, le=32_768, description="Sampled tokens allowed after the interrupt phrase."
     )
     interrupt_text: str = Field(DEFAULT_INTERRUPT_TEXT, description="Forced end-of-thinking.")
+    think_end: str = Field(
+        "",
+        description="End-of-thinking marker of models that think inside tags (e.g. "
+        "'</think>'): appended after the forced phrase, and a model that samples it before "
+        "the thinking budget is not interrupted; empty = none.",
+    )
     max_batch: int = Field(
         64, ge=1, le=4096, description="Concurrent sequences in one engine (KV-cache slots)."
     )
     max_seq_len: int = Field(
         512, ge=16, le=131_072, description="Longest prompt+completion, tokens."
     )
-    dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="Engine dtype.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Engine body dtype (the LM head is fp32 either way); auto = bfloat16 "
+        "where the device computes it natively, else float32 (scalerl.hardware).",
+    )
     groups_in_flight: int = Field(
         4, ge=1, le=1024, description="Groups the actor loop keeps generating at once."
     )
@@ -167,7 +177,11 @@ class LearnerConfig(_Section):
         8, ge=1, description="Attempts before a prompt can be retired by NPR."
     )
     fp32_lm_head: bool = True
-    autocast_bf16: bool = Field(True, description="bf16 autocast for the body (logits fp32).")
+    autocast_bf16: bool | Literal["auto"] = Field(
+        "auto",
+        description="bf16 autocast for the body (logits fp32); auto = on where the device "
+        "computes bf16 natively (scalerl.hardware).",
+    )
     micro_batch_samples: int = Field(16, ge=1, description="Samples per forward/backward.")
     threads: int = Field(1, ge=1, le=256, description="torch threads of the learner.")
     eval_every: int = Field(5, ge=1, description="Evaluate every N optimizer steps.")
@@ -209,7 +223,12 @@ class RunConfig(BaseSettings):
 
     run_id: str = Field("run", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Run name.")
     seed: int = Field(0, description="Global seed.")
-    device: Literal["cpu", "cuda", "auto"] = "auto"
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="auto: CUDA when present (cuda:LOCAL_RANK), else the CPU; or cpu, cuda, "
+        "cuda:N (scalerl.hardware).",
+    )
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -218,13 +237,14 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if (
-            self.rollout.thinking_budget
-            and self.rollout.thinking_budget >= self.rollout.max_new_tokens
-        ):
+        r = self.rollout
+        # The phrase takes at least one token; its exact length needs the tokenizer
+        # (scalerl.length_control.check_budgets, run before any process starts).
+        if r.thinking_budget and r.thinking_budget + 1 + r.answer_budget > r.max_new_tokens:
             raise ValueError(
-                "rollout.thinking_budget must be < rollout.max_new_tokens "
-                f"(got {self.rollout.thinking_budget} >= {self.rollout.max_new_tokens})"
+                "rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget "
+                f"must fit rollout.max_new_tokens: {r.thinking_budget} + at least 1 + "
+                f"{r.answer_budget} > {r.max_new_tokens}"
             )
         return self
 

@@ -38,6 +38,29 @@ def load_config_or_none(
         return None
 
 
+def resolve_hardware_or_none(prog: str, config: RunConfig):
+    """(config with device and precision resolved for this machine, its
+    `scalerl.hardware.Precision`), logged; or None after printing `prog: <one line>` when
+    the device asked for is not there (the caller exits with code 2). Imports torch."""
+    import logging
+
+    from scalerl.hardware import resolved_config
+
+    try:
+        resolved, precision = resolved_config(config)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    logging.getLogger(prog).info(
+        "device %s, rollout dtype %s, learner body %s (%s)",
+        precision.device,
+        precision.rollout_dtype,
+        precision.learner_dtype,
+        precision.reason,
+    )
+    return resolved, precision
+
+
 def stop_on_signals() -> threading.Event:
     """An event set by SIGTERM or SIGINT, so a process can finish its current step."""
     stop = threading.Event()

@@ -49,15 +49,39 @@ def prepare_model(config: RunConfig) -> None:
             smollm2_dir(config.model.cache_dir)
 
 
+def preflight(config: RunConfig) -> tuple[RunConfig, object]:
+    """Resolve device and precision for this machine (printed, and written to the run's
+    config.yaml) and check the length-control budgets with the model's tokenizer. Returns
+    (resolved config, `scalerl.hardware.Precision`). Raises ValueError naming the field."""
+    from scalerl.hardware import resolved_config
+    from scalerl.length_control import check_budgets
+    from scalerl.models import load_tokenizer
+
+    resolved, precision = resolved_config(config)
+    check_budgets(resolved.rollout, load_tokenizer(resolved.model).encode)
+    console.print(
+        f"device {precision.device}, rollout dtype {precision.rollout_dtype}, learner body "
+        f"{precision.learner_dtype} ({precision.reason})",
+        markup=False,
+    )
+    return resolved, precision
+
+
 def run(config: RunConfig, run_dir: Path) -> int:
-    """Run one training job end to end; returns the process exit code (0 = success)."""
+    """Run one training job end to end; returns the process exit code (0 = success, 2 =
+    a config this machine or model cannot run, printed as one line)."""
+    prepare_model(config)
+    try:
+        config, precision = preflight(config)
+    except ValueError as exc:
+        console.print(f"scalerl: {escape(str(exc))}", markup=True)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(dump_config(config))
-    prepare_model(config)
     logs = run_dir / "logs"
     children: list[Child] = []
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         try:
             curve_address = _start_services(
@@ -75,7 +99,8 @@ def run(config: RunConfig, run_dir: Path) -> int:
             console.print(f"[red]run failed:[/] {escape(str(exc))}")
             stop_children(children)
             return 1
-        _finish_report(run_dir, config, curve_address, time.monotonic() - started)
+        wall = time.monotonic() - started
+        _finish_report(run_dir, config, curve_address, (started_unix, wall), precision)
         stop_children(children)
     # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
     # the final weights.
@@ -297,7 +322,34 @@ def training_health(steps: list[dict]) -> dict:
     }
 
 
-def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s: float) -> None:
+def time_profile(timing_path: Path, workers: int) -> dict:
+    """Where the run's time went: the learner's wall seconds by activity (set-up, training,
+    waiting for groups, publishing on its own thread, waiting for evaluations, the final
+    checkpoint, other) with their shares, evaluation seconds that overlapped training, and
+    how busy the rollout workers were (busy seconds over workers x learner wall time)."""
+    if not timing_path.exists():
+        return {}
+    data = json.loads(timing_path.read_text())
+    learner = data["learner_seconds"]
+    total = learner["total"] or 1.0
+    busy = data["busy_seconds_by_role"]
+    return {
+        "learner_seconds": learner,
+        "learner_share": {
+            k: v / total for k, v in learner.items() if k not in ("total", "evaluations_background")
+        },
+        "busy_seconds_by_role": busy,
+        "rollout_busy_fraction": busy.get("rollout", 0.0) / (workers * total),
+    }
+
+
+def _finish_report(
+    run_dir: Path,
+    config: RunConfig,
+    curve_address: str,
+    started: tuple[float, float],
+    precision,
+) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
     extrapolation check: the fit on the first half of the evaluations predicts the last."""
     evals = _read_jsonl(run_dir / "eval.jsonl")
@@ -311,8 +363,16 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s:
         )
     final = evals[-1]
     half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0, predict_at=final["compute"])
+    started_unix, wall_s = started
     report = {
+        "started_unix": started_unix,
         "wall_seconds": wall_s,
+        "precision": {
+            "device": precision.device,
+            "rollout_dtype": precision.rollout_dtype,
+            "learner_dtype": precision.learner_dtype,
+            "reason": precision.reason,
+        },
         "evaluations": len(evals),
         "pass_rate_step0": r0,
         "pass_rate_final": evals[-1]["pass_rate"],
@@ -321,6 +381,7 @@ def _finish_report(run_dir: Path, config: RunConfig, curve_address: str, wall_s:
         "fit": fit,
         "fit_first_half": half,
         "health": training_health(_read_jsonl(run_dir / "metrics.jsonl")),
+        "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
     }
     if half and "prediction" in half:
         report["predicted_final_from_first_half"] = half["prediction"]

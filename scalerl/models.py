@@ -157,19 +157,36 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if model_config.kind == "tiny":
-        char = CharTokenizer()
         model = tiny_model(model_config.tiny_hidden, model_config.tiny_layers, seed)
-        tok = PolicyTokenizer(char, False, frozenset({char.eos_token_id}), char.pad_token_id)
-        return model.eval(), tok
+        return model.eval(), load_tokenizer(model_config)
     folder = (
         Path(model_config.path)
         if model_config.kind == "path"
         else smollm2_dir(model_config.cache_dir)
     )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    hf_tok = AutoTokenizer.from_pretrained(folder)
+    return model.eval(), _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder))
+
+
+def load_tokenizer(model_config) -> PolicyTokenizer:
+    """The `PolicyTokenizer` of the policy a `ModelConfig` names, without its weights
+    (the SmolLM2 folder must have been converted already: `smollm2_dir`)."""
+    from transformers import AutoTokenizer
+
+    if model_config.kind == "tiny":
+        char = CharTokenizer()
+        return PolicyTokenizer(char, False, frozenset({char.eos_token_id}), char.pad_token_id)
+    folder = (
+        Path(model_config.path)
+        if model_config.kind == "path"
+        else smollm2_dir(model_config.cache_dir)
+    )
+    return _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder))
+
+
+def _hf_policy_tokenizer(hf_tok) -> PolicyTokenizer:
     pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
-    return model.eval(), PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad)
+    return PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad)
 
 
 def chat_stop_token_ids(hf_tok) -> frozenset[int]:

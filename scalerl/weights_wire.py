@@ -6,13 +6,14 @@ storage. Shared by the learner and the tests; the receiving side lives in
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
 `chunk` messages of at most CHUNK_BYTES. `lm_head.weight` is left out when it is tied to
-the embeddings.
+the embeddings; the head (the embedding when tied) travels in fp32 whatever the body's
+dtype.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -26,13 +27,29 @@ CHUNK_BYTES = 4 * 1024 * 1024
 # ----- learner side --------------------------------------------------------------------
 
 
-def serialize_state_dict(
+def head_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """State-dict names of the LM head: `lm_head.weight`, and the embedding too when they
+    are tied (then it is the head). These stay fp32 on the wire (`snapshot_state_dict`)."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None:
+        return ()
+    if embed is not None and head.weight is embed.weight:
+        return ("lm_head.weight", "model.embed_tokens.weight")
+    return ("lm_head.weight",)
+
+
+def snapshot_state_dict(
     model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
     dtype: torch.dtype | str | None = None,
-) -> bytes:
-    """The full state dict as safetensors bytes, tensors cast to `dtype` (e.g.
-    torch.bfloat16 or "bfloat16"; None keeps each tensor's dtype). `lm_head.weight` is
-    skipped when it shares storage with `model.embed_tokens.weight` (tied embeddings)."""
+    keep_fp32: Collection[str] = (),
+) -> dict[str, torch.Tensor]:
+    """A CPU copy of the full state dict, tensors cast to `dtype` (e.g. torch.bfloat16 or
+    "bfloat16"; None keeps each tensor's dtype) except those named in `keep_fp32`, which
+    are copied in float32 (the LM head: ScaleRL Sec. 3.2 makes it fp32 on both sides, so
+    the generator must receive it unrounded). `lm_head.weight` is skipped when it shares
+    storage with `model.embed_tokens.weight` (tied embeddings). The copy is taken now:
+    later optimizer steps do not change it."""
     if isinstance(model_or_sd, torch.nn.Module):
         state = model_or_sd.state_dict()
     else:
@@ -41,12 +58,23 @@ def serialize_state_dict(
         dtype = getattr(torch, dtype)
     head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
     tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
-    tensors = {
-        name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
-        for name, tensor in state.items()
-        if not (tied and name == "lm_head.weight")
-    }
-    return save_safetensors(tensors)
+    snapshot = {}
+    for name, tensor in state.items():
+        if tied and name == "lm_head.weight":
+            continue
+        target = torch.float32 if name in keep_fp32 else (dtype or tensor.dtype)
+        copy = tensor.detach().to("cpu", target, copy=True)
+        snapshot[name] = copy.contiguous()
+    return snapshot
+
+
+def serialize_state_dict(
+    model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
+    dtype: torch.dtype | str | None = None,
+    keep_fp32: Collection[str] = (),
+) -> bytes:
+    """`snapshot_state_dict` as safetensors bytes."""
+    return save_safetensors(snapshot_state_dict(model_or_sd, dtype, keep_fp32))
 
 
 def weights_requests(

@@ -32,7 +32,10 @@ def test_environment_overrides_a_field(monkeypatch):
         (["--set", "learner.lr=-1"], "scalerl: learner.lr: Input should be greater than 0"),
         (["--set", "rollout.group_size=1"], "scalerl: rollout.group_size: Input should be"),
         (["--set", "learner.nope=1"], "scalerl: learner.nope: Extra inputs are not permitted"),
-        (["--set", "rollout.thinking_budget=99"], "scalerl: rollout.thinking_budget must be <"),
+        (
+            ["--set", "rollout.thinking_budget=99"],
+            "scalerl: rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget",
+        ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
     ],

@@ -288,7 +288,8 @@ def test_metrics_endpoint_exposes_the_counters(service) -> None:
     assert f'scalerl_curve_fits_total{{status="ok"}} {ok_before + 1}' in text
     assert 'scalerl_curve_fits_total{status="invalid"}' in text
     assert "scalerl_curve_fit_seconds_count" in text
-    assert 'scalerl_build_info{service="curve",version="0.1.0"} 1.0' in text
+    build = 'scalerl_build_info{device="cpu",dtype="float64",service="curve",version="0.1.0"}'
+    assert f"{build} 1.0" in text
 
 
 def test_console_script_serves_and_stops_on_sigterm() -> None:

