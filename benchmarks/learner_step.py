@@ -1,10 +1,12 @@
 """Learner step time on SmolLM2-135M-Instruct, one torch thread (the embedded default).
 
-Three groups of 8 completions (3-32 tokens, the shape of an early default-run step after
-zero-variance filtering), CISPO, bf16 autocast with fp32 head. Prints the seconds of
-`Trainer.step` with samples packed group by group and packed by length.
+Eight groups of 8 completions (3-26 tokens, the default job's limit) behind the default
+chat prompt (~30 tokens), CISPO, all of them trained (no zero-variance group). Prints the
+seconds of `Trainer.step` with the prompt computed once per group (`shared_prefix`, the
+default) and with one full sequence per sample in length-sorted micro-batches (the
+previous default), in one run, and their ratio.
 
-    python benchmarks/learner_step.py [--repeats 3]
+    python benchmarks/learner_step.py [--repeats 3] [--autocast auto|true|false]
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--autocast", default="auto", help="learner.autocast_bf16")
+    parser.add_argument("--micro", type=int, default=16, help="learner.micro_batch_samples")
     args = parser.parse_args()
     import torch
 
-    from learner_service import trainer as trainer_module
     from learner_service.trainer import Trainer
     from scalerl.config import LearnerConfig, ModelConfig
+    from scalerl.hardware import native_bf16
     from scalerl.models import load_policy
     from scalerl.v1 import rollout_pb2
 
@@ -34,7 +38,7 @@ def main() -> None:
         prompt = tok.prompt_ids(f"What is {i}+3?", "Reply with only the final number.")
         samples = []
         for j in range(8):
-            n = rng.randint(3, 32)
+            n = rng.randint(3, 26)
             samples.append(
                 rollout_pb2.Sample(
                     token_ids=[rng.randint(100, 40000) for _ in range(n)],
@@ -46,25 +50,32 @@ def main() -> None:
             )
         return rollout_pb2.RolloutGroup(prompt_token_ids=prompt, samples=samples)
 
-    groups = [group(i) for i in range(3)]
-    original = trainer_module.pack_groups
-    for sort in (False, True):
-        trainer_module.pack_groups = lambda g, pad, sort_by_length=False, s=sort: original(
-            g, pad, sort_by_length=s
+    groups = [group(i) for i in range(8)]
+    autocast = {"true": True, "false": False}.get(args.autocast, "auto")
+    print(
+        f"torch {torch.__version__}, {native_bf16('cpu')[1]}, autocast {args.autocast}, "
+        f"{sum(len(s.token_ids) for g in groups for s in g.samples)} completion tokens, "
+        f"prompt {len(groups[0].prompt_token_ids)} tokens x 64 samples"
+    )
+    medians = {}
+    for shared in (True, False):
+        cfg = LearnerConfig(
+            autocast_bf16=autocast, shared_prefix=shared, lr=1e-9, micro_batch_samples=args.micro
         )
-        trainer = Trainer(model, LearnerConfig(), 1.0, pad_id=tok.pad_token_id)
+        trainer = Trainer(model, cfg, 1.0, pad_id=tok.pad_token_id)
         trainer.step(groups)  # warm-up
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
             trainer.step(groups)
             times.append(time.perf_counter() - start)
-        label = "by length" if sort else "by group"
+        label = "shared prefix" if shared else "per sample"
+        medians[label] = sorted(times)[len(times) // 2]
         print(
-            f"packed {label}: median {sorted(times)[len(times) // 2]:.2f} s per step "
+            f"{label}: median {medians[label]:.2f} s per step "
             f"({', '.join(f'{t:.2f}' for t in times)})"
         )
-    trainer_module.pack_groups = original
+    print(f"per sample / shared prefix: {medians['per sample'] / medians['shared prefix']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -76,14 +76,111 @@ def token_logprobs(
         if not fp32_lm_head:
             logits = model.lm_head(hidden)
     if fp32_lm_head:
-        head = model.lm_head
-        logits = hidden.float() @ head.weight.float().T
-        if getattr(head, "bias", None) is not None:
-            logits = logits + head.bias.float()
+        logits = _fp32_head(model.lm_head, hidden)
     logits = logits.float() / temperature
     targets = input_ids[:, start + 1 :].unsqueeze(-1)
     # gather - logsumexp equals log_softmax-then-gather without a second [B, T, V] tensor.
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def prefix_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    sample_prompt: torch.Tensor,
+    temperature: float = 1.0,
+    fp32_lm_head: bool = True,
+    autocast_bf16: bool = False,
+) -> torch.Tensor:
+    """`token_logprobs` for completions that share prompts, each prompt computed once.
+
+    The prompts' forward fills a KV cache whose rows are then gathered per sample
+    (autograd flows through it, so a prompt's gradient is the sum of its samples'
+    gradients, as in the per-sample forward); the completions attend to it. The prompt
+    holds most tokens of a short-answer task (SmolLM2's chat prompt: ~30 tokens before
+    replies of ~10-26), so the learner computes about half the tokens or fewer. Same math
+    as the per-sample forward: results agree within float rounding (tests/test_trainer.py).
+
+    Args:
+        model: as for `token_logprobs`.
+        prompt_ids: long [M, P], right-padded; prompt_mask: [M, P], 1 for real tokens
+            (every prompt has at least one).
+        completion_ids: long [S, T], right-padded; completion_mask: [S, T].
+        sample_prompt: long [S], the prompt (row of prompt_ids) of each completion.
+        temperature, fp32_lm_head, autocast_bf16: as for `token_logprobs`.
+
+    Returns:
+        float32 [S, T]: entry [s, t] is log p(completion_ids[s, t] | its prompt,
+        completion_ids[s, :t]); entries at padding are 0.
+
+    Raises:
+        ValueError: temperature <= 0 or mismatched shapes.
+    """
+    from transformers import DynamicCache
+
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(f"prompt_ids and prompt_mask must both be [M, P], got {prompt_ids.shape}")
+    if completion_ids.dim() != 2 or completion_mask.shape != completion_ids.shape:
+        raise ValueError("completion_ids and completion_mask must both be [S, T]")
+    if sample_prompt.shape != completion_ids.shape[:1]:
+        raise ValueError("sample_prompt must hold one prompt index per completion row")
+    rows, width = completion_ids.shape
+    body, dev = model.model, completion_ids.device
+    prompt_lens = prompt_mask.sum(dim=1)
+    cache = DynamicCache(config=model.config)
+    key = _CACHE_KWARG.setdefault(type(body), _cache_kwarg(body))
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+        prompt_hidden = body(
+            input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **{key: cache}
+        ).last_hidden_state
+        cache.batch_select_indices(sample_prompt)
+        mask = torch.cat([prompt_mask[sample_prompt], completion_mask], dim=1)
+        positions = prompt_lens[sample_prompt, None] + torch.arange(width, device=dev)
+        hidden_c = body(
+            input_ids=completion_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{key: cache},
+        ).last_hidden_state
+        # Token 0 of a completion is predicted by its prompt's last real position.
+        last = prompt_hidden[torch.arange(len(prompt_lens), device=dev), prompt_lens - 1]
+        hidden = torch.cat([last[sample_prompt, None], hidden_c[:, :-1]], dim=1)
+        # The LM head (the costliest layer on a 49k vocabulary) only where there is a
+        # completion token: padding is skipped.
+        valid = completion_mask.bool()
+        hidden = hidden[valid]
+        if not fp32_lm_head:
+            logits = model.lm_head(hidden)
+    if fp32_lm_head:
+        logits = _fp32_head(model.lm_head, hidden)
+    logits = logits.float() / temperature
+    targets = completion_ids[valid].unsqueeze(-1)
+    picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.zeros(rows, width, device=dev).masked_scatter(valid, picked)
+
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def _cache_kwarg(body: torch.nn.Module) -> str:
+    """The KV-cache argument's name: `cache` since transformers 5.24, `past_key_values`
+    before (vLLM's environment pins an older transformers)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+
+
+def _fp32_head(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head in fp32 (paper Sec. 3.2): hidden [..., H] -> logits [..., V] fp32."""
+    logits = hidden.float() @ head.weight.float().T
+    if getattr(head, "bias", None) is not None:
+        logits = logits + head.bias.float()
+    return logits
 
 
 @dataclass
@@ -318,7 +415,13 @@ class Trainer:
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]
         if not kept:
             return metrics | _idle_metrics(groups_used=0)
-        batch = pack_groups(kept, self.pad_id, sort_by_length=True)
+        # Per-sample micro-batches: sorted by length, so neighbours share little padding.
+        # Shared prefix: whole groups, those with similar longest replies side by side
+        # (the order of groups changes nothing in the loss).
+        shared = self.config.shared_prefix
+        if shared:
+            kept.sort(key=lambda g: max(len(s.token_ids) for s in g.samples))
+        batch = pack_groups(kept, self.pad_id, sort_by_length=not shared)
         return metrics | self._optimize(batch, groups_used=len(kept))
 
     def _optimize(self, batch: PackedBatch, groups_used: int) -> dict[str, float]:
@@ -361,12 +464,21 @@ class Trainer:
     def _accumulate(
         self, batch: PackedBatch, token_adv: torch.Tensor, weights: torch.Tensor
     ) -> tuple[float, tuple[float, float, float]]:
-        """Forward/backward over micro-batches of whole samples; gradients add up to the
-        full-batch gradient because the aggregation weights were computed on the batch.
+        """Forward/backward over micro-batches (whole groups with `shared_prefix`, else
+        `micro_batch_samples` whole samples); gradients add up to the full-batch gradient
+        because the aggregation weights were computed on the batch.
         Returns (loss, (sum of rho, clipped tokens, tokens, max rho))."""
+        totals = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss, rho sum, clipped, tokens, rho max
+        chunks = self._group_chunks if self.config.shared_prefix else self._sample_chunks
+        for t0, t1, logp in chunks(batch):
+            self._backward(batch, slice(t0, t1), logp, token_adv, weights, totals)
+        loss, rho_sum, clipped, counted, rho_max = totals
+        return loss, (rho_sum, clipped, counted, rho_max)
+
+    def _sample_chunks(self, batch: PackedBatch):
+        """(t0, t1, logp of tokens t0..t1) per micro-batch of whole samples."""
         cfg, dev = self.config, self.device
         size, offsets = cfg.micro_batch_samples, batch.token_offsets.tolist()
-        loss_total, rho_sum, clipped, counted, rho_max = 0.0, 0.0, 0.0, 0.0, 0.0
         for s0 in range(0, batch.num_samples, size):
             s1 = min(s0 + size, batch.num_samples)
             t0, t1 = offsets[s0], offsets[s1]
@@ -385,31 +497,86 @@ class Trainer:
                 start,
             )
             rows = batch.sample_index[t0:t1].to(dev) - s0
-            logp = logp_all[rows, positions - start]
-            sl = slice(t0, t1)
-            mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
-            loss = recipe.policy_loss(
-                logp,
-                logp_gen,
-                token_adv[sl].to(dev),
-                batch.sample_index[sl].to(dev),
-                batch.group_index[sl].to(dev),
-                mask,
-                loss=cfg.loss,
-                aggregation=cfg.aggregation,
-                weights=weights[sl].to(dev),
-                **self.hyperparameters,
+            yield t0, t1, logp_all[rows, positions - start]
+
+    def _group_chunks(self, batch: PackedBatch):
+        """(t0, t1, logp of tokens t0..t1) per micro-batch of whole groups (as many as fit
+        `micro_batch_samples`, at least one), each prompt computed once
+        (`prefix_logprobs`); the batch must be packed group by group."""
+        cfg, dev = self.config, self.device
+        offsets = batch.token_offsets.tolist()
+        bounds = torch.searchsorted(
+            batch.sample_group, torch.arange(int(batch.sample_group.max()) + 2)
+        ).tolist()
+        prompt_lens = (batch.seq_lens - batch.token_offsets.diff()).tolist()
+        for first, last in _micro_batches(bounds, cfg.micro_batch_samples):
+            s0, s1 = bounds[first], bounds[last]
+            t0, t1 = offsets[s0], offsets[s1]
+            if t1 == t0:
+                continue
+            starts = bounds[first:last]  # first sample of each group (groups are non-empty)
+            sizes = torch.tensor(bounds[first + 1 : last + 1]) - torch.tensor(starts)
+            plens = [prompt_lens[s] for s in starts]
+            pwidth = max(plens)
+            prompt_mask = (torch.arange(pwidth)[None] < torch.tensor(plens)[:, None]).long()
+            prompts = batch.input_ids[starts, :pwidth] * prompt_mask  # completions zeroed
+            owner = torch.repeat_interleave(torch.arange(len(starts)), sizes)
+            plen_of = torch.tensor(plens)[owner]  # [samples] prompt length of each sample
+            width = int((batch.seq_lens[s0:s1] - plen_of).max())
+            cols = plen_of[:, None] + torch.arange(width)[None]
+            comp_ids = batch.input_ids[s0:s1].gather(
+                1, cols.clamp_max(batch.input_ids.shape[1] - 1)
             )
-            loss.backward()
-            loss_total += float(loss.detach())
-            low, high = self.ratio_bounds
-            stats = recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
-            if stats["tokens"]:
-                rho_sum += stats["ratio_mean"] * stats["tokens"]
-                clipped += stats["ratio_clipped_frac"] * stats["tokens"]
-                counted += stats["tokens"]
-                rho_max = max(rho_max, stats["ratio_max"])
-        return loss_total, (rho_sum, clipped, counted, rho_max)
+            comp_mask = (cols < batch.seq_lens[s0:s1, None]).long()
+            logp = prefix_logprobs(
+                self.model,
+                prompts.to(dev),
+                prompt_mask.to(dev),
+                (comp_ids * comp_mask).to(dev),
+                comp_mask.to(dev),
+                owner.to(dev),
+                self.temperature,
+                cfg.fp32_lm_head,
+                self.autocast_bf16,
+            )
+            rows = batch.sample_index[t0:t1] - s0
+            token_cols = batch.positions[t0:t1] - (plen_of[rows] - 1)
+            yield t0, t1, logp[rows.to(dev), token_cols.to(dev)]
+
+    def _backward(
+        self,
+        batch: PackedBatch,
+        sl: slice,
+        logp: torch.Tensor,
+        token_adv: torch.Tensor,
+        weights: torch.Tensor,
+        totals: list[float],
+    ) -> None:
+        """The policy loss of tokens `sl` (their learner log-probs `logp`), backward, and
+        the running loss and importance-ratio statistics in `totals`."""
+        cfg, dev = self.config, self.device
+        mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
+        loss = recipe.policy_loss(
+            logp,
+            logp_gen,
+            token_adv[sl].to(dev),
+            batch.sample_index[sl].to(dev),
+            batch.group_index[sl].to(dev),
+            mask,
+            loss=cfg.loss,
+            aggregation=cfg.aggregation,
+            weights=weights[sl].to(dev),
+            **self.hyperparameters,
+        )
+        loss.backward()
+        totals[0] += float(loss.detach())
+        low, high = self.ratio_bounds
+        stats = recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
+        if stats["tokens"]:
+            totals[1] += stats["ratio_mean"] * stats["tokens"]
+            totals[2] += stats["ratio_clipped_frac"] * stats["tokens"]
+            totals[3] += stats["tokens"]
+            totals[4] = max(totals[4], stats["ratio_max"])
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint: {"model": ..., "optimizer": ..., "steps": int}."""
@@ -447,6 +614,19 @@ class Trainer:
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.model.load_state_dict(given)
         self.steps = int(state.get("steps", 0))
+
+
+def _micro_batches(bounds: list[int], max_samples: int) -> list[tuple[int, int]]:
+    """Consecutive groups [first, last) whose samples (group g holds samples
+    bounds[g]..bounds[g+1]) add up to at most `max_samples`, at least one group each."""
+    spans, first = [], 0
+    for group in range(1, len(bounds)):
+        if group - 1 > first and bounds[group] - bounds[first] > max_samples:
+            spans.append((first, group - 1))
+            first = group - 1
+    if len(bounds) > 1:
+        spans.append((first, len(bounds) - 1))
+    return spans
 
 
 def _idle_metrics(groups_used: int, samples: int = 0) -> dict[str, float]:

@@ -182,7 +182,14 @@ class LearnerConfig(_Section):
         description="bf16 autocast for the body (logits fp32); auto = on where the device "
         "computes bf16 natively (scalerl.hardware).",
     )
-    micro_batch_samples: int = Field(16, ge=1, description="Samples per forward/backward.")
+    micro_batch_samples: int = Field(
+        16, ge=1, description="Samples per forward/backward (without shared_prefix)."
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Forward each group's prompt once for its G samples (one group per "
+        "forward/backward); same loss and gradient, far fewer tokens for short replies.",
+    )
     threads: int = Field(1, ge=1, le=256, description="torch threads of the learner.")
     eval_every: int = Field(5, ge=1, description="Evaluate every N optimizer steps.")
     eval_samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Run the engine contract suite for every engine available in one Python environment and
-# print a table: engine / passed / failed / skipped / rollout tokens per second.
+# Prove a GPU machine in one command: the engine contract suite for every engine available
+# in one Python environment (table: engine / passed / failed / skipped / rollout tokens per
+# second), the engine vs learner log-prob agreement and the fp32-head checks on the CUDA
+# device, and the tiny job end to end with `device: auto` (engine and learner on cuda:0).
 #
 #   scripts/gpu_check.sh [PYTHON]
 #
@@ -34,6 +36,24 @@ for engine in torch vllm; do
   "$PYTHON" benchmarks/rollout_throughput.py --scenario rl --engine "$engine" \
     --dtypes bfloat16 >"$OUT/bench-$engine.log" 2>&1
 done
+
+echo "== log-prob agreement and fp32 head, CPU and CUDA"
+"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_logprob_agreement.py \
+  tests/test_fp32_head.py 2>&1 | tail -n 6
+
+echo "== the tiny job end to end (device auto)"
+if "$PYTHON" -m scalerl.cli run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then
+  "$PYTHON" - "$OUT/tiny/report.json" <<'EOF'
+import json
+import sys
+
+report = json.load(open(sys.argv[1]))
+print("tiny job:", report["precision"], "pass rate", report["pass_rate_step0"], "->",
+      report["pass_rate_final"], "in", round(report["wall_seconds"]), "s")
+EOF
+else
+  echo "tiny job FAILED:"; tail -n 20 "$OUT/tiny.log"
+fi
 
 "$PYTHON" - "$OUT" <<'EOF'
 import re

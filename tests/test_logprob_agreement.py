@@ -2,7 +2,8 @@
 weights: the on-policy importance ratio is 1 (ScaleRL Sec. 3.2: generator/learner mismatch
 is what the fp32 LM head is for).
 
-fp32 engine vs fp32 learner: |ratio - 1| <= 1e-4 per token, at temperature 0.6, 0.7 and 1.0.
+fp32 engine vs fp32 learner: |ratio - 1| <= 1e-4 per token, at temperature 0.6, 0.7 and 1.0,
+on the CPU and (marked gpu, skipped without one) on a CUDA device.
 bf16 engine vs the learner's default (bf16 autocast body, fp32 head): the body's rounding
 differs between the two bf16 paths, so the stated tolerance is per-token |log ratio| <= 0.05
 and a mean ratio within 0.01 of 1 on the tiny model.
@@ -30,8 +31,19 @@ def model():
     return load_policy(ModelConfig(kind="tiny"), seed=3)[0]
 
 
-def _generate(model, dtype: str, temperature: float) -> rollout_pb2.RolloutGroup:
-    engine = TorchEngine(copy.deepcopy(model), (), max_batch=8, max_seq_len=64, dtype=dtype)
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+
+
+def _generate(model, dtype: str, temperature: float, device: str = "cpu"):
+    engine = TorchEngine(
+        copy.deepcopy(model), (), max_batch=8, max_seq_len=64, dtype=dtype, device=device
+    )
     try:
         streams = [
             engine.submit(
@@ -58,32 +70,36 @@ def _generate(model, dtype: str, temperature: float) -> rollout_pb2.RolloutGroup
     )
 
 
-def _learner_ratio(model, group, temperature: float, autocast: bool) -> torch.Tensor:
+def _learner_ratio(
+    model, group, temperature: float, autocast: bool, device: str = "cpu"
+) -> torch.Tensor:
     batch = pack_groups([group], pad_id=0)
     with torch.no_grad():
         logp = token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
+            copy.deepcopy(model).to(device),
+            batch.input_ids.to(device),
+            batch.attention_mask.to(device),
             temperature,
             fp32_lm_head=True,
             autocast_bf16=autocast,
         )
-    learner = logp[batch.sample_index, batch.positions]
+    learner = logp.cpu()[batch.sample_index, batch.positions]
     return torch.exp(learner - batch.logp_gen)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("temperature", [0.6, 0.7, 1.0])
-def test_fp32_engine_matches_learner_recompute(model, temperature):
-    group = _generate(model, "float32", temperature)
-    ratio = _learner_ratio(model, group, temperature, autocast=False)
+def test_fp32_engine_matches_learner_recompute(model, temperature, device):
+    group = _generate(model, "float32", temperature, device)
+    ratio = _learner_ratio(model, group, temperature, autocast=False, device=device)
     assert ratio.numel() == 80
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("temperature", [0.6, 0.7, 1.0])
-def test_bf16_engine_within_stated_tolerance_of_learner(model, temperature):
-    group = _generate(model, "bfloat16", temperature)
-    ratio = _learner_ratio(model, group, temperature, autocast=True)
+def test_bf16_engine_within_stated_tolerance_of_learner(model, temperature, device):
+    group = _generate(model, "bfloat16", temperature, device)
+    ratio = _learner_ratio(model, group, temperature, autocast=True, device=device)
     assert ratio.log().abs().max() <= 0.05
     assert abs(ratio.mean().item() - 1.0) <= 0.01

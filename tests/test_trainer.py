@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner_service import recipe
-from learner_service.trainer import Trainer, pack_groups, token_logprobs
+from learner_service.trainer import Trainer, pack_groups, prefix_logprobs, token_logprobs
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.models import load_policy
 from scalerl.v1 import rollout_pb2
@@ -173,6 +173,53 @@ def test_packed_positions_index_the_right_logprobs() -> None:
     assert packed.tolist() == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.parametrize("fp32_lm_head", [True, False])
+def test_prefix_logprobs_equal_the_per_sample_forward(fp32_lm_head: bool) -> None:
+    """Each prompt computed once for its completions: the same log-probs and the same
+    gradient as one full sequence per sample (fp32); prompts of unequal length (right-
+    padded), completions of unequal length, two prompts in one forward."""
+    prompts = [[3, 4, 5, 6, 7], [8, 9, 10]]
+    completions = [([8, 9, 10], 0), ([11], 0), ([12, 13], 0), ([14, 15], 1), ([16], 1)]
+    model_a, model_b = tiny(1), tiny(1)
+    ids = torch.zeros(5, 8, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (comp, owner) in enumerate(completions):
+        seq = prompts[owner] + comp
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    full = token_logprobs(model_a, ids, mask, 0.7, fp32_lm_head)  # [5, 7]
+    expected = torch.stack(
+        [
+            torch.cat([full[row, len(prompts[o]) - 1 :], full.new_zeros(len(prompts[o]) - 1)])
+            for row, (_, o) in enumerate(completions)
+        ]
+    )[:, :3]
+    prompt_ids = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 0, 0]])
+    prompt_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    comp_ids = torch.tensor([c + [0] * (3 - len(c)) for c, _ in completions])
+    comp_mask = torch.tensor([[1] * len(c) + [0] * (3 - len(c)) for c, _ in completions])
+    owner = torch.tensor([o for _, o in completions])
+    shared = prefix_logprobs(
+        model_b, prompt_ids, prompt_mask, comp_ids, comp_mask, owner, 0.7, fp32_lm_head
+    )
+    valid = comp_mask.bool()
+    torch.testing.assert_close(shared[valid], expected[valid], atol=1e-5, rtol=0)
+    scale = torch.arange(1.0, 10.0)
+    (expected[valid] * scale).sum().backward()
+    (shared[valid] * scale).sum().backward()
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_prefix_logprobs_bf16_body_stays_close() -> None:
+    model = tiny(2)
+    prompt, comp = torch.tensor([[3, 4, 5]]), torch.tensor([[6, 7, 8], [9, 10, 11]])
+    args = (prompt, torch.ones_like(prompt), comp, torch.ones_like(comp), torch.tensor([0, 0]))
+    fp32 = prefix_logprobs(model, *args)
+    bf16 = prefix_logprobs(model, *args, autocast_bf16=True)
+    assert (bf16 - fp32).abs().max() < 0.05
+
+
 def test_token_logprobs_rejects_zero_temperature() -> None:
     ids = torch.tensor([[3, 4]])
     with pytest.raises(ValueError, match="temperature"):
@@ -233,7 +280,7 @@ def test_zero_variance_group_is_dropped_and_counted() -> None:
 
 
 @pytest.mark.parametrize("aggregation", ["prompt", "sample", "token"])
-def test_micro_batch_size_does_not_change_loss_or_gradient(aggregation: str) -> None:
+def test_micro_batches_and_shared_prefix_do_not_change_loss_or_gradient(aggregation: str):
     model = tiny()
     # 5 samples in groups of 3 and 2 (not a multiple of either); completions of 1-3 tokens,
     # slightly off-policy generator log-probs, one forced token.
@@ -243,9 +290,11 @@ def test_micro_batch_size_does_not_change_loss_or_gradient(aggregation: str) -> 
     for s in list(g1.samples) + list(g2.samples):
         s.logprobs[:] = [lp - 0.3 * (i % 2) for i, lp in enumerate(s.logprobs)]
     results = []
-    for micro in (1, 2, 16):
-        cfg = config(micro_batch_samples=micro, aggregation=aggregation)
-        results.append(Trainer(copy.deepcopy(model), cfg, temperature=0.8).step([g1, g2]))
+    # Shared prefix: each prompt computed once, one group (micro 1, 2) or both per forward.
+    for shared in (False, True):
+        for micro in (1, 2, 16):
+            cfg = config(micro_batch_samples=micro, aggregation=aggregation, shared_prefix=shared)
+            results.append(Trainer(copy.deepcopy(model), cfg, temperature=0.8).step([g1, g2]))
     for other in results[1:]:
         assert other["loss"] == pytest.approx(results[0]["loss"], abs=1e-6)
         assert other["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5)
