@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from rich.text import Text
 
 from scalerl.config import RunConfig, dump_config
 from scalerl.grpc_util import channel, wait_healthy
+from scalerl.hardware import Precision
 from scalerl.plot import plot_run
 from scalerl.processes import Child, free_port, start_child, stop_children
 from scalerl.redis_server import RedisServer
@@ -40,37 +43,39 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path("runs") / f"{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_model(config: RunConfig) -> None:
-    """Convert the embedded model once, before any child loads it (no conversion race)."""
-    if config.model.kind == "smollm2":
-        from scalerl.models import smollm2_dir
-
-        with console.status("preparing SmolLM2-135M-Instruct (one-time conversion)"):
-            smollm2_dir(config.model.cache_dir)
-
-
-def preflight(config: RunConfig) -> tuple[RunConfig, object]:
-    """Resolve device and precision for this machine (printed, and written to the run's
-    config.yaml) and check the length-control budgets with the model's tokenizer. Returns
-    (resolved config, `scalerl.hardware.Precision`). Raises ValueError naming the field."""
-    from scalerl.hardware import resolved_config
-    from scalerl.length_control import check_budgets
-    from scalerl.models import load_tokenizer
-
-    resolved, precision = resolved_config(config)
-    check_budgets(resolved.rollout, load_tokenizer(resolved.model).encode)
+def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
+    """Convert the embedded model once (before any child loads it: no conversion race),
+    resolve device and precision for this machine (printed, and written to the run's
+    config.yaml) and check the length-control budgets with the model's tokenizer, in a
+    child process (`scalerl.preflight`: it needs torch, the launcher stays torch-free).
+    Returns (resolved config, `scalerl.hardware.Precision`). Raises ValueError with the
+    child's one-line message for a config this machine or model cannot run."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
+        handle.write(dump_config(config))
+        handle.flush()
+        with console.status("checking the config on this machine (first run: model conversion)"):
+            done = subprocess.run(
+                [sys.executable, "-m", "scalerl.preflight", handle.name],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"preflight exited {done.returncode}"]
+        raise ValueError(lines[-1])
+    payload = json.loads(done.stdout.strip().splitlines()[-1])
+    precision = Precision(**payload["precision"])
     console.print(
         f"device {precision.device}, rollout dtype {precision.rollout_dtype}, learner body "
         f"{precision.learner_dtype} ({precision.reason})",
         markup=False,
     )
-    return resolved, precision
+    return RunConfig(**payload["config"]), precision
 
 
 def run(config: RunConfig, run_dir: Path) -> int:
     """Run one training job end to end; returns the process exit code (0 = success, 2 =
     a config this machine or model cannot run, printed as one line)."""
-    prepare_model(config)
     try:
         config, precision = preflight(config)
     except ValueError as exc:

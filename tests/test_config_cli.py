@@ -36,6 +36,13 @@ def test_environment_overrides_a_field(monkeypatch):
             ["--set", "rollout.thinking_budget=99"],
             "scalerl: rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget",
         ),
+        (
+            # Fits the token-free check (16 + >= 1 + 9 <= 26), not the tokenizer's: the
+            # phrase is 4 tokens. Refused before anything starts.
+            ["--set", "rollout.answer_budget=9", "--run-dir", "/nonexistent/never-created"],
+            "scalerl: rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget"
+            " = 16 + 4 tokens + 9 = 29 exceeds rollout.max_new_tokens = 26",
+        ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
     ],

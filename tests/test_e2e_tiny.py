@@ -75,6 +75,10 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
     assert metrics[-1]["policy_version"] >= 1
     assert all(m["staleness_max"] <= 2 for m in metrics)  # the tiny config's k
+    # Interruption-based length control is on in the tiny config: some replies ran past
+    # the thinking budget early on and got the phrase forced.
+    assert any(m["interrupted_rate"] > 0 for m in metrics)
+    assert json.loads((run_dir / "report.json").read_text())["precision"]["device"] == "cpu"
     health = json.loads((run_dir / "report.json").read_text())["health"]
     assert len(health["staleness_hist"]) == 3  # lags 0, 1, 2 = k
     assert sum(health["staleness_hist"]) == 8 * len(metrics)  # every group used, once

@@ -1,0 +1,51 @@
+"""`python -m scalerl.preflight CONFIG.yaml`: what `scalerl run` checks before it starts
+anything, in a process of its own.
+
+It converts the embedded model once (so no two children race to do it), resolves device
+and precision for this machine (`scalerl.hardware`) and checks the length-control budgets
+with the model's tokenizer (`scalerl.length_control`). Run apart because it imports torch
+and the tokenizers, which start threads: the launcher forks its children with a
+`preexec_fn`, which is unsafe in a process with threads, and stays torch-free.
+
+Prints one JSON object on stdout: {"config": the resolved config, "precision": the
+`scalerl.hardware.Precision` fields}. Bad input: one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import yaml
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m scalerl.preflight CONFIG.yaml", file=sys.stderr)
+        return 2
+    from scalerl.config import RunConfig
+    from scalerl.hardware import resolved_config
+    from scalerl.length_control import check_budgets
+    from scalerl.models import load_tokenizer, smollm2_dir
+
+    config = RunConfig(**yaml.safe_load(open(args[0])))
+    try:
+        if config.model.kind == "smollm2":
+            smollm2_dir(config.model.cache_dir)
+        resolved, precision = resolved_config(config)
+        check_budgets(resolved.rollout, load_tokenizer(resolved.model).encode)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    payload = {
+        "config": resolved.model_dump(mode="json"),
+        "precision": dataclasses.asdict(precision),
+    }
+    print(json.dumps(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
