@@ -9,6 +9,7 @@ Bad input prints one line naming the field and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -102,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from scalerl import launcher
 
+    # Ctrl-C (SIGINT) stops the run cleanly (exit 130) even when the shell that started it
+    # ignores SIGINT, as non-interactive shells do for background jobs: Python leaves an
+    # inherited "ignore" in place unless told otherwise.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     return launcher.run(config, args.run_dir or launcher.default_run_dir(config))
 
 

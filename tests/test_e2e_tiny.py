@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,8 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     # Interruption-based length control is on in the tiny config: some replies ran past
     # the thinking budget early on and got the phrase forced.
     assert any(m["interrupted_rate"] > 0 for m in metrics)
-    assert json.loads((run_dir / "report.json").read_text())["precision"]["device"] == "cpu"
+    device = json.loads((run_dir / "report.json").read_text())["precision"]["device"]
+    assert device == ("cuda:0" if torch.cuda.is_available() else "cpu")
     health = json.loads((run_dir / "report.json").read_text())["health"]
     assert len(health["staleness_hist"]) == 3  # lags 0, 1, 2 = k
     assert sum(health["staleness_hist"]) == 8 * len(metrics)  # every group used, once
