@@ -18,7 +18,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 
 from curve_service.fit import PAPER_GRID, SigmoidParams, bootstrap_params, fit_sigmoid, predict
 from curve_service.server import CurveServicer, serve
-from scalerl import grpc_util
+from scalerl.rpc import channel as grpc_channel
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 TRUTH = SigmoidParams(a=0.71, b=1.65, c_mid=6500.0, r0=0.51)
@@ -93,7 +93,7 @@ def main() -> None:
         ],
         r0=TRUTH.r0,
     )
-    with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+    with grpc_channel.channel(f"127.0.0.1:{port}") as ch:
         stub = curve_pb2_grpc.CurveServiceStub(ch)
         stub.Fit(request, timeout=30)  # warm-up
         lat = []

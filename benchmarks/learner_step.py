@@ -26,8 +26,8 @@ def main() -> None:
 
     from learner_service.trainer import Trainer
     from scalerl.config import LearnerConfig, ModelConfig
-    from scalerl.hardware import native_bf16
-    from scalerl.models import load_policy
+    from scalerl.policy.hardware import native_bf16
+    from scalerl.policy.models import load_policy
     from scalerl.v1 import rollout_pb2
 
     torch.set_num_threads(1)

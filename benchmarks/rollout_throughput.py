@@ -83,7 +83,7 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
     for dtype in args.dtypes or scenario.dtypes:
         if args.engine == "vllm":
             from rollout_service.vllm_engine import VLLMEngine
-            from scalerl.models import smollm2_dir
+            from scalerl.policy.models import smollm2_dir
 
             engine = VLLMEngine(
                 str(smollm2_dir()),
@@ -167,7 +167,7 @@ def main() -> None:
     import torch
 
     from scalerl.config import ModelConfig, TaskConfig
-    from scalerl.models import load_policy
+    from scalerl.policy.models import load_policy
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(ModelConfig())

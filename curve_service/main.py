@@ -59,9 +59,9 @@ def _positive(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)  # before the heavier imports, so --help stays fast
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s service=curve %(name)s %(message)s"
-    )
+    from scalerl.obs.logging import setup_logging
+
+    setup_logging("curve")
     # Handlers first: a SIGTERM during start-up still ends in a clean stop.
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import redis
 
         from curve_service.redis_store import RedisRunStore
-        from scalerl.redis_server import connect
+        from scalerl.state.client import connect
 
         client = connect(args.redis_url)
         try:

@@ -14,11 +14,10 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    start_http_server,
 )
 
 from curve_service.fit import FitResult, predict
-from scalerl.build_info import register_build_info
+from scalerl.obs.metrics import serve_metrics, service_registry
 
 FIT_STATUSES = ("ok", "invalid", "error")
 # Fits take ~0.1-1 s on small histories and up to ~10 s near the 100,000-point limit.
@@ -29,7 +28,7 @@ class CurveMetrics:
     """Fit counters and timings, per-run fitted parameters, and build info."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or service_registry("curve", device="cpu", dtype="float64")
         reg = self.registry
         self.fits = Counter(
             "scalerl_curve_fits",
@@ -72,7 +71,6 @@ class CurveMetrics:
         self.points = Gauge(
             "scalerl_curve_points", "Eval points recorded for a run.", ["run_id"], registry=reg
         )
-        register_build_info("curve", device="cpu", dtype="float64", registry=reg)
         for status in FIT_STATUSES:
             self.fits.labels(status=status)  # export every status from the start, at 0
 
@@ -122,5 +120,4 @@ def start_metrics_server(
     port 0 picks a free port. Returns (server, bound_port); stop with server.shutdown().
     Raises OSError when the port cannot be bound.
     """
-    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
-    return server, int(server.server_port)
+    return serve_metrics(metrics.registry, port, host)

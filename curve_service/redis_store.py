@@ -26,12 +26,15 @@ from curve_service.store import (
     _with_point,
     validate_run_id,
 )
+from scalerl.state.client import text
+from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
 
-RUNS_KEY = "scalerl:curve-service:runs"
+RUNS_KEY = CURVE_RUNS_KEY
 
 
 def _keys(run_id: str) -> tuple[str, str]:
-    return f"scalerl:{run_id}:curve:points", f"scalerl:{run_id}:curve:meta"
+    keys = RunKeys(run_id)
+    return keys.curve_points, keys.curve_meta
 
 
 class RedisRunStore:
@@ -100,14 +103,10 @@ class RedisRunStore:
 def _load(client: redis.Redis, run_id: str) -> RunSnapshot | None:
     """The run as Redis holds it, without a fit; None when it was never recorded."""
     points_key, meta_key = _keys(run_id)
-    meta = {_text(k): _text(v) for k, v in client.hgetall(meta_key).items()}
+    meta = {text(k): text(v) for k, v in client.hgetall(meta_key).items()}
     if not meta:
         return None
     raw = client.hgetall(points_key)
-    points = tuple(sorted((float(_text(k)), float(_text(v))) for k, v in raw.items()))
+    points = tuple(sorted((float(text(k)), float(text(v))) for k, v in raw.items()))
     r0 = float(meta["r0"]) if meta.get("r0") else None
     return RunSnapshot(run_id, points, r0, int(meta["revision"]))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

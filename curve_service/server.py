@@ -45,7 +45,7 @@ from curve_service.store import (
     UnknownRunError,
     validate_run_id,
 )
-from scalerl.grpc_util import make_server
+from scalerl.rpc.server import make_server
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 SERVICE_NAME = "scalerl.v1.CurveService"

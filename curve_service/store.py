@@ -11,14 +11,13 @@ Every write validates first and then applies as a whole, so a rejected call chan
 from __future__ import annotations
 
 import bisect
-import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from curve_service.fit import MAX_POINTS, CurveInputError, FitResult, validate_point, validate_r0
+from scalerl.state.keys import RUN_ID_PATTERN
 
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # same rule as RunConfig.run_id
 MAX_RUNS = 1_000
 
 

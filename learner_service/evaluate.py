@@ -12,8 +12,8 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from scalerl.grpc_util import channel
 from scalerl.length_control import scored_ids
+from scalerl.rpc.channel import channel
 from scalerl.tasks import AdditionTask
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 

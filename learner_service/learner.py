@@ -36,13 +36,15 @@ from learner_service.trainer import Trainer
 from learner_service.warmup import supervised_warmup
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
-from scalerl.grpc_util import channel, make_server
-from scalerl.models import load_policy
-from scalerl.prompt_pool import PromptPool
-from scalerl.redis_server import connect
-from scalerl.registry import RunState, WorkerRegistry
-from scalerl.replay import ReplayStream
+from scalerl.policy.models import load_policy
+from scalerl.rpc.channel import channel
+from scalerl.rpc.server import make_server
 from scalerl.staleness import is_admissible, staleness
+from scalerl.state.client import connect
+from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.replay import ReplayStream
+from scalerl.state.run_state import RunState
 from scalerl.tasks import build_task
 from scalerl.v1 import curve_pb2, curve_pb2_grpc, learner_pb2_grpc, rollout_pb2
 

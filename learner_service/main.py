@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -31,7 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+    from scalerl.obs.logging import set_run_id, setup_logging
+
+    setup_logging("learner")
     from scalerl.entrypoint import (
         load_config_or_none,
         resolve_hardware_or_none,
@@ -43,17 +44,24 @@ def main(argv: list[str] | None = None) -> int:
     if not resolved:
         return 2
     config, precision = resolved
-    from prometheus_client import start_http_server
-
+    set_run_id(config.run_id)
     from learner_service.learner import Learner
-    from scalerl.build_info import register_build_info
+    from learner_service.metrics import LearnerMetrics
+    from scalerl.obs.metrics import serve_metrics, service_registry
 
-    register_build_info("learner", precision.device, precision.learner_dtype)
+    registry = service_registry("learner", precision.device, precision.learner_dtype)
+    metrics = LearnerMetrics(registry, max_staleness=config.learner.off_policy_k)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.host)
+        serve_metrics(registry, args.metrics_port, args.host)
     stop = stop_on_signals()
     learner = Learner(
-        config, args.redis_url, args.run_dir, args.curve_address, args.host, args.port
+        config,
+        args.redis_url,
+        args.run_dir,
+        args.curve_address,
+        args.host,
+        args.port,
+        metrics=metrics,
     )
     try:
         return learner.run(stop)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scalerl.obs.metrics import service_registry
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
 TRUNCATION_WARNING_RATE = 0.10
@@ -59,10 +61,11 @@ _STEP_GAUGES = {
 
 
 class LearnerMetrics:
-    """The learner's metric families on `registry` (the default one when None)."""
+    """The learner's metric families on `registry` (from
+    `scalerl.obs.metrics.service_registry`; a fresh one with build info when None)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, max_staleness: int = 8) -> None:
-        registry = REGISTRY if registry is None else registry
+        registry = service_registry("learner") if registry is None else registry
         self.registry = registry
         self.step = Gauge("scalerl_learner_step", "Optimizer steps taken.", registry=registry)
         self.policy_version = Gauge(

@@ -27,10 +27,11 @@ import grpc
 import torch
 from safetensors.torch import save as save_safetensors
 
-from scalerl.grpc_util import channel
-from scalerl.registry import RunState, WeightsRef, WorkerRegistry
+from scalerl.policy.weights import head_names, snapshot_state_dict, weights_requests
+from scalerl.rpc.channel import channel
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
-from scalerl.weights_wire import head_names, snapshot_state_dict, weights_requests
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one

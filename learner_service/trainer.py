@@ -18,7 +18,7 @@ import torch
 
 from learner_service import recipe
 from scalerl.config import LearnerConfig
-from scalerl.hardware import native_bf16
+from scalerl.policy.hardware import native_bf16
 from scalerl.v1 import rollout_pb2
 
 

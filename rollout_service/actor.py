@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from rollout_service.engine import GenerationRequest, GenerationStream, TorchEngine
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
-from scalerl.prompt_pool import PromptPool
-from scalerl.registry import RunState
-from scalerl.replay import PushAborted, ReplayStream
 from scalerl.staleness import is_admissible
+from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.replay import PushAborted, ReplayStream
+from scalerl.state.run_state import RunState
 from scalerl.tasks import AdditionTask
 from scalerl.v1 import rollout_pb2
 
@@ -47,7 +47,7 @@ class _GroupInFlight:
 class ActorLoop:
     """Generates, scores and pushes groups until `should_stop()` is true.
 
-    engine: the worker's `TorchEngine`; tokenizer: `scalerl.models.PolicyTokenizer`;
+    engine: the worker's `TorchEngine`; tokenizer: `scalerl.policy.models.PolicyTokenizer`;
     task: the run's task (train split and verifier). Counters `groups_pushed` and
     `groups_dropped_stale` are for metrics.
     """

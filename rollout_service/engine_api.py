@@ -14,7 +14,6 @@ import atexit
 import logging
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 from concurrent.futures import Future
@@ -23,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rollout_service.engine import GenerationRequest, GenerationStream
 from scalerl.config import RunConfig
+from scalerl.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class RolloutEngine(Protocol):
 def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) -> RolloutEngine:
     """The engine named by `config.rollout.engine`, started and serving version 0.
 
-    model: the policy as loaded by `scalerl.models.load_policy` (the torch engine takes
+    model: the policy as loaded by `scalerl.policy.models.load_policy` (the torch engine takes
     ownership of it; vLLM and SGLang load the model folder themselves and use it only
     for the tiny model, which has no folder). tokenizer: its `PolicyTokenizer` (stop
     token ids). metrics: a `RolloutMetrics` or None. Raises ImportError naming the
@@ -120,7 +120,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
 
 
 def _concrete(dtype: str) -> str:
-    """The engine dtype; "auto" must have been resolved by `scalerl.hardware` first (the
+    """The engine dtype; "auto" must have been resolved by `scalerl.policy.hardware` first (the
     worker's entry point does), so an unresolved one falls back to float32, never to a
     bf16 that may be emulated."""
     return "float32" if dtype == "auto" else dtype
@@ -139,7 +139,7 @@ def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> 
     rollout = config.rollout
     url = rollout.sglang_url
     if not url:
-        port = _free_port()
+        port = free_port()
         process = launch_sglang_server(str(folder), port, dtype=_concrete(rollout.dtype))
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
@@ -168,7 +168,7 @@ def model_folder(config: RunConfig, model: Any) -> Path:
     """A transformers model folder for engines that load from disk: the cached SmolLM2
     folder, `model.path`, or (tiny model, which exists only in memory) `model` saved to
     a fresh temporary folder (safetensors, no tokenizer: these engines take token ids)."""
-    from scalerl.models import smollm2_dir
+    from scalerl.policy.models import smollm2_dir
 
     kind = config.model.kind
     if kind == "smollm2":
@@ -184,9 +184,3 @@ def _vocab_size(folder: Path) -> int:
     import json
 
     return int(json.loads((folder / "config.json").read_text())["vocab_size"])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

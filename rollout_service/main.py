@@ -6,7 +6,6 @@ Arguments are parsed before torch is imported, so `--help` is instant.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
@@ -32,10 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s rollout[{args.worker_id}] %(levelname)s %(message)s",
-    )
+    from scalerl.obs.logging import set_run_id, setup_logging
+
+    setup_logging("rollout", worker_id=args.worker_id)
     from scalerl.entrypoint import (
         load_config_or_none,
         resolve_hardware_or_none,
@@ -47,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if not resolved:
         return 2
     config, precision = resolved
+    set_run_id(config.run_id)
     from rollout_service.worker import RolloutWorker
-    from scalerl.build_info import register_build_info
+    from scalerl.obs.metrics import service_registry
 
-    register_build_info("rollout", precision.device, precision.rollout_dtype)
+    registry = service_registry("rollout", precision.device, precision.rollout_dtype)
 
     stop = stop_on_signals()
     worker = RolloutWorker(
@@ -61,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         args.advertise_host or args.host,
         args.port,
         args.metrics_port,
+        registry,
     )
     try:
         worker.start()

@@ -9,7 +9,9 @@ of samples were truncated) is derived from `scalerl_rollout_requests_finished_to
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scalerl.obs.metrics import service_registry
 
 # Seconds; generation on CPU ranges from milliseconds (tiny model) to seconds (prefill of
 # long prompts behind a busy batch).
@@ -18,11 +20,11 @@ _UPDATE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class RolloutMetrics:
-    """The rollout worker's metric families, registered on `registry` (the process-wide
-    default when None; tests pass a fresh `CollectorRegistry`)."""
+    """The rollout worker's metric families, registered on `registry` (from
+    `scalerl.obs.metrics.service_registry`; a fresh one with build info when None)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        registry = REGISTRY if registry is None else registry
+        registry = service_registry("rollout") if registry is None else registry
         self.registry = registry
         self.tokens_generated = Counter(
             "scalerl_rollout_tokens_generated_total",

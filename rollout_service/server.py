@@ -21,7 +21,7 @@ from rollout_service.engine import (
 )
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.weights import DATA_LOSS_FIELDS, WeightsError, receive_weights
-from scalerl.grpc_util import make_server
+from scalerl.rpc.server import make_server
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def _grpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate / Interrupt / UpdateWeights / GetStatus over one engine.
 
-    tokenizer: a `scalerl.models.PolicyTokenizer` (for prompt_text and interrupt text).
+    tokenizer: a `scalerl.policy.models.PolicyTokenizer` (for prompt_text and interrupt text).
     default_interrupt_text: forced phrase when a request leaves it empty.
     default_max_new_tokens: used when a request's max_new_tokens is 0.
     think_end: the model's end-of-thinking marker (`rollout.think_end`; "" = none): forced

@@ -1,5 +1,5 @@
 """Weight transport for UpdateWeights, the rollout worker's side: receive, verify, stage,
-wait for the swap (the learner's side is `scalerl.weights_wire`).
+wait for the swap (the learner's side is `scalerl.policy.weights`).
 
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then

@@ -8,7 +8,7 @@ import threading
 import time
 
 import torch
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
 from rollout_service.engine_api import RolloutEngine, build_engine
@@ -17,16 +17,18 @@ from rollout_service.server import RolloutServicer
 from rollout_service.weights import receive_weights
 from scalerl.compute import ComputeCounters
 from scalerl.config import RunConfig
-from scalerl.grpc_util import make_server
 from scalerl.length_control import check_budgets
-from scalerl.models import load_policy
-from scalerl.prompt_pool import PromptPool
-from scalerl.redis_server import connect
-from scalerl.registry import RunState, WorkerRegistry
-from scalerl.replay import ReplayStream
+from scalerl.obs.metrics import serve_metrics
+from scalerl.policy.models import load_policy
+from scalerl.policy.weights import weights_uri_request
+from scalerl.rpc.server import make_server
+from scalerl.state.client import connect
+from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.replay import ReplayStream
+from scalerl.state.run_state import RunState
 from scalerl.tasks import build_task
 from scalerl.v1 import rollout_pb2_grpc
-from scalerl.weights_wire import weights_uri_request
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "scalerl.v1.RolloutService"
@@ -44,11 +46,13 @@ class RolloutWorker:
         advertise_host: str,
         port: int,
         metrics_port: int,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
         self.worker_id = worker_id
         self.host, self.advertise_host, self.port = host, advertise_host, port
         self.metrics_port = metrics_port
+        self.metrics_registry = registry
         self.client = connect(redis_url)
         run_id = config.run_id
         self.state = RunState(self.client, run_id)
@@ -66,7 +70,7 @@ class RolloutWorker:
         torch.set_num_threads(self.config.rollout.threads)
         model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
         check_budgets(self.config.rollout, self.tokenizer.encode)
-        self.metrics = RolloutMetrics()
+        self.metrics = RolloutMetrics(self.metrics_registry)
         rollout = self.config.rollout
         self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
@@ -87,7 +91,7 @@ class RolloutWorker:
             max_workers=rollout.max_batch + 16,
         )
         if self.metrics_port:
-            start_http_server(self.metrics_port, addr=self.host)
+            serve_metrics(self.metrics.registry, self.metrics_port, self.host)
         self._spawn(self._report_compute)
         log.info("listening on %s:%d", self.advertise_host, self.port)
 

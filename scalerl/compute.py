@@ -19,7 +19,7 @@ from types import TracebackType
 
 import redis
 
-from scalerl.redis_server import run_key
+from scalerl.state.keys import RunKeys
 
 SECONDS_PER_HOUR = 3600.0
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -30,7 +30,7 @@ class ComputeCounters:
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        self._key = run_key(run_id, "compute")
+        self._key = RunKeys(run_id).compute
 
     def add(self, role: str, device_seconds: float) -> float:
         """Add `device_seconds` (devices x wall seconds, >= 0) to `role`; returns the role's

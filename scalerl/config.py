@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scalerl.state.keys import RUN_ID_PATTERN
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
@@ -125,7 +127,7 @@ class RolloutConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="Engine body dtype (the LM head is fp32 either way); auto = bfloat16 "
-        "where the device computes it natively, else float32 (scalerl.hardware).",
+        "where the device computes it natively, else float32 (scalerl.policy.hardware).",
     )
     groups_in_flight: int = Field(
         4, ge=1, le=1024, description="Groups the actor loop keeps generating at once."
@@ -180,7 +182,7 @@ class LearnerConfig(_Section):
     autocast_bf16: bool | Literal["auto"] = Field(
         "auto",
         description="bf16 autocast for the body (logits fp32); auto = on where the device "
-        "computes bf16 natively (scalerl.hardware).",
+        "computes bf16 natively (scalerl.policy.hardware).",
     )
     micro_batch_samples: int = Field(
         16, ge=1, description="Samples per forward/backward (without shared_prefix)."
@@ -228,13 +230,13 @@ class RunConfig(BaseSettings):
         env_prefix="SCALERL_", env_nested_delimiter="__", extra="forbid"
     )
 
-    run_id: str = Field("run", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Run name.")
+    run_id: str = Field("run", pattern=RUN_ID_PATTERN.pattern, description="Run name.")
     seed: int = Field(0, description="Global seed.")
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="auto: CUDA when present (cuda:LOCAL_RANK), else the CPU; or cpu, cuda, "
-        "cuda:N (scalerl.hardware).",
+        "cuda:N (scalerl.policy.hardware).",
     )
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

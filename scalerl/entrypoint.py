@@ -40,11 +40,11 @@ def load_config_or_none(
 
 def resolve_hardware_or_none(prog: str, config: RunConfig):
     """(config with device and precision resolved for this machine, its
-    `scalerl.hardware.Precision`), logged; or None after printing `prog: <one line>` when
+    `scalerl.policy.hardware.Precision`), logged; or None after printing `prog: <one line>` when
     the device asked for is not there (the caller exits with code 2). Imports torch."""
     import logging
 
-    from scalerl.hardware import resolved_config
+    from scalerl.policy.hardware import resolved_config
 
     try:
         resolved, precision = resolved_config(config)

@@ -42,7 +42,7 @@ echo "== log-prob agreement and fp32 head, CPU and CUDA"
   tests/test_fp32_head.py 2>&1 | tail -n 6
 
 echo "== the tiny job end to end (device auto)"
-if "$PYTHON" -m scalerl.cli run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then
+if "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then
   "$PYTHON" - "$OUT/tiny/report.json" <<'EOF'
 import json
 import sys

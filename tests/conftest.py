@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from scalerl.redis_server import RedisServer, connect
+from scalerl.state.client import connect
+from scalerl_cli.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

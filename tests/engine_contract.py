@@ -43,7 +43,7 @@ from rollout_service.engine import (
     top_p_renormalise,
 )
 from scalerl.config import ModelConfig
-from scalerl.models import load_policy
+from scalerl.policy.models import load_policy
 
 PROMPT = (4, 5, 14, 6, 15, 16, 3)
 PHRASE = (5, 6, 7)

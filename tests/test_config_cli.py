@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl import cli
 from scalerl.config import CONFIG_DIR, dump_config, load_config
+from scalerl_cli import main as cli
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))

@@ -15,9 +15,10 @@ from curve_service.fit import SigmoidParams, predict
 from curve_service.metrics import CurveMetrics
 from curve_service.redis_store import RedisRunStore
 from curve_service.server import CurveServicer, serve
-from scalerl import cli, grpc_util
-from scalerl.redis_server import connect
+from scalerl.rpc import channel as grpc_channel
+from scalerl.state.client import connect
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from scalerl_cli import main as cli
 
 pytestmark = pytest.mark.integration
 TIMEOUT_S = 30.0
@@ -34,7 +35,7 @@ def address() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def stub(address: str) -> Iterator[curve_pb2_grpc.CurveServiceStub]:
-    with grpc_util.channel(address) as ch:
+    with grpc_channel.channel(address) as ch:
         yield curve_pb2_grpc.CurveServiceStub(ch)
 
 
@@ -137,7 +138,7 @@ def test_runs_survive_a_restart_with_redis(redis_url: str, run_id: str) -> None:
     reward = predict(TRUTH, COMPUTE)
     first = CurveServicer(store=RedisRunStore(connect(redis_url)), metrics=CurveMetrics())
     server, port, _ = serve(port=0, servicer=first)
-    with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+    with grpc_channel.channel(f"127.0.0.1:{port}") as ch:
         stub = curve_pb2_grpc.CurveServiceStub(ch)
         for c, r in zip(COMPUTE, reward, strict=True):
             point = curve_pb2.CurvePoint(compute=c, reward=r)
@@ -147,7 +148,7 @@ def test_runs_survive_a_restart_with_redis(redis_url: str, run_id: str) -> None:
     second = CurveServicer(store=RedisRunStore(connect(redis_url)), metrics=CurveMetrics())
     server, port, _ = serve(port=0, servicer=second)
     try:
-        with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+        with grpc_channel.channel(f"127.0.0.1:{port}") as ch:
             stub = curve_pb2_grpc.CurveServiceStub(ch)
             run = stub.GetRun(curve_pb2.GetRunRequest(run_id=run_id), timeout=TIMEOUT_S)
     finally:

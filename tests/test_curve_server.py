@@ -20,7 +20,7 @@ from curve_service.fit import CurveInputError, SigmoidParams, predict
 from curve_service.metrics import CurveMetrics, start_metrics_server
 from curve_service.server import CurveServicer, serve
 from curve_service.store import MemoryRunStore, StoreFullError, UnknownRunError
-from scalerl import grpc_util
+from scalerl.rpc import channel as grpc_channel
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=0.1, r0=0.1)  # a CPU-scale run, accel
 def service() -> Iterator[tuple[curve_pb2_grpc.CurveServiceStub, CurveServicer]]:
     servicer = CurveServicer(metrics=CurveMetrics())
     server, port, _ = serve(port=0, servicer=servicer)
-    with grpc_util.channel(f"127.0.0.1:{port}") as ch:
+    with grpc_channel.channel(f"127.0.0.1:{port}") as ch:
         yield curve_pb2_grpc.CurveServiceStub(ch), servicer
     server.stop(None)
 
@@ -305,7 +305,7 @@ def test_console_script_serves_and_stops_on_sigterm() -> None:
         words = line.split()
         assert words[:4] == ["curve", "service", "listening", "on"], line
         address, metrics_port = words[4], int(words[-1].lstrip(":"))
-        grpc_util.wait_healthy(address, timeout_s=TIMEOUT_S)
+        grpc_channel.wait_healthy(address, timeout_s=TIMEOUT_S)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10):
             pass
         proc.send_signal(signal.SIGTERM)

@@ -26,7 +26,7 @@ def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
     args = [
         sys.executable,
         "-m",
-        "scalerl.cli",
+        "scalerl_cli.main",
         "run",
         "--config",
         "tiny",
@@ -154,7 +154,7 @@ def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
 
 def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    args = [sys.executable, "-m", "scalerl.cli", "sweep", "--config", "tiny"]
+    args = [sys.executable, "-m", "scalerl_cli.main", "sweep", "--config", "tiny"]
     args += ["--vary", "loss=cispo,dapo", "--set", "learner.max_steps=20"]
     args += ["--sweep-dir", str(sweep_dir)]
     proc = subprocess.run(

@@ -26,7 +26,7 @@ from rollout_service.engine import (
 from rollout_service.llama import SlotLlama, default_rope_theta
 from rollout_service.metrics import RolloutMetrics
 from scalerl.config import ModelConfig
-from scalerl.models import load_policy
+from scalerl.policy.models import load_policy
 
 torch.set_num_threads(1)
 PHRASE = (5, 6, 7)

@@ -64,7 +64,7 @@ def test_build_engine_selects_the_configured_engine():
     from rollout_service.engine import TorchEngine
     from rollout_service.engine_api import RolloutEngine, build_engine
     from scalerl.config import load_config
-    from scalerl.models import load_policy
+    from scalerl.policy.models import load_policy
 
     config = load_config("tiny", ["rollout.max_batch=3", "rollout.max_seq_len=40"])
     model, tokenizer = load_policy(config.model)

@@ -17,10 +17,11 @@ from learner_service.trainer import pack_groups, token_logprobs
 from rollout_service.engine import GenerationRequest, TorchEngine
 from rollout_service.weights import receive_weights
 from scalerl.config import ModelConfig
-from scalerl.models import load_policy
-from scalerl.registry import RunState, WorkerRegistry
+from scalerl.policy.models import load_policy
+from scalerl.policy.weights import head_names, snapshot_state_dict, weights_uri_request
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
-from scalerl.weights_wire import head_names, snapshot_state_dict, weights_uri_request
 
 torch.set_num_threads(1)
 PROMPT = (4, 5, 14, 6, 15, 16, 3)

@@ -1,4 +1,4 @@
-"""Device and precision by hardware (scalerl.hardware): capability strings with and
+"""Device and precision by hardware (scalerl.policy.hardware): capability strings with and
 without native bf16, explicit settings winning, and the resolved values the processes and
 the run folder see."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from scalerl.config import load_config
-from scalerl.hardware import (
+from scalerl.policy.hardware import (
     cpu_native_bf16,
     native_bf16,
     resolve_autocast,
@@ -76,7 +76,7 @@ def test_capped_cpu_resolves_to_fp32_in_a_fresh_process():
     like an AVX2-only one (a bf16 matmul then runs ~40x slower than fp32): auto must pick
     fp32 there."""
     code = (
-        "import json; from scalerl.hardware import resolved_config; "
+        "import json; from scalerl.policy.hardware import resolved_config; "
         "from scalerl.config import load_config; "
         "c, p = resolved_config(load_config('default')); "
         "print(json.dumps([p.rollout_dtype, p.autocast_bf16, p.reason]))"

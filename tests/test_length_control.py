@@ -24,7 +24,7 @@ from rollout_service.engine import (
 from rollout_service.server import RolloutServicer
 from scalerl.config import ModelConfig, RolloutConfig, load_config
 from scalerl.length_control import check_budgets, forced_ids, scored_ids
-from scalerl.models import CharTokenizer, load_policy, load_tokenizer
+from scalerl.policy.models import CharTokenizer, load_policy, load_tokenizer
 from scalerl.tasks import AdditionTask
 from scalerl.v1 import rollout_pb2
 

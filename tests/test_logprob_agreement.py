@@ -19,7 +19,7 @@ import torch
 from learner_service.trainer import pack_groups, token_logprobs
 from rollout_service.engine import GenerationRequest, TorchEngine
 from scalerl.config import ModelConfig
-from scalerl.models import load_policy
+from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
 torch.set_num_threads(1)

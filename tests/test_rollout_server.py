@@ -18,10 +18,10 @@ from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
 from rollout_service.weights import WeightsError, receive_weights
 from scalerl.config import ModelConfig
-from scalerl.grpc_util import channel
-from scalerl.models import load_policy
+from scalerl.policy.models import load_policy
+from scalerl.policy.weights import serialize_state_dict, weights_requests, weights_uri_request
+from scalerl.rpc.channel import channel
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
-from scalerl.weights_wire import serialize_state_dict, weights_requests, weights_uri_request
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0

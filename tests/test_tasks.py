@@ -10,7 +10,7 @@ import pytest
 
 from rollout_service.actor import _GroupInFlight, build_group
 from scalerl import tasks
-from scalerl.models import chat_stop_token_ids
+from scalerl.policy.models import chat_stop_token_ids
 from scalerl.tasks import AdditionTask, Verdict, verify_last_integer
 
 

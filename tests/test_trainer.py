@@ -10,7 +10,7 @@ import torch
 from learner_service import recipe
 from learner_service.trainer import Trainer, pack_groups, prefix_logprobs, token_logprobs
 from scalerl.config import LearnerConfig, ModelConfig
-from scalerl.models import load_policy
+from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
 torch.set_num_threads(1)

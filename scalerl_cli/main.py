@@ -1,7 +1,7 @@
 """The `scalerl` command: `scalerl run [--config NAME_OR_PATH] [--recipe NAME]
 [--leave-out COMPONENT] [--set KEY=VALUE] [--run-dir DIR]`; `scalerl sweep --vary
-KEY=V1,V2 ...` (see `scalerl.sweep`); `scalerl curve fit|compare ...` (see
-`scalerl.curve_cli`).
+KEY=V1,V2 ...` (see `scalerl_cli.sweep`); `scalerl curve fit|compare ...` (see
+`scalerl_cli.curve_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--sweep-dir", type=Path, default=None, help="Sweep folder (default runs/sweep-<time>)."
     )
-    from scalerl import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
+    from scalerl_cli import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
 
     curve_cli.add_parser(sub)
     return parser
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "curve":
-        from scalerl import curve_cli
+        from scalerl_cli import curve_cli
 
         return curve_cli.main(args)
     if args.command == "sweep":
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config_or_none("scalerl", args.config, overrides, args.recipe, args.leave_out)
     if config is None:
         return 2
-    from scalerl import launcher
+    from scalerl_cli import launcher
 
     # Ctrl-C (SIGINT) stops the run cleanly (exit 130) even when the shell that started it
     # ignores SIGINT, as non-interactive shells do for background jobs: Python leaves an
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from scalerl import sweep
     from scalerl.entrypoint import config_error
+    from scalerl_cli import sweep
 
     try:
         axes = sweep.parse_vary(args.vary)

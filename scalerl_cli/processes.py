@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,6 @@ def _die_with_parent() -> None:
     except OSError:
         pass
     os.setpgrp()  # Ctrl-C reaches the launcher only; it stops children in order
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 
 import redis
 
-from scalerl.redis_server import run_key
+from scalerl.state.client import text
+from scalerl.state.keys import RunKeys
 
 # Fill the pool only if it was never initialised (idempotent across learner restarts).
 _INIT_LUA = """
@@ -66,11 +67,12 @@ class PromptPool:
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        self._eligible = run_key(run_id, "pool", "eligible")
-        self._retired = run_key(run_id, "pool", "retired")
-        self._attempts = run_key(run_id, "pool", "attempts")
-        self._passes = run_key(run_id, "pool", "passes")
-        self._initialized = run_key(run_id, "pool", "initialized")
+        keys = RunKeys(run_id)
+        self._eligible = keys.pool_eligible
+        self._retired = keys.pool_retired
+        self._attempts = keys.pool_attempts
+        self._passes = keys.pool_passes
+        self._initialized = keys.pool_initialized
         self._init_script = client.register_script(_INIT_LUA)
         self._retire_script = client.register_script(_RETIRE_LUA)
         self._record_retire_script = client.register_script(_RECORD_RETIRE_LUA)
@@ -98,8 +100,8 @@ class PromptPool:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         if rng is None:
-            return [_text(m) for m in self._client.srandmember(self._eligible, count)]
-        members = sorted(_text(m) for m in self._client.smembers(self._eligible))
+            return [text(m) for m in self._client.srandmember(self._eligible, count)]
+        members = sorted(text(m) for m in self._client.smembers(self._eligible))
         return rng.sample(members, min(count, len(members)))
 
     def record(self, prompt_id: str, attempts: int, passes: int) -> tuple[int, int]:
@@ -176,10 +178,10 @@ class PromptPool:
             initialized, eligible, retired, attempts, passes = pipe.execute()
         return {
             "initialized": bool(initialized),
-            "eligible": sorted(_text(m) for m in eligible),
-            "retired": sorted(_text(m) for m in retired),
-            "attempts": {_text(k): int(v) for k, v in sorted(attempts.items())},
-            "passes": {_text(k): int(v) for k, v in sorted(passes.items())},
+            "eligible": sorted(text(m) for m in eligible),
+            "retired": sorted(text(m) for m in retired),
+            "attempts": {text(k): int(v) for k, v in sorted(attempts.items())},
+            "passes": {text(k): int(v) for k, v in sorted(passes.items())},
         }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
@@ -262,7 +264,3 @@ def _check_counts(prompt_id: str, attempts: int, passes: int) -> None:
             raise ValueError(f"{name} must be an integer, got {value!r}")
     if not (0 <= passes <= attempts):
         raise ValueError(f"need 0 <= passes <= attempts, got passes={passes}, attempts={attempts}")
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -163,10 +163,10 @@ def _call(method: str, request: Any, server: str | None, path: Path | None) -> A
             raise CliInputError(_field_message(path, exc.field, exc.message)) from None
     import grpc
 
-    from scalerl import grpc_util
+    from scalerl.rpc import channel as grpc_channel
     from scalerl.v1 import curve_pb2_grpc
 
-    with grpc_util.channel(server) as channel:
+    with grpc_channel.channel(server) as channel:
         stub = curve_pb2_grpc.CurveServiceStub(channel)
         try:
             return getattr(stub, method)(request, timeout=60.0)

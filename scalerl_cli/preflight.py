@@ -1,14 +1,14 @@
-"""`python -m scalerl.preflight CONFIG.yaml`: what `scalerl run` checks before it starts
+"""`python -m scalerl_cli.preflight CONFIG.yaml`: what `scalerl run` checks before it starts
 anything, in a process of its own.
 
 It converts the embedded model once (so no two children race to do it), resolves device
-and precision for this machine (`scalerl.hardware`) and checks the length-control budgets
+and precision for this machine (`scalerl.policy.hardware`) and checks the length-control budgets
 with the model's tokenizer (`scalerl.length_control`). Run apart because it imports torch
 and the tokenizers, which start threads: the launcher forks its children with a
 `preexec_fn`, which is unsafe in a process with threads, and stays torch-free.
 
 Prints one JSON object on stdout: {"config": the resolved config, "precision": the
-`scalerl.hardware.Precision` fields}. Bad input: one line on stderr, exit code 2.
+`scalerl.policy.hardware.Precision` fields}. Bad input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import yaml
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m scalerl.preflight CONFIG.yaml", file=sys.stderr)
+        print("usage: python -m scalerl_cli.preflight CONFIG.yaml", file=sys.stderr)
         return 2
     from scalerl.config import RunConfig
-    from scalerl.hardware import resolved_config
     from scalerl.length_control import check_budgets
-    from scalerl.models import load_tokenizer, smollm2_dir
+    from scalerl.policy.hardware import resolved_config
+    from scalerl.policy.models import load_tokenizer, smollm2_dir
 
     config = RunConfig(**yaml.safe_load(open(args[0])))
     try:

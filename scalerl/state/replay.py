@@ -25,7 +25,8 @@ from typing import Any
 import redis
 from google.protobuf.message import DecodeError
 
-from scalerl.redis_server import run_key
+from scalerl.state.client import text
+from scalerl.state.keys import RunKeys
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class ReplayStream:
         if not group:
             raise ValueError("group must be a non-empty string")
         self._client = client
-        self._key = run_key(run_id, "replay")
+        self._key = RunKeys(run_id).replay
         self._capacity = capacity
         self._group = group
         self._claim_idle_ms = int(claim_idle_ms)
@@ -133,7 +134,7 @@ class ReplayStream:
         """One atomic attempt: the new entry id, or None when the stream is full."""
         payload = _serialize(group)
         entry_id = self._push_script(keys=[self._key], args=[self._capacity, ENTRY_FIELD, payload])
-        return None if entry_id is None else _text(entry_id)
+        return None if entry_id is None else text(entry_id)
 
     def push(
         self,
@@ -197,7 +198,7 @@ class ReplayStream:
         Call it after the optimizer step that used them, and also for groups the learner
         dropped (stale, zero-variance). Returns the number of entries deleted.
         """
-        ids = [_text(entry_id) for entry_id in entry_ids]
+        ids = [text(entry_id) for entry_id in entry_ids]
         if not ids:
             return 0
         with self._client.pipeline(transaction=True) as pipe:
@@ -239,7 +240,7 @@ class ReplayStream:
             if not raw:
                 self._recovered.add(consumer)
                 return []
-            self._pending_cursor[consumer] = _text(raw[-1][0])
+            self._pending_cursor[consumer] = text(raw[-1][0])
         return self._accept(raw)
 
     def _claim_idle(self, consumer: str, count: int) -> list[Entry]:
@@ -255,7 +256,7 @@ class ReplayStream:
                 start_id=start,
                 count=count - len(out),
             )
-            start = _text(reply[0])
+            start = text(reply[0])
             out += self._accept(reply[1])
             if start == "0-0" or len(out) >= count:
                 break
@@ -281,7 +282,7 @@ class ReplayStream:
             for entry_id, fields in raw:
                 if entry_id is None:
                     continue
-                entry_id = _text(entry_id)
+                entry_id = text(entry_id)
                 if entry_id in self._held:
                     continue  # our own entry, re-claimed by XAUTOCLAIM: already handed out
                 group = _parse(fields)
@@ -317,7 +318,3 @@ def _stream_entries(reply: Any) -> list[Any]:
     if not reply:
         return []
     return [entry for _, entries in reply for entry in entries]
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

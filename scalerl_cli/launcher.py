@@ -23,12 +23,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from scalerl.config import RunConfig, dump_config
-from scalerl.grpc_util import channel, wait_healthy
-from scalerl.hardware import Precision
-from scalerl.plot import plot_run
-from scalerl.processes import Child, free_port, start_child, stop_children
-from scalerl.redis_server import RedisServer
+from scalerl.policy.hardware import Precision
+from scalerl.ports import free_port
+from scalerl.rpc.channel import channel, wait_healthy
 from scalerl.v1 import curve_pb2, curve_pb2_grpc, learner_pb2, learner_pb2_grpc
+from scalerl_cli.plot import plot_run
+from scalerl_cli.processes import Child, start_child, stop_children
+from scalerl_cli.redis_server import RedisServer
 
 console = Console(stderr=True, soft_wrap=True)
 if not console.is_terminal:  # a log file: keep each progress line whole
@@ -47,15 +48,15 @@ def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
     """Convert the embedded model once (before any child loads it: no conversion race),
     resolve device and precision for this machine (printed, and written to the run's
     config.yaml) and check the length-control budgets with the model's tokenizer, in a
-    child process (`scalerl.preflight`: it needs torch, the launcher stays torch-free).
-    Returns (resolved config, `scalerl.hardware.Precision`). Raises ValueError with the
+    child process (`scalerl_cli.preflight`: it needs torch, the launcher stays torch-free).
+    Returns (resolved config, `scalerl.policy.hardware.Precision`). Raises ValueError with the
     child's one-line message for a config this machine or model cannot run."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
         handle.write(dump_config(config))
         handle.flush()
         with console.status("checking the config on this machine (first run: model conversion)"):
             done = subprocess.run(
-                [sys.executable, "-m", "scalerl.preflight", handle.name],
+                [sys.executable, "-m", "scalerl_cli.preflight", handle.name],
                 capture_output=True,
                 text=True,
                 timeout=900,

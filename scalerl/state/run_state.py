@@ -1,23 +1,19 @@
-"""Who is alive and what the run's state is: the rollout-worker registry and the run state
-(policy version, latest published weights, stop flag). ARCHITECTURE sec. 2 and 4.
+"""The run's shared state in Redis: policy version, latest published weights, stop flag and
+the PPO-off-policy-k generation quota. ARCHITECTURE sec. 4.
 
-Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (address, with a TTL renewed by each
-heartbeat), `state:policy_version`, `state:latest_weights` (hash), `state:stop`,
-`state:generation_quota` (hash: version, remaining; PPO-off-policy-k only).
+Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash), `stop`,
+`generation_quota` (hash: version, remaining; PPO-off-policy-k only).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from numbers import Real
 
 import redis
 
-from scalerl.redis_server import run_key
+from scalerl.state.keys import RunKeys
 
-_WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 # Take one generation ticket for the policy version in ARGV[1]: 1 if the quota is for that
@@ -33,47 +29,6 @@ _ADD_TICKETS_LUA = """
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return -1 end
 return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[2])
 """
-
-
-class WorkerRegistry:
-    """Rollout workers announce themselves with heartbeats; a worker whose heartbeat lapses
-    for `ttl_s` seconds disappears from `workers()` on its own (no coordinator)."""
-
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
-        self._client = client
-        self._prefix = run_key(run_id, "workers") + ":"
-
-    def heartbeat(self, worker_id: str, address: str, ttl_s: float) -> None:
-        """Register or refresh `worker_id` at `address` (host:port) for `ttl_s` seconds.
-
-        Raises ValueError for a worker_id outside [A-Za-z0-9_.:-]{1,128}, an empty address,
-        or a ttl_s that is not a finite number >= 0.001.
-        """
-        _check_worker_id(worker_id)
-        if not isinstance(address, str) or not address:
-            raise ValueError("address must be a non-empty string (host:port)")
-        if not (isinstance(ttl_s, Real) and math.isfinite(ttl_s) and ttl_s >= 0.001):
-            raise ValueError(f"ttl_s must be a finite number >= 0.001 seconds, got {ttl_s!r}")
-        self._client.set(self._prefix + worker_id, address, px=max(1, round(ttl_s * 1000)))
-
-    def workers(self) -> dict[str, str]:
-        """Live workers: worker_id -> address, sorted by id."""
-        keys = sorted(self._client.scan_iter(match=self._prefix + "*", count=500))
-        if not keys:
-            return {}
-        addresses = self._client.mget(keys)
-        start = len(self._prefix)
-        # A key may expire between SCAN and MGET; its None value is skipped.
-        return {
-            key.decode()[start:]: address.decode()
-            for key, address in zip(keys, addresses, strict=True)
-            if address is not None
-        }
-
-    def remove(self, worker_id: str) -> bool:
-        """Deregister (clean shutdown). Returns False when it was not registered."""
-        _check_worker_id(worker_id)
-        return bool(self._client.delete(self._prefix + worker_id))
 
 
 @dataclass(frozen=True)
@@ -110,10 +65,11 @@ class RunState:
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        self._version = run_key(run_id, "state", "policy_version")
-        self._weights = run_key(run_id, "state", "latest_weights")
-        self._stop = run_key(run_id, "state", "stop")
-        self._quota = run_key(run_id, "state", "generation_quota")
+        keys = RunKeys(run_id)
+        self._version = keys.policy_version
+        self._weights = keys.latest_weights
+        self._stop = keys.stop
+        self._quota = keys.generation_quota
         self._take_ticket = client.register_script(_TAKE_TICKET_LUA)
         self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
 
@@ -192,8 +148,3 @@ class RunState:
 def _check_count(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def _check_worker_id(worker_id: str) -> None:
-    if not isinstance(worker_id, str) or not _WORKER_ID_RE.fullmatch(worker_id):
-        raise ValueError(f"worker_id must match {_WORKER_ID_RE.pattern}, got {worker_id!r}")

@@ -1,0 +1,107 @@
+"""The one way every service builds its gRPC server: thread pool, message limits, the one
+error interceptor, grpc.health.v1 and server reflection."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from scalerl.rpc.channel import CHANNEL_OPTIONS
+from scalerl.rpc.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+def abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -> None:
+    """Abort the RPC with the status `exc` maps to (raises, as `context.abort` does).
+
+    A `ServiceError` keeps its status and message. A handler that already aborted keeps
+    its status. Anything else is a bug: logged with its traceback, answered INTERNAL.
+    """
+    if isinstance(exc, ServiceError):
+        context.abort(grpc.StatusCode[exc.status], str(exc))
+    if context.code() not in (None, grpc.StatusCode.OK):
+        raise exc  # context.abort() was called by the handler itself
+    log.error("%s failed", method, exc_info=exc)
+    context.abort(
+        grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}; see server log"
+    )
+
+
+def _unary(behavior: Callable, method: str) -> Callable:
+    def handler(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return behavior(request_or_iterator, context)
+        except Exception as exc:
+            abort_for(exc, context, method)
+
+    return handler
+
+
+def _streaming(behavior: Callable, method: str) -> Callable:
+    def handler(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            yield from behavior(request_or_iterator, context)
+        except Exception as exc:
+            abort_for(exc, context, method)
+
+    return handler
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps every exception leaving a handler to a status (see `abort_for`)."""
+
+    def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary:
+            return handler._replace(unary_unary=_unary(handler.unary_unary, method))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=_unary(handler.stream_unary, method))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=_streaming(handler.unary_stream, method))
+        return handler._replace(stream_stream=_streaming(handler.stream_stream, method))
+
+
+def make_server(
+    registrations: list[tuple[Callable, object, str]],
+    port: int = 0,
+    host: str = "127.0.0.1",
+    max_workers: int = 16,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Start a server with the given (add_fn, servicer, full_service_name) registrations,
+    plus grpc.health.v1 (every service SERVING) and server reflection, behind the one
+    `ErrorInterceptor`.
+
+    Returns (server, bound_port, health_servicer). Raises RuntimeError if the port
+    cannot be bound.
+    """
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=CHANNEL_OPTIONS,
+        interceptors=[ErrorInterceptor()],
+    )
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
+    for add_fn, servicer, name in registrations:
+        add_fn(servicer, server)
+        names.append(name)
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(names, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise RuntimeError(f"could not bind gRPC port {host}:{port}")
+    server.start()
+    return server, bound, health_servicer

@@ -1,0 +1,65 @@
+"""The Redis key schema: every key of a run is `scalerl:{run_id}:...` and is built here
+(ARCHITECTURE sec. 4). The modules of `scalerl.state` name their own sub-keys through
+`run_key`; nothing outside `scalerl.state` builds a key."""
+
+from __future__ import annotations
+
+import re
+
+KEY_NAMESPACE = "scalerl"
+# The same rule as `RunConfig.run_id` and the curve service's run ids; it also keeps glob
+# characters out of SCAN patterns.
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def run_key(run_id: str, *parts: str) -> str:
+    """The Redis key `scalerl:{run_id}:{part}:...` of one run's data.
+
+    Raises ValueError when run_id is not 1-64 characters of [A-Za-z0-9_.-] (the same rule as
+    `RunConfig.run_id`; it also keeps glob characters out of SCAN patterns).
+    """
+    check_run_id(run_id)
+    return ":".join((KEY_NAMESPACE, run_id, *parts))
+
+
+def check_run_id(run_id: str) -> str:
+    """Return run_id unchanged, or raise ValueError naming the allowed pattern."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        raise ValueError(f"run_id must match {RUN_ID_PATTERN.pattern}, got {run_id!r}")
+    return run_id
+
+
+# The curve service's index of the runs it holds (not under one run's prefix).
+CURVE_RUNS_KEY = f"{KEY_NAMESPACE}:curve-service:runs"
+
+
+class RunKeys:
+    """Every Redis key of one run, by name: the whole schema of ARCHITECTURE sec. 4.
+
+    `RunKeys("r1").replay == "scalerl:r1:replay"`. Raises ValueError for a run_id outside
+    `RUN_ID_PATTERN`.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        check_run_id(run_id)
+        self.run_id = run_id
+        # Replay stream: one entry per group (protobuf RolloutGroup); consumer group "learner".
+        self.replay = run_key(run_id, "replay")
+        # Prompt pool: eligible / retired id sets, attempts and passes hashes, init marker.
+        self.pool_eligible = run_key(run_id, "pool", "eligible")
+        self.pool_retired = run_key(run_id, "pool", "retired")
+        self.pool_attempts = run_key(run_id, "pool", "attempts")
+        self.pool_passes = run_key(run_id, "pool", "passes")
+        self.pool_initialized = run_key(run_id, "pool", "initialized")
+        # Run state.
+        self.policy_version = run_key(run_id, "state", "policy_version")
+        self.latest_weights = run_key(run_id, "state", "latest_weights")
+        self.stop = run_key(run_id, "state", "stop")
+        self.generation_quota = run_key(run_id, "state", "generation_quota")
+        # Worker registry: `workers:{worker_id}` -> address, with a heartbeat TTL.
+        self.workers_prefix = run_key(run_id, "workers") + ":"
+        # Compute counters (hash: role -> busy device-seconds).
+        self.compute = run_key(run_id, "compute")
+        # The curve service's copy of the run's points and fit metadata.
+        self.curve_points = run_key(run_id, "curve", "points")
+        self.curve_meta = run_key(run_id, "curve", "meta")
