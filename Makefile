@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install run run-tiny test test-all test-vllm lint proto bench clean
+.PHONY: install run run-tiny test test-all test-vllm test-torch-free lint proto bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,15 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)  ## the engine contract suite for torch and vLLM, in .venv-vllm
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_engine_contract.py
 
+# A fresh environment with only the base dependencies (what a curve-service image holds):
+# no torch, and scalerl-curve still fits over gRPC.
+test-torch-free:         ## pip install . without extras into a fresh venv; run scalerl-curve
+	rm -rf .venv-torch-free
+	python3 -m venv .venv-torch-free
+	.venv-torch-free/bin/python -m pip install -q --upgrade pip
+	.venv-torch-free/bin/python -m pip install -q .
+	cd scripts && ../.venv-torch-free/bin/python torch_free_smoke.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -57,4 +66,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/rollout_throughput.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-torch-free runs .pytest_cache

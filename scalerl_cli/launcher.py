@@ -126,7 +126,8 @@ def _start_services(
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses to services.json. Returns the curve address."""
     services = {"redis": redis_url}
-    curve_port, curve_metrics = free_port(), free_port()
+    curve_port = config.curve.port or free_port()
+    curve_metrics = config.curve.metrics_port or free_port()
     curve_address = f"127.0.0.1:{curve_port}"
     children.append(
         start_child(
