@@ -1,4 +1,9 @@
-"""Shared fixtures: one real redis-server for the whole test session.
+"""Shared fixtures (one real redis-server for the whole test session) and the test tiers.
+
+Tiers are folders and each folder marks its tests: `unit/` (pure, in-process), `integration/`
+(real Redis, gRPC servers or child processes), `contract/` (the engine contract suite, run
+against every engine installed), `e2e/` (the whole system: `scalerl run` on the tiny model;
+also marked `integration`). `pytest -m unit` runs the fast tier alone.
 
 Tests isolate themselves by run id (every key is prefixed `scalerl:{run_id}:`), never by
 flushing the database, because servers and workers started by other fixtures may be using
@@ -9,12 +14,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from scalerl.state.client import connect
 from scalerl_cli.redis_server import RedisServer
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = {
+    "unit": ("unit",),
+    "integration": ("integration",),
+    "contract": ("contract",),
+    "e2e": ("e2e", "integration"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by the tier folder it lives in."""
+    for item in items:
+        tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        for marker in TIER_MARKERS.get(tier, ()):
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "gguf", "accelerate", "safetensors", "matplotlib")
 TORCH_FREE = (
     "curve_service.main",

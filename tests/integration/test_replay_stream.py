@@ -1,0 +1,217 @@
+"""The replay stream against a real redis-server: group-atomic, bounded by (k + 1) x batch,
+acknowledged after the step, claimed back from dead consumers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from scalerl.state.client import connect
+from scalerl.state.replay import PushAborted, ReplayStream
+from scalerl.v1 import rollout_pb2
+
+
+def make_group(
+    prompt_id: str, min_version: int = 0, max_version: int = 0
+) -> rollout_pb2.RolloutGroup:
+    sample = rollout_pb2.Sample(
+        token_ids=[5, 6, 7],
+        logprobs=[-0.5, -1.25, -0.125],
+        policy_versions=[min_version, max_version, max_version],
+        forced=[False, False, True],
+        reward=1.0,
+        finish_reason=rollout_pb2.FINISH_REASON_STOP,
+    )
+    return rollout_pb2.RolloutGroup(
+        group_id=f"g-{prompt_id}",
+        prompt_id=prompt_id,
+        prompt_token_ids=[1, 2],
+        samples=[sample, sample],
+        min_policy_version=min_version,
+        max_policy_version=max_version,
+        worker_id="w0",
+    )
+
+
+def test_group_roundtrip(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=4)
+    group = make_group("p7", min_version=3, max_version=5)
+    entry_id = stream.push(group)
+    [(read_id, read_group)] = stream.read("learner-0", count=4)
+    assert read_id == entry_id
+    assert read_group == group
+    assert stream.key == "scalerl:" + run_id + ":replay"
+
+
+def test_concurrent_push_admits_exactly_capacity(redis_client: redis.Redis, run_id: str) -> None:
+    """8 threads x 5 attempts race for 7 slots: exactly 7 succeed (the Lua check-and-add is
+    atomic; a separate XLEN then XADD would overshoot under this contention)."""
+    stream = ReplayStream(redis_client, run_id, capacity=7)
+    barrier = threading.Barrier(8)
+    successes: list[str] = []
+    lock = threading.Lock()
+
+    def producer(index: int) -> None:
+        barrier.wait()
+        for attempt in range(5):
+            entry_id = stream.try_push(make_group(f"p{index}-{attempt}"))
+            if entry_id is not None:
+                with lock:
+                    successes.append(entry_id)
+
+    threads = [threading.Thread(target=producer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(successes) == 7
+    assert stream.depth() == 7
+
+
+def test_concurrent_producers_and_consumer_never_exceed_capacity(
+    redis_client: redis.Redis, redis_url: str, run_id: str
+) -> None:
+    capacity, producers, per_producer = 5, 6, 4
+    stream = ReplayStream(redis_client, run_id, capacity=capacity)
+    learner_client = connect(redis_url)
+    learner = ReplayStream(learner_client, run_id, capacity=capacity)
+    total = producers * per_producer
+    max_depth = 0
+    consumed: list[str] = []
+    producing = threading.Event()
+
+    def produce(index: int) -> None:
+        for j in range(per_producer):
+            stream.push(make_group(f"p{index}-{j}"), timeout_s=20)
+
+    def monitor() -> None:
+        nonlocal max_depth
+        while producing.is_set():
+            max_depth = max(max_depth, stream.depth())
+
+    def consume() -> None:
+        deadline = time.monotonic() + 20
+        while len(consumed) < total and time.monotonic() < deadline:
+            entries = learner.read("learner-0", count=2, block_ms=50)
+            time.sleep(0.005)  # the "optimizer step": entries still hold capacity meanwhile
+            learner.ack([entry_id for entry_id, _ in entries])
+            consumed.extend(group.prompt_id for _, group in entries)
+
+    producing.set()
+    workers = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+    workers.append(threading.Thread(target=consume))
+    watcher = threading.Thread(target=monitor)
+    watcher.start()
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(timeout=30)
+    producing.clear()
+    watcher.join()
+    learner_client.close()
+    assert 0 < max_depth <= capacity
+    expected = [f"p{i}-{j}" for i in range(producers) for j in range(per_producer)]
+    assert sorted(consumed) == sorted(expected)
+    assert stream.depth() == 0
+
+
+def test_push_times_out_or_aborts_when_full(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=1)
+    stream.push(make_group("a"))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="full"):
+        stream.push(make_group("b"), timeout_s=0.05)
+    assert time.monotonic() - started >= 0.05
+    with pytest.raises(PushAborted):
+        stream.push(make_group("b"), should_stop=lambda: True)
+    assert stream.depth() == 1
+
+
+def test_ack_frees_capacity_and_deletes(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=2)
+    first = stream.push(make_group("a"))
+    stream.push(make_group("b"))
+    entries = stream.read("learner-0", count=2)
+    assert [group.prompt_id for _, group in entries] == ["a", "b"]
+    assert stream.depth() == 2  # read but not acknowledged: still holds capacity
+    assert stream.pending() == 2
+
+    result: list[str] = []
+    blocked = threading.Thread(target=lambda: result.append(stream.push(make_group("c"), 5.0)))
+    blocked.start()
+    time.sleep(0.1)
+    assert blocked.is_alive() and not result  # full: the producer waits
+
+    assert stream.ack([first]) == 1
+    blocked.join(timeout=5)
+    assert len(result) == 1
+    assert stream.depth() == 2
+    assert stream.pending() == 1
+    remaining = [entry_id.decode() for entry_id, _ in redis_client.xrange(stream.key)]
+    assert first not in remaining
+    assert remaining == [entries[1][0], result[0]]
+    assert stream.ack([]) == 0
+
+
+def test_dead_consumer_entries_claimed_by_another_after_idle(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    dead = ReplayStream(redis_client, run_id, capacity=8, claim_idle_ms=200)
+    for name in ("a", "b", "c"):
+        dead.push(make_group(name))
+    taken = dead.read("learner-dead", count=3)  # ... and the process dies without acking
+    assert len(taken) == 3
+
+    other = ReplayStream(redis_client, run_id, capacity=8, claim_idle_ms=200)
+    assert other.read("learner-new", count=3) == []  # not idle long enough yet
+    time.sleep(0.3)
+    claimed = other.read("learner-new", count=3)
+    assert [entry_id for entry_id, _ in claimed] == [entry_id for entry_id, _ in taken]
+    assert [group.prompt_id for _, group in claimed] == ["a", "b", "c"]
+    assert other.ack([entry_id for entry_id, _ in claimed]) == 3
+    assert other.depth() == 0 and other.pending() == 0
+
+
+def test_restart_same_name_rereads_own_pending_first(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    before = ReplayStream(redis_client, run_id, capacity=8)
+    for name in ("a", "b", "c"):
+        before.push(make_group(name))
+    old = before.read("learner-0", count=2)  # crash before the optimizer step
+
+    after = ReplayStream(redis_client, run_id, capacity=8)  # the restarted learner
+    entries = after.read("learner-0", count=3)
+    assert [group.prompt_id for _, group in entries] == ["a", "b", "c"]
+    assert [entry_id for entry_id, _ in entries[:2]] == [entry_id for entry_id, _ in old]
+    assert after.read("learner-0", count=3) == []  # each entry handed out once
+
+
+def test_own_idle_entries_not_returned_twice(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=8, claim_idle_ms=50)
+    stream.push(make_group("a"))
+    stream.push(make_group("b"))
+    assert len(stream.read("learner-0", count=2)) == 2
+    time.sleep(0.1)  # our own entries are now "idle": XAUTOCLAIM sees them, read skips them
+    assert stream.read("learner-0", count=2) == []
+    stream.push(make_group("c"))
+    assert [group.prompt_id for _, group in stream.read("learner-0", count=2)] == ["c"]
+
+
+def test_read_waits_up_to_block_ms(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=2)
+    started = time.monotonic()
+    assert stream.read("learner-0", count=1, block_ms=100) == []
+    assert time.monotonic() - started >= 0.09
+    with pytest.raises(ValueError, match="count"):
+        stream.read("learner-0", count=0)
+
+
+def test_stream_deleted_recreates_group(redis_client: redis.Redis, run_id: str) -> None:
+    stream = ReplayStream(redis_client, run_id, capacity=2)
+    redis_client.delete(stream.key)  # e.g. a non-persistent Redis restarted
+    stream.push(make_group("a"))
+    assert [group.prompt_id for _, group in stream.read("learner-0", count=1)] == ["a"]

@@ -1,0 +1,109 @@
+"""Worker registry, run state, the PPO-off-policy-k generation quota and compute accounting
+against a real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from scalerl.compute import BusyTimer, ComputeCounters
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState, WeightsRef
+
+
+def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
+    registry = WorkerRegistry(redis_client, run_id)
+    registry.heartbeat("rollout-0", "127.0.0.1:5001", ttl_s=0.2)
+    registry.heartbeat("rollout-1", "127.0.0.1:5002", ttl_s=30)
+    assert registry.workers() == {"rollout-0": "127.0.0.1:5001", "rollout-1": "127.0.0.1:5002"}
+    time.sleep(0.3)
+    assert registry.workers() == {"rollout-1": "127.0.0.1:5002"}
+    registry.heartbeat("rollout-0", "127.0.0.1:5009", ttl_s=30)  # came back, new address
+    assert registry.workers()["rollout-0"] == "127.0.0.1:5009"
+    assert registry.remove("rollout-1") is True
+    assert registry.remove("rollout-1") is False
+    assert list(registry.workers()) == ["rollout-0"]
+    assert WorkerRegistry(redis_client, run_id + "-other").workers() == {}
+    with pytest.raises(ValueError, match="worker_id"):
+        registry.heartbeat("bad id*", "x:1", ttl_s=1)
+    with pytest.raises(ValueError, match="ttl_s"):
+        registry.heartbeat("rollout-2", "x:1", ttl_s=0)
+
+
+def test_run_state(redis_client: redis.Redis, run_id: str) -> None:
+    state = RunState(redis_client, run_id)
+    assert state.get_policy_version() == 0
+    state.set_policy_version(12)
+    assert state.get_policy_version() == 12
+    assert state.get_latest_weights() is None
+    ref = WeightsRef(version=12, uri="/shared/w12.safetensors", sha256="ab" * 32, total_bytes=99)
+    state.set_latest_weights(ref)
+    assert state.get_latest_weights() == ref
+    assert state.stop_requested() is False
+    state.request_stop()
+    assert state.stop_requested() is True
+    state.clear_stop()
+    assert state.stop_requested() is False
+    with pytest.raises(ValueError, match="policy_version"):
+        state.set_policy_version(-1)
+    with pytest.raises(ValueError, match="sha256"):
+        WeightsRef(version=1, uri="", sha256="xyz", total_bytes=1)
+
+
+def test_generation_quota_is_per_version_and_never_overdrawn(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    state = RunState(redis_client, run_id)
+    assert not state.take_generation_ticket(0)  # no quota yet
+    state.set_generation_quota(3, 16)
+    assert not state.take_generation_ticket(2)  # another version's worker waits
+    taken = []
+
+    def worker() -> None:
+        taken.extend(1 for _ in range(10) if state.take_generation_ticket(3))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == 16  # 40 attempts, exactly the quota granted
+    assert state.add_generation_quota(3, 2) == 2
+    assert state.take_generation_ticket(3) and state.take_generation_ticket(3)
+    assert not state.take_generation_ticket(3)
+    assert state.add_generation_quota(2, 5) == -1  # quota moved on: nothing added
+    state.set_generation_quota(4, 1)  # a new version replaces the old quota
+    assert not state.take_generation_ticket(3)
+    assert state.take_generation_ticket(4)
+    with pytest.raises(ValueError, match="groups must be an integer >= 0"):
+        state.set_generation_quota(4, -1)
+
+
+def test_compute_counters_sum(redis_client: redis.Redis, run_id: str) -> None:
+    counters = ComputeCounters(redis_client, run_id)
+    assert counters.by_role() == {} and counters.total_hours() == 0.0
+    counters.add("learner", 1.5)
+    assert counters.add("learner", 2.25) == 3.75
+    counters.add("rollout", 3.0)
+    assert counters.by_role() == {"learner": 3.75, "rollout": 3.0}
+    assert counters.total_seconds() == 6.75
+    assert counters.total_hours() == pytest.approx(6.75 / 3600, rel=1e-12)
+    with pytest.raises(ValueError, match="device_seconds"):
+        counters.add("learner", -1.0)
+    with pytest.raises(ValueError, match="role"):
+        counters.add("Bad Role", 1.0)
+
+
+def test_busy_timer_adds_devices_times_wall_seconds(redis_client: redis.Redis, run_id: str) -> None:
+    counters = ComputeCounters(redis_client, run_id)
+    ticks = iter([10.0, 12.5, 20.0, 20.25])
+    with BusyTimer(counters, "learner", devices=2, clock=lambda: next(ticks)) as timer:
+        pass
+    assert timer.device_seconds == 5.0
+    with pytest.raises(RuntimeError):
+        with BusyTimer(counters, "learner", devices=4, clock=lambda: next(ticks)):
+            raise RuntimeError("step failed")  # the device was still busy for 0.25 s
+    assert counters.by_role() == {"learner": 6.0}

@@ -1,0 +1,40 @@
+"""The staleness rule (one function for producer and consumer) and the replay stream's
+capacity: pure, no Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalerl.staleness import is_admissible, staleness
+from scalerl.state.replay import stream_capacity
+
+
+def test_staleness_is_version_difference() -> None:
+    assert staleness(10, 7) == 3
+    assert staleness(4, 5) == -1  # worker already on newer weights
+
+
+def test_is_admissible_at_k_and_k_plus_one() -> None:
+    k = 3
+    assert is_admissible(10, 10 - k, k)  # lag exactly k: admitted
+    assert not is_admissible(10, 10 - (k + 1), k)  # lag k + 1: rejected
+
+
+def test_is_admissible_k0_only_current_version() -> None:
+    assert is_admissible(10, 10, 0)
+    assert not is_admissible(10, 9, 0)
+
+
+@pytest.mark.parametrize(
+    ("learner", "min_token", "k"), [(5, 5, -1), (-1, 0, 2), (5, -2, 2), (5, 5, 1.5)]
+)
+def test_is_admissible_rejects_bad_input(learner: int, min_token: int, k: int) -> None:
+    with pytest.raises(ValueError):
+        is_admissible(learner, min_token, k)
+
+
+def test_stream_capacity_is_k_plus_one_batches() -> None:
+    assert stream_capacity(8, 8) == 72
+    assert stream_capacity(0, 4) == 4
+    with pytest.raises(ValueError, match="off_policy_k"):
+        stream_capacity(-1, 4)
