@@ -92,6 +92,11 @@ def staleness_histogram(values: Sequence[int], k: int) -> list[int]:
 
 
 def finish_reason_counts(groups: Sequence[rollout_pb2.RolloutGroup]) -> dict[str, int]:
-    """The groups' samples by finish reason name (FINISH_REASON_STOP, ...)."""
+    """The groups' samples by finish reason name (FINISH_REASON_STOP, ...); a value this
+    version's enum lacks (a newer worker's) keeps its number."""
     reasons = Counter(s.finish_reason for g in groups for s in g.samples)
-    return {rollout_pb2.FinishReason.Name(r): n for r, n in sorted(reasons.items())}
+    known = set(rollout_pb2.FinishReason.values())
+    return {
+        rollout_pb2.FinishReason.Name(r) if r in known else str(r): n
+        for r, n in sorted(reasons.items())
+    }

@@ -75,12 +75,13 @@ def test_finish_reason_counts_names_every_reason() -> None:
 
     groups = [
         group(rollout_pb2.FINISH_REASON_STOP, rollout_pb2.FINISH_REASON_LENGTH),
-        group(rollout_pb2.FINISH_REASON_STOP, rollout_pb2.FINISH_REASON_INTERRUPTED),
+        group(rollout_pb2.FINISH_REASON_STOP, rollout_pb2.FINISH_REASON_INTERRUPTED, 9),
     ]
     assert finish_reason_counts(groups) == {
         "FINISH_REASON_STOP": 2,
         "FINISH_REASON_LENGTH": 1,
         "FINISH_REASON_INTERRUPTED": 1,
+        "9": 1,  # a reason this version does not know
     }
 
 
