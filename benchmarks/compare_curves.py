@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from learner_service.records import EvalRecord, read_records
+
 
 @dataclass(frozen=True)
 class Point:
@@ -38,11 +40,12 @@ class Point:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a .jsonl file, one per non-empty line."""
+    """The JSON objects of a .jsonl file, one per non-empty line (the TRL baseline's
+    eval.jsonl; a scalerl run's records are read by `learner_service.records`)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def scalerl_start(run_dir: Path, evals: list[dict]) -> tuple[float, str]:
+def scalerl_start(run_dir: Path, evals: list[EvalRecord]) -> tuple[float, str]:
     """Unix start time of a scalerl run and where it came from.
 
     Without report.json's `started_unix`, the earliest of: the mtimes of config.yaml and
@@ -55,7 +58,7 @@ def scalerl_start(run_dir: Path, evals: list[dict]) -> tuple[float, str]:
         started = json.loads(report.read_text()).get("started_unix")
         if started is not None:
             return float(started), "report.json started_unix"
-    candidates = {"first evaluation's begin": min(e["time"] - e["seconds"] for e in evals)}
+    candidates = {"first evaluation's begin": min(e.time - e.seconds for e in evals)}
     for path in [run_dir / "config.yaml", *sorted((run_dir / "logs").glob("*"))]:
         if path.is_file():
             candidates[f"mtime of {path.relative_to(run_dir)}"] = path.stat().st_mtime
@@ -65,11 +68,11 @@ def scalerl_start(run_dir: Path, evals: list[dict]) -> tuple[float, str]:
 
 def load_scalerl(run_dir: Path) -> tuple[list[Point], str]:
     """The scalerl run's evaluations on its wall clock, and the start time's source."""
-    evals = read_jsonl(run_dir / "eval.jsonl")
+    evals = read_records(run_dir, EvalRecord)
     if not evals:
         raise SystemExit(f"{run_dir}: no evaluations in eval.jsonl")
     started, source = scalerl_start(run_dir, evals)
-    points = [Point(int(e["step"]), e["time"] - started, float(e["pass_rate"])) for e in evals]
+    points = [Point(e.step, e.time - started, e.pass_rate) for e in evals]
     return sorted(points, key=lambda p: p.wall_seconds), source
 
 

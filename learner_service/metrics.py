@@ -2,45 +2,35 @@
 units in the names; ARCHITECTURE.md sec. 8).
 
 What the paper watches and why (ScaleRL, Sec. 3-4):
-- truncation rate: training degraded when more than ~10% of samples were cut at the
-  length limit (Sec. 3.1);
+- truncation rate (samples by finish reason): training degraded when more than ~10% of
+  samples were cut at the length limit (Sec. 3.1);
 - staleness of the groups used (off-policyness, bounded by k; Sec. 3.1);
-- zero-variance groups (filtered: no signal, Sec. 3.2) and prompts retired by
-  No-Positive-Resampling (Sec. 3.2);
-- importance ratios: their mean and the fraction truncated (CISPO) or clipped (PPO
-  losses), the first sign of a generator/learner mismatch (Sec. 3.2, FP32 head);
+- groups by outcome (used, zero variance: no signal, Sec. 3.2, stale) and prompts retired
+  by No-Positive-Resampling (Sec. 3.2);
+- importance ratios: their mean and max, and the tokens truncated (CISPO) or clipped (PPO
+  losses) among the tokens trained on, the first sign of a generator/learner mismatch
+  (Sec. 3.2, FP32 head);
 - gradient norm before clipping.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from learner_service.records import StepRecord
 from scalerl.obs.metrics import service_registry
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
 TRUNCATION_WARNING_RATE = 0.10
 _STEP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
-# metrics.jsonl field -> gauge name and help text, set after every optimizer step.
+# StepRecord field -> gauge name and help text, set after every optimizer step. Only
+# values that are no fraction of counted things: those are counters below (the dashboard
+# divides them), while metrics.jsonl keeps each step's fractions.
 _STEP_GAUGES = {
     "loss": ("scalerl_learner_loss", "Policy loss of the last step."),
     "grad_norm": ("scalerl_learner_grad_norm", "Global gradient norm before clipping."),
     "mean_reward": ("scalerl_learner_mean_reward", "Mean reward of the last batch."),
-    "truncation_rate": (
-        "scalerl_learner_truncation_rate",
-        "Fraction of the last batch's samples that hit the length limit (LENGTH).",
-    ),
-    "interrupted_rate": (
-        "scalerl_learner_interrupted_rate",
-        "Fraction of the last batch's samples whose thinking was interrupted.",
-    ),
-    "zero_variance_frac": (
-        "scalerl_learner_zero_variance_fraction",
-        "Fraction of the last batch's groups whose rewards were all equal.",
-    ),
     "ratio_mean": (
         "scalerl_learner_importance_ratio_mean",
         "Mean importance ratio exp(logp - logp_gen) over the last step's tokens.",
@@ -48,10 +38,6 @@ _STEP_GAUGES = {
     "ratio_max": (
         "scalerl_learner_importance_ratio_max",
         "Largest importance ratio of the last step.",
-    ),
-    "ratio_clipped_frac": (
-        "scalerl_learner_importance_ratio_clipped_fraction",
-        "Fraction of tokens whose ratio was truncated (CISPO) or clipped (PPO losses).",
     ),
     "prompts_eligible": (
         "scalerl_learner_prompts_eligible",
@@ -93,10 +79,29 @@ class LearnerMetrics:
             buckets=tuple(range(max_staleness + 1)),
             registry=registry,
         )
-        self.groups_dropped = Counter(
-            "scalerl_replay_groups_dropped_total",
-            "Groups not trained on, by reason (stale, zero_variance).",
-            ["reason"],
+        self.groups = Counter(
+            "scalerl_replay_groups_total",
+            "Groups read from the replay stream, by outcome: used (trained on), "
+            "zero_variance (all rewards equal: no signal; dropped when the filter is on), "
+            "stale (beyond k, dropped).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.samples = Counter(
+            "scalerl_learner_samples_total",
+            "Samples of the learner's batches, by finish reason (FINISH_REASON_LENGTH: "
+            "hit the length limit).",
+            ["finish_reason"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "scalerl_learner_tokens_total",
+            "Completion tokens trained on (forced tokens excluded).",
+            registry=registry,
+        )
+        self.tokens_ratio_clipped = Counter(
+            "scalerl_learner_tokens_ratio_clipped_total",
+            "Tokens trained on whose importance ratio was truncated (CISPO) or clipped (PPO).",
             registry=registry,
         )
         self.prompts_retired = Counter(
@@ -110,15 +115,29 @@ class LearnerMetrics:
             registry=registry,
         )
 
-    def observe_step(self, record: Mapping[str, float], staleness: list[int]) -> None:
-        """Set the per-step gauges from a metrics.jsonl record and observe each used
-        group's staleness (versions)."""
-        self.step.set(record["step"])
-        self.policy_version.set(record["policy_version"])
+    def observe_step(self, record: StepRecord) -> None:
+        """Set the per-step gauges from `record`, add its counts to the counters and
+        observe each group's staleness (versions, from `record.staleness_hist`).
+
+        Counts a record lacks (run folders from before they were recorded: None) add
+        nothing. Stale groups are counted where they are dropped (`count_stale_group`)."""
+        self.step.set(record.step)
+        self.policy_version.set(record.policy_version)
         for key, gauge in self.gauges.items():
-            if key in record:
-                gauge.set(float(record[key]))
-        self.step_seconds.observe(record["step_seconds"])
-        self.batch_wait_seconds.observe(record["batch_wait_seconds"])
-        for lag in staleness:
-            self.staleness.observe(lag)
+            gauge.set(float(getattr(record, key)))
+        self.step_seconds.observe(record.step_seconds)
+        self.batch_wait_seconds.observe(record.batch_wait_seconds)
+        for lag, count in enumerate(record.staleness_hist):
+            for _ in range(count):
+                self.staleness.observe(lag)
+        if record.groups_in_batch is not None:
+            self.groups.labels("zero_variance").inc(record.groups_zero_variance)
+            self.groups.labels("used").inc(record.groups_in_batch - record.groups_zero_variance)
+        for reason, count in (record.samples_by_finish_reason or {}).items():
+            self.samples.labels(reason).inc(count)
+        self.tokens.inc(record.tokens)
+        self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
+
+    def count_stale_group(self) -> None:
+        """One group read from the replay stream and dropped as stale."""
+        self.groups.labels("stale").inc()

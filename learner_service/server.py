@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import grpc
+
+from scalerl.rpc.server import make_server
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
 
 SERVICE_NAME = "scalerl.v1.LearnerService"
@@ -29,21 +32,45 @@ class LearnerStatus:
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
-    """GetStatus over a `LearnerStatus`."""
+    """GetStatus over a `LearnerStatus`. Errors propagate to the server's one
+    interceptor (`scalerl.rpc.server`): anything raised here answers INTERNAL."""
 
     def __init__(self, status: LearnerStatus) -> None:
         self._status = status
 
     def GetStatus(self, request, context) -> learner_pb2.GetLearnerStatusResponse:
-        s = self._status
-        with s.lock:
-            reply = learner_pb2.GetLearnerStatusResponse(
-                step=s.step,
-                policy_version=s.policy_version,
-                compute_hours=s.compute_hours,
-                queue_depth=s.queue_depth,
-                last_metrics={k: float(v) for k, v in s.last_metrics.items()},
+        return status_reply(self._status)
+
+
+def status_reply(s: LearnerStatus) -> learner_pb2.GetLearnerStatusResponse:
+    """The GetStatus reply for `s`, read under its lock."""
+    with s.lock:
+        reply = learner_pb2.GetLearnerStatusResponse(
+            step=s.step,
+            policy_version=s.policy_version,
+            compute_hours=s.compute_hours,
+            queue_depth=s.queue_depth,
+            last_metrics={k: float(v) for k, v in s.last_metrics.items()},
+        )
+        if s.heldout_pass_rate is not None:
+            reply.heldout_pass_rate = s.heldout_pass_rate
+    return reply
+
+
+def serve(status: LearnerStatus, port: int = 0, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
+    """Start the LearnerService over `status` (with health and reflection) through
+    `scalerl.rpc.server.make_server`, so its errors go through the one interceptor.
+
+    Returns (server, bound port). Raises RuntimeError when the port cannot be bound."""
+    server, bound, _ = make_server(
+        [
+            (
+                learner_pb2_grpc.add_LearnerServiceServicer_to_server,
+                LearnerServicer(status),
+                SERVICE_NAME,
             )
-            if s.heldout_pass_rate is not None:
-                reply.heldout_pass_rate = s.heldout_pass_rate
-        return reply
+        ],
+        port,
+        host,
+    )
+    return server, bound

@@ -22,11 +22,13 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
+from learner_service.records import EvalRecord, StepRecord, read_records
 from scalerl.config import RunConfig, dump_config
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
 from scalerl.rpc.channel import channel, wait_healthy
-from scalerl.v1 import curve_pb2, curve_pb2_grpc, learner_pb2, learner_pb2_grpc
+from scalerl.rpc.learner_client import LearnerClient
+from scalerl.v1 import curve_pb2, curve_pb2_grpc
 from scalerl_cli.plot import plot_run
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
@@ -206,9 +208,8 @@ def _watch(children: list[Child], learner_address: str) -> None:
     learner = children[-1]
     with (
         Live(console=console, refresh_per_second=2, transient=False) as live,
-        channel(learner_address) as ch,
+        LearnerClient(learner_address, timeout_s=2) as learner_client,
     ):
-        stub = learner_pb2_grpc.LearnerServiceStub(ch)
         start = time.monotonic()
         line = ""
         while learner.poll() != 0:
@@ -220,7 +221,7 @@ def _watch(children: list[Child], learner_address: str) -> None:
                     f"{child.name} exited with code {code}; last log lines "
                     f"({child.log_path}):\n{child.log_tail()}"
                 )
-            line = _progress_line(stub, time.monotonic() - start) or line
+            line = _progress_line(learner_client, time.monotonic() - start) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
 
@@ -233,12 +234,12 @@ def _learner_finishes(learner: Child, grace_s: float = 120.0) -> bool:
         return False
 
 
-def _progress_line(stub, elapsed_s: float) -> str:
+def _progress_line(client: LearnerClient, elapsed_s: float) -> str:
     try:
-        s = stub.GetStatus(learner_pb2.GetLearnerStatusRequest(), timeout=2, wait_for_ready=True)
+        s = client.status(wait_for_ready=True)
     except grpc.RpcError:
         return ""  # not up yet, or already shutting down: keep the last line
-    rate = f"{s.heldout_pass_rate:.3f}" if s.HasField("heldout_pass_rate") else "  -  "
+    rate = f"{s.heldout_pass_rate:.3f}" if s.heldout_pass_rate is not None else "  -  "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
     return (
         f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
@@ -247,10 +248,10 @@ def _progress_line(stub, elapsed_s: float) -> str:
     )
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _read_evals(run_dir: Path) -> list[dict]:
+    """The run's evaluations (eval.jsonl, read and validated as `EvalRecord`s), as the
+    plain dicts the fit and the plot take."""
+    return [record.model_dump() for record in read_records(run_dir, EvalRecord)]
 
 
 def _fit(
@@ -298,34 +299,34 @@ def _fit(
     return fit
 
 
-def training_health(steps: list[dict]) -> dict:
+def training_health(steps: list[StepRecord]) -> dict:
     """The run's training-health summary (paper Sec. 3-4) from its metrics.jsonl records:
     worst truncation rate and the steps above 10%, staleness histogram of the groups used
     (index = versions behind), mean zero-variance fraction, stale groups dropped, prompts
-    retired by No-Positive-Resampling, importance-ratio statistics, gradient norms."""
+    retired by No-Positive-Resampling, importance-ratio statistics and gradient norms (of
+    the steps that updated the weights, all steps when none did). {} without steps."""
     if not steps:
         return {}
     last = steps[-1]
-    stepped = [m for m in steps if m.get("stepped")] or steps
-    width = max(len(m["staleness_hist"]) for m in steps)
+    stepped = [m for m in steps if m.stepped] or steps
+    width = max(len(m.staleness_hist) for m in steps)
     hist = [
-        sum(m["staleness_hist"][i] for m in steps if i < len(m["staleness_hist"]))
-        for i in range(width)
+        sum(m.staleness_hist[i] for m in steps if i < len(m.staleness_hist)) for i in range(width)
     ]
     return {
         "steps": len(steps),
-        "truncation_rate_max": max(m["truncation_rate"] for m in steps),
-        "steps_truncation_above_10pct": last["truncation_warnings_total"],
+        "truncation_rate_max": max(m.truncation_rate for m in steps),
+        "steps_truncation_above_10pct": last.truncation_warnings_total,
         "staleness_hist": hist,
-        "zero_variance_frac_mean": sum(m["zero_variance_frac"] for m in steps) / len(steps),
-        "groups_stale_total": last["groups_stale_total"],
-        "prompts_retired_total": last["prompts_retired_total"],
-        "parse_failure_rate_mean": sum(m["parse_failure_rate"] for m in steps) / len(steps),
-        "ratio_mean": sum(m["ratio_mean"] for m in stepped) / len(stepped),
-        "ratio_max": max(m["ratio_max"] for m in stepped),
-        "ratio_clipped_frac_mean": sum(m["ratio_clipped_frac"] for m in stepped) / len(stepped),
-        "grad_norm_mean": sum(m["grad_norm"] for m in stepped) / len(stepped),
-        "grad_norm_max": max(m["grad_norm"] for m in stepped),
+        "zero_variance_frac_mean": sum(m.zero_variance_frac for m in steps) / len(steps),
+        "groups_stale_total": last.groups_stale_total,
+        "prompts_retired_total": last.prompts_retired_total,
+        "parse_failure_rate_mean": sum(m.parse_failure_rate for m in steps) / len(steps),
+        "ratio_mean": sum(m.ratio_mean for m in stepped) / len(stepped),
+        "ratio_max": max(m.ratio_max for m in stepped),
+        "ratio_clipped_frac_mean": sum(m.ratio_clipped_frac for m in stepped) / len(stepped),
+        "grad_norm_mean": sum(m.grad_norm for m in stepped) / len(stepped),
+        "grad_norm_max": max(m.grad_norm for m in stepped),
     }
 
 
@@ -359,7 +360,7 @@ def _finish_report(
 ) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
     extrapolation check: the fit on the first half of the evaluations predicts the last."""
-    evals = _read_jsonl(run_dir / "eval.jsonl")
+    evals = _read_evals(run_dir)
     if not evals:
         return
     r0 = evals[0]["pass_rate"]
@@ -387,7 +388,7 @@ def _finish_report(
         "final_compute": evals[-1]["compute"],
         "fit": fit,
         "fit_first_half": half,
-        "health": training_health(_read_jsonl(run_dir / "metrics.jsonl")),
+        "health": training_health(read_records(run_dir, StepRecord)),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
     }
     if half and "prediction" in half:

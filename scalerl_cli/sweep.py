@@ -28,6 +28,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from learner_service.records import EvalRecord, read_records
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
@@ -138,7 +139,7 @@ def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
 def compare(variants: list[Variant], sweep_dir: Path) -> dict:
     """Fit every finished variant's held-out curve and compare them on a curve service
     started for the purpose. Prints the table; returns what sweep.json holds."""
-    evals = {v.label: _read_evals(sweep_dir / _slug(v.label) / "eval.jsonl") for v in variants}
+    evals = {v.label: _read_evals(sweep_dir / _slug(v.label)) for v in variants}
     fittable = [v for v in variants if len(evals[v.label]) >= MIN_POINTS]
     reply = None
     if len(fittable) >= 2:
@@ -174,10 +175,10 @@ def compare(variants: list[Variant], sweep_dir: Path) -> dict:
     return {"variants": rows, "comparison": verdict}
 
 
-def _read_evals(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _read_evals(run_dir: Path) -> list[dict]:
+    """A variant's evaluations (eval.jsonl, read and validated as `EvalRecord`s), as the
+    plain dicts the fit requests are built from; [] for a variant that never ran."""
+    return [record.model_dump() for record in read_records(run_dir, EvalRecord)]
 
 
 def _fit_request(points: list[dict]) -> curve_pb2.FitRequest:

@@ -33,7 +33,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from learner_service.trainer import token_logprobs
+from learner_service.logprobs import token_logprobs
 from rollout_service.engine import (
     ABORT,
     ABORTED,
@@ -122,7 +122,7 @@ def _logp_reference(model, prompt, tokens, temperature: float, top_p: float) -> 
 
 
 def _learner_logp(model, prompt, tokens, temperature: float) -> torch.Tensor:
-    """The learner's recomputation (learner_service.trainer.token_logprobs, fp32)."""
+    """The learner's recomputation (learner_service.logprobs.token_logprobs, fp32)."""
     ids = torch.tensor([list(prompt) + list(tokens)])
     with torch.no_grad():
         logp = token_logprobs(

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from learner_service.records import EvalRecord, StepRecord, read_records
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,30 +57,30 @@ def _wait_for(predicate, timeout_s: float) -> bool:
     return False
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(run_dir)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
-    evals = _read_jsonl(run_dir / "eval.jsonl")
+    evals = read_records(run_dir, EvalRecord)  # every line has every field, or it raises
     assert len(evals) >= 4
-    assert all({"step", "compute", "pass_rate"} <= set(e) for e in evals)
-    assert [e["compute"] for e in evals] == sorted(e["compute"] for e in evals)
+    assert [e.compute for e in evals] == sorted(e.compute for e in evals)
     # 30 held-out prompts x 16 samples: a standard error of about 0.02 per evaluation.
-    rates = [e["pass_rate"] for e in evals]
+    rates = [e.pass_rate for e in evals]
     assert rates[-1] >= rates[0] + 0.05, f"held-out pass rate did not rise: {rates}"
     assert max(rates[1:]) >= rates[0] + 0.10, f"held-out pass rate did not rise: {rates}"
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
-    assert metrics[-1]["policy_version"] >= 1
-    assert all(m["staleness_max"] <= 2 for m in metrics)  # the tiny config's k
+    metrics = read_records(run_dir, StepRecord)
+    assert [m.step for m in metrics] == list(range(1, len(metrics) + 1))
+    assert metrics[-1].policy_version >= 1
+    assert all(m.staleness_max <= 2 for m in metrics)  # the tiny config's k
     # Interruption-based length control is on in the tiny config: some replies ran past
     # the thinking budget early on and got the phrase forced.
-    assert any(m["interrupted_rate"] > 0 for m in metrics)
+    assert any(m.interrupted_rate > 0 for m in metrics)
+    # The counts behind the fractions: 8 groups x 8 samples a step, by finish reason.
+    for m in metrics:
+        assert m.groups_in_batch == 8 and sum(m.samples_by_finish_reason.values()) == 64
+        interrupted = m.samples_by_finish_reason.get("FINISH_REASON_INTERRUPTED", 0)
+        assert interrupted == round(64 * m.interrupted_rate)
     device = json.loads((run_dir / "report.json").read_text())["precision"]["device"]
     assert device == ("cuda:0" if torch.cuda.is_available() else "cpu")
     health = json.loads((run_dir / "report.json").read_text())["health"]
@@ -139,17 +141,17 @@ def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
     )
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_records(run_dir, StepRecord)
     assert len(metrics) == 12
     for m in metrics:
-        lags = [lag for lag, count in enumerate(m["staleness_hist"]) if count]
-        assert len(lags) == 1 and lags[0] <= 1, m["staleness_hist"]  # one version, < k
-        assert m["groups_stale_total"] == 0
-    first = [m for m in metrics if m["step"] % 2 == 1]
-    assert all(m["staleness_hist"][0] == 8 for m in first)
-    assert all(abs(m["ratio_mean"] - 1.0) <= 1e-4 for m in first if m["stepped"])
-    evals = _read_jsonl(run_dir / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 4, 8, 12]  # on batch boundaries
+        lags = [lag for lag, count in enumerate(m.staleness_hist) if count]
+        assert len(lags) == 1 and lags[0] <= 1, m.staleness_hist  # one version, < k
+        assert m.groups_stale_total == 0
+    first = [m for m in metrics if m.step % 2 == 1]
+    assert all(m.staleness_hist[0] == 8 for m in first)
+    assert all(abs(m.ratio_mean - 1.0) <= 1e-4 for m in first if m.stepped)
+    evals = read_records(run_dir, EvalRecord)
+    assert [e.step for e in evals] == [0, 4, 8, 12]  # on batch boundaries
 
 
 def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from learner_service.logprobs import token_logprobs
+from learner_service.packing import pack_groups
 from learner_service.publish import WeightPublisher
-from learner_service.trainer import pack_groups, token_logprobs
 from rollout_service.engine import GenerationRequest, TorchEngine
 from rollout_service.weights import receive_weights
 from scalerl.config import ModelConfig

@@ -16,7 +16,8 @@ import copy
 import pytest
 import torch
 
-from learner_service.trainer import pack_groups, token_logprobs
+from learner_service.logprobs import token_logprobs
+from learner_service.packing import pack_groups
 from rollout_service.engine import GenerationRequest, TorchEngine
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy

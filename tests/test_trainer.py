@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
 from learner_service import recipe
-from learner_service.trainer import Trainer, pack_groups, prefix_logprobs, token_logprobs
+from learner_service.logprobs import prefix_logprobs, token_logprobs
+from learner_service.packing import pack_groups
+from learner_service.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
@@ -441,3 +444,16 @@ def test_parse_failures_are_counted_and_earn_nothing() -> None:
     samples[2].parse_failed = True
     metrics = Trainer(model, config(), temperature=1.0).step([group([3, 4], samples)])
     assert metrics["parse_failure_rate"] == pytest.approx(2 / 3)
+
+
+def test_clipped_tokens_are_counted() -> None:
+    """One token whose generator log-prob is 5 nats below the learner's: rho = e^5, past
+    CISPO's 1 + eps_max; the other three are on-policy (rho = 1)."""
+    model = tiny()
+    g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
+    g.samples[0].logprobs[1] -= 5.0
+    metrics = Trainer(model, config(loss="cispo", eps_max=4.0), temperature=1.0).step([g])
+    assert metrics["tokens"] == 4
+    assert metrics["tokens_ratio_clipped"] == 1
+    assert metrics["ratio_clipped_frac"] == 0.25
+    assert metrics["ratio_max"] == pytest.approx(math.exp(5.0), rel=1e-4)

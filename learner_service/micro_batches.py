@@ -1,0 +1,116 @@
+"""Micro-batching of a packed batch for the learner's forward/backward: consecutive
+whole samples (`sample_chunks`, per-sample forward) or whole groups (`group_chunks`, each
+prompt computed once, `learner.shared_prefix`), each chunk's learner log-probs of its
+completion tokens (fp32 head, tempered: paper Sec. 3.2). Chunking never changes the loss
+or gradient: the aggregation weights are computed on the whole batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from learner_service.logprobs import prefix_logprobs, token_logprobs
+from learner_service.packing import PackedBatch
+
+
+@dataclass(frozen=True)
+class LogprobSettings:
+    """How the learner computes log-probs: the rollout temperature (> 0), the fp32 LM
+    head, bf16 autocast of the body, and the model's device."""
+
+    temperature: float
+    fp32_lm_head: bool
+    autocast_bf16: bool
+    device: torch.device
+
+
+def sample_chunks(
+    model: torch.nn.Module, batch: PackedBatch, max_samples: int, settings: LogprobSettings
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Micro-batches of at most `max_samples` whole samples, in packing order.
+
+    Yields (t0, t1, logp): the chunk's tokens t0..t1 of the batch's flattened [N] arrays
+    and their learner log-probs, float32 [t1 - t0] on `settings.device`, with autograd.
+    Chunks without a completion token are skipped."""
+    dev, size, offsets = settings.device, max_samples, batch.token_offsets.tolist()
+    for s0 in range(0, batch.num_samples, size):
+        s1 = min(s0 + size, batch.num_samples)
+        t0, t1 = offsets[s0], offsets[s1]
+        if t1 == t0:
+            continue
+        width = int(batch.seq_lens[s0:s1].max())  # drop columns that are padding for all
+        positions = batch.positions[t0:t1].to(dev)
+        start = int(positions.min())  # no log-prob needed before the first completion
+        logp_all = token_logprobs(
+            model,
+            batch.input_ids[s0:s1, :width].to(dev),
+            batch.attention_mask[s0:s1, :width].to(dev),
+            settings.temperature,
+            settings.fp32_lm_head,
+            settings.autocast_bf16,
+            start,
+        )
+        rows = batch.sample_index[t0:t1].to(dev) - s0
+        yield t0, t1, logp_all[rows, positions - start]
+
+
+def group_chunks(
+    model: torch.nn.Module, batch: PackedBatch, max_samples: int, settings: LogprobSettings
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Micro-batches of whole groups (as many as fit `max_samples` samples, at least one),
+    each prompt computed once (`prefix_logprobs`); the batch must be packed group by group
+    (`pack_groups(..., sort_by_length=False)`).
+
+    Yields (t0, t1, logp) as `sample_chunks` does."""
+    dev = settings.device
+    offsets = batch.token_offsets.tolist()
+    bounds = torch.searchsorted(
+        batch.sample_group, torch.arange(int(batch.sample_group.max()) + 2)
+    ).tolist()
+    prompt_lens = (batch.seq_lens - batch.token_offsets.diff()).tolist()
+    for first, last in micro_batches(bounds, max_samples):
+        s0, s1 = bounds[first], bounds[last]
+        t0, t1 = offsets[s0], offsets[s1]
+        if t1 == t0:
+            continue
+        starts = bounds[first:last]  # first sample of each group (groups are non-empty)
+        sizes = torch.tensor(bounds[first + 1 : last + 1]) - torch.tensor(starts)
+        plens = [prompt_lens[s] for s in starts]
+        pwidth = max(plens)
+        prompt_mask = (torch.arange(pwidth)[None] < torch.tensor(plens)[:, None]).long()
+        prompts = batch.input_ids[starts, :pwidth] * prompt_mask  # completions zeroed
+        owner = torch.repeat_interleave(torch.arange(len(starts)), sizes)
+        plen_of = torch.tensor(plens)[owner]  # [samples] prompt length of each sample
+        width = int((batch.seq_lens[s0:s1] - plen_of).max())
+        cols = plen_of[:, None] + torch.arange(width)[None]
+        comp_ids = batch.input_ids[s0:s1].gather(1, cols.clamp_max(batch.input_ids.shape[1] - 1))
+        comp_mask = (cols < batch.seq_lens[s0:s1, None]).long()
+        logp = prefix_logprobs(
+            model,
+            prompts.to(dev),
+            prompt_mask.to(dev),
+            (comp_ids * comp_mask).to(dev),
+            comp_mask.to(dev),
+            owner.to(dev),
+            settings.temperature,
+            settings.fp32_lm_head,
+            settings.autocast_bf16,
+        )
+        rows = batch.sample_index[t0:t1] - s0
+        token_cols = batch.positions[t0:t1] - (plen_of[rows] - 1)
+        yield t0, t1, logp[rows.to(dev), token_cols.to(dev)]
+
+
+def micro_batches(bounds: list[int], max_samples: int) -> list[tuple[int, int]]:
+    """Consecutive groups [first, last) whose samples (group g holds samples
+    bounds[g]..bounds[g+1]) add up to at most `max_samples`, at least one group each."""
+    spans, first = [], 0
+    for group in range(1, len(bounds)):
+        if group - 1 > first and bounds[group] - bounds[first] > max_samples:
+            spans.append((first, group - 1))
+            first = group - 1
+    if len(bounds) > 1:
+        spans.append((first, len(bounds) - 1))
+    return spans

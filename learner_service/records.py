@@ -1,0 +1,209 @@
+"""The run folder's records: one `StepRecord` per optimizer step in metrics.jsonl, one
+`EvalRecord` per held-out evaluation in eval.jsonl (ARCHITECTURE sec. 8, training health).
+
+One writer (`append_record`) and one reader (`read_records`) for both files, so the
+learner, the launcher's report, the sweep and the benchmarks agree on every field. The
+JSON keys are the field names. Torch-free: the launcher and the sweep read run folders
+without loading torch.
+
+Compute is in accelerator-hours (device-hours of the CPU processes on a CPU-only machine,
+`scalerl.compute`), the C of the paper's curve R(C) (Eq. 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Record(BaseModel):
+    """A frozen record. Building one with an unknown field is an error (a writer's typo or
+    a new metric without its field); `read_records` skips the keys this version does not
+    know (a newer writer's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    FILE: ClassVar[str]
+
+
+class StepRecord(_Record):
+    """One optimizer step of the learner (a line of metrics.jsonl).
+
+    Rollout statistics (mean_reward, the *_rate fields, samples_by_finish_reason) cover
+    every sample of the step's batch; tokens, samples, groups_used, loss and the ratio
+    statistics cover what was trained on. The *_total fields are run totals so far.
+    """
+
+    FILE: ClassVar[str] = "metrics.jsonl"
+
+    step: int = Field(description="Optimizer steps taken, this one included (1, 2, ...).")
+    policy_version: int = Field(description="The learner's policy version after the step.")
+    time: float = Field(description="Unix seconds when the step was recorded.")
+    compute: float = Field(description="Run compute so far, accelerator-hours.")
+    step_seconds: float = Field(description="Busy device-seconds of forward, backward, update.")
+    batch_wait_seconds: float = Field(description="Wall seconds spent waiting for the batch.")
+    publish_seconds: float = Field(
+        description="Wall seconds of the last weight publication (snapshot, serialize, send)."
+    )
+    publish_block_seconds: float = Field(
+        description="Learner-thread seconds spent publishing since the previous step."
+    )
+    eval_wait_seconds: float = Field(
+        description="Learner-thread seconds spent waiting for evaluations since the previous step."
+    )
+    busy_seconds_by_role: dict[str, float] = Field(
+        description="Run compute so far by role (learner, rollout, ...), device-seconds."
+    )
+    queue_depth: int = Field(description="Groups waiting in the replay stream after the step.")
+    staleness_mean: float = Field(
+        description="Mean staleness of the batch's groups, policy versions (paper Sec. 3.1)."
+    )
+    staleness_max: int = Field(description="Largest staleness in the batch, policy versions.")
+    staleness_hist: list[int] = Field(
+        description="Groups by staleness 0..k (index = versions behind; beyond k counts in k)."
+    )
+    zero_variance_frac: float = Field(
+        description="Fraction of the batch's groups whose rewards were all equal (Sec. 3.2)."
+    )
+    groups_stale_total: int = Field(description="Groups dropped as stale, run total.")
+    groups_zero_variance_total: int = Field(
+        description="Groups with all rewards equal, run total (dropped when the filter is on)."
+    )
+    prompts_retired_total: int = Field(
+        description="Prompts retired by No-Positive-Resampling (Sec. 3.2), run total."
+    )
+    truncation_warnings_total: int = Field(
+        description="Steps whose truncation rate exceeded 10% (Sec. 3.1), run total."
+    )
+    prompts_eligible: int = Field(description="Training prompts still in the pool.")
+    groups_zero_variance: int = Field(description="Groups of the batch with all rewards equal.")
+    mean_reward: float = Field(description="Mean reward over the batch's samples.")
+    truncation_rate: float = Field(
+        description="Fraction of the batch's samples that hit the length limit (LENGTH)."
+    )
+    interrupted_rate: float = Field(
+        description="Fraction of the batch's samples whose thinking was interrupted."
+    )
+    parse_failure_rate: float = Field(
+        description="Fraction of the batch's samples whose reply had no parseable answer."
+    )
+    loss: float = Field(description="Policy loss of the step (0 when no step was taken).")
+    grad_norm: float = Field(
+        description="Global gradient norm before clipping (may be inf/nan: then no step)."
+    )
+    tokens: int = Field(description="Completion tokens trained on (forced tokens excluded).")
+    samples: int = Field(description="Samples trained on.")
+    groups_used: int = Field(description="Groups trained on.")
+    ratio_mean: float = Field(description="Mean importance ratio exp(logp - logp_gen).")
+    ratio_max: float = Field(description="Largest importance ratio of the step.")
+    ratio_clipped_frac: float = Field(
+        description="Fraction of tokens whose ratio was truncated (CISPO) or clipped (PPO)."
+    )
+    stepped: bool = Field(description="Whether the weights were updated (finite gradient).")
+    # Counts behind the fractions above (for Prometheus counters); None in run folders
+    # written before they were recorded.
+    groups_in_batch: int | None = Field(
+        default=None, description="Admissible groups in the step's batch."
+    )
+    samples_by_finish_reason: dict[str, int] | None = Field(
+        default=None,
+        description="The batch's samples by finish reason (FINISH_REASON_STOP, ...).",
+    )
+    tokens_ratio_clipped: int | None = Field(
+        default=None, description="Tokens trained on whose ratio was truncated or clipped."
+    )
+
+
+class EvalRecord(_Record):
+    """One held-out evaluation (a line of eval.jsonl): a point of the run's curve, at the
+    step, policy version and compute of the evaluation's start."""
+
+    FILE: ClassVar[str] = "eval.jsonl"
+
+    step: int = Field(description="Optimizer steps taken when the evaluation started.")
+    policy_version: int = Field(description="Policy version that generated every completion.")
+    compute: float = Field(description="Run compute at the start, accelerator-hours.")
+    pass_rate: float = Field(description="Mean reward over the held-out completions, [0, 1].")
+    parse_failure_rate: float = Field(
+        description="Fraction of completions with no parseable answer."
+    )
+    completions: int = Field(description="Completions scored.")
+    mean_tokens: float = Field(description="Mean completion length, tokens.")
+    truncation_rate: float = Field(description="Fraction of completions that hit the length limit.")
+    seconds: float = Field(description="Wall seconds the evaluation took.")
+    learner_steps_meanwhile: int = Field(
+        description="Optimizer steps taken while it ran (background evaluation)."
+    )
+    time: float = Field(description="Unix seconds when it was recorded (after it ended).")
+
+
+R = TypeVar("R", bound=_Record)
+
+
+def append_record(run_dir: Path, record: _Record) -> None:
+    """Append `record` as one JSON line to its file (`record.FILE`) in `run_dir`.
+
+    A partial last line left by a crashed writer is cut off first, so a resumed run does
+    not glue its first record to it. Non-finite floats are written as NaN/Infinity (what
+    Python's json reads back). Raises OSError when the file cannot be written."""
+    path = Path(run_dir) / record.FILE
+    line = json.dumps(record.model_dump()) + "\n"
+    with open(path, "ab+") as handle:
+        _cut_partial_line(handle)
+        handle.write(line.encode())
+
+
+def _cut_partial_line(handle) -> None:
+    """Truncate an append-mode file after its last newline (nothing when it ends in one)."""
+    size = handle.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    handle.seek(size - 1)
+    if handle.read(1) == b"\n":
+        return
+    handle.seek(0)
+    keep = handle.read().rfind(b"\n") + 1
+    handle.truncate(keep)
+
+
+def read_records(run_dir: Path, kind: type[R]) -> list[R]:
+    """The records of `kind` (StepRecord or EvalRecord) in `run_dir`, in file order; []
+    when the file does not exist.
+
+    A last line without its newline that is not valid JSON (a run that crashed while
+    writing it) is skipped.
+
+    Raises:
+        ValueError: any other line is not JSON or lacks a field; the message names the
+            file and line (pydantic.ValidationError is a ValueError).
+    """
+    path = Path(run_dir) / kind.FILE
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_parse(kind, line))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from exc
+    return records
+
+
+def _parse(kind: type[R], line: str) -> R:
+    """One JSON line as a `kind` record, keys unknown to `kind` dropped."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return kind.model_validate({k: v for k, v in data.items() if k in kind.model_fields})

@@ -1,0 +1,167 @@
+"""The run folder's typed records: metrics.jsonl and eval.jsonl written and read back by
+`learner_service.records`, and the launcher's training-health summary over them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from learner_service.records import EvalRecord, StepRecord, append_record, read_records
+from scalerl_cli.launcher import training_health
+
+STEP = {
+    "step": 3,
+    "policy_version": 2,
+    "time": 1767225600.25,
+    "compute": 0.0125,
+    "step_seconds": 4.5,
+    "batch_wait_seconds": 0.75,
+    "publish_seconds": 0.5,
+    "publish_block_seconds": 0.125,
+    "eval_wait_seconds": 0.0,
+    "busy_seconds_by_role": {"learner": 30.0, "rollout": 15.0},
+    "queue_depth": 5,
+    "staleness_mean": 0.75,
+    "staleness_max": 2,
+    "staleness_hist": [3, 4, 1],
+    "zero_variance_frac": 0.25,
+    "groups_stale_total": 1,
+    "groups_zero_variance_total": 4,
+    "prompts_retired_total": 2,
+    "truncation_warnings_total": 1,
+    "prompts_eligible": 498,
+    "groups_zero_variance": 2,
+    "mean_reward": 0.375,
+    "truncation_rate": 0.125,
+    "interrupted_rate": 0.0625,
+    "parse_failure_rate": 0.03125,
+    "loss": -0.5,
+    "grad_norm": 1.25,
+    "tokens": 300,
+    "samples": 48,
+    "groups_used": 6,
+    "ratio_mean": 1.0078125,
+    "ratio_max": 1.5,
+    "ratio_clipped_frac": 0.01,
+    "stepped": True,
+    "groups_in_batch": 8,
+    "samples_by_finish_reason": {"FINISH_REASON_LENGTH": 8, "FINISH_REASON_STOP": 56},
+    "tokens_ratio_clipped": 3,
+}
+EVAL = {
+    "step": 5,
+    "policy_version": 5,
+    "compute": 0.02,
+    "pass_rate": 0.4375,
+    "parse_failure_rate": 0.0625,
+    "completions": 480,
+    "mean_tokens": 11.5,
+    "truncation_rate": 0.125,
+    "seconds": 12.25,
+    "learner_steps_meanwhile": 1,
+    "time": 1767225700.5,
+}
+
+
+def test_step_and_eval_records_round_trip_exactly(tmp_path) -> None:
+    step, later = StepRecord(**STEP), StepRecord(**(STEP | {"step": 4, "grad_norm": math.inf}))
+    append_record(tmp_path, step)
+    append_record(tmp_path, later)
+    append_record(tmp_path, EvalRecord(**EVAL))
+    steps = read_records(tmp_path, StepRecord)
+    assert steps == [step, later]
+    assert steps[0].samples_by_finish_reason == {
+        "FINISH_REASON_LENGTH": 8,
+        "FINISH_REASON_STOP": 56,
+    }
+    assert steps[0].tokens == 300 and steps[0].stepped is True
+    assert steps[1].grad_norm == math.inf  # a skipped step's non-finite gradient survives
+    assert read_records(tmp_path, EvalRecord) == [EvalRecord(**EVAL)]
+    # The JSON keys are the field names, so older readers keep working.
+    line = json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[0])
+    assert line == EVAL
+
+
+def test_reader_keeps_todays_keys_readable_and_ignores_unknown_ones(tmp_path) -> None:
+    """A line as the learner wrote it before the typed records (counts as floats, no
+    count fields, `stepped` as 1.0) plus a key this version does not know."""
+    old = dict(STEP)
+    for key in ("groups_in_batch", "samples_by_finish_reason", "tokens_ratio_clipped"):
+        del old[key]
+    old |= {"tokens": 300.0, "samples": 48.0, "stepped": 1.0, "from_the_future": 7}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
+    (record,) = read_records(tmp_path, StepRecord)
+    assert record.tokens == 300 and record.stepped is True and record.groups_in_batch is None
+    assert record.samples_by_finish_reason is None
+
+
+def test_truncated_last_line_is_skipped_and_cut_before_the_next_append(tmp_path) -> None:
+    append_record(tmp_path, EvalRecord(**EVAL))
+    with open(tmp_path / "eval.jsonl", "a") as handle:
+        handle.write(json.dumps(EVAL | {"step": 10})[:40])  # the crash, mid-line
+    assert [r.step for r in read_records(tmp_path, EvalRecord)] == [5]
+    append_record(tmp_path, EvalRecord(**(EVAL | {"step": 15})))  # a resumed run
+    assert [r.step for r in read_records(tmp_path, EvalRecord)] == [5, 15]
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_bad_line_before_the_last_one_is_an_error(tmp_path) -> None:
+    good = json.dumps(EVAL)
+    (tmp_path / "eval.jsonl").write_text(good + "\n{not json\n" + good + "\n")
+    with pytest.raises(ValueError, match="eval.jsonl:2"):
+        read_records(tmp_path, EvalRecord)
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    with pytest.raises(ValueError, match="pass_rate"):
+        read_records(tmp_path, EvalRecord)
+
+
+def test_missing_file_reads_as_no_records(tmp_path) -> None:
+    assert read_records(tmp_path, StepRecord) == []
+
+
+def test_writing_an_unknown_field_is_an_error() -> None:
+    with pytest.raises(ValueError, match="loss_typo"):
+        StepRecord(**STEP, loss_typo=1.0)
+
+
+def test_training_health_sums_up_the_step_records() -> None:
+    first = StepRecord(**STEP)
+    skipped = StepRecord(
+        **(
+            STEP
+            | {
+                "step": 4,
+                "stepped": False,
+                "grad_norm": 0.0,
+                "ratio_mean": 0.0,
+                "ratio_max": 0.0,
+                "ratio_clipped_frac": 0.0,
+                "truncation_rate": 0.25,
+                "zero_variance_frac": 0.75,
+                "parse_failure_rate": 0.0,
+                "staleness_hist": [1, 0],
+                "groups_stale_total": 3,
+                "truncation_warnings_total": 2,
+            }
+        )
+    )
+    health = training_health([first, skipped])
+    assert health == {
+        "steps": 2,
+        "truncation_rate_max": 0.25,
+        "steps_truncation_above_10pct": 2,
+        "staleness_hist": [4, 4, 1],
+        "zero_variance_frac_mean": 0.5,
+        "groups_stale_total": 3,
+        "prompts_retired_total": 2,
+        "parse_failure_rate_mean": 0.015625,
+        # Ratio and gradient statistics over the steps that updated the weights only.
+        "ratio_mean": 1.0078125,
+        "ratio_max": 1.5,
+        "ratio_clipped_frac_mean": 0.01,
+        "grad_norm_mean": 1.25,
+        "grad_norm_max": 1.25,
+    }
+    assert training_health([]) == {}
