@@ -30,21 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from scalerl.obs.logging import set_run_id, setup_logging
+    from scalerl.entrypoint import start_service, stop_on_signals
 
-    setup_logging("learner")
-    from scalerl.entrypoint import (
-        load_config_or_none,
-        resolve_hardware_or_none,
-        stop_on_signals,
-    )
-
-    config = load_config_or_none("scalerl-learner", args.config, args.set)
-    resolved = config and resolve_hardware_or_none("scalerl-learner", config)
+    resolved = start_service("scalerl-learner", "learner", args.config, args.set)
     if not resolved:
         return 2
     config, precision = resolved
-    set_run_id(config.run_id)
     from learner_service.learner import Learner
     from learner_service.metrics import LearnerMetrics
     from scalerl.obs.metrics import serve_metrics, service_registry

@@ -31,21 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from scalerl.obs.logging import set_run_id, setup_logging
+    from scalerl.entrypoint import start_service, stop_on_signals
 
-    setup_logging("rollout", worker_id=args.worker_id)
-    from scalerl.entrypoint import (
-        load_config_or_none,
-        resolve_hardware_or_none,
-        stop_on_signals,
+    resolved = start_service(
+        "scalerl-rollout", "rollout", args.config, args.set, worker_id=args.worker_id
     )
-
-    config = load_config_or_none("scalerl-rollout", args.config, args.set)
-    resolved = config and resolve_hardware_or_none("scalerl-rollout", config)
     if not resolved:
         return 2
     config, precision = resolved
-    set_run_id(config.run_id)
     from rollout_service.worker import RolloutWorker
     from scalerl.obs.metrics import service_registry
 

@@ -1,5 +1,6 @@
-"""What every process's console script does first: load the config with a one-line error,
-and turn SIGTERM / SIGINT into a stop event (torch-free)."""
+"""What every process's console script does first: set up logging, load the config with a
+one-line error, resolve the device and precision, and turn SIGTERM / SIGINT into a stop
+event (torch-free until the device is resolved)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,25 @@ def resolve_hardware_or_none(prog: str, config: RunConfig):
         precision.reason,
     )
     return resolved, precision
+
+
+def start_service(
+    prog: str, service: str, config_path: str, overrides: list[str], worker_id: str = ""
+):
+    """The start of `scalerl-rollout` and `scalerl-learner`: the one log format
+    (`scalerl.obs.logging`), the validated config and its device/precision for this machine.
+
+    Returns (config, `scalerl.policy.hardware.Precision`), or None after printing
+    `prog: <one line>` (the caller exits with code 2). Imports torch (to resolve the device).
+    """
+    from scalerl.obs.logging import set_run_id, setup_logging
+
+    setup_logging(service, worker_id=worker_id)
+    config = load_config_or_none(prog, config_path, overrides)
+    resolved = config and resolve_hardware_or_none(prog, config)
+    if resolved:
+        set_run_id(resolved[0].run_id)
+    return resolved or None
 
 
 def stop_on_signals() -> threading.Event:
