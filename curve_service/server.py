@@ -5,8 +5,10 @@ Each RPC converts messages, calls the plain core and converts back. Domain error
 `scalerl.rpc.server.make_server`, which maps them to status codes; anything else becomes
 INTERNAL with its traceback logged. Where a request is converted, an input error is
 re-raised with the field named as in the request (`compute[3]` -> `points[3].compute`,
-`runs[1].points[3].reward`). Every range has one check, in the core; the server runs it
-before the work it guards.
+`runs[1].points[3].reward`). The server checks only the request's own limits (at most
+2,000 resamples, 100,000 prediction targets, one of params or run_id); every other range
+has one check, in the core (`points`, `sigmoid`, `uncertainty`, `compare`), which the
+server calls before the work it guards (a million points are refused before conversion).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,12 +233,12 @@ class FitSpec:
     level: float = 0.0
     paper_grid: bool = False
     power_law: bool = False
-    predict_compute: Sequence[float] = field(default=())
+    predict_compute: Sequence[float] = ()
 
     @classmethod
     def from_evals(cls, evals: Sequence[dict], **options: Any) -> FitSpec:
         """The fit of a run's held-out curve from its evaluation records (eval.jsonl, at
-        least one: `compute` in accelerator-hours, `pass_rate`), the way run reports fit
+        least one: `compute` in RUN_COMPUTE_UNIT, `pass_rate`), the way run reports fit
         it: R0 = the first evaluation's pass rate, RUN_RESAMPLES bootstrap resamples seeded
         0. A step-0 evaluation's compute of 0 sits at ZERO_COMPUTE. options: any FitSpec
         field, overriding those."""
