@@ -16,10 +16,12 @@ import warnings
 import numpy as np
 from scipy.optimize import OptimizeWarning, curve_fit
 
-from curve_service.fit import PAPER_GRID, SigmoidParams, bootstrap_params, fit_sigmoid, predict
+from curve_service.fit import fit_sigmoid
+from curve_service.grid import PAPER_GRID
 from curve_service.server import CurveServicer, serve
-from scalerl.rpc import channel as grpc_channel
-from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from curve_service.sigmoid import SigmoidParams, predict, sigmoid
+from curve_service.uncertainty import bootstrap_params
+from scalerl.rpc.curve_client import CurveClient, FitSpec
 
 TRUTH = SigmoidParams(a=0.71, b=1.65, c_mid=6500.0, r0=0.51)
 
@@ -37,7 +39,7 @@ def scipy_loop(compute: np.ndarray, reward: np.ndarray) -> tuple[float, float]:
         for c_mid in PAPER_GRID.c_mid_values():
 
             def model(c, b, a=a, c_mid=c_mid):
-                return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+                return sigmoid(c, a, b, c_mid, r0)
 
             try:
                 (b,), _ = curve_fit(model, compute, reward, p0=[1.5], bounds=(0.05, 20.0))
@@ -48,7 +50,7 @@ def scipy_loop(compute: np.ndarray, reward: np.ndarray) -> tuple[float, float]:
                 best = (sse, a, c_mid, b)
 
     def full(c, a, b, c_mid):
-        return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+        return sigmoid(c, a, b, c_mid, r0)
 
     (a, b, _c), _ = curve_fit(
         full,
@@ -87,19 +89,13 @@ def main() -> None:
     print(f"200 bootstrap resamples: {time.perf_counter() - t0:.2f} s")
 
     server, port, _ = serve(port=0, servicer=CurveServicer())
-    request = curve_pb2.FitRequest(
-        points=[
-            curve_pb2.CurvePoint(compute=c, reward=r) for c, r in zip(compute, reward, strict=True)
-        ],
-        r0=TRUTH.r0,
-    )
-    with grpc_channel.channel(f"127.0.0.1:{port}") as ch:
-        stub = curve_pb2_grpc.CurveServiceStub(ch)
-        stub.Fit(request, timeout=30)  # warm-up
+    spec = FitSpec(compute=list(compute), reward=list(reward), r0=TRUTH.r0)
+    with CurveClient(f"127.0.0.1:{port}", timeout_s=30) as client:
+        client.fit(spec)  # warm-up
         lat = []
         for _ in range(30):
             t0 = time.perf_counter()
-            stub.Fit(request, timeout=30)
+            client.fit(spec)
             lat.append(time.perf_counter() - t0)
     server.stop(None)
     print(

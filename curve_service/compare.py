@@ -12,7 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from curve_service.fit import CurveInputError, FitResult, fit_fixed_a
+from curve_service.errors import CurveInputError
+from curve_service.fit import FitResult, fit_fixed_a
 
 DEFAULT_A_MARGIN = 0.02
 MAX_RUNS = 16
@@ -34,6 +35,14 @@ class Comparison:
         return self.ranking[0]
 
 
+def check_run_count(n: int) -> int:
+    """n unchanged; raises CurveInputError("runs") unless 2 <= n <= 16. Needs only the
+    count, so the server runs it before fitting any of a CompareRuns request's runs."""
+    if not 2 <= n <= MAX_RUNS:
+        raise CurveInputError("runs", f"give 2..{MAX_RUNS} runs, got {n}")
+    return n
+
+
 def compare_fits(fits: Sequence[FitResult], a_margin: float = DEFAULT_A_MARGIN) -> Comparison:
     """Rank 2..16 fitted runs (all rising, or all falling, curves) by A, then B at a shared A.
 
@@ -41,8 +50,7 @@ def compare_fits(fits: Sequence[FitResult], a_margin: float = DEFAULT_A_MARGIN) 
     not all rise (or all fall) from R0, and CurveInputError("a_margin") unless it is finite
     and >= 0.
     """
-    if not 2 <= len(fits) <= MAX_RUNS:
-        raise CurveInputError("runs", f"give 2..{MAX_RUNS} runs, got {len(fits)}")
+    check_run_count(len(fits))
     if not (math.isfinite(a_margin) and a_margin >= 0):
         raise CurveInputError("a_margin", f"must be finite and >= 0, got {a_margin}")
     rising = [f.a > f.r0 for f in fits]

@@ -16,7 +16,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from curve_service.fit import FitResult, predict
+from curve_service.fit import FitResult
+from curve_service.sigmoid import sigmoid
 from scalerl.obs.metrics import serve_metrics, service_registry
 
 FIT_STATUSES = ("ok", "invalid", "error")
@@ -102,9 +103,8 @@ class CurveMetrics:
         self.midpoint.labels(run_id=run_id).set(fit.c_mid)
         compute = target if target is not None else 10.0 * float(fit.compute.max())
         label = f"{compute:g}"
-        self.predicted.labels(run_id=run_id, target_compute=label).set(
-            float(predict(fit.params, [compute])[0])
-        )
+        reward = sigmoid(compute, fit.a, fit.b, fit.c_mid, fit.r0)
+        self.predicted.labels(run_id=run_id, target_compute=label).set(float(reward))
         self._targets[run_id] = label
 
     def exposition(self) -> bytes:

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize_scalar
 
-from curve_service.fit import CurveInputError
+from curve_service.errors import CurveInputError
 
 B_MIN, B_MAX, B_SCAN = 1e-3, 10.0, 200
 
@@ -46,7 +46,7 @@ def _linear_fit(x: NDArray[np.float64], y: NDArray[np.float64]) -> tuple[float, 
 def fit_power_law(compute: ArrayLike, reward: ArrayLike) -> PowerLawParams:
     """Fit R = A - D / C^B (App. A.4) to compute [N] (> 0, sorted or not) and reward [N].
 
-    Callers pass already validated points (`fit.validate_points`). Raises
+    Callers pass already validated points (`points.validate_points`). Raises
     CurveInputError("points") for fewer than 3 points or mismatched lengths.
     """
     c = np.asarray(compute, dtype=np.float64).reshape(-1)

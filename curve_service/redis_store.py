@@ -17,15 +17,10 @@ import threading
 
 import redis
 
-from curve_service.fit import MAX_POINTS, FitResult, validate_point, validate_r0
-from curve_service.store import (
-    MAX_RUNS,
-    RunSnapshot,
-    StoreFullError,
-    UnknownRunError,
-    _with_point,
-    validate_run_id,
-)
+from curve_service.errors import StoreFullError, UnknownRunError
+from curve_service.fit import FitResult
+from curve_service.points import MAX_POINTS, validate_point, validate_r0
+from curve_service.store import MAX_RUNS, RunSnapshot, _with_point, validate_run_id
 from scalerl.state.client import text
 from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
 

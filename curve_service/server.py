@@ -1,98 +1,71 @@
-"""gRPC `scalerl.v1.CurveService`: a thin layer over `curve_service.fit` and a `RunStore`.
+"""gRPC `scalerl.v1.CurveService`: a thin layer over the curve core and a `RunStore`.
 
-Each RPC converts messages, calls the plain core and converts back. Domain errors become
-status codes in one place (`_rpc`): CurveInputError -> INVALID_ARGUMENT with the field
-named as in the request message, UnknownRunError -> NOT_FOUND, a run without a fit ->
-FAILED_PRECONDITION, StoreFullError -> RESOURCE_EXHAUSTED, anything else -> INTERNAL
-(logged with its traceback).
+Each RPC converts messages, calls the plain core and converts back. Domain errors
+(`curve_service.errors`) propagate to the one error interceptor of
+`scalerl.rpc.server.make_server`, which maps them to status codes; anything else becomes
+INTERNAL with its traceback logged. Where a request is converted, an input error is
+re-raised with the field named as in the request (`compute[3]` -> `points[3].compute`,
+`runs[1].points[3].reward`). The server checks only the request's own limits (at most
+2,000 resamples, 100,000 prediction targets, one of params or run_id); every other range
+has one check, in the core (`points`, `sigmoid`, `uncertainty`, `compare`), which the
+server calls before the work it guards (a million points are refused before conversion).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
 import numpy as np
 
-from curve_service.compare import DEFAULT_A_MARGIN, compare_fits
-from curve_service.fit import (
-    MAX_POINTS,
-    MIN_POINTS,
-    PAPER_GRID,
-    CurveInputError,
-    FitResult,
-    SigmoidParams,
-    bootstrap_params,
-    fit_sigmoid,
-    param_intervals,
-    predict,
-    prediction_band,
-    validate_params,
-)
+from curve_service.compare import DEFAULT_A_MARGIN, check_run_count, compare_fits
+from curve_service.errors import CurveInputError, NoFitError
+from curve_service.fit import FitResult, fit_sigmoid
+from curve_service.grid import PAPER_GRID
 from curve_service.metrics import CurveMetrics
+from curve_service.points import MAX_POINTS, MIN_POINTS, check_compute, check_max_points
 from curve_service.power_law import fit_power_law, predict_power_law
-from curve_service.store import (
-    MemoryRunStore,
-    RunSnapshot,
-    RunStore,
-    StoreFullError,
-    UnknownRunError,
-    validate_run_id,
+from curve_service.sigmoid import SigmoidParams, sigmoid, validate_params
+from curve_service.store import MemoryRunStore, RunSnapshot, RunStore, validate_run_id
+from curve_service.uncertainty import (
+    DEFAULT_LEVEL,
+    bootstrap_params,
+    check_level,
+    param_intervals,
+    prediction_band,
 )
 from scalerl.rpc.server import make_server
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 SERVICE_NAME = "scalerl.v1.CurveService"
-BAND_LEVEL = 0.9  # central 90% bootstrap band on run extrapolations
-BAND_RESAMPLES = 64
+BAND_RESAMPLES = 64  # bootstrap resamples behind a recorded run's extrapolation band
 MAX_RESAMPLES = 2_000  # 200 resamples take ~0.5 s; 2,000 bound one request to seconds
 log = logging.getLogger("scalerl.curve")
 
 
-class NoFitError(RuntimeError):
-    """The run exists but has no fit (fewer than 4 points, or its last fit failed)."""
-
-
 def _points_field(field: str) -> str:
-    """fit.py names input arrays compute[i] / reward[i]; FitRequest has points[i].compute."""
+    """The core names input arrays compute[i] / reward[i]; FitRequest has points[i].compute."""
     return re.sub(r"^(compute|reward)\[(\d+)\]$", r"points[\2].\1", field)
 
 
-def _rpc(rename: Callable[[str], str] = lambda f: f) -> Callable:
-    """Decorator mapping domain errors to gRPC status codes (the only place that does)."""
-
-    def wrap(method: Callable) -> Callable:
-        @functools.wraps(method)
-        def handler(self: CurveServicer, request: Any, context: grpc.ServicerContext) -> Any:
-            try:
-                return method(self, request, context)
-            except CurveInputError as exc:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{rename(exc.field)}: {exc.message}"
-                )
-            except UnknownRunError as exc:
-                context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-            except NoFitError as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except StoreFullError as exc:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            except Exception:
-                log.exception("%s failed", method.__name__)
-                context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed; see server log")
-
-        return handler
-
-    return wrap
+@contextmanager
+def _request_fields(rename: Callable[[str], str]) -> Iterator[None]:
+    """Re-raise a CurveInputError from the block with its field renamed to the request's."""
+    try:
+        yield
+    except CurveInputError as exc:
+        raise CurveInputError(rename(exc.field), exc.message) from exc
 
 
 class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
-    """Fit, Extrapolate, RecordPoint and GetRun over a `RunStore` (in memory by default)."""
+    """Fit, Extrapolate, RecordPoint, GetRun and CompareRuns over a `RunStore` (in memory
+    by default)."""
 
     def __init__(
         self,
@@ -109,27 +82,18 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         self._bands: dict[str, tuple[int, np.ndarray]] = {}
         self._bands_lock = threading.Lock()
 
-    @_rpc(rename=_points_field)
-    def Fit(self, request: curve_pb2.FitRequest, context: grpc.ServicerContext) -> Any:
-        return self.fit_response(request)
+    def Fit(self, request: curve_pb2.FitRequest, context: Any) -> curve_pb2.FitResponse:
+        return self._fit_reply(request)
 
-    @_rpc()
-    def CompareRuns(self, request: curve_pb2.CompareRunsRequest, context: Any) -> Any:
-        return self.compare_response(request)
-
-    def compare_response(
-        self, request: curve_pb2.CompareRunsRequest
+    def CompareRuns(
+        self, request: curve_pb2.CompareRunsRequest, context: Any
     ) -> curve_pb2.CompareRunsResponse:
-        """CompareRuns without gRPC: raises CurveInputError naming runs[i].<field>."""
-        if not 2 <= len(request.runs) <= 16:
-            raise CurveInputError("runs", f"give 2..16 runs, got {len(request.runs)}")
+        check_run_count(len(request.runs))
         replies, fits = [], []
         for i, run in enumerate(request.runs):
-            try:
+            with _request_fields(lambda field, i=i: f"runs[{i}].{field}"):
                 fit = self._fit_from_request(run)
-                replies.append(self.fit_response(run, fit))
-            except CurveInputError as exc:  # name the run: runs[1].points[3].reward
-                raise CurveInputError(f"runs[{i}].{_points_field(exc.field)}", exc.message) from exc
+                replies.append(self._fit_reply(run, fit))
             fits.append(fit)
         result = compare_fits(fits, request.a_margin or DEFAULT_A_MARGIN)
         reply = curve_pb2.CompareRunsResponse(
@@ -144,8 +108,9 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
                 entry.b_at_shared_a, entry.c_mid_at_shared_a = result.refits[i]
         return reply
 
-    @_rpc()
-    def Extrapolate(self, request: curve_pb2.ExtrapolateRequest, context: Any) -> Any:
+    def Extrapolate(
+        self, request: curve_pb2.ExtrapolateRequest, context: Any
+    ) -> curve_pb2.ExtrapolateResponse:
         has_params, run_id = request.HasField("params"), request.run_id
         if has_params == bool(run_id):
             raise CurveInputError("params", "give exactly one of params or run_id")
@@ -156,21 +121,18 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         compute = np.asarray(request.compute, dtype=np.float64)
         if has_params:
             p = request.params
-            reward = predict(validate_params(SigmoidParams(p.a, p.b, p.c_mid, p.r0)), compute)
+            params = validate_params(SigmoidParams(p.a, p.b, p.c_mid, p.r0))
+            reward = sigmoid(check_compute(compute), params.a, params.b, params.c_mid, params.r0)
             lower = upper = reward  # explicit parameters carry no uncertainty
         else:
             fit, samples = self._run_band(validate_run_id(run_id))
-            predict(fit.params, compute)  # validates compute before any band work
-            reward, lower, upper = prediction_band(fit, samples, compute, BAND_LEVEL)
-        return curve_pb2.ExtrapolateResponse(
-            predictions=[
-                curve_pb2.Prediction(compute=c, reward=r, lower=lo, upper=hi)
-                for c, r, lo, hi in zip(compute, reward, lower, upper, strict=True)
-            ]
-        )
+            reward, lower, upper = prediction_band(fit, samples, compute, DEFAULT_LEVEL)
+        predictions = _predictions(compute, reward, lower, upper)
+        return curve_pb2.ExtrapolateResponse(predictions=predictions)
 
-    @_rpc()
-    def RecordPoint(self, request: curve_pb2.RecordPointRequest, context: Any) -> Any:
+    def RecordPoint(
+        self, request: curve_pb2.RecordPointRequest, context: Any
+    ) -> curve_pb2.RecordPointResponse:
         if not request.HasField("point"):
             raise CurveInputError("point", "required")
         r0 = request.r0 if request.HasField("r0") else None
@@ -186,8 +148,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             reply.fit.CopyFrom(fit_to_proto(fit))
         return reply
 
-    @_rpc()
-    def GetRun(self, request: curve_pb2.GetRunRequest, context: Any) -> Any:
+    def GetRun(self, request: curve_pb2.GetRunRequest, context: Any) -> curve_pb2.GetRunResponse:
         snap = self.store.get(validate_run_id(request.run_id))
         fit = self._stored_fit(snap)
         reply = curve_pb2.GetRunResponse(
@@ -198,52 +159,42 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             reply.fit.CopyFrom(fit_to_proto(fit))
         return reply
 
-    # --- core helpers -----------------------------------------------------------------
+    # --- request conversion -----------------------------------------------------------
 
     def _fit_from_request(self, request: curve_pb2.FitRequest) -> FitResult:
-        """The sigmoid fit a FitRequest asks for; the point count is checked before any
-        conversion so a million-point request costs no more than its parse."""
-        if len(request.points) > MAX_POINTS:
-            raise CurveInputError(
-                "points", f"{len(request.points)} points; at most {MAX_POINTS} allowed"
-            )
+        """The sigmoid fit a FitRequest asks for, input errors named as in the request."""
+        check_max_points(len(request.points))  # before converting a million points
         series = [p.series for p in request.points]
-        return self._fit(
-            [p.compute for p in request.points],
-            [p.reward for p in request.points],
-            r0=request.r0 if request.HasField("r0") else None,
-            min_compute=request.min_compute if request.HasField("min_compute") else None,
-            max_compute=request.max_compute if request.HasField("max_compute") else None,
-            grid=PAPER_GRID if request.method.paper_grid else None,
-            series=series if any(series) else None,
-        )
+        with _request_fields(_points_field):
+            return self._fit(
+                [p.compute for p in request.points],
+                [p.reward for p in request.points],
+                r0=request.r0 if request.HasField("r0") else None,
+                min_compute=request.min_compute if request.HasField("min_compute") else None,
+                max_compute=request.max_compute if request.HasField("max_compute") else None,
+                grid=PAPER_GRID if request.method.paper_grid else None,
+                series=series if any(series) else None,
+            )
 
-    def fit_response(
+    def _fit_reply(
         self, request: curve_pb2.FitRequest, fit: FitResult | None = None
     ) -> curve_pb2.FitResponse:
-        """Fit without gRPC: fit (or `fit`, already made from this request), bootstrap
-        intervals and bands, power law. Raises CurveInputError (fit.py field names)."""
+        """Fit (or take `fit`, already made from this request), bootstrap intervals and
+        bands, power law. The method and targets are checked before any fit work."""
         method = request.method
         if method.bootstrap_resamples > MAX_RESAMPLES:
             raise CurveInputError(
                 "method.bootstrap_resamples",
                 f"must be <= {MAX_RESAMPLES}, got {method.bootstrap_resamples}",
             )
-        level = method.level or BAND_LEVEL
-        if not 0.0 < level < 1.0:
-            raise CurveInputError("method.level", f"must be in (0, 1), got {level}")
-        targets = np.asarray(request.predict_compute, dtype=np.float64)
-        if targets.size > MAX_POINTS:
+        level = check_level(method.level or DEFAULT_LEVEL, "method.level")
+        if len(request.predict_compute) > MAX_POINTS:
             raise CurveInputError("predict_compute", f"at most {MAX_POINTS} values")
-        if targets.size:
-            try:
-                predict(SigmoidParams(0.5, 1.0, 1.0, 0.0), targets)  # validates compute only
-            except CurveInputError as exc:
-                field = exc.field.replace("compute", "predict_compute")
-                raise CurveInputError(field, exc.message) from exc
+        targets = np.asarray(request.predict_compute, dtype=np.float64)
+        check_compute(targets, "predict_compute")
         fit = fit or self._fit_from_request(request)
         reply = fit_to_proto(fit)
-        reward = lower = upper = predict(fit.params, targets) if targets.size else targets
+        reward = lower = upper = sigmoid(targets, fit.a, fit.b, fit.c_mid, fit.r0)
         if method.bootstrap_resamples:
             samples = bootstrap_params(fit, int(method.bootstrap_resamples), int(method.seed))
             bounds = param_intervals(fit, samples, level)

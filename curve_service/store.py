@@ -15,22 +15,12 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from curve_service.fit import MAX_POINTS, CurveInputError, FitResult, validate_point, validate_r0
+from curve_service.errors import CurveInputError, StoreFullError, UnknownRunError
+from curve_service.fit import FitResult
+from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from scalerl.state.keys import RUN_ID_PATTERN
 
 MAX_RUNS = 1_000
-
-
-class UnknownRunError(LookupError):
-    """No run with this id has been recorded."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run_id: no run named {run_id!r}")
-        self.run_id = run_id
-
-
-class StoreFullError(RuntimeError):
-    """The store holds its maximum number of runs."""
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,11 @@ record (`learner_service.records`).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from pathlib import Path
 
-import grpc
 import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
@@ -45,7 +43,8 @@ from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.obs import logging as obs_logging
 from scalerl.policy.models import load_policy
-from scalerl.rpc.channel import channel
+from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
+from scalerl.rpc.errors import ServiceError
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
@@ -53,7 +52,7 @@ from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.tasks import build_task
-from scalerl.v1 import curve_pb2, curve_pb2_grpc, rollout_pb2
+from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +195,8 @@ class Learner:
     # ----- main loop -----------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> int:
-        """Train until max_steps, max_minutes or `stop`; always ends with an evaluation,
-        a checkpoint and curve.json. Returns 0.
+        """Train until max_steps, max_minutes or `stop`; always ends with an evaluation
+        (recorded on the curve service) and a checkpoint. Returns 0.
 
         `max_minutes` bounds the whole learner, set-up and the final evaluation included:
         training stops early enough for one more step and the final evaluation to fit
@@ -446,35 +445,26 @@ class Learner:
         )
 
     def _record_curve_point(self, compute: float, pass_rate: float) -> None:
+        """Record the evaluation on the curve service, which refits the run's curve; the
+        launcher writes curve.json from the service at the end of the run."""
         if not self.curve_address:
             return
-        request = curve_pb2.RecordPointRequest(
-            run_id=self.config.run_id,
-            point=curve_pb2.CurvePoint(compute=max(compute, 1e-9), reward=pass_rate),
-            r0=self.r0,
-        )
         try:
-            with channel(self.curve_address) as ch:
-                reply = curve_pb2_grpc.CurveServiceStub(ch).RecordPoint(request, timeout=30)
-        except grpc.RpcError as exc:
-            log.warning("curve service: %s %s", exc.code(), exc.details())
-            return
-        if reply.HasField("fit"):
-            fit = reply.fit
-            (self.run_dir / "curve.json").write_text(
-                json.dumps(
-                    {
-                        "A": fit.params.a,
-                        "B": fit.params.b,
-                        "C_mid": fit.params.c_mid,
-                        "R0": fit.params.r0,
-                        "sse": fit.sse,
-                        "points_used": fit.points_used,
-                        "warnings": list(fit.warnings),
-                        "compute_unit": "cpu-core-hours",
-                    },
-                    indent=2,
+            with CurveClient(self.curve_address, timeout_s=30) as client:
+                recorded = client.record_point(
+                    self.config.run_id, max(compute, ZERO_COMPUTE), pass_rate, self.r0
                 )
+        except ServiceError as exc:
+            log.warning("curve service: %s %s", exc.status, exc)
+            return
+        if recorded.fit is not None:
+            fit = recorded.fit
+            log.info(
+                "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
+                fit.points_used,
+                fit.a,
+                fit.b,
+                fit.c_mid,
             )
 
     def _checkpoint(self) -> None:

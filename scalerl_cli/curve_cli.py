@@ -5,24 +5,33 @@
     scalerl curve compare A.csv B.csv [...] [--a-margin M] [--json] [--server HOST:PORT]
 
 A CSV has a header with columns `compute` and `reward` (an optional `series` column labels
-seeds fitted together; other columns are ignored). Fits run in this process, or on a curve
-service with --server. Bad input prints one line naming the field and exits with code 2.
-No torch import: this module loads numpy, scipy and grpc only.
+seeds fitted together; other columns are ignored). Fits run on a curve service started in
+this process, or on the one at --server; either way through `scalerl.rpc.curve_client`.
+Bad input prints one line naming the field and exits with code 2. No torch import: this
+module loads numpy, scipy and grpc only (matplotlib for --plot).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec, FitSummary
+from scalerl.rpc.errors import InvalidArgument, ServiceError
+
 EXIT_BAD_INPUT = 2
 PLOT_POINTS = 120  # extrapolation curve samples on the plot
+TIMEOUT_S = 60.0
+_FLAGS = {"r0": "--r0", "min_compute": "--min-compute", "max_compute": "--max-compute"}
 
 
 class CliInputError(ValueError):
@@ -106,75 +115,61 @@ def _float_list(text: str, name: str) -> list[float]:
     return out
 
 
-def _request(path: Path, args: argparse.Namespace, predict: list[float]) -> Any:
-    from scalerl.v1 import curve_pb2
-
+def _spec(path: Path, args: argparse.Namespace, predict: list[float]) -> FitSpec:
+    """The fit of one CSV file with the command line's options."""
     if not 0 <= args.bootstrap <= 2000:
         raise CliInputError(f"--bootstrap: must be in 0..2000, got {args.bootstrap}")
     if args.seed < 0:
         raise CliInputError(f"--seed: must be >= 0, got {args.seed}")
     compute, reward, series = read_points(path)
-    request = curve_pb2.FitRequest(
-        points=[
-            curve_pb2.CurvePoint(compute=c, reward=r, series=s)
-            for c, r, s in zip(compute, reward, series, strict=True)
-        ],
-        method=curve_pb2.FitMethod(bootstrap_resamples=args.bootstrap, seed=args.seed),
+    return FitSpec(
+        compute=compute,
+        reward=reward,
+        series=series,
+        r0=args.r0,
+        min_compute=args.min_compute,
+        max_compute=args.max_compute,
+        bootstrap_resamples=args.bootstrap,
+        seed=args.seed,
         predict_compute=predict,
     )
-    for name in ("r0", "min_compute", "max_compute"):
-        value = getattr(args, name)
-        if value is not None:
-            setattr(request, name, value)
-    return request
 
 
 def _field_message(path: Path | None, field: str, message: str) -> str:
-    """fit.py / server field names -> the CSV's words (points[3] is data line 5)."""
-    match = re.match(r"^(?:runs\[\d+\]\.)?(?:points|compute|reward)\[(\d+)\](?:\.(\w+))?$", field)
+    """Request field names -> the CSV's words (points[3] is data line 5) and the flags."""
+    match = re.match(r"^points\[(\d+)\]\.(\w+)$", field)
     if match and path is not None:
-        column = match.group(2) or field.split("[")[0]
-        return f"{path} line {int(match.group(1)) + 2}: {column}: {message}"
-    flag = {"r0": "--r0", "min_compute": "--min-compute", "max_compute": "--max-compute"}
-    name = flag.get(field, field).replace("predict_compute", "--predict")
-    return (
-        f"{path}: {name}: {message}"
-        if path is not None and name == "points"
-        else (f"{name}: {message}")
-    )
+        return f"{path} line {int(match.group(1)) + 2}: {match.group(2)}: {message}"
+    name = _FLAGS.get(field, field).replace("predict_compute", "--predict")
+    if path is not None and name == "points":
+        return f"{path}: {name}: {message}"
+    return f"{name}: {message}"
 
 
-# --- running a request locally or remotely --------------------------------------------
+# --- the curve service: in this process, or at --server -------------------------------
 
 
-def _call(method: str, request: Any, server: str | None, path: Path | None) -> Any:
-    """FitResponse / CompareRunsResponse, locally or from `server`; bad input ->
-    CliInputError naming the field."""
-    if server is None:
-        from curve_service.fit import CurveInputError
-        from curve_service.server import CurveServicer
+@contextmanager
+def _client(server: str | None) -> Iterator[CurveClient]:
+    """A client of the service at `server`, or of one started here for the command."""
+    if server is not None:
+        with CurveClient(server, TIMEOUT_S) as client:
+            yield client
+        return
+    from curve_service.server import serve
 
-        servicer = CurveServicer()
-        try:
-            if method == "Fit":
-                return servicer.fit_response(request)
-            return servicer.compare_response(request)
-        except CurveInputError as exc:
-            raise CliInputError(_field_message(path, exc.field, exc.message)) from None
-    import grpc
+    local, port, _ = serve(port=0)
+    try:
+        with CurveClient(f"127.0.0.1:{port}", TIMEOUT_S) as client:
+            yield client
+    finally:
+        local.stop(None)
 
-    from scalerl.rpc import channel as grpc_channel
-    from scalerl.v1 import curve_pb2_grpc
 
-    with grpc_channel.channel(server) as channel:
-        stub = curve_pb2_grpc.CurveServiceStub(channel)
-        try:
-            return getattr(stub, method)(request, timeout=60.0)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                field, _, message = exc.details().partition(": ")
-                raise CliInputError(_field_message(path, field, message)) from None
-            raise CliInputError(f"--server {server}: {exc.code().name}: {exc.details()}") from None
+def _failed(exc: ServiceError, server: str | None) -> CliInputError:
+    """A refused call that is not an input error, as one line."""
+    where = f"--server {server}" if server else "curve service"
+    return CliInputError(f"{where}: {exc.status}: {exc}")
 
 
 # --- fit ------------------------------------------------------------------------------
@@ -189,55 +184,45 @@ def _fit(args: argparse.Namespace) -> int:
         if finite:
             lo, hi = min(finite), max(finite + predict)
             plot_compute = _geomspace(lo, hi * 4.0, PLOT_POINTS)
-    request = _request(args.points, args, predict + plot_compute)
-    reply = _call("Fit", request, args.server, args.points)
-    preds = list(reply.predictions)
-    shown, curve = preds[: len(predict)], preds[len(predict) :]
+    spec = _spec(args.points, args, predict + plot_compute)
+    try:
+        with _client(args.server) as client:
+            fit = client.fit(spec)
+    except InvalidArgument as exc:
+        raise CliInputError(_field_message(args.points, exc.field, exc.message)) from None
+    except ServiceError as exc:
+        raise _failed(exc, args.server) from None
+    curve = fit.predictions[len(predict) :]
+    fit = dataclasses.replace(fit, predictions=fit.predictions[: len(predict)])
     if args.plot is not None:
-        from curve_service.plot import plot_fit
+        from scalerl_cli.plot import plot_fit
 
-        plot_fit(args.plot, request, reply, curve)
-    if args.json:
-        print(json.dumps(fit_json(reply, shown)))
-    else:
-        print(_fit_text(reply, shown))
+        window = (
+            args.min_compute if args.min_compute is not None else min(spec.compute),
+            args.max_compute if args.max_compute is not None else max(spec.compute),
+        )
+        plot_fit(args.plot, spec.compute, spec.reward, fit, band=curve, window=window)
+    print(json.dumps(fit.to_dict()) if args.json else _fit_text(fit))
     return 0
 
 
-def fit_json(reply: Any, predictions: list[Any]) -> dict[str, Any]:
-    """The --json object: A, B, C_mid, R0, warnings, predictions[{compute, reward, lower,
-    upper}]."""
-    p = reply.params
-    return {
-        "A": p.a,
-        "B": p.b,
-        "C_mid": p.c_mid,
-        "R0": p.r0,
-        "warnings": list(reply.warnings),
-        "predictions": [
-            {"compute": q.compute, "reward": q.reward, "lower": q.lower, "upper": q.upper}
-            for q in predictions
-        ],
-    }
-
-
-def _fit_text(reply: Any, predictions: list[Any]) -> str:
-    p, lines = reply.params, []
-    lines.append(f"A={p.a:.4f} B={p.b:.4f} C_mid={p.c_mid:.6g} R0={p.r0:.4f}")
-    if reply.HasField("intervals"):
-        iv = reply.intervals
-        lines.append(
-            f"{iv.level:.0%} intervals ({iv.resamples} resamples): "
-            f"A [{iv.a.lower:.4f}, {iv.a.upper:.4f}] B [{iv.b.lower:.3f}, {iv.b.upper:.3f}] "
-            f"C_mid [{iv.c_mid.lower:.4g}, {iv.c_mid.upper:.4g}]"
+def _fit_text(fit: FitSummary) -> str:
+    lines = [f"A={fit.a:.4f} B={fit.b:.4f} C_mid={fit.c_mid:.6g} R0={fit.r0:.4f}"]
+    if fit.a_interval is not None:
+        (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = (
+            fit.a_interval,
+            fit.b_interval,
+            fit.c_mid_interval,
         )
-    lines.append(
-        f"points used {reply.points_used}, SSE {reply.sse:.4g}; grid {reply.grid.description}"
-    )
+        lines.append(
+            f"{fit.interval_level:.0%} intervals ({fit.interval_resamples} resamples): "
+            f"A [{a_lo:.4f}, {a_hi:.4f}] B [{b_lo:.3f}, {b_hi:.3f}] C_mid [{c_lo:.4g}, {c_hi:.4g}]"
+        )
+    lines.append(f"points used {fit.points_used}, SSE {fit.sse:.4g}; grid {fit.grid}")
     lines += [
-        f"at {q.compute:g}: {q.reward:.4f} [{q.lower:.4f}, {q.upper:.4f}]" for q in predictions
+        f"at {q.compute:g}: {q.reward:.4f} [{q.lower:.4f}, {q.upper:.4f}]" for q in fit.predictions
     ]
-    lines += [f"warning: {w}" for w in reply.warnings]
+    lines += [f"warning: {w}" for w in fit.warnings]
     return "\n".join(lines)
 
 
@@ -250,53 +235,43 @@ def _geomspace(lo: float, hi: float, n: int) -> list[float]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from scalerl.v1 import curve_pb2
-
     if len(args.points) < 2:
         raise CliInputError("points: give at least two CSV files")
     if not (math.isfinite(args.a_margin) and args.a_margin >= 0):
         raise CliInputError(f"--a-margin: must be finite and >= 0, got {args.a_margin}")
-    runs = [_request(path, args, []) for path in args.points]
-    request = curve_pb2.CompareRunsRequest(runs=runs, a_margin=args.a_margin)
+    specs = [_spec(path, args, []) for path in args.points]
     try:
-        reply = _call("CompareRuns", request, args.server, None)
-    except CliInputError as exc:
-        raise CliInputError(_name_run(str(exc), args.points)) from None
+        with _client(args.server) as client:
+            result = client.compare_runs(specs, args.a_margin)
+    except InvalidArgument as exc:
+        raise CliInputError(_run_field_message(exc, args.points)) from None
+    except ServiceError as exc:
+        raise _failed(exc, args.server) from None
     if args.json:
-        print(json.dumps(compare_json(reply, args.points)))
+        print(json.dumps(compare_json(result, args.points)))
         return 0
-    for run in sorted(reply.runs, key=lambda r: r.rank):
-        p = run.fit.params
-        extra = f" B@A={run.b_at_shared_a:.3f}" if run.HasField("b_at_shared_a") else ""
-        print(f"{run.rank}. {args.points[run.index]}: A={p.a:.4f} B={p.b:.3f}{extra}")
-    print(reply.summary)
+    for run in sorted(result.runs, key=lambda r: r.rank):
+        extra = f" B@A={run.b_at_shared_a:.3f}" if run.b_at_shared_a is not None else ""
+        print(f"{run.rank}. {args.points[run.index]}: A={run.fit.a:.4f} B={run.fit.b:.3f}{extra}")
+    print(result.summary)
     return 0
 
 
-def _name_run(message: str, paths: list[Path]) -> str:
+def _run_field_message(exc: InvalidArgument, paths: list[Path]) -> str:
     """runs[1].points[3].reward: ... -> B.csv line 5: reward: ..."""
-    match = re.match(r"^runs\[(\d+)\]\.(\S+): (.*)$", message)
+    match = re.match(r"^runs\[(\d+)\]\.(\S+)$", exc.field)
     if not match:
-        return message
-    path = paths[int(match.group(1))]
-    return _field_message(path, match.group(2), match.group(3))
+        return _field_message(None, exc.field, exc.message)
+    return _field_message(paths[int(match.group(1))], match.group(2), exc.message)
 
 
-def compare_json(reply: Any, paths: list[Path]) -> dict[str, Any]:
-    """The --json object of `curve compare`."""
-    runs = []
-    for run in reply.runs:
-        entry = {"file": str(paths[run.index]), "rank": run.rank, **fit_json(run.fit, [])}
-        del entry["predictions"]
-        if run.HasField("b_at_shared_a"):
-            entry["B_at_shared_A"] = run.b_at_shared_a
-            entry["C_mid_at_shared_A"] = run.c_mid_at_shared_a
-        runs.append(entry)
-    shared = reply.shared_a if reply.HasField("shared_a") else None
+def compare_json(result: Comparison, paths: list[Path]) -> dict[str, Any]:
+    """The --json object of `curve compare`: best file, decided_by, shared_A, summary and
+    one entry per run: its file and `RankedRun.to_dict()`."""
     return {
-        "best": str(paths[reply.best]),
-        "decided_by": reply.decided_by,
-        "shared_A": shared,
-        "summary": reply.summary,
-        "runs": runs,
+        "best": str(paths[result.best]),
+        "decided_by": result.decided_by,
+        "shared_A": result.shared_a,
+        "summary": result.summary,
+        "runs": [{"file": str(paths[run.index]), **run.to_dict()} for run in result.runs],
     }

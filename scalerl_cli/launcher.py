@@ -26,10 +26,17 @@ from learner_service.records import EvalRecord, StepRecord, read_records
 from scalerl.config import RunConfig, dump_config
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
-from scalerl.rpc.channel import channel, wait_healthy
+from scalerl.rpc.channel import wait_healthy
+from scalerl.rpc.curve_client import (
+    RUN_COMPUTE_UNIT,
+    CurveClient,
+    FitSpec,
+    FitSummary,
+    write_curve_json,
+)
+from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.learner_client import LearnerClient
-from scalerl.v1 import curve_pb2, curve_pb2_grpc
-from scalerl_cli.plot import plot_run
+from scalerl_cli.plot import plot_fit
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
 
@@ -248,55 +255,20 @@ def _progress_line(client: LearnerClient, elapsed_s: float) -> str:
     )
 
 
-def _read_evals(run_dir: Path) -> list[dict]:
-    """The run's evaluations (eval.jsonl, read and validated as `EvalRecord`s), as the
-    plain dicts the fit and the plot take."""
-    return [record.model_dump() for record in read_records(run_dir, EvalRecord)]
-
-
 def _fit(
-    curve_address: str, evals: list[dict], r0: float, predict_at: float | None = None
-) -> dict | None:
-    """Fit the sigmoid over `evals` on the curve service (200 seeded bootstrap resamples
-    for intervals); with `predict_at`, also the extrapolated reward there with its 90%
-    band. None when the service refuses (for example fewer than 4 points)."""
-    points = [
-        curve_pb2.CurvePoint(compute=max(e["compute"], 1e-9), reward=e["pass_rate"]) for e in evals
-    ]
-    request = curve_pb2.FitRequest(
-        points=points,
-        r0=r0,
-        method=curve_pb2.FitMethod(bootstrap_resamples=200, seed=0),
-        predict_compute=[predict_at] if predict_at else [],
-    )
+    curve_address: str, evals: list[EvalRecord], predict_at: float | None = None
+) -> FitSummary | None:
+    """Fit the sigmoid over `evals` on the curve service (`FitSpec.from_evals`: R0 = the
+    first evaluation, 200 seeded bootstrap resamples for intervals); with `predict_at`,
+    also the extrapolated reward there with its 90% band. None when the service refuses
+    (for example fewer than 4 points)."""
+    spec = FitSpec.from_evals(evals, predict_compute=[predict_at] if predict_at else [])
     try:
-        with channel(curve_address) as ch:
-            reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(request, timeout=120)
-    except grpc.RpcError as exc:
-        console.print(f"[yellow]curve fit on {len(points)} points refused:[/] {exc.details()}")
+        with CurveClient(curve_address, timeout_s=120, compute_unit=RUN_COMPUTE_UNIT) as client:
+            return client.fit(spec)
+    except ServiceError as exc:
+        console.print(f"[yellow]curve fit on {len(evals)} points refused:[/] {escape(str(exc))}")
         return None
-    p, ci = reply.params, reply.intervals
-    fit = {
-        "A": p.a,
-        "B": p.b,
-        "C_mid": p.c_mid,
-        "R0": p.r0,
-        "A_interval": [ci.a.lower, ci.a.upper],
-        "B_interval": [ci.b.lower, ci.b.upper],
-        "C_mid_interval": [ci.c_mid.lower, ci.c_mid.upper],
-        "sse": reply.sse,
-        "points_used": reply.points_used,
-        "warnings": list(reply.warnings),
-    }
-    if reply.predictions:
-        pred = reply.predictions[0]
-        fit["prediction"] = {
-            "compute": pred.compute,
-            "reward": pred.reward,
-            "lower": pred.lower,
-            "upper": pred.upper,
-        }
-    return fit
 
 
 def training_health(steps: list[StepRecord]) -> dict:
@@ -359,18 +331,20 @@ def _finish_report(
     precision,
 ) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
-    extrapolation check: the fit on the first half of the evaluations predicts the last."""
-    evals = _read_evals(run_dir)
+    extrapolation check: the fit on the first half of the evaluations predicts the last.
+
+    The launcher is curve.json's one writer: it owns the run folder and writes the run's
+    end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
+    the run goes, the curve service holds the live fit (GetRun, its /metrics gauges)."""
+    evals = read_records(run_dir, EvalRecord)
     if not evals:
         return
-    r0 = evals[0]["pass_rate"]
-    fit = _fit(curve_address, evals, r0)
+    r0 = evals[0].pass_rate
+    fit = _fit(curve_address, evals)
     if fit:
-        (run_dir / "curve.json").write_text(
-            json.dumps({**fit, "compute_unit": "cpu-core-hours"}, indent=2)
-        )
+        write_curve_json(run_dir / "curve.json", fit)
     final = evals[-1]
-    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], r0, predict_at=final["compute"])
+    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], predict_at=final.compute)
     started_unix, wall_s = started
     report = {
         "started_unix": started_unix,
@@ -383,25 +357,35 @@ def _finish_report(
         },
         "evaluations": len(evals),
         "pass_rate_step0": r0,
-        "pass_rate_final": evals[-1]["pass_rate"],
-        "final_step": evals[-1]["step"],
-        "final_compute": evals[-1]["compute"],
-        "fit": fit,
-        "fit_first_half": half,
+        "pass_rate_final": evals[-1].pass_rate,
+        "final_step": evals[-1].step,
+        "final_compute": evals[-1].compute,
+        "fit": fit.to_dict() if fit else None,
+        "fit_first_half": half.to_dict() if half else None,
         "health": training_health(read_records(run_dir, StepRecord)),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
     }
-    if half and "prediction" in half:
-        report["predicted_final_from_first_half"] = half["prediction"]
+    if half and half.predictions:
+        report["predicted_final_from_first_half"] = half.predictions[0].to_dict()
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     if report["health"].get("steps_truncation_above_10pct"):
         console.print(
             f"[yellow]truncation above 10% in {report['health']['steps_truncation_above_10pct']}"
             " steps[/] (the paper saw training degrade there): see report.json"
         )
-    plot_run(evals, fit, run_dir / "plot.png", f"scalerl run {config.run_id}")
+    plot_fit(
+        run_dir / "plot.png",
+        [e.compute for e in evals],
+        [e.pass_rate for e in evals],
+        fit,
+        title=f"scalerl run {config.run_id}",
+        xlabel=f"compute ({RUN_COMPUTE_UNIT})",
+        ylabel="held-out pass rate",
+        ylim=(0.0, 1.0),
+        log_compute=False,  # the step-0 evaluation sits at compute 0
+    )
     console.print(
-        f"held-out pass rate {r0:.3f} -> {evals[-1]['pass_rate']:.3f} over "
-        f"{evals[-1]['step']} steps in {wall_s / 60:.1f} min"
-        + (f"; fit A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}" if fit else "")
+        f"held-out pass rate {r0:.3f} -> {evals[-1].pass_rate:.3f} over "
+        f"{evals[-1].step} steps in {wall_s / 60:.1f} min"
+        + (f"; fit A={fit.a:.3f} B={fit.b:.2f} C_mid={fit.c_mid:.3g}" if fit else "")
     )

@@ -1,46 +1,83 @@
-"""The run's plot: held-out pass rate against compute, the fitted sigmoid and its asymptote."""
+"""The one plot of a compute-reward curve: points, the fitted sigmoid (paper Eq. 1, drawn
+with `curve_service.sigmoid`), its asymptote A, and where given the bootstrap band and the
+fit window, by default on a log compute axis in the style of the paper's Fig. 1a.
+
+Top floor: matplotlib stays out of the services.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from scalerl.rpc.curve_client import FitSummary, Prediction
 
-def sigmoid(compute, a: float, b: float, c_mid: float, r0: float):
-    """ScaleRL Eq. 1: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B); compute > 0."""
-    import numpy as np
-
-    c = np.asarray(compute, dtype=float)
-    return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+CURVE_SAMPLES = 200
+EXTEND = 2.0  # without a band, the curve runs to this multiple of the largest compute
 
 
-def plot_run(evals: list[dict], fit: dict | None, out: Path, title: str) -> Path:
-    """Write a PNG with the eval points, the fitted curve (extended 2x past the data) and
-    the asymptote A. `evals`: dicts with compute and pass_rate; `fit`: A, B, C_mid, R0."""
+def plot_fit(
+    out: Path,
+    compute: Sequence[float],
+    reward: Sequence[float],
+    fit: FitSummary | None,
+    *,
+    band: Sequence[Prediction] = (),
+    window: tuple[float, float] | None = None,
+    title: str | None = None,
+    xlabel: str = "compute",
+    ylabel: str = "reward",
+    ylim: tuple[float, float] | None = None,
+    log_compute: bool = True,
+) -> Path:
+    """Write a PNG of points (compute [N] > 0, reward [N]) and `fit` to `out`; returns out.
+
+    band: predictions (compute ascending) whose [lower, upper] is shaded and whose compute
+    values the curve is drawn at; without one the curve spans the points' compute range
+    extended 2x. window: the fit window (lo, hi) shaded grey. title: None = the fitted
+    parameters. log_compute: a log compute axis (a linear one shows a compute-0 point).
+    Raises OSError when `out` cannot be written.
+    """
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from curve_service.sigmoid import sigmoid
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [e["compute"] for e in evals]
-    ax.plot(xs, [e["pass_rate"] for e in evals], "o", label="held-out pass rate")
-    if fit and xs:
-        grid = np.geomspace(max(min(xs), 1e-6), 2 * max(xs), 200)
-        ax.plot(
-            grid,
-            sigmoid(grid, fit["A"], fit["B"], fit["C_mid"], fit["R0"]),
-            "-",
-            label=f"fit: A={fit['A']:.3f} B={fit['B']:.2f} C_mid={fit['C_mid']:.3g}",
-        )
-        ax.axhline(fit["A"], ls="--", lw=0.8, color="gray", label="asymptote A")
-    ax.set_xlabel("compute (CPU core-hours)")
-    ax.set_ylabel("held-out pass rate")
-    ax.set_title(title)
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        ax.scatter(compute, reward, s=14, color="black", label="points", zorder=3)
+        if fit is not None and len(compute):
+            xs = np.asarray([q.compute for q in band], dtype=float)
+            if not band:
+                hi = max(compute)
+                xs = np.geomspace(max(min(compute), 1e-6 * hi), EXTEND * hi, CURVE_SAMPLES)
+            ys = sigmoid(xs, fit.a, fit.b, fit.c_mid, fit.r0)
+            label = f"fit: A={fit.a:.3f} B={fit.b:.2f} C_mid={fit.c_mid:.3g}"
+            ax.plot(xs, ys, color="tab:blue", label=label)
+            if band:
+                lower, upper = [q.lower for q in band], [q.upper for q in band]
+                ax.fill_between(
+                    xs, lower, upper, color="tab:blue", alpha=0.2, label="bootstrap band"
+                )
+            ax.axhline(fit.a, color="tab:red", linestyle="--", linewidth=1, label="asymptote A")
+        if window is not None:
+            ax.axvspan(*window, color="grey", alpha=0.1, label="fit window")
+        if log_compute:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if fit is not None and title is None:
+            title = f"A={fit.a:.3f}  B={fit.b:.2f}  C_mid={fit.c_mid:.4g}  R0={fit.r0:.3f}"
+        ax.set_title(title or "")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+    finally:
+        plt.close(fig)
     return out

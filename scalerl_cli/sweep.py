@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from rich.console import Console
 from rich.table import Table
 
@@ -32,8 +31,9 @@ from learner_service.records import EvalRecord, read_records
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
-from scalerl.rpc.channel import channel, wait_healthy
-from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from scalerl.rpc.channel import wait_healthy
+from scalerl.rpc.curve_client import RUN_COMPUTE_UNIT, Comparison, CurveClient, FitSpec
+from scalerl.rpc.errors import ServiceError
 from scalerl_cli.processes import start_child, stop_children
 
 console = Console(stderr=True, soft_wrap=True)
@@ -139,14 +139,14 @@ def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
 def compare(variants: list[Variant], sweep_dir: Path) -> dict:
     """Fit every finished variant's held-out curve and compare them on a curve service
     started for the purpose. Prints the table; returns what sweep.json holds."""
-    evals = {v.label: _read_evals(sweep_dir / _slug(v.label)) for v in variants}
+    evals = {v.label: read_records(sweep_dir / _slug(v.label), EvalRecord) for v in variants}
     fittable = [v for v in variants if len(evals[v.label]) >= MIN_POINTS]
-    reply = None
+    result = None
     if len(fittable) >= 2:
         try:
-            reply = _compare_on_service([evals[v.label] for v in fittable], sweep_dir / "logs")
-        except grpc.RpcError as exc:
-            console.print(f"[yellow]curve service refused the comparison:[/] {exc.details()}")
+            result = _compare_on_service([evals[v.label] for v in fittable], sweep_dir / "logs")
+        except ServiceError as exc:
+            console.print(f"[yellow]curve service refused the comparison:[/] {exc}")
     rows = []
     for variant in variants:
         points = evals[variant.label]
@@ -155,45 +155,31 @@ def compare(variants: list[Variant], sweep_dir: Path) -> dict:
             "run_dir": str(sweep_dir / _slug(variant.label)),
             "exit_code": variant.result.get("exit_code"),
             "evaluations": len(points),
-            "pass_rate_start": points[0]["pass_rate"] if points else None,
-            "pass_rate_final": points[-1]["pass_rate"] if points else None,
+            "pass_rate_start": points[0].pass_rate if points else None,
+            "pass_rate_final": points[-1].pass_rate if points else None,
         }
-        if reply is not None and variant in fittable:
-            row |= _fit_row(reply.runs, fittable.index(variant))
+        if result is not None and variant in fittable:
+            row |= result.runs[fittable.index(variant)].to_dict()
         rows.append(row)
     verdict = None
-    if reply is not None:
+    if result is not None:
         # The service numbers runs by position; name them by variant instead.
-        summary = re.sub(r"\brun (\d+)\b", lambda m: fittable[int(m.group(1))].label, reply.summary)
+        summary = re.sub(
+            r"\brun (\d+)\b", lambda m: fittable[int(m.group(1))].label, result.summary
+        )
         verdict = {
-            "best": fittable[reply.best].label,
-            "decided_by": reply.decided_by,
-            "shared_a": reply.shared_a if reply.HasField("shared_a") else None,
+            "best": fittable[result.best].label,
+            "decided_by": result.decided_by,
+            "shared_a": result.shared_a,
             "summary": summary,
         }
     _print_table(rows, verdict)
     return {"variants": rows, "comparison": verdict}
 
 
-def _read_evals(run_dir: Path) -> list[dict]:
-    """A variant's evaluations (eval.jsonl, read and validated as `EvalRecord`s), as the
-    plain dicts the fit requests are built from; [] for a variant that never ran."""
-    return [record.model_dump() for record in read_records(run_dir, EvalRecord)]
-
-
-def _fit_request(points: list[dict]) -> curve_pb2.FitRequest:
-    return curve_pb2.FitRequest(
-        points=[
-            curve_pb2.CurvePoint(compute=max(p["compute"], 1e-9), reward=p["pass_rate"])
-            for p in points
-        ],
-        r0=points[0]["pass_rate"],
-        method=curve_pb2.FitMethod(bootstrap_resamples=200, seed=0),
-    )
-
-
-def _compare_on_service(runs: list[list[dict]], logs: Path) -> curve_pb2.CompareRunsResponse:
-    """Start a curve service, send CompareRuns, stop it. Raises grpc.RpcError."""
+def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
+    """Start a curve service, compare the runs' held-out curves (`FitSpec.from_evals`),
+    stop it. Raises a `scalerl.rpc.errors.ServiceError` when the service refuses."""
     port = free_port()
     child = start_child(
         "curve", "curve_service.main", ["--port", str(port), "--metrics-port", "0"], logs
@@ -201,28 +187,10 @@ def _compare_on_service(runs: list[list[dict]], logs: Path) -> curve_pb2.Compare
     address = f"127.0.0.1:{port}"
     try:
         wait_healthy(address, 60)
-        request = curve_pb2.CompareRunsRequest(runs=[_fit_request(points) for points in runs])
-        with channel(address) as ch:
-            return curve_pb2_grpc.CurveServiceStub(ch).CompareRuns(request, timeout=300)
+        with CurveClient(address, timeout_s=300, compute_unit=RUN_COMPUTE_UNIT) as client:
+            return client.compare_runs([FitSpec.from_evals(points) for points in runs])
     finally:
         stop_children([child])
-
-
-def _fit_row(runs, index: int) -> dict:
-    run = next(r for r in runs if r.index == index)
-    p, ci = run.fit.params, run.fit.intervals
-    row = {
-        "rank": run.rank,
-        "A": p.a,
-        "A_interval": [ci.a.lower, ci.a.upper],
-        "B": p.b,
-        "B_interval": [ci.b.lower, ci.b.upper],
-        "C_mid": p.c_mid,
-        "warnings": list(run.fit.warnings),
-    }
-    if run.HasField("b_at_shared_a"):
-        row["B_at_shared_A"] = run.b_at_shared_a
-    return row
 
 
 def _print_table(rows: list[dict], verdict: dict | None) -> None:

@@ -1,4 +1,4 @@
-"""Tests of the ScaleRL sigmoid fit (paper Eq. 1, App. A.5-A.7) in curve_service.fit."""
+"""Tests of the ScaleRL sigmoid (paper Eq. 1) and its fit (App. A.5-A.7) in curve_service."""
 
 from __future__ import annotations
 
@@ -11,21 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from curve_service.fit import (
-    MAX_POINTS,
-    PAPER_GRID,
-    CurveInputError,
-    GridSpec,
-    SigmoidParams,
-    best_b,
-    bootstrap_params,
-    default_grid,
-    fit_sigmoid,
-    predict,
-    prediction_band,
-    validate_params,
-    validate_points,
-)
+from curve_service.errors import CurveInputError
+from curve_service.fit import best_b, fit_sigmoid
+from curve_service.grid import PAPER_GRID, GridSpec, default_grid
+from curve_service.points import MAX_POINTS, validate_points
+from curve_service.sigmoid import SigmoidParams, predict, validate_params
+from curve_service.uncertainty import bootstrap_params, prediction_band
 
 CURVES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "curves"
 FIG1 = CURVES_DIR / "scalerl_fig1_fit_points.csv"

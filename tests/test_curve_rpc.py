@@ -11,11 +11,12 @@ import grpc
 import numpy as np
 import pytest
 
-from curve_service.fit import SigmoidParams, predict
 from curve_service.metrics import CurveMetrics
 from curve_service.redis_store import RedisRunStore
 from curve_service.server import CurveServicer, serve
+from curve_service.sigmoid import SigmoidParams, predict
 from scalerl.rpc import channel as grpc_channel
+from scalerl.rpc.curve_client import FIT_KEYS
 from scalerl.state.client import connect
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 from scalerl_cli import main as cli
@@ -182,8 +183,11 @@ def test_cli_fit_json(tmp_path: Path, capsys) -> None:
     argv = ["curve", "fit", str(points), "--r0", "0.1", "--predict", "100,1e4", "--json"]
     assert cli.main([*argv, "--plot", str(tmp_path / "p.png")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"A", "B", "C_mid", "R0", "warnings", "predictions"}
+    assert set(out) == set(FIT_KEYS)  # the one dict form of a fit (FitSummary.to_dict)
     assert (out["A"], out["B"], out["C_mid"], out["R0"]) == pytest.approx((0.8, 1.5, 100, 0.1))
+    assert (out["interval_level"], out["interval_resamples"]) == (0.9, 200)  # CLI default
+    assert out["A_interval"][0] <= out["A"] <= out["A_interval"][1]
+    assert len(out["predictions"]) == 2  # the plot's curve samples are not reported
     # At C = C_mid the reward is half way: (0.8 + 0.1) / 2 = 0.45.
     first = out["predictions"][0]
     assert set(first) == {"compute", "reward", "lower", "upper"}

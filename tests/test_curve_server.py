@@ -16,10 +16,11 @@ import grpc
 import numpy as np
 import pytest
 
-from curve_service.fit import CurveInputError, SigmoidParams, predict
+from curve_service.errors import CurveInputError, StoreFullError, UnknownRunError
 from curve_service.metrics import CurveMetrics, start_metrics_server
 from curve_service.server import CurveServicer, serve
-from curve_service.store import MemoryRunStore, StoreFullError, UnknownRunError
+from curve_service.sigmoid import SigmoidParams, predict
+from curve_service.store import MemoryRunStore
 from scalerl.rpc import channel as grpc_channel
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
@@ -117,6 +118,32 @@ def test_fit_rejects_a_bad_window(stub) -> None:
     points = _points(np.arange(1.0, 7.0), np.linspace(0.1, 0.6, 6))
     err = _invalid(stub.Fit, curve_pb2.FitRequest(points=points, min_compute=5, max_compute=2))
     assert err.details().startswith("max_compute: must be > min_compute (5)")
+
+
+def test_a_bug_in_a_handler_is_internal_and_counted(service, monkeypatch) -> None:
+    """Any exception that is not a domain error reaches the client as INTERNAL (never a
+    retryable code), through the one error interceptor; the fit counts as an error."""
+    stub, servicer = service
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the fit")
+
+    monkeypatch.setattr("curve_service.server.fit_sigmoid", broken)
+    errors_before = _fits(servicer, "error")
+    points = _points(np.geomspace(0.01, 1.0, 6), predict(TRUTH, np.geomspace(0.01, 1.0, 6)))
+    for call, request in [
+        (stub.Fit, curve_pb2.FitRequest(points=points)),
+        (
+            stub.CompareRuns,
+            curve_pb2.CompareRunsRequest(runs=[curve_pb2.FitRequest(points=points)] * 2),
+        ),
+    ]:
+        with pytest.raises(grpc.RpcError) as err:
+            call(request, timeout=TIMEOUT_S)
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        method = "Fit" if call is stub.Fit else "CompareRuns"
+        assert err.value.details() == f"{method} failed: RuntimeError; see server log"
+    assert _fits(servicer, "error") == errors_before + 2
 
 
 # --- RecordPoint / GetRun ---------------------------------------------------------------

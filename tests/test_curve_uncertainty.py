@@ -8,16 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from curve_service.compare import compare_fits
-from curve_service.fit import (
-    CurveInputError,
-    SigmoidParams,
-    bootstrap_params,
-    fit_fixed_a,
-    fit_sigmoid,
-    param_intervals,
-    predict,
-)
+from curve_service.errors import CurveInputError
+from curve_service.fit import fit_fixed_a, fit_sigmoid
 from curve_service.power_law import PowerLawParams, fit_power_law, predict_power_law
+from curve_service.sigmoid import SigmoidParams, predict
+from curve_service.uncertainty import bootstrap_params, param_intervals
 
 TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
 

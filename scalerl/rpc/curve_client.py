@@ -1,0 +1,438 @@
+"""The one client of `scalerl.v1.CurveService` and the one shape of a fit result.
+
+`FitSpec` is what to fit (points, R0, window, bootstrap and extrapolation options): the
+only place a FitRequest is built. `FitSummary` is a fitted curve of paper Eq. 1,
+R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), made from a FitResponse, with ONE dict form
+(`FIT_KEYS`), the form `curve.json` and run reports hold (`write_curve_json`).
+`CurveClient` calls the service and returns these typed values; a failed call raises the
+domain error of its status (`scalerl.rpc.errors`): InvalidArgument (with the request's
+field), NotFound, FailedPrecondition, ResourceExhausted, Unavailable, ...; a status
+without a domain error (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`.
+
+Ground floor: grpc and the generated messages only, no numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from scalerl.rpc.channel import channel
+from scalerl.rpc.errors import (
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unauthenticated,
+    Unavailable,
+)
+from scalerl.v1 import curve_pb2, curve_pb2_grpc
+
+# Where an evaluation made before any compute was spent (step 0) sits on the compute
+# axis: compute must be > 0 for Eq. 1, and this keeps the point as the curve's anchor.
+ZERO_COMPUTE = 1e-9
+RUN_RESAMPLES = 200  # bootstrap resamples behind a run's reported intervals (~0.5 s)
+RUN_COMPUTE_UNIT = "cpu-core-hours"  # eval.jsonl's compute, as run folders label it
+
+# The keys of `FitSummary.to_dict`, always all present (None where the fit has no value).
+FIT_KEYS = (
+    "A",
+    "B",
+    "C_mid",
+    "R0",
+    "A_interval",
+    "B_interval",
+    "C_mid_interval",
+    "interval_level",
+    "interval_resamples",
+    "sse",
+    "points_used",
+    "warnings",
+    "grid",
+    "predictions",
+    "power_law",
+    "power_law_predictions",
+    "compute_unit",
+)
+PREDICTION_KEYS = ("compute", "reward", "lower", "upper")
+RANKED_RUN_KEYS = ("rank", "B_at_shared_A", "C_mid_at_shared_A", *FIT_KEYS)
+
+
+class RpcFailed(ServiceError):
+    """A call failed with a status no domain error stands for (INTERNAL, UNKNOWN,
+    DEADLINE_EXCEEDED, ...); `status` is that status's name, str() the details."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+
+    @property
+    def status(self) -> str:  # type: ignore[override]  # per instance, not per class
+        return self.code
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted reward at `compute` (the points' unit) with its band [lower, upper];
+    lower = upper = reward when no uncertainty was asked for."""
+
+    compute: float
+    reward: float
+    lower: float
+    upper: float
+
+    @classmethod
+    def from_proto(cls, p: curve_pb2.Prediction) -> Prediction:
+        return cls(p.compute, p.reward, p.lower, p.upper)
+
+    def to_dict(self) -> dict[str, float]:
+        """{compute, reward, lower, upper} (`PREDICTION_KEYS`)."""
+        return {
+            "compute": self.compute,
+            "reward": self.reward,
+            "lower": self.lower,
+            "upper": self.upper,
+        }
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """The power law R = A - D / C^B (paper App. A.4) fitted to the same points; d is in
+    reward x compute^B of the points' unit, sse in reward^2."""
+
+    a: float
+    d: float
+    b: float
+    sse: float
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """A fitted paper Eq. 1 curve as the curve service reports it.
+
+    a, r0: rewards; b: the exponent; c_mid: compute at half the gain, in `compute_unit`.
+    *_interval: central bootstrap intervals (lower, upper) at `interval_level` from
+    `interval_resamples` resamples, None without a bootstrap. sse: sum of squared residuals
+    over the `points_used` points (reward^2). grid: the (A, C_mid) grid searched, in words.
+    predictions: one per requested compute, in request order.
+    """
+
+    a: float
+    b: float
+    c_mid: float
+    r0: float
+    sse: float
+    points_used: int
+    warnings: tuple[str, ...] = ()
+    grid: str = ""
+    a_interval: tuple[float, float] | None = None
+    b_interval: tuple[float, float] | None = None
+    c_mid_interval: tuple[float, float] | None = None
+    interval_level: float | None = None
+    interval_resamples: int = 0
+    predictions: tuple[Prediction, ...] = ()
+    power_law: PowerLaw | None = None
+    power_law_predictions: tuple[Prediction, ...] = ()
+    compute_unit: str | None = None
+
+    @classmethod
+    def from_proto(
+        cls, reply: curve_pb2.FitResponse, compute_unit: str | None = None
+    ) -> FitSummary:
+        """The summary of a FitResponse; compute_unit names the points' compute unit."""
+        p, iv = reply.params, reply.intervals
+        has_iv = reply.HasField("intervals")
+        law = reply.power_law if reply.HasField("power_law") else None
+        return cls(
+            a=p.a,
+            b=p.b,
+            c_mid=p.c_mid,
+            r0=p.r0,
+            sse=reply.sse,
+            points_used=reply.points_used,
+            warnings=tuple(reply.warnings),
+            grid=reply.grid.description,
+            a_interval=(iv.a.lower, iv.a.upper) if has_iv else None,
+            b_interval=(iv.b.lower, iv.b.upper) if has_iv else None,
+            c_mid_interval=(iv.c_mid.lower, iv.c_mid.upper) if has_iv else None,
+            interval_level=iv.level if has_iv else None,
+            interval_resamples=iv.resamples if has_iv else 0,
+            predictions=tuple(Prediction.from_proto(q) for q in reply.predictions),
+            power_law=PowerLaw(law.a, law.d, law.b, law.sse) if law is not None else None,
+            power_law_predictions=tuple(
+                Prediction.from_proto(q) for q in reply.power_law_predictions
+            ),
+            compute_unit=compute_unit,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: exactly the keys `FIT_KEYS`, None where there is no value."""
+        law = self.power_law
+        return {
+            "A": self.a,
+            "B": self.b,
+            "C_mid": self.c_mid,
+            "R0": self.r0,
+            "A_interval": _pair(self.a_interval),
+            "B_interval": _pair(self.b_interval),
+            "C_mid_interval": _pair(self.c_mid_interval),
+            "interval_level": self.interval_level,
+            "interval_resamples": self.interval_resamples,
+            "sse": self.sse,
+            "points_used": self.points_used,
+            "warnings": list(self.warnings),
+            "grid": self.grid,
+            "predictions": [q.to_dict() for q in self.predictions],
+            "power_law": (
+                None if law is None else {"A": law.a, "D": law.d, "B": law.b, "sse": law.sse}
+            ),
+            "power_law_predictions": [q.to_dict() for q in self.power_law_predictions],
+            "compute_unit": self.compute_unit,
+        }
+
+
+def write_curve_json(path: Path, fit: FitSummary) -> Path:
+    """Write `fit.to_dict()` to `path` (a run folder's curve.json); returns path. Raises
+    OSError when it cannot be written."""
+    path.write_text(json.dumps(fit.to_dict(), indent=2) + "\n")
+    return path
+
+
+def _pair(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
+
+
+class EvalPoint(Protocol):
+    """One held-out evaluation of a run (what `learner_service.records.EvalRecord` holds)."""
+
+    compute: float  # in RUN_COMPUTE_UNIT
+    pass_rate: float  # in [0, 1]
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """What to fit and how: the content of one FitRequest.
+
+    compute, reward: [N] points (compute > 0 in one unit; reward in [-1, 1]); series: [N]
+    seed labels of points fitted together, or empty for one series. r0: fixed R0 (None =
+    the reward at the lowest compute). min_compute, max_compute: fit window. Bootstrap:
+    `bootstrap_resamples` (0 = none, at most 2,000) seeded by `seed`, central `level`
+    (0 = 0.9). paper_grid: the paper's GPU-hour grid. power_law: also fit App. A.4's power
+    law. predict_compute: compute values to extrapolate to. The service checks every range.
+    """
+
+    compute: Sequence[float]
+    reward: Sequence[float]
+    series: Sequence[str] = ()
+    r0: float | None = None
+    min_compute: float | None = None
+    max_compute: float | None = None
+    bootstrap_resamples: int = 0
+    seed: int = 0
+    level: float = 0.0
+    paper_grid: bool = False
+    power_law: bool = False
+    predict_compute: Sequence[float] = ()
+
+    @classmethod
+    def from_evals(cls, evals: Sequence[EvalPoint], **options: Any) -> FitSpec:
+        """The fit of a run's held-out curve from its evaluations (eval.jsonl's
+        `EvalRecord`s, at least one: `compute` in RUN_COMPUTE_UNIT, `pass_rate`), the way run
+        reports fit it: R0 = the first evaluation's pass rate, RUN_RESAMPLES bootstrap
+        resamples seeded 0. A step-0 evaluation's compute of 0 sits at ZERO_COMPUTE.
+        options: any FitSpec field, overriding those."""
+        defaults = {"r0": evals[0].pass_rate, "bootstrap_resamples": RUN_RESAMPLES, "seed": 0}
+        return cls(
+            compute=[max(e.compute, ZERO_COMPUTE) for e in evals],
+            reward=[e.pass_rate for e in evals],
+            **(defaults | options),
+        )
+
+    def to_proto(self) -> curve_pb2.FitRequest:
+        """The FitRequest; raises ValueError when series is neither empty nor [N]."""
+        series = list(self.series) or [""] * len(self.compute)
+        if not len(self.compute) == len(self.reward) == len(series):
+            raise ValueError(
+                f"{len(self.compute)} compute values, {len(self.reward)} rewards and "
+                f"{len(series)} series labels"
+            )
+        request = curve_pb2.FitRequest(
+            points=[
+                curve_pb2.CurvePoint(compute=c, reward=r, series=s)
+                for c, r, s in zip(self.compute, self.reward, series, strict=True)
+            ],
+            method=curve_pb2.FitMethod(
+                bootstrap_resamples=self.bootstrap_resamples,
+                seed=self.seed,
+                level=self.level,
+                paper_grid=self.paper_grid,
+                power_law=self.power_law,
+            ),
+            predict_compute=list(self.predict_compute),
+        )
+        for name in ("r0", "min_compute", "max_compute"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(request, name, value)
+        return request
+
+
+@dataclass(frozen=True)
+class RankedRun:
+    """One run of a comparison: its position in the request, rank (1 = best), fit, and B
+    and C_mid refitted at the shared A (set for runs within the A margin of the best)."""
+
+    index: int
+    rank: int
+    fit: FitSummary
+    b_at_shared_a: float | None = None
+    c_mid_at_shared_a: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the keys `RANKED_RUN_KEYS`: rank, B_at_shared_A, C_mid_at_shared_A and
+        the fit's `FIT_KEYS`."""
+        return {
+            "rank": self.rank,
+            "B_at_shared_A": self.b_at_shared_a,
+            "C_mid_at_shared_A": self.c_mid_at_shared_a,
+            **self.fit.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """CompareRuns' verdict (paper Sec. 3 / App. A.7): runs in request order, the index of
+    the best, "A" or "B" (what decided), the shared A when B decided, a one-line summary
+    naming runs by index ("run 1")."""
+
+    runs: tuple[RankedRun, ...]
+    best: int
+    decided_by: str
+    shared_a: float | None
+    summary: str
+
+    @classmethod
+    def from_proto(
+        cls, reply: curve_pb2.CompareRunsResponse, compute_unit: str | None = None
+    ) -> Comparison:
+        runs = sorted(reply.runs, key=lambda r: r.index)
+        return cls(
+            runs=tuple(
+                RankedRun(
+                    index=r.index,
+                    rank=r.rank,
+                    fit=FitSummary.from_proto(r.fit, compute_unit),
+                    b_at_shared_a=r.b_at_shared_a if r.HasField("b_at_shared_a") else None,
+                    c_mid_at_shared_a=(
+                        r.c_mid_at_shared_a if r.HasField("c_mid_at_shared_a") else None
+                    ),
+                )
+                for r in runs
+            ),
+            best=reply.best,
+            decided_by=reply.decided_by,
+            shared_a=reply.shared_a if reply.HasField("shared_a") else None,
+            summary=reply.summary,
+        )
+
+
+@dataclass(frozen=True)
+class RecordedPoint:
+    """RecordPoint's answer: the run's point count and its refreshed fit (None while the
+    run has fewer than 4 points or its fit failed)."""
+
+    points: int
+    fit: FitSummary | None
+
+
+class CurveClient:
+    """Typed calls to a CurveService at `address` (host:port), each bounded by timeout_s
+    seconds. compute_unit labels every returned fit. Use as a context manager, or close().
+    """
+
+    def __init__(
+        self, address: str, timeout_s: float = 60.0, compute_unit: str | None = None
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.compute_unit = compute_unit
+        self._channel = channel(address)
+        self._stub = curve_pb2_grpc.CurveServiceStub(self._channel)
+
+    def __enter__(self) -> CurveClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def fit(self, spec: FitSpec) -> FitSummary:
+        """Fit paper Eq. 1 to `spec`'s points. Raises InvalidArgument naming the request
+        field (`points[3].reward`, `method.level`, ...) or another ServiceError."""
+        reply = self._call("Fit", spec.to_proto())
+        return FitSummary.from_proto(reply, self.compute_unit)
+
+    def compare_runs(self, specs: Sequence[FitSpec], a_margin: float = 0.0) -> Comparison:
+        """Rank 2..16 runs: A first, then B at a shared A when the A values lie within
+        a_margin (0 = the paper's 0.02). Raises InvalidArgument naming `runs[i].<field>`."""
+        request = curve_pb2.CompareRunsRequest(
+            runs=[spec.to_proto() for spec in specs], a_margin=a_margin
+        )
+        return Comparison.from_proto(self._call("CompareRuns", request), self.compute_unit)
+
+    def record_point(
+        self, run_id: str, compute: float, reward: float, r0: float | None = None
+    ) -> RecordedPoint:
+        """Add one (compute, reward) point to run `run_id` (an identical retry is a no-op)
+        and return the run's refreshed fit. Raises InvalidArgument (a bad point, or one
+        conflicting with the run's) or ResourceExhausted (the store is full)."""
+        request = curve_pb2.RecordPointRequest(
+            run_id=run_id, point=curve_pb2.CurvePoint(compute=compute, reward=reward)
+        )
+        if r0 is not None:
+            request.r0 = r0
+        reply = self._call("RecordPoint", request)
+        fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
+        return RecordedPoint(points=reply.points, fit=fit)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise domain_error(exc) from exc
+
+
+_ERRORS: dict[str, type[ServiceError]] = {
+    cls.status: cls
+    for cls in (
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        ResourceExhausted,
+        Unavailable,
+        DataLoss,
+        Unauthenticated,
+    )
+}
+
+
+def domain_error(exc: grpc.RpcError) -> ServiceError:
+    """The domain error a failed call's status stands for: INVALID_ARGUMENT "field:
+    message" -> InvalidArgument(field, message); NOT_FOUND -> NotFound; ...; other
+    statuses -> RpcFailed."""
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        name, sep, message = details.partition(": ")
+        return InvalidArgument(name, message) if sep else InvalidArgument("request", details)
+    error = _ERRORS.get(code.name)
+    return error(details) if error is not None else RpcFailed(code.name, details)
