@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollout_service.engine import GenerationRequest, GenerationStream, TorchEngine
+from rollout_service.engines.torch.engine import GenerationRequest, GenerationStream, TorchEngine
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.staleness import is_admissible

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from rollout_service.engine import (
+from rollout_service.engines.torch.engine import (
     MAX_TEMPERATURE,
     Chunk,
     DuplicateRequestError,

@@ -59,7 +59,7 @@ def receive_weights(
     apply_timeout_s: float = 120.0,
 ) -> tuple[int, float]:
     """Read an UpdateWeights stream, verify it, stage it on `engine` (a
-    `rollout_service.engine_api.RolloutEngine`) and wait until the new weights serve.
+    `rollout_service.engines.factory.RolloutEngine`) and wait until the new weights serve.
     Returns (policy_version, seconds from the first message to the swap). Raises
     WeightsError; the engine then serves the old version (after an `apply` timeout the
     update is cancelled unless the swap already started)."""

@@ -19,13 +19,13 @@ torch.set_num_threads(1)
 
 
 def _torch_engine(model, folder: Path):
-    from rollout_service.engine import TorchEngine
+    from rollout_service.engines.torch.engine import TorchEngine
 
     return TorchEngine(model, (), max_batch=8, max_seq_len=MAX_SEQ_LEN, dtype="float32")
 
 
 def _vllm_engine(model, folder: Path):
-    from rollout_service.vllm_engine import VLLMEngine
+    from rollout_service.engines.vllm.engine import VLLMEngine
 
     model_dir = folder / "model"
     model.save_pretrained(model_dir)
@@ -61,8 +61,8 @@ def contract(request, tmp_path_factory):
 
 
 def test_build_engine_selects_the_configured_engine():
-    from rollout_service.engine import TorchEngine
-    from rollout_service.engine_api import RolloutEngine, build_engine
+    from rollout_service.engines.factory import RolloutEngine, build_engine
+    from rollout_service.engines.torch.engine import TorchEngine
     from scalerl.config import load_config
     from scalerl.policy.models import load_policy
 

@@ -12,7 +12,7 @@ import torch
 
 from learner_service.evaluate import Evaluator
 from rollout_service.actor import _GroupInFlight, build_group
-from rollout_service.engine import (
+from rollout_service.engines.torch.engine import (
     INTERRUPTED,
     LENGTH,
     TRUNCATE,

@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import save_file
 from sglang_standin import SGLangStandin
 
-from rollout_service.engine import (
+from rollout_service.engines.sglang.engine import SGLangEngine
+from rollout_service.engines.torch.engine import (
     ABORT,
     ABORTED,
     INTERRUPTED,
@@ -31,7 +32,6 @@ from rollout_service.engine import (
     EngineError,
     GenerationRequest,
 )
-from rollout_service.sglang_engine import SGLangEngine
 
 torch.set_num_threads(1)
 

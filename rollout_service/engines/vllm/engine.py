@@ -4,7 +4,8 @@ vLLM runs in this process (its engine core and model worker are child processes 
 spawns, so entry points need a `if __name__ == "__main__":` guard). One background thread
 runs an asyncio loop that owns the `AsyncLLM`; every request is one task on it that
 streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the request's
-`GenerationStream`. The contract (see `rollout_service.engine`) maps onto vLLM as follows.
+`GenerationStream`. The contract (see `rollout_service.engines.torch.engine`) maps onto
+vLLM as follows.
 
 - Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the reported
   log-prob is that of the sampled token under the distribution actually sampled from
@@ -59,7 +60,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rollout_service.engine import (
+from rollout_service.engines.torch.engine import (
     ABORT,
     ABORTED,
     INTERRUPTED,

@@ -2,9 +2,10 @@
 
 The server (managed: `launch_sglang_server`; or external, at `base_url`) does the batching,
 the KV cache and the sampling; this adapter turns each `GenerationRequest` into one or two
-streamed `/generate` calls and keeps the contract of `rollout_service.engine` (read its
-module docstring). SGLang is protocol-tested only, against a stand-in server that speaks
-the shapes below, until it is checked on a GPU.
+streamed `/generate` calls and keeps the contract of
+`rollout_service.engines.torch.engine` (read its module docstring). SGLang is
+protocol-tested only, against a stand-in server that speaks the shapes below, until it
+is checked on a GPU.
 
 HTTP calls (shapes from SGLang's `entrypoints/http_server.py` and `managers/io_struct.py`):
 
@@ -84,7 +85,7 @@ from pathlib import Path
 import requests
 import torch
 
-from rollout_service.engine import (
+from rollout_service.engines.torch.engine import (
     ABORT,
     ABORTED,
     INTERRUPTED,

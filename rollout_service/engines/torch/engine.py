@@ -53,7 +53,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file as load_safetensors_file
 
-from rollout_service.llama import SlotLlama
+from rollout_service.engines.torch.llama import SlotLlama
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)

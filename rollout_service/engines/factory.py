@@ -1,7 +1,7 @@
 """The rollout engine interface and the factory that builds the configured engine.
 
 Every engine (torch, vLLM, SGLang) serves the same contract, stated in
-`rollout_service.engine`'s docstring and checked by the engine contract test suite:
+`rollout_service.engines.torch.engine`'s docstring and checked by the engine contract test suite:
 streamed chunks of tokens with the log-prob of each sampled token under the distribution
 actually sampled from, the policy version of the weights that computed each token,
 interrupt-and-truncate (ScaleRL, Khatri et al. 2025, Sec. 3.1), abort, and in-flight
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rollout_service.engine import GenerationRequest, GenerationStream
+from rollout_service.engines.torch.engine import GenerationRequest, GenerationStream
 from scalerl.config import RunConfig
 from scalerl.ports import free_port
 
@@ -89,7 +89,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
     rollout = config.rollout
     stops = tokenizer.stop_token_ids
     if rollout.engine == "torch":
-        from rollout_service.engine import TorchEngine
+        from rollout_service.engines.torch.engine import TorchEngine
 
         return TorchEngine(
             model,
@@ -101,7 +101,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             metrics=metrics,
         )
     if rollout.engine == "vllm":
-        from rollout_service.vllm_engine import VLLMEngine, require_vllm
+        from rollout_service.engines.vllm.engine import VLLMEngine, require_vllm
 
         require_vllm()  # before writing a model folder for nothing
         return VLLMEngine(
@@ -129,7 +129,7 @@ def _concrete(dtype: str) -> str:
 def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> RolloutEngine:
     """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
     when this process exits) when that is empty."""
-    from rollout_service.sglang_engine import (
+    from rollout_service.engines.sglang.engine import (
         SGLangEngine,
         launch_sglang_server,
         read_safetensors_shapes,
