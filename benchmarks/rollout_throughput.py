@@ -51,7 +51,8 @@ def load_average() -> str:
 
 def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, args) -> None:
     """Generate the scenario's requests once per dtype and print the timings."""
-    from rollout_service.engines.torch.engine import GenerationRequest, TorchEngine
+    from rollout_service.engines.api import GenerationRequest
+    from rollout_service.engines.torch.engine import TorchEngine
 
     prompts = [
         tuple(tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system))

@@ -7,7 +7,7 @@ parametrized over engine names (tests/test_engine_contract.py); adding an engine
 more fixture param. Each test leaves the engine serving weights "a" again (at a higher
 policy version), so the tests can share one engine and run in any order.
 
-What is checked (rollout_service/engines/torch/engine.py states the contract):
+What is checked (rollout_service/engines/api.py states the contract):
 - streaming: a request comes back as several chunks of parallel lists;
 - log-probs: those of the distribution sampled from (tempered, top-p renormalised), equal
   to the learner's recomputation for the same weights (ScaleRL Sec. 3.2);
@@ -34,14 +34,8 @@ import torch
 from safetensors.torch import save_file
 
 from learner_service.trainer import token_logprobs
-from rollout_service.engines.torch.engine import (
-    ABORT,
-    ABORTED,
-    LENGTH,
-    TRUNCATE,
-    GenerationRequest,
-    top_p_renormalise,
-)
+from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
+from rollout_service.engines.torch.sampling import top_p_renormalise
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 

@@ -61,7 +61,8 @@ def contract(request, tmp_path_factory):
 
 
 def test_build_engine_selects_the_configured_engine():
-    from rollout_service.engines.factory import RolloutEngine, build_engine
+    from rollout_service.engines.api import RolloutEngine
+    from rollout_service.engines.factory import build_engine
     from rollout_service.engines.torch.engine import TorchEngine
     from scalerl.config import load_config
     from scalerl.policy.models import load_policy

@@ -14,7 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner_service.publish import WeightPublisher
 from learner_service.trainer import pack_groups, token_logprobs
-from rollout_service.engines.torch.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.weights import receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy

@@ -12,15 +12,9 @@ import torch
 
 from learner_service.evaluate import Evaluator
 from rollout_service.actor import _GroupInFlight, build_group
-from rollout_service.engines.torch.engine import (
-    INTERRUPTED,
-    LENGTH,
-    TRUNCATE,
-    Completion,
-    GenerationRequest,
-    TorchEngine,
-    closes_thinking,
-)
+from rollout_service.engines.api import INTERRUPTED, LENGTH, TRUNCATE, Completion, GenerationRequest
+from rollout_service.engines.length_control import closes_thinking
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer
 from scalerl.config import ModelConfig, RolloutConfig, load_config
 from scalerl.length_control import check_budgets, forced_ids, scored_ids

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from learner_service.trainer import pack_groups, token_logprobs
-from rollout_service.engines.torch.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2

@@ -13,7 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 from safetensors.torch import load as load_safetensors
 
-from rollout_service.engines.torch.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
 from rollout_service.weights import WeightsError, receive_weights

@@ -19,8 +19,7 @@ import torch
 from safetensors.torch import save_file
 from sglang_standin import SGLangStandin
 
-from rollout_service.engines.sglang.engine import SGLangEngine
-from rollout_service.engines.torch.engine import (
+from rollout_service.engines.api import (
     ABORT,
     ABORTED,
     INTERRUPTED,
@@ -32,6 +31,7 @@ from rollout_service.engines.torch.engine import (
     EngineError,
     GenerationRequest,
 )
+from rollout_service.engines.sglang.engine import SGLangEngine
 
 torch.set_num_threads(1)
 
@@ -325,7 +325,7 @@ def test_mismatched_weights_are_rejected_before_the_server(servers, engines, tmp
         engine.stage_weights(missing, 1)
     nan = server.state_dict(step=2)
     nan["lm_head.weight"][1, 1] = float("nan")
-    with pytest.raises(ValueError, match="'lm_head.weight' has non-finite"):
+    with pytest.raises(ValueError, match="'lm_head.weight' holds NaN or infinite"):
         engine.stage_weights(nan, 1)
     corrupt = tmp_path / "corrupt.safetensors"
     save_file(server.state_dict(step=2), str(corrupt))

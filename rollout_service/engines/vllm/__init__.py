@@ -1,1 +1,2 @@
-"""Rollout engines."""
+"""The vLLM engine (`engine`) and what runs in or sets up vLLM's own processes
+(`worker`)."""
