@@ -32,6 +32,11 @@ from rollout_service.engines.api import (
     GenerationRequest,
 )
 from rollout_service.engines.sglang.engine import SGLangEngine
+from rollout_service.server import RolloutServicer, start_server
+from scalerl.config import ModelConfig
+from scalerl.policy.models import load_tokenizer
+from scalerl.rpc.channel import channel
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 torch.set_num_threads(1)
 
@@ -405,3 +410,30 @@ def test_duplicate_and_stopped(servers, engines):
     engine.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         engine.submit(GenerationRequest("v", (1,), 3, temperature=0.0))
+
+
+def test_get_status_names_the_engine(servers, engines):
+    server = servers()
+    engine = engines(server, policy_version=3)
+    servicer = RolloutServicer(engine, load_tokenizer(ModelConfig(kind="tiny")), "w", "x", "=?", 4)
+    grpc_server, port = start_server(servicer)
+    ch = channel(f"127.0.0.1:{port}")
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        status = stub.GetStatus(rollout_pb2.GetRolloutStatusRequest(), timeout=5)
+        assert (status.engine, status.policy_version, status.active_requests) == ("sglang", 3, 0)
+    finally:
+        ch.close()
+        grpc_server.stop(None)
+
+
+def test_non_float_weights_file_is_rejected_before_the_server(servers, engines, tmp_path):
+    server = servers()
+    engine = engines(server)  # no weight_shapes: only the header's dtypes are checked
+    weights = server.state_dict(step=2)
+    weights["lm_head.weight"] = weights["lm_head.weight"].to(torch.int32)
+    path = tmp_path / "ints.safetensors"
+    save_file(weights, str(path))
+    with pytest.raises(ValueError, match="'lm_head.weight' has dtype I32"):
+        engine.stage_weights_from_file(str(path), 1)
+    assert server.bodies("/update_weights_from_disk") == [] and engine.policy_version == 0
