@@ -263,15 +263,18 @@ class SGLangEngine:
                 if finish is None:
                     self._requests.emit(job, chunk)
                 elif finish == "stop":
-                    return self._requests.finish(job, chunk, budget.stop_reason())
+                    self._requests.finish(job, chunk, budget.stop_reason())
+                    return
                 elif finish == "length" and budget.length_reason():
-                    return self._requests.finish(job, chunk, LENGTH)
+                    self._requests.finish(job, chunk, LENGTH)
+                    return
                 elif finish == "length" or (finish == "abort" and job.control == TRUNCATE):
                     self._requests.emit(job, chunk)
                     if finish == "length":  # a TRUNCATE was counted by interrupt()
                         self._requests.count_interrupt("thinking_budget")
                 else:  # aborted by ABORT, or by the server
-                    return self._requests.finish(job, chunk, ABORTED)
+                    self._requests.finish(job, chunk, ABORTED)
+                    return
         self._answer(job)
 
     def _answer(self, job: _Job) -> None:
@@ -292,17 +295,21 @@ class SGLangEngine:
                 first = False
                 forced = self._forced_chunk(job, phrase)
                 if no_room:
-                    return self._requests.finish(job, forced, LENGTH)
+                    self._requests.finish(job, forced, LENGTH)
+                    return
                 if forced.token_ids:
                     self._requests.emit(job, forced)
             if finish is None:
                 self._requests.emit(job, chunk)
             elif finish == "stop":
-                return self._requests.finish(job, chunk, budget.stop_reason())
+                self._requests.finish(job, chunk, budget.stop_reason())
+                return
             elif finish == "length":
-                return self._requests.finish(job, chunk, LENGTH)
+                self._requests.finish(job, chunk, LENGTH)
+                return
             else:
-                return self._requests.finish(job, chunk, ABORTED)
+                self._requests.finish(job, chunk, ABORTED)
+                return
 
     def _forced_chunk(self, job: _Job, phrase: list[int]) -> Chunk:
         meta = job.meta
