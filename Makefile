@@ -49,10 +49,12 @@ test-vllm: $(VLLM_STAMP)  ## the engine contract suite for torch and vLLM, in .v
 # A fresh environment with only the base dependencies (what a curve-service image holds):
 # no torch, and scalerl-curve still fits over gRPC.
 test-torch-free:         ## pip install . without extras into a fresh venv; run scalerl-curve
-	rm -rf .venv-torch-free
+	# A stale build/ would put deleted modules into the wheel.
+	rm -rf .venv-torch-free build
 	python3 -m venv .venv-torch-free
 	.venv-torch-free/bin/python -m pip install -q --upgrade pip
 	.venv-torch-free/bin/python -m pip install -q .
+	rm -rf build
 	cd scripts && ../.venv-torch-free/bin/python torch_free_smoke.py
 
 lint: $(STAMP)

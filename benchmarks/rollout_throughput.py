@@ -51,7 +51,8 @@ def load_average() -> str:
 
 def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, args) -> None:
     """Generate the scenario's requests once per dtype and print the timings."""
-    from rollout_service.engine import GenerationRequest, TorchEngine
+    from rollout_service.engines.api import GenerationRequest
+    from rollout_service.engines.torch.engine import TorchEngine
 
     prompts = [
         tuple(tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system))
@@ -82,7 +83,7 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
         extra = {}  # an engine without batched prefill (for before/after comparisons)
     for dtype in args.dtypes or scenario.dtypes:
         if args.engine == "vllm":
-            from rollout_service.vllm_engine import VLLMEngine
+            from rollout_service.engines.vllm.engine import VLLMEngine
             from scalerl.policy.models import smollm2_dir
 
             engine = VLLMEngine(
@@ -125,7 +126,7 @@ def run_prefill(model, tokenizer, system: str, prompts: int = 64) -> None:
     """Time the prefill forward of `prompts` distinct prompts (bf16): one by one, batched."""
     import torch
 
-    from rollout_service.llama import SlotLlama
+    from rollout_service.engines.torch.llama import SlotLlama
 
     ids = [tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system) for i in range(prompts)]
     llama = SlotLlama(copy.deepcopy(model), prompts, max(map(len, ids)), torch.bfloat16)

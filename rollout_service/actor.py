@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollout_service.engine import GenerationRequest, GenerationStream, TorchEngine
+from rollout_service.engines.api import GenerationRequest, GenerationStream, RolloutEngine
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.staleness import is_admissible
@@ -47,14 +47,14 @@ class _GroupInFlight:
 class ActorLoop:
     """Generates, scores and pushes groups until `should_stop()` is true.
 
-    engine: the worker's `TorchEngine`; tokenizer: `scalerl.policy.models.PolicyTokenizer`;
+    engine: the worker's `RolloutEngine`; tokenizer: `scalerl.policy.models.PolicyTokenizer`;
     task: the run's task (train split and verifier). Counters `groups_pushed` and
     `groups_dropped_stale` are for metrics.
     """
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: RolloutEngine,
         tokenizer,
         task: AdditionTask,
         pool: PromptPool,

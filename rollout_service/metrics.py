@@ -1,10 +1,11 @@
 """Prometheus metrics of a rollout worker (prefix `scalerl_`, base units in the names).
 
-The engine updates tokens, time to first token, interruptions, finished requests, the
-policy version and active requests; the servicer observes weight-update durations. The
-truncation rate the paper watches (ScaleRL Sec. 3.1: training degraded when more than ~10%
-of samples were truncated) is derived from `scalerl_rollout_requests_finished_total`
-(finish_reason="FINISH_REASON_LENGTH" over all), so no ratio gauge is kept.
+Every engine's request table (`rollout_service.engines.requests`) updates tokens, time
+to first token, interruptions, finished requests, the policy version and active requests;
+the servicer observes weight-update durations. The truncation rate the paper watches
+(ScaleRL Sec. 3.1: training degraded when more than ~10% of samples were truncated) is
+derived from `scalerl_rollout_requests_finished_total` (finish_reason=
+"FINISH_REASON_LENGTH" over all), so no ratio gauge is kept.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""gRPC `RolloutService` over a `TorchEngine`: converts messages, validates input, and maps
-domain exceptions to status codes in one place (`_status_of`)."""
+"""gRPC `RolloutService` over one rollout engine (`rollout_service.engines.api`): converts
+messages, validates input and calls the engine. Domain errors (`ServiceError`s: the
+engine's, `InvalidArgument`, `WeightsError`) propagate to the one error interceptor of
+`scalerl.rpc.server`, which maps them to statuses; anything else becomes INTERNAL."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import uuid
@@ -11,55 +12,22 @@ from collections.abc import Iterator
 
 import grpc
 
-from rollout_service.engine import (
+from rollout_service.engines.api import (
     MAX_TEMPERATURE,
     Chunk,
-    DuplicateRequestError,
-    EngineError,
     GenerationRequest,
-    TorchEngine,
+    RolloutEngine,
+    check_interrupt_mode,
 )
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.weights import DATA_LOSS_FIELDS, WeightsError, receive_weights
+from rollout_service.weights import receive_weights
+from scalerl.obs.logging import request_context
+from scalerl.rpc.errors import InvalidArgument
 from scalerl.rpc.server import make_server
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
-
-
-class InvalidRequest(ValueError):
-    """A request field is out of range; `field` is its path in the request message."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-def _status_of(exc: Exception) -> grpc.StatusCode:
-    """The one mapping from domain exceptions to gRPC status codes."""
-    if isinstance(exc, WeightsError):
-        if exc.field in DATA_LOSS_FIELDS:
-            return grpc.StatusCode.DATA_LOSS
-        if exc.field == "apply":
-            return grpc.StatusCode.UNAVAILABLE
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, DuplicateRequestError):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, EngineError):
-        return grpc.StatusCode.INTERNAL
-    return grpc.StatusCode.UNAVAILABLE  # RuntimeError: the engine is stopping
-
-
-@contextlib.contextmanager
-def _grpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
-    """Abort the RPC with the mapped status for domain exceptions."""
-    try:
-        yield
-    except (ValueError, WeightsError, RuntimeError) as exc:
-        context.abort(_status_of(exc), str(exc))
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -74,7 +42,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: RolloutEngine,
         tokenizer: object,
         worker_id: str,
         model_name: str,
@@ -97,25 +65,28 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[rollout_pb2.GenerateResponse]:
-        with _grpc_errors(context):
-            engine_request = self.to_engine_request(request)
+        engine_request = self.to_engine_request(request)
+        request_id, prompt_tokens = engine_request.request_id, len(engine_request.prompt_ids)
+        with request_context(request_id):
             stream = self._engine.submit(engine_request)
-        request_id = engine_request.request_id
         # Runs when the RPC ends for any reason; after a normal finish it finds nothing.
-        context.add_callback(lambda: stream.cancel())
-        with _grpc_errors(context):
-            for chunk in stream.chunks():
-                yield _response(request_id, len(engine_request.prompt_ids), chunk)
+        context.add_callback(stream.cancel)
+        chunks = stream.chunks()
+        while True:
+            # The log context is entered per chunk, never held across a yield: a generator
+            # abandoned by a cancelled client may be finalized late, by another thread,
+            # and must not leave its request id on this one.
+            with request_context(request_id):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield _response(request_id, prompt_tokens, chunk)
 
     def Interrupt(
         self, request: rollout_pb2.InterruptRequest, context: grpc.ServicerContext
     ) -> rollout_pb2.InterruptResponse:
-        with _grpc_errors(context):
-            if request.mode not in (
-                rollout_pb2.INTERRUPT_MODE_TRUNCATE,
-                rollout_pb2.INTERRUPT_MODE_ABORT,
-            ):
-                raise InvalidRequest("mode", "must be INTERRUPT_MODE_TRUNCATE or _ABORT")
+        check_interrupt_mode(request.mode)
+        with request_context(request.request_id):
             found = self._engine.interrupt(request.request_id, request.mode)
         return rollout_pb2.InterruptResponse(found=found)
 
@@ -124,8 +95,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         request_iterator: Iterator[rollout_pb2.UpdateWeightsRequest],
         context: grpc.ServicerContext,
     ) -> rollout_pb2.UpdateWeightsResponse:
-        with _grpc_errors(context):
-            version, seconds = receive_weights(request_iterator, self._engine)
+        version, seconds = receive_weights(request_iterator, self._engine)
         if self._metrics is not None:
             self._metrics.weight_update_seconds.observe(seconds)
         log.info("weights of policy version %d applied in %.3fs", version, seconds)
@@ -136,7 +106,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.GetRolloutStatusResponse:
         return rollout_pb2.GetRolloutStatusResponse(
             worker_id=self._worker_id,
-            engine="torch",
+            engine=self._engine.name,
             model=self._model_name,
             policy_version=self._engine.policy_version,
             active_requests=self._engine.active_requests,
@@ -146,27 +116,27 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     # ----- conversion ----------------------------------------------------------------------
 
     def to_engine_request(self, request: rollout_pb2.GenerateRequest) -> GenerationRequest:
-        """Validate a GenerateRequest and fill defaults. Raises InvalidRequest naming the
+        """Validate a GenerateRequest and fill defaults. Raises InvalidArgument naming the
         field (prompt, sampling.*, length_control.*)."""
         prompt = self._prompt_ids(request)
         sampling, control = request.sampling, request.length_control
         temperature = sampling.temperature if sampling.HasField("temperature") else 1.0
         if math.isnan(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
-            raise InvalidRequest(
+            raise InvalidArgument(
                 "sampling.temperature", f"must lie in [0, {MAX_TEMPERATURE}], got {temperature}"
             )
         top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
         if math.isnan(top_p) or not 0.0 < top_p <= 1.0:
-            raise InvalidRequest("sampling.top_p", f"must lie in (0, 1], got {top_p}")
+            raise InvalidArgument("sampling.top_p", f"must lie in (0, 1], got {top_p}")
         max_new = sampling.max_new_tokens or self._default_max_new_tokens
         limit = self._engine.max_seq_len
         if len(prompt) + max_new > limit:
-            raise InvalidRequest(
+            raise InvalidArgument(
                 "sampling.max_new_tokens",
                 f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new}) must be <= {limit}",
             )
         if control.thinking_budget and control.thinking_budget >= max_new:
-            raise InvalidRequest(
+            raise InvalidArgument(
                 "length_control.thinking_budget",
                 f"must be < max_new_tokens ({max_new}), got {control.thinking_budget}",
             )
@@ -186,12 +156,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _prompt_ids(self, request: rollout_pb2.GenerateRequest) -> tuple[int, ...]:
         has_text, has_ids = bool(request.prompt_text), bool(request.prompt_token_ids)
         if has_text == has_ids:
-            raise InvalidRequest("prompt", "set exactly one of prompt_text or prompt_token_ids")
+            raise InvalidArgument("prompt", "set exactly one of prompt_text or prompt_token_ids")
         if has_ids:
             vocab = self._engine.vocab_size
             bad = [t for t in request.prompt_token_ids if t >= vocab]
             if bad:
-                raise InvalidRequest(
+                raise InvalidArgument(
                     "prompt_token_ids", f"token id {bad[0]} outside 0..{vocab - 1}"
                 )
             return tuple(request.prompt_token_ids)
@@ -206,9 +176,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             ids = self._tokenizer.encode(text)
         except (KeyError, ValueError) as exc:  # the character tokenizer's unknown symbol
-            raise InvalidRequest(field, f"cannot be tokenized: {exc}") from exc
+            raise InvalidArgument(field, f"cannot be tokenized: {exc}") from exc
         if not ids:
-            raise InvalidRequest(field, "encodes to no tokens")
+            raise InvalidArgument(field, "encodes to no tokens")
         return ids
 
 

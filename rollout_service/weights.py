@@ -11,7 +11,9 @@ A `uri` payload is verified (size, sha256) in place and handed to the engine as 
 themselves; streamed chunks are parsed here and staged as a state dict.
 
 Any failure raises `WeightsError(field, message)` before anything is staged, so the
-engine keeps serving the old version.
+engine keeps serving the old version. It is a `scalerl.rpc.errors.ServiceError` whose
+status follows the field: DATA_LOSS for bytes damaged in transit, UNAVAILABLE when the
+engine did not swap in time (retry), INVALID_ARGUMENT for a bad request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from rollout_service.engines.api import RolloutEngine
+from scalerl.rpc.errors import InvalidArgument, ServiceError
 from scalerl.v1 import rollout_pb2
 
 # Upper bound on one payload (bytes), so a bad header cannot make the worker buffer
@@ -40,14 +44,24 @@ DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
 _HASH_BLOCK_BYTES = 4 * 1024**2
 
 
-class WeightsError(Exception):
+class WeightsError(ServiceError):
     """A weight update was refused; `field` names what was wrong (header, version,
-    format, total_bytes, sha256, chunk, uri, payload, state_dict, apply)."""
+    format, total_bytes, sha256, chunk, uri, payload, state_dict, apply). str() is
+    "field: message"."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    @property
+    def status(self) -> str:  # type: ignore[override]  # follows the field, per instance
+        """DATA_LOSS for DATA_LOSS_FIELDS, UNAVAILABLE for "apply", else INVALID_ARGUMENT."""
+        if self.field in DATA_LOSS_FIELDS:
+            return "DATA_LOSS"
+        if self.field == "apply":
+            return "UNAVAILABLE"
+        return "INVALID_ARGUMENT"
 
 
 # ----- rollout worker side -------------------------------------------------------------
@@ -55,14 +69,14 @@ class WeightsError(Exception):
 
 def receive_weights(
     requests: Iterable[rollout_pb2.UpdateWeightsRequest],
-    engine: object,
+    engine: RolloutEngine,
     apply_timeout_s: float = 120.0,
 ) -> tuple[int, float]:
-    """Read an UpdateWeights stream, verify it, stage it on `engine` (a
-    `rollout_service.engine_api.RolloutEngine`) and wait until the new weights serve.
-    Returns (policy_version, seconds from the first message to the swap). Raises
-    WeightsError; the engine then serves the old version (after an `apply` timeout the
-    update is cancelled unless the swap already started)."""
+    """Read an UpdateWeights stream, verify it, stage it on `engine` and wait until the new
+    weights serve. Returns (policy_version, seconds from the first message to the swap).
+    Raises WeightsError (the engine's InvalidArgument keeps its field: state_dict or
+    payload), or the engine's EngineStopped; the engine then serves the old version (after
+    an `apply` timeout the update is cancelled unless the swap already started)."""
     start = time.monotonic()
     iterator = iter(requests)
     header = _read_header(iterator)
@@ -76,8 +90,8 @@ def receive_weights(
             payload = _read_chunks(iterator, header.total_bytes)
             _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
             future = engine.stage_weights(_parse(payload), header.version)
-    except ValueError as exc:
-        raise WeightsError("state_dict", str(exc)) from exc
+    except InvalidArgument as exc:
+        raise WeightsError(exc.field, exc.message) from exc
     try:
         version = future.result(timeout=apply_timeout_s)
     except (FutureTimeout, CancelledError) as exc:

@@ -11,7 +11,8 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
-from rollout_service.engine_api import RolloutEngine, build_engine
+from rollout_service.engines.api import RolloutEngine
+from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
 from rollout_service.weights import receive_weights

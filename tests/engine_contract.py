@@ -7,7 +7,7 @@ parametrized over engine names (tests/test_engine_contract.py); adding an engine
 more fixture param. Each test leaves the engine serving weights "a" again (at a higher
 policy version), so the tests can share one engine and run in any order.
 
-What is checked (rollout_service/engine.py states the contract):
+What is checked (rollout_service/engines/api.py states the contract):
 - streaming: a request comes back as several chunks of parallel lists;
 - log-probs: those of the distribution sampled from (tempered, top-p renormalised), equal
   to the learner's recomputation for the same weights (ScaleRL Sec. 3.2);
@@ -17,7 +17,8 @@ What is checked (rollout_service/engine.py states the contract):
   sampled tokens; TRUNCATE forces it mid-way; a phrase cut by max_new_tokens;
 - an in-flight weight update: tokens before it carry the old version, later ones the new
   version and follow the new weights over the old KV cache (PipelineRL-style);
-- a corrupt update (unreadable file, wrong shapes) changes neither version nor outputs.
+- a corrupt update (unreadable file, wrong shapes) changes neither version nor outputs;
+- GetStatus over gRPC names the engine.
 """
 
 from __future__ import annotations
@@ -34,16 +35,13 @@ import torch
 from safetensors.torch import save_file
 
 from learner_service.logprobs import token_logprobs
-from rollout_service.engine import (
-    ABORT,
-    ABORTED,
-    LENGTH,
-    TRUNCATE,
-    GenerationRequest,
-    top_p_renormalise,
-)
+from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
+from rollout_service.engines.torch.sampling import top_p_renormalise
+from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
-from scalerl.policy.models import load_policy
+from scalerl.policy.models import load_policy, load_tokenizer
+from scalerl.rpc.channel import channel
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 PROMPT = (4, 5, 14, 6, 15, 16, 3)
 PHRASE = (5, 6, 7)
@@ -357,3 +355,19 @@ def test_submit_rejects_bad_requests(contract):
     for request, message in cases:
         with pytest.raises(ValueError, match=message):
             engine.submit(request)
+
+
+def test_get_status_names_the_engine(contract):
+    engine = contract.engine
+    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    server, port = start_server(RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8))
+    ch = channel(f"127.0.0.1:{port}")
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        status = stub.GetStatus(rollout_pb2.GetRolloutStatusRequest(), timeout=TIMEOUT_S)
+        assert status.engine == contract.name
+        assert status.policy_version == engine.policy_version
+        assert status.tokens_generated == engine.tokens_generated and status.active_requests == 0
+    finally:
+        ch.close()
+        server.stop(None)

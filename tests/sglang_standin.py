@@ -2,7 +2,7 @@
 with SGLang's request and response shapes, over a deterministic fake model.
 
 Shapes follow SGLang's `entrypoints/http_server.py` and `managers/io_struct.py` (see the
-module docstring of `rollout_service.sglang_engine`). Behaviour mirrored from SGLang:
+module docstring of `rollout_service.engines.sglang.client`). Behaviour mirrored from SGLang:
 streamed `data: {json}` events with cumulative `output_ids` and `meta_info`, ending with
 `data: [DONE]`; finish reasons {type: stop, matched} / {type: length, length} / {type:
 abort, message}; one token per running request per scheduler step; `/pause_generation`

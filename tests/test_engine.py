@@ -11,7 +11,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from rollout_service.engine import (
+from rollout_service.engines.api import (
     ABORT,
     ABORTED,
     INTERRUPTED,
@@ -20,10 +20,10 @@ from rollout_service.engine import (
     TRUNCATE,
     DuplicateRequestError,
     GenerationRequest,
-    TorchEngine,
-    sample,
 )
-from rollout_service.llama import SlotLlama, default_rope_theta
+from rollout_service.engines.torch.engine import TorchEngine
+from rollout_service.engines.torch.llama import SlotLlama, default_rope_theta
+from rollout_service.engines.torch.sampling import sample
 from rollout_service.metrics import RolloutMetrics
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy

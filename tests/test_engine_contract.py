@@ -1,5 +1,6 @@
 """The engine contract suite (tests/engine_contract.py) bound to the engines available:
-torch always; vLLM when `import vllm` works (its own environment: `make test-vllm`).
+torch always; vLLM when `import vllm` works (its own environment: `make test-vllm`). Also
+the parts every engine shares: the torch-free contract module and the request table.
 
 One engine per engine name for the whole module, on the tiny model in fp32, so the
 log-prob tolerance is |ratio - 1| <= 1e-3 for every engine.
@@ -8,24 +9,40 @@ log-prob tolerance is |ratio - 1| <= 1e-3 for every engine.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from engine_contract import *  # noqa: F403 - the contract's test functions
 from engine_contract import MAX_SEQ_LEN, make_contract
+from prometheus_client import CollectorRegistry
+
+from rollout_service.engines.api import (
+    ABORTED,
+    LENGTH,
+    Chunk,
+    DuplicateRequestError,
+    EngineError,
+    EngineStopped,
+    GenerationRequest,
+    GenerationStream,
+)
+from rollout_service.engines.requests import LiveRequest, RequestTable
+from rollout_service.metrics import RolloutMetrics
 
 torch.set_num_threads(1)
 
 
 def _torch_engine(model, folder: Path):
-    from rollout_service.engine import TorchEngine
+    from rollout_service.engines.torch.engine import TorchEngine
 
     return TorchEngine(model, (), max_batch=8, max_seq_len=MAX_SEQ_LEN, dtype="float32")
 
 
 def _vllm_engine(model, folder: Path):
-    from rollout_service.vllm_engine import VLLMEngine
+    from rollout_service.engines.vllm.engine import VLLMEngine
 
     model_dir = folder / "model"
     model.save_pretrained(model_dir)
@@ -61,8 +78,9 @@ def contract(request, tmp_path_factory):
 
 
 def test_build_engine_selects_the_configured_engine():
-    from rollout_service.engine import TorchEngine
-    from rollout_service.engine_api import RolloutEngine, build_engine
+    from rollout_service.engines.api import RolloutEngine
+    from rollout_service.engines.factory import build_engine
+    from rollout_service.engines.torch.engine import TorchEngine
     from scalerl.config import load_config
     from scalerl.policy.models import load_policy
 
@@ -79,3 +97,58 @@ def test_build_engine_selects_the_configured_engine():
         config = load_config("tiny", ["rollout.engine=vllm"])
         with pytest.raises(ImportError, match="vllm package"):
             build_engine(config, model, tokenizer, None)
+
+
+def test_the_contract_and_length_control_load_no_torch():
+    code = (
+        "import sys, rollout_service.engines.api, rollout_service.engines.length_control; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'safetensors')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _table(metrics=None) -> RequestTable:
+    return RequestTable(metrics, policy_version=2)
+
+
+def _entry(request_id: str) -> LiveRequest:
+    request = GenerationRequest(request_id, (3,), 4)
+    return LiveRequest(request, GenerationStream(None, request))
+
+
+def test_request_table_finishes_once_and_counts():
+    registry = CollectorRegistry()
+    table = _table(RolloutMetrics(registry))
+    entry = _entry("a")
+    table.add(entry)
+    with pytest.raises(DuplicateRequestError):
+        table.add(_entry("a"))
+    table.emit(entry, Chunk([5, 6], [-0.1, -0.2], [2, 2], [False, False]))
+    assert table.finish(entry, Chunk([7], [-0.3], [2], [False]), LENGTH) is True
+    assert table.finish(entry, Chunk.empty(), ABORTED) is False  # already ended
+    table.emit(entry, Chunk([8], [-0.4], [2], [False]))  # dropped
+    done = entry.stream.result(timeout=1)
+    assert (done.token_ids, done.finish_reason) == ([5, 6, 7], LENGTH)
+    assert (len(table), table.tokens_generated, table.policy_version) == (0, 3, 2)
+    value = registry.get_sample_value
+    assert value("scalerl_rollout_tokens_generated_total") == 3
+    assert value("scalerl_rollout_active_requests") == 0
+    finished = {"finish_reason": "FINISH_REASON_LENGTH"}
+    assert value("scalerl_rollout_requests_finished_total", finished) == 1
+    assert value("scalerl_rollout_time_to_first_token_seconds_count") == 1
+    table.serve(5)
+    assert table.policy_version == 5 and value("scalerl_rollout_policy_version") == 5
+
+
+def test_request_table_fails_and_closes():
+    table = _table()
+    failed, left = _entry("f"), _entry("l")
+    table.add(failed)
+    table.add(left)
+    assert table.fail(failed, OSError("device lost")) is True
+    with pytest.raises(EngineError, match="device lost"):
+        failed.stream.result(timeout=1)
+    assert table.close() == [left] and table.closed
+    with pytest.raises(EngineStopped):
+        table.add(_entry("late"))

@@ -15,7 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from learner_service.logprobs import token_logprobs
 from learner_service.packing import pack_groups
 from learner_service.publish import WeightPublisher
-from rollout_service.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.weights import receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy

@@ -1,6 +1,7 @@
 """Interruption-based length control (ScaleRL Sec. 3.1): budgets that must fit
-max_new_tokens, the end-of-thinking marker, and the scoring rule for interrupted samples
-(only the answer after the forced phrase counts). Tiny model and its character tokenizer."""
+max_new_tokens, the end-of-thinking marker, the scoring rule for interrupted samples
+(only the answer after the forced phrase counts) and the engines' shared budget decisions.
+Tiny model and its character tokenizer."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ import torch
 
 from learner_service.evaluate import Evaluator
 from rollout_service.actor import _GroupInFlight, build_group
-from rollout_service.engine import (
+from rollout_service.engines.api import (
     INTERRUPTED,
     LENGTH,
+    STOP,
     TRUNCATE,
     Completion,
     GenerationRequest,
-    TorchEngine,
-    closes_thinking,
 )
+from rollout_service.engines.length_control import LengthBudget, closes_thinking
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer
 from scalerl.config import ModelConfig, RolloutConfig, load_config
 from scalerl.length_control import check_budgets, forced_ids, scored_ids
@@ -233,3 +235,55 @@ def test_servicer_forces_the_marker_after_the_phrase():
     assert converted.think_end_ids == tuple(encode("\n"))
     request.length_control.interrupt_text = "=?"
     assert servicer.to_engine_request(request).interrupt_ids == tuple(encode("=?\n"))
+
+
+# ----- the budget decisions every engine shares ---------------------------------------------
+
+
+def _budget(**kw) -> LengthBudget:
+    fields = {"max_new_tokens": 12, "interrupt_ids": PHRASE} | kw
+    return LengthBudget(GenerationRequest("b", (3,), **fields))
+
+
+def test_budget_forces_the_phrase_after_the_thinking_budget_then_counts_the_answer():
+    budget = _budget(thinking_budget=3, answer_budget=2)
+    assert budget.sample_limit() == 3
+    for token in (8, 9):
+        assert budget.sampled_token(token, {1}) == 0 and not budget.thinking_due()
+    assert budget.sampled_token(10, {1}) == 0 and budget.thinking_due()
+    assert budget.force() == PHRASE and (budget.generated, budget.forced_at) == (6, 3)
+    assert not budget.thinking_due() and budget.sample_limit() == 2
+    assert budget.sampled_token(11, {1}) == 0
+    assert budget.sampled_token(12, {1}) == LENGTH  # the answer budget is used up
+
+
+def test_budget_stop_reasons_and_max_new_tokens():
+    thinking = _budget(thinking_budget=3)
+    assert thinking.sampled_token(1, {1}) == STOP
+    answering = _budget(thinking_budget=1)
+    answering.sampled_token(8, {1})
+    answering.force()
+    assert answering.sampled_token(1, {1}) == INTERRUPTED
+    short = _budget(max_new_tokens=5, thinking_budget=3)
+    for token in (8, 9, 10):
+        short.sampled_token(token, ())
+    assert short.force() == PHRASE[:2]  # the phrase cut by max_new_tokens
+    assert short.length_reason() == LENGTH and short.sample_limit() == 0
+    plain = _budget()  # no length control: only max_new_tokens bounds it
+    assert plain.sample_limit() == 12 and not plain.thinking_due()
+
+
+def test_budget_marker_closes_the_thinking_and_truncate_then_starts_the_answer():
+    budget = _budget(thinking_budget=4, answer_budget=2, think_end_ids=(8, 9))
+    for token in (8, 9):
+        budget.sampled_token(token, ())
+    assert budget.thought_closed and budget.sample_limit() == 10  # no thinking cap now
+    for token in (5, 5):
+        budget.sampled_token(token, ())
+    assert not budget.thinking_due()  # past the budget, but the model closed its thinking
+    assert budget.truncate() is False and budget.forced_at == 4  # no phrase: answer starts
+    assert budget.sample_limit() == 2
+    assert budget.truncate() is False and budget.forced_at == 4  # a no-op once answering
+    thinking = _budget(thinking_budget=4)
+    thinking.sampled_token(5, ())
+    assert thinking.truncate() is True and thinking.forced_at is None  # the phrase is due

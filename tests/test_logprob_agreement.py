@@ -18,7 +18,8 @@ import torch
 
 from learner_service.logprobs import token_logprobs
 from learner_service.packing import pack_groups
-from rollout_service.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
+from concurrent.futures import Future
 
 import grpc
 import pytest
@@ -13,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 from safetensors.torch import load as load_safetensors
 
-from rollout_service.engine import GenerationRequest, TorchEngine
+from rollout_service.engines.api import EngineError, EngineStopped, GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
 from rollout_service.weights import WeightsError, receive_weights
@@ -332,3 +334,112 @@ def test_serialize_skips_tied_head_and_casts(model1):
     assert tensors["model.norm.weight"].dtype == torch.bfloat16
     expected = model1.state_dict()["model.norm.weight"].to(torch.bfloat16)
     assert torch.equal(tensors["model.norm.weight"], expected)
+
+
+# ----- errors reach the client with the interceptor's status ---------------------------------
+
+
+class FakeEngine:
+    """A RolloutEngine whose method `failing` raises `exc`; everything else does nothing."""
+
+    name = "fake"
+    max_batch, max_seq_len, vocab_size = 2, 64, 21
+    active_requests = tokens_generated = 0
+
+    def __init__(self, failing: str, exc: BaseException | None) -> None:
+        self.failing, self.exc = failing, exc
+
+    def _call(self, method: str):
+        if method == self.failing:
+            raise self.exc
+
+    @property
+    def policy_version(self) -> int:
+        self._call("policy_version")
+        return 0
+
+    def submit(self, request):
+        self._call("submit")
+        raise AssertionError("the fake engine generates nothing")
+
+    def interrupt(self, request_id: str, mode: int) -> bool:
+        self._call("interrupt")
+        return False
+
+    def stage_weights(self, state_dict, version: int):
+        self._call("stage_weights")
+        failed = Future()
+        failed.set_exception(EngineError("the swap failed on the device"))
+        return failed
+
+
+def _fake_service(policy, engine: FakeEngine):
+    servicer = RolloutServicer(engine, policy[1], "worker-9", "tiny", "=?", 16)
+    server, port = start_server(servicer)
+    return server, channel(f"127.0.0.1:{port}")
+
+
+def _call_each_handler(stub, method: str, payload: bytes):
+    if method == "submit":
+        request = rollout_pb2.GenerateRequest(prompt_token_ids=[3])
+        return list(stub.Generate(request, timeout=TIMEOUT_S))
+    if method == "interrupt":
+        request = rollout_pb2.InterruptRequest(
+            request_id="x", mode=rollout_pb2.INTERRUPT_MODE_ABORT
+        )
+        return stub.Interrupt(request, timeout=TIMEOUT_S)
+    if method == "stage_weights":
+        return stub.UpdateWeights(weights_requests(payload, 1), timeout=TIMEOUT_S)
+    return stub.GetStatus(rollout_pb2.GetRolloutStatusRequest(), timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("method", "handler"),
+    [
+        ("submit", "Generate"),
+        ("interrupt", "Interrupt"),
+        ("stage_weights", "UpdateWeights"),
+        ("policy_version", "GetStatus"),
+    ],
+)
+def test_a_bug_in_a_handler_is_internal_not_unavailable(policy, model1, method, handler):
+    server, ch = _fake_service(policy, FakeEngine(method, RuntimeError("a bug")))
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        payload = serialize_state_dict(model1)
+        with pytest.raises(grpc.RpcError) as info:
+            _call_each_handler(stub, method, payload)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.details() == f"{handler} failed: RuntimeError; see server log"
+    finally:
+        ch.close()
+        server.stop(None)
+
+
+def test_engine_errors_keep_their_status_and_message(policy, model1):
+    payload = serialize_state_dict(model1)
+    cases = [  # (method that raises, its exception, handler called, status, message)
+        ("submit", EngineStopped(), "submit", grpc.StatusCode.UNAVAILABLE, "stopped"),
+        ("submit", EngineError("device lost"), "submit", grpc.StatusCode.INTERNAL, "lost"),
+        # Nothing raises; the staged update's future fails: not swapped in, retry later.
+        ("", None, "stage_weights", grpc.StatusCode.UNAVAILABLE, "apply: swap failed"),
+    ]
+    for failing, exc, method, code, match in cases:
+        server, ch = _fake_service(policy, FakeEngine(failing, exc))
+        try:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            expect_code(code, _call_each_handler, stub, method, payload, match=match)
+        finally:
+            ch.close()
+            server.stop(None)
+
+
+def test_generate_on_a_stopped_engine_is_unavailable(service):
+    stub, engine, _, _ = service
+    engine.stop()
+    request = rollout_pb2.GenerateRequest(prompt_token_ids=[3])
+    expect_code(
+        grpc.StatusCode.UNAVAILABLE,
+        lambda: list(stub.Generate(request, timeout=TIMEOUT_S)),
+        match="stopped",
+    )

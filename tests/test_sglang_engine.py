@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from sglang_standin import SGLangStandin
 
-from rollout_service.engine import (
+from rollout_service.engines.api import (
     ABORT,
     ABORTED,
     INTERRUPTED,
@@ -31,7 +31,12 @@ from rollout_service.engine import (
     EngineError,
     GenerationRequest,
 )
-from rollout_service.sglang_engine import SGLangEngine
+from rollout_service.engines.sglang.engine import SGLangEngine
+from rollout_service.server import RolloutServicer, start_server
+from scalerl.config import ModelConfig
+from scalerl.policy.models import load_tokenizer
+from scalerl.rpc.channel import channel
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 torch.set_num_threads(1)
 
@@ -325,7 +330,7 @@ def test_mismatched_weights_are_rejected_before_the_server(servers, engines, tmp
         engine.stage_weights(missing, 1)
     nan = server.state_dict(step=2)
     nan["lm_head.weight"][1, 1] = float("nan")
-    with pytest.raises(ValueError, match="'lm_head.weight' has non-finite"):
+    with pytest.raises(ValueError, match="'lm_head.weight' holds NaN or infinite"):
         engine.stage_weights(nan, 1)
     corrupt = tmp_path / "corrupt.safetensors"
     save_file(server.state_dict(step=2), str(corrupt))
@@ -405,3 +410,30 @@ def test_duplicate_and_stopped(servers, engines):
     engine.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         engine.submit(GenerationRequest("v", (1,), 3, temperature=0.0))
+
+
+def test_get_status_names_the_engine(servers, engines):
+    server = servers()
+    engine = engines(server, policy_version=3)
+    servicer = RolloutServicer(engine, load_tokenizer(ModelConfig(kind="tiny")), "w", "x", "=?", 4)
+    grpc_server, port = start_server(servicer)
+    ch = channel(f"127.0.0.1:{port}")
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        status = stub.GetStatus(rollout_pb2.GetRolloutStatusRequest(), timeout=5)
+        assert (status.engine, status.policy_version, status.active_requests) == ("sglang", 3, 0)
+    finally:
+        ch.close()
+        grpc_server.stop(None)
+
+
+def test_non_float_weights_file_is_rejected_before_the_server(servers, engines, tmp_path):
+    server = servers()
+    engine = engines(server)  # no weight_shapes: only the header's dtypes are checked
+    weights = server.state_dict(step=2)
+    weights["lm_head.weight"] = weights["lm_head.weight"].to(torch.int32)
+    path = tmp_path / "ints.safetensors"
+    save_file(weights, str(path))
+    with pytest.raises(ValueError, match="'lm_head.weight' has dtype I32"):
+        engine.stage_weights_from_file(str(path), 1)
+    assert server.bodies("/update_weights_from_disk") == [] and engine.policy_version == 0

@@ -1,80 +1,22 @@
-"""The rollout engine interface and the factory that builds the configured engine.
-
-Every engine (torch, vLLM, SGLang) serves the same contract, stated in
-`rollout_service.engine`'s docstring and checked by the engine contract test suite:
-streamed chunks of tokens with the log-prob of each sampled token under the distribution
-actually sampled from, the policy version of the weights that computed each token,
-interrupt-and-truncate (ScaleRL, Khatri et al. 2025, Sec. 3.1), abort, and in-flight
-weight updates that keep running requests (PipelineRL-style).
+"""Build the engine a run config names (`rollout.engine`: torch, vllm or sglang), started
+and serving version 0. Engines that load the model from disk (vLLM, SGLang) get a model
+folder (`model_folder`); an SGLang server is started here when no URL is configured.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
+import json
 import os
 import signal
 import subprocess
 import tempfile
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from rollout_service.engine import GenerationRequest, GenerationStream
+from rollout_service.engines.api import RolloutEngine
 from scalerl.config import RunConfig
 from scalerl.ports import free_port
-
-log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the gRPC servicer, the actor loop, the weight receiver and the worker use."""
-
-    max_batch: int
-    max_seq_len: int
-    vocab_size: int
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights now serving."""
-        ...
-
-    @property
-    def active_requests(self) -> int:
-        """Requests submitted and not yet finished."""
-        ...
-
-    @property
-    def tokens_generated(self) -> int:
-        """Completion tokens emitted since start, forced tokens included."""
-        ...
-
-    def start(self) -> None:
-        """Start serving (idempotent)."""
-        ...
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop; running requests end ABORTED, pending weight updates fail."""
-        ...
-
-    def submit(self, request: GenerationRequest) -> GenerationStream:
-        """Queue a request. Raises ValueError naming the bad field,
-        DuplicateRequestError, RuntimeError once stopping."""
-        ...
-
-    def interrupt(self, request_id: str, mode: int) -> bool:
-        """TRUNCATE or ABORT a request; False when it is not running."""
-        ...
-
-    def stage_weights(self, state_dict: dict[str, Any], version: int) -> Future:
-        """Validate and stage a full HF-named state dict; the future resolves to
-        `version` once it serves. ValueError naming the bad tensor; nothing changes."""
-        ...
-
-    def stage_weights_from_file(self, path: str, version: int) -> Future:
-        """As `stage_weights`, from one safetensors file with HF parameter names."""
-        ...
 
 
 def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) -> RolloutEngine:
@@ -89,7 +31,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
     rollout = config.rollout
     stops = tokenizer.stop_token_ids
     if rollout.engine == "torch":
-        from rollout_service.engine import TorchEngine
+        from rollout_service.engines.torch.engine import TorchEngine
 
         return TorchEngine(
             model,
@@ -101,9 +43,11 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             metrics=metrics,
         )
     if rollout.engine == "vllm":
-        from rollout_service.vllm_engine import VLLMEngine, require_vllm
+        from rollout_service.engines.vllm.worker import require_vllm
 
         require_vllm()  # before writing a model folder for nothing
+        from rollout_service.engines.vllm.engine import VLLMEngine
+
         return VLLMEngine(
             str(model_folder(config, model)),
             stops,
@@ -129,12 +73,9 @@ def _concrete(dtype: str) -> str:
 def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> RolloutEngine:
     """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
     when this process exits) when that is empty."""
-    from rollout_service.sglang_engine import (
-        SGLangEngine,
-        launch_sglang_server,
-        read_safetensors_shapes,
-        wait_until_ready,
-    )
+    from rollout_service.engines.sglang.engine import SGLangEngine
+    from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
+    from rollout_service.engines.weight_check import folder_shapes
 
     rollout = config.rollout
     url = rollout.sglang_url
@@ -144,9 +85,7 @@ def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> 
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, process=process)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        shapes.update(read_safetensors_shapes(str(file)))
+    shapes = folder_shapes(folder)
     return SGLangEngine(
         url,
         stop_token_ids=stops,
@@ -181,6 +120,4 @@ def model_folder(config: RunConfig, model: Any) -> Path:
 
 
 def _vocab_size(folder: Path) -> int:
-    import json
-
     return int(json.loads((folder / "config.json").read_text())["vocab_size"])

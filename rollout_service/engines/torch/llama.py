@@ -343,30 +343,18 @@ class SlotLlama:
         return {name: t.shape for name, t in self.model.state_dict().items()}
 
     def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> StagedWeights:
-        """Validate a full state dict and cast it to the body dtype; changes nothing.
+        """Snapshot a full state dict, validated by the caller
+        (`rollout_service.engines.weight_check`), in the body dtype; changes nothing.
 
-        Every tensor of the model must be present (`lm_head.weight` may be omitted when the
-        embeddings are tied; if given it is ignored, the embedding is the head), with the
-        same shape, a floating dtype and finite values. Raises ValueError naming the first
-        bad tensor.
+        `lm_head.weight` may be omitted when the embeddings are tied (if given it is
+        ignored: the embedding is the head); the head is kept in fp32.
         """
-        expected = self.parameter_shapes()
-        unknown = sorted(name for name in state_dict if name not in expected)
-        if unknown:
-            raise ValueError(
-                f"unknown tensor {unknown[0]!r}: the model has no parameter of that name"
-            )
         skip = {"lm_head.weight"} if self.tied else set()
-        for name, shape in expected.items():  # the model's order: the first bad one is stable
-            if name in state_dict:
-                _check_tensor(name, state_dict[name], shape)
-            elif name not in skip:
-                raise ValueError(f"state dict is missing tensor {name!r}")
         # copy=True: a snapshot, so a caller that keeps training its tensors before the
         # swap cannot change what gets applied.
         tensors = {
             name: state_dict[name].detach().to(self.device, self.dtype, copy=True)
-            for name in expected
+            for name in self.parameter_shapes()
             if name not in skip
         }
         head = state_dict[self.head_name].detach().to(self.device, torch.float32, copy=True)
@@ -380,16 +368,3 @@ class SlotLlama:
         for name, tensor in staged.tensors.items():
             targets[name].copy_(tensor)
         self.head_fp32 = staged.head_fp32
-
-
-def _check_tensor(name: str, tensor: object, shape: torch.Size) -> None:
-    """Raise ValueError unless `tensor` is a finite floating tensor of `shape`."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-        raise ValueError(f"tensor {name!r} has dtype {kind}; a floating-point dtype is required")
-    if tensor.shape != shape:
-        raise ValueError(
-            f"tensor {name!r} has shape {tuple(tensor.shape)}; the model expects {tuple(shape)}"
-        )
-    if not bool(torch.isfinite(tensor).all()):
-        raise ValueError(f"tensor {name!r} holds NaN or infinite values")

