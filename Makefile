@@ -44,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)  ## the engine contract suite for torch and vLLM, in .venv-vllm
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_engine_contract.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/contract/test_engine_contract.py
 
 # A fresh environment with only the base dependencies (what a curve-service image holds):
 # no torch, and scalerl-curve still fits over gRPC.

@@ -87,7 +87,7 @@ def prefix_logprobs(
     gradients, as in the per-sample forward); the completions attend to it. The prompt
     holds most tokens of a short-answer task (SmolLM2's chat prompt: ~30 tokens before
     replies of ~10-26), so the learner computes about half the tokens or fewer. Same math
-    as the per-sample forward: results agree within float rounding (tests/test_trainer.py).
+    as the per-sample forward: results agree within float rounding (tests/unit/test_trainer.py).
 
     Args:
         model: as for `token_logprobs`.

@@ -25,7 +25,7 @@ echo "python: $PYTHON"
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_engine_contract.py \
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/contract/test_engine_contract.py \
   --junitxml="$OUT/contract.xml" >"$OUT/contract.log" 2>&1
 tail -n 3 "$OUT/contract.log"
 
@@ -38,8 +38,8 @@ for engine in torch vllm; do
 done
 
 echo "== log-prob agreement and fp32 head, CPU and CUDA"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_logprob_agreement.py \
-  tests/test_fp32_head.py 2>&1 | tail -n 6
+"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/unit/test_logprob_agreement.py \
+  tests/unit/test_fp32_head.py 2>&1 | tail -n 6
 
 echo "== the tiny job end to end (device auto)"
 if "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then

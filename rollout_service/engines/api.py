@@ -1,7 +1,7 @@
 """The rollout engine contract: what the gRPC servicer, the actor loop, the weight receiver
 and the worker rely on, whichever engine (torch, vLLM, SGLang) serves. Torch-free.
 
-Every engine, checked by the engine contract suite (tests/engine_contract.py):
+Every engine, checked by the engine contract suite (tests/contract/engine_contract.py):
 
 - takes a `GenerationRequest` in `submit` and streams `Chunk`s of parallel lists (token,
   log-prob, policy version, forced flag) into the request's `GenerationStream`; the last

@@ -3,7 +3,7 @@
 The tests take one fixture, `contract`: a `ContractEngine` (an engine serving the tiny
 model's weights "a", plus what the checks need). A test module binds the suite to engines
 by importing these functions and defining a module-scoped `contract` fixture
-parametrized over engine names (tests/test_engine_contract.py); adding an engine is one
+parametrized over engine names (tests/contract/test_engine_contract.py); adding an engine is one
 more fixture param. Each test leaves the engine serving weights "a" again (at a higher
 policy version), so the tests can share one engine and run in any order.
 

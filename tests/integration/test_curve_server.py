@@ -26,7 +26,7 @@ from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIG1 = REPO.parent / "shared" / "data" / "curves" / "scalerl_fig1_fit_points.csv"
 TIMEOUT_S = 30.0
 TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=0.1, r0=0.1)  # a CPU-scale run, accelerator-hours

@@ -18,7 +18,7 @@ from curve_service.points import MAX_POINTS, validate_points
 from curve_service.sigmoid import SigmoidParams, predict, validate_params
 from curve_service.uncertainty import bootstrap_params, prediction_band
 
-CURVES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "curves"
+CURVES_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "curves"
 FIG1 = CURVES_DIR / "scalerl_fig1_fit_points.csv"
 SCOUT_R0, DENSE_R0 = 0.5116, 0.4017  # R0 of the paper's Fig. 1a curves (README of the data)
 

@@ -21,7 +21,7 @@ import torch
 from learner_service.records import EvalRecord, StepRecord, read_records
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -1,5 +1,5 @@
-"""SGLang engine against the stand-in server (tests/sglang_standin.py): the request shapes
-the adapter sends, streaming and log-probs, abort, interrupt-and-truncate, in-flight weight
+"""SGLang engine against the stand-in server (sglang_standin.py, next to this file): the request
+shapes the adapter sends, streaming and log-probs, abort, interrupt-and-truncate, in-flight weight
 updates and failures.
 
 Fake model (vocabulary 16): after token x the logits are -d(j, x + step) with d the circular

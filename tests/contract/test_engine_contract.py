@@ -1,4 +1,4 @@
-"""The engine contract suite (tests/engine_contract.py) bound to the engines available:
+"""The engine contract suite (tests/contract/engine_contract.py) bound to the engines available:
 torch always; vLLM when `import vllm` works (its own environment: `make test-vllm`). Also
 the parts every engine shares: the torch-free contract module and the request table.
 
