@@ -53,15 +53,13 @@ class WeightsError(ServiceError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
-
-    @property
-    def status(self) -> str:  # type: ignore[override]  # follows the field, per instance
-        """DATA_LOSS for DATA_LOSS_FIELDS, UNAVAILABLE for "apply", else INVALID_ARGUMENT."""
-        if self.field in DATA_LOSS_FIELDS:
-            return "DATA_LOSS"
-        if self.field == "apply":
-            return "UNAVAILABLE"
-        return "INVALID_ARGUMENT"
+        # DATA_LOSS for DATA_LOSS_FIELDS, UNAVAILABLE for "apply", else INVALID_ARGUMENT.
+        if field in DATA_LOSS_FIELDS:
+            self.status = "DATA_LOSS"
+        elif field == "apply":
+            self.status = "UNAVAILABLE"
+        else:
+            self.status = "INVALID_ARGUMENT"
 
 
 # ----- rollout worker side -------------------------------------------------------------

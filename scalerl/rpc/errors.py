@@ -8,13 +8,12 @@ No grpc import here, so pure modules (the curve fit, the engines' contract) can 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 
 class ServiceError(Exception):
-    """Base of the domain errors; `status` is the name of a `grpc.StatusCode`."""
+    """Base of the domain errors; `status` is the name of a `grpc.StatusCode` (a class
+    attribute; an error whose status depends on its content sets it per instance)."""
 
-    status: ClassVar[str] = "INTERNAL"
+    status: str = "INTERNAL"
 
 
 class InvalidArgument(ServiceError, ValueError):
