@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config_or_none("scalerl", args.config, overrides, args.recipe, args.leave_out)
     if config is None:
         return 2
+    from scalerl.obs.logging import setup_logging
     from scalerl_cli import launcher
+
+    setup_logging("launcher", run_id=config.run_id)
 
     # Ctrl-C (SIGINT) stops the run cleanly (exit 130) even when the shell that started it
     # ignores SIGINT, as non-interactive shells do for background jobs: Python leaves an
@@ -122,6 +125,9 @@ def _sweep(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"scalerl sweep: {config_error(exc)}", file=sys.stderr)
         return 2
+    from scalerl.obs.logging import setup_logging
+
+    setup_logging("launcher")
     return sweep.run_sweep(variants, args.sweep_dir or sweep.default_sweep_dir())
 
 

@@ -16,18 +16,15 @@ from pathlib import Path
 R0, A, B, C_MID = 0.1, 0.6, 1.5, 50.0
 
 
-def sigmoid(compute: float) -> float:
-    return R0 + (A - R0) / (1.0 + (C_MID / compute) ** B)
-
-
 def main() -> int:
     for heavy in ("torch", "transformers", "safetensors", "matplotlib"):
         if importlib.util.find_spec(heavy) is not None:
             print(f"torch-free install: {heavy} is installed", file=sys.stderr)
             return 1
+    from curve_service.sigmoid import sigmoid
     from scalerl.ports import free_port
-    from scalerl.rpc.channel import channel, wait_healthy
-    from scalerl.v1 import curve_pb2, curve_pb2_grpc
+    from scalerl.rpc.channel import wait_healthy
+    from scalerl.rpc.curve_client import CurveClient, FitSpec
 
     port = free_port()
     binary = Path(sys.executable).parent / "scalerl-curve"  # the environment's own script
@@ -38,12 +35,9 @@ def main() -> int:
     try:
         wait_healthy(f"127.0.0.1:{port}", timeout_s=60)
         computes = [2.0 * 1.4**i for i in range(16)]
-        request = curve_pb2.FitRequest(
-            points=[curve_pb2.CurvePoint(compute=c, reward=sigmoid(c)) for c in computes]
-        )
-        with channel(f"127.0.0.1:{port}") as ch:
-            reply = curve_pb2_grpc.CurveServiceStub(ch).Fit(request, timeout=60)
-        fitted = reply.params
+        rewards = [float(r) for r in sigmoid(computes, A, B, C_MID, R0)]
+        with CurveClient(f"127.0.0.1:{port}", timeout_s=60) as client:
+            fitted = client.fit(FitSpec(compute=computes, reward=rewards))
         if abs(fitted.a - A) > 0.01 or abs(fitted.b - B) > 0.1:
             print(f"torch-free install: fit gave A={fitted.a}, B={fitted.b}", file=sys.stderr)
             return 1
