@@ -1,9 +1,12 @@
 """`scalerl-curve`: run the curve service (gRPC CurveService plus Prometheus /metrics).
 
     scalerl-curve --port 50053 --metrics-port 9103 [--host 0.0.0.0] [--redis-url URL]
-                  [--target-compute C]
+                  [--target-compute C] [--token-file F] [--tls-cert F --tls-key F]
+                  [--tls-ca F [--require-client-cert]]
 
 Runs are kept in memory, or in Redis with --redis-url (then they survive a restart).
+With a token (--token-file, or SCALERL_AUTH_TOKEN) RecordPoint needs it; the reads stay
+open. With --tls-cert/--tls-key the port speaks TLS only (`scalerl.rpc.security`).
 
 Prints one line, "curve service listening on HOST:PORT metrics on :M", once both servers
 are bound (ports chosen by the OS when 0 is given), then serves until SIGTERM or SIGINT and
@@ -46,7 +49,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Compute of the predicted-reward gauge (default 10x each run's largest).",
     )
+    parser.add_argument("--token-file", default="", help="File holding the bearer token.")
+    parser.add_argument("--tls-cert", default="", help="PEM certificate of the server.")
+    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert.")
+    parser.add_argument("--tls-ca", default="", help="PEM CA of clients (mutual TLS).")
+    parser.add_argument(
+        "--require-client-cert", action="store_true", help="Mutual TLS: refuse clients without."
+    )
     return parser.parse_args(argv)
+
+
+def _security(args: argparse.Namespace):
+    """The `Security` the flags (and SCALERL_AUTH_TOKEN) describe; raises ValueError."""
+    from scalerl.config import SecurityConfig
+    from scalerl.rpc.security import from_config
+
+    return from_config(
+        SecurityConfig(
+            token_file=args.token_file,
+            tls_cert_file=args.tls_cert,
+            tls_key_file=args.tls_key,
+            tls_ca_file=args.tls_ca,
+            require_client_cert=args.require_client_cert,
+        )
+    )
 
 
 def _positive(text: str) -> float:
@@ -68,19 +94,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda _signum, _frame: stop.set())
     from curve_service.metrics import start_metrics_server
     from curve_service.server import CurveServicer, serve
+    from scalerl.rpc.security import configure
+
+    try:
+        configure(_security(args))
+    except ValueError as exc:  # a file that cannot be read, or half a TLS pair
+        print(f"scalerl-curve: {exc}", file=sys.stderr)
+        return 2
 
     store = None
     if args.redis_url:
         import redis
 
         from curve_service.redis_store import RedisRunStore
-        from scalerl.state.client import connect
+        from scalerl.state.client import connect, redact_url
 
         client = connect(args.redis_url)
         try:
             client.ping()
         except redis.RedisError as exc:
-            print(f"scalerl-curve: --redis-url {args.redis_url}: {exc}", file=sys.stderr)
+            url = redact_url(args.redis_url)
+            print(f"scalerl-curve: --redis-url {url}: {exc}", file=sys.stderr)
             return 1
         store = RedisRunStore(client)
     servicer = CurveServicer(store=store, target_compute=args.target_compute)

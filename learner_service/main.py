@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     if not resolved:
         return 2
     config, precision = resolved
+    from scalerl.rpc.security import configure, from_config
+
+    try:  # the token and TLS files of every server and channel of this process
+        configure(from_config(config.security))
+    except ValueError as exc:
+        print(f"scalerl-learner: {exc}", file=sys.stderr)
+        return 2
     from learner_service.learner import Learner
     from learner_service.metrics import LearnerMetrics
     from scalerl.obs.metrics import serve_metrics, service_registry

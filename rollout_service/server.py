@@ -20,7 +20,7 @@ from rollout_service.engines.api import (
     check_interrupt_mode,
 )
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.weights import receive_weights
+from rollout_service.weights import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
 from scalerl.rpc.errors import InvalidArgument
 from scalerl.rpc.server import make_server
@@ -28,6 +28,8 @@ from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+# Two full-precision copies of a ~0.5 GB policy (security.max_inflight_weight_bytes).
+DEFAULT_INFLIGHT_WEIGHT_BYTES = 2 * 1024**3
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -38,6 +40,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     default_max_new_tokens: used when a request's max_new_tokens is 0.
     think_end: the model's end-of-thinking marker (`rollout.think_end`; "" = none): forced
     after every interrupt phrase, and a sampled one ends the thinking without a phrase.
+    weights_root: the folder an UpdateWeights `uri` must lie in (None or "": `uri` refused).
+    max_inflight_weight_bytes: streamed weight bytes buffered at once, over all concurrent
+    UpdateWeights streams; one that does not fit is answered RESOURCE_EXHAUSTED.
     """
 
     def __init__(
@@ -50,6 +55,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         default_max_new_tokens: int,
         metrics: RolloutMetrics | None = None,
         think_end: str = "",
+        weights_root: str | None = None,
+        max_inflight_weight_bytes: int = DEFAULT_INFLIGHT_WEIGHT_BYTES,
     ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
@@ -61,6 +68,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
         self._default_max_new_tokens = default_max_new_tokens
         self._metrics = metrics
+        self._weights_root = weights_root or None
+        self._weight_budget = ByteBudget(max_inflight_weight_bytes)
 
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
@@ -95,7 +104,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         request_iterator: Iterator[rollout_pb2.UpdateWeightsRequest],
         context: grpc.ServicerContext,
     ) -> rollout_pb2.UpdateWeightsResponse:
-        version, seconds = receive_weights(request_iterator, self._engine)
+        version, seconds = receive_weights(
+            request_iterator,
+            self._engine,
+            weights_root=self._weights_root,
+            budget=self._weight_budget,
+        )
         if self._metrics is not None:
             self._metrics.weight_update_seconds.observe(seconds)
         log.info("weights of policy version %d applied in %.3fs", version, seconds)

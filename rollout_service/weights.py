@@ -10,6 +10,12 @@ A `uri` payload is verified (size, sha256) in place and handed to the engine as 
 (`stage_weights_from_file`), so engines that load from disk (vLLM, SGLang) read it
 themselves; streamed chunks are parsed here and staged as a state dict.
 
+A `uri` is honoured only for a regular file inside the weights root
+(`security.weights_root`: the run's weights folder under `scalerl run`), after symlinks are
+resolved and with no `..` in it; without a root every `uri` is refused. Whatever is wrong
+with such a path (outside the root, missing, a directory, a symlink out), the answer is the
+same sentence, so a caller learns nothing about the worker's other files.
+
 Any failure raises `WeightsError(field, message)` before anything is staged, so the
 engine keeps serving the old version. It is a `scalerl.rpc.errors.ServiceError` whose
 status follows the field: DATA_LOSS for bytes damaged in transit, UNAVAILABLE when the
@@ -19,11 +25,15 @@ engine did not swap in time (retry), INVALID_ARGUMENT for a bad request.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,7 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
 from rollout_service.engines.api import RolloutEngine
-from scalerl.rpc.errors import InvalidArgument, ServiceError
+from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, ServiceError
 from scalerl.v1 import rollout_pb2
 
 # Upper bound on one payload (bytes), so a bad header cannot make the worker buffer
@@ -42,6 +52,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # every other field is a bad request (INVALID_ARGUMENT).
 DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
 _HASH_BLOCK_BYTES = 4 * 1024**2
+# The one answer to every unusable `uri` (it must not tell files apart).
+URI_REFUSED = "no weights file at this uri inside the worker's weights root"
 
 
 class WeightsError(ServiceError):
@@ -69,12 +81,19 @@ def receive_weights(
     requests: Iterable[rollout_pb2.UpdateWeightsRequest],
     engine: RolloutEngine,
     apply_timeout_s: float = 120.0,
+    weights_root: str | Path | None = None,
+    budget: ByteBudget | None = None,
 ) -> tuple[int, float]:
     """Read an UpdateWeights stream, verify it, stage it on `engine` and wait until the new
     weights serve. Returns (policy_version, seconds from the first message to the swap).
+
+    weights_root: the folder a `uri` must lie in (None: `uri` refused). budget: the
+    worker's cap on buffered streamed bytes; a stream whose total_bytes does not fit is
+    refused with ResourceExhausted before its chunks are read.
     Raises WeightsError (the engine's InvalidArgument keeps its field: state_dict or
-    payload), or the engine's EngineStopped; the engine then serves the old version (after
-    an `apply` timeout the update is cancelled unless the swap already started)."""
+    payload), ResourceExhausted, or the engine's EngineStopped; the engine then serves the
+    old version (after an `apply` timeout the update is cancelled unless the swap already
+    started)."""
     start = time.monotonic()
     iterator = iter(requests)
     header = _read_header(iterator)
@@ -82,12 +101,15 @@ def receive_weights(
         if header.uri:
             if next(iterator, None) is not None:
                 raise WeightsError("chunk", "a header with a uri must not be followed by chunks")
-            path = _check_uri(header)
+            path = _check_uri(header, weights_root)
             future = engine.stage_weights_from_file(str(path), header.version)
         else:
-            payload = _read_chunks(iterator, header.total_bytes)
-            _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
-            future = engine.stage_weights(_parse(payload), header.version)
+            with budget.hold(header.total_bytes) if budget else _nothing():
+                payload = _read_chunks(iterator, header.total_bytes)
+                _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
+                state_dict = _parse(payload)
+                del payload
+            future = engine.stage_weights(state_dict, header.version)
     except InvalidArgument as exc:
         raise WeightsError(exc.field, exc.message) from exc
     try:
@@ -131,21 +153,71 @@ def _read_chunks(iterator: Iterator[rollout_pb2.UpdateWeightsRequest], total: in
     return bytes(buffer)
 
 
-def _check_uri(header: rollout_pb2.WeightsHeader) -> Path:
-    """The file the header points at, once its size and sha256 match the header."""
-    path = Path(header.uri.removeprefix("file://"))
+class ByteBudget:
+    """A cap on the bytes of streamed payloads buffered at once (thread-safe)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes < 1:
+            raise ValueError(f"limit_bytes must be >= 1, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, n_bytes: int) -> Iterator[None]:
+        """Reserve `n_bytes` for the block. Raises ResourceExhausted when they do not fit
+        beside what other streams hold (the caller retries later)."""
+        with self._lock:
+            if self.held_bytes + n_bytes > self.limit_bytes:
+                raise ResourceExhausted(
+                    f"total_bytes: {n_bytes} more bytes of weights do not fit the worker's "
+                    f"in-flight cap of {self.limit_bytes} (security.max_inflight_weight_bytes)"
+                )
+            self.held_bytes += n_bytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held_bytes -= n_bytes
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def confined_path(uri: str, weights_root: str | Path | None) -> Path:
+    """The resolved path of `uri` (a path or file:// URI; relative = under the root) when it
+    names a regular file inside `weights_root` after resolving symlinks, with no `..`.
+    Raises WeightsError("uri", URI_REFUSED) otherwise, the same for every reason."""
+    raw = Path(uri.removeprefix("file://"))
+    if weights_root is None or str(weights_root) == "" or ".." in raw.parts:
+        raise WeightsError("uri", URI_REFUSED)
+    root = Path(weights_root).resolve()
+    path = (root / raw).resolve()  # root / an absolute path is that path
+    if not path.is_relative_to(root):
+        raise WeightsError("uri", URI_REFUSED)
+    return path
+
+
+def _check_uri(header: rollout_pb2.WeightsHeader, weights_root: str | Path | None) -> Path:
+    """The confined file the header points at, once its size and sha256 match the header."""
+    path = confined_path(header.uri, weights_root)
     digest = hashlib.sha256()
     try:
-        size = path.stat().st_size
-        if size != header.total_bytes:
-            raise WeightsError(
-                "total_bytes", f"{path} holds {size} bytes, header says {header.total_bytes}"
-            )
-        with path.open("rb") as handle:
-            while block := handle.read(_HASH_BLOCK_BYTES):
-                digest.update(block)
+        # O_NOFOLLOW: the resolved name must not have become a symlink since; O_NONBLOCK:
+        # opening a FIFO must not hang the handler (it is refused as not regular below).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise WeightsError("uri", f"cannot read {path}: {exc.strerror}") from exc
+        raise WeightsError("uri", URI_REFUSED) from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise WeightsError("uri", URI_REFUSED)
+        if info.st_size != header.total_bytes:
+            raise WeightsError("total_bytes", "the file's size differs from the header's")
+        while block := handle.read(_HASH_BLOCK_BYTES):
+            digest.update(block)
     _check_digest(digest.hexdigest(), header.sha256)
     return path
 

@@ -84,6 +84,8 @@ class RolloutWorker:
             rollout.max_new_tokens,
             metrics=self.metrics,
             think_end=rollout.think_end,
+            weights_root=self.config.security.weights_root,
+            max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
         )
         self.server, self.port, _ = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
@@ -144,7 +146,11 @@ class RolloutWorker:
             return False
         floor = self.engine.policy_version + 1 if at_least is None else at_least
         if ref.uri and ref.version >= floor:
-            receive_weights([weights_uri_request(ref.uri, ref.version)], self.engine)
+            receive_weights(
+                [weights_uri_request(ref.uri, ref.version)],
+                self.engine,
+                weights_root=self.config.security.weights_root or None,
+            )
         return True
 
     def close(self) -> None:

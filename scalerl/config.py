@@ -223,6 +223,49 @@ class CurveConfig(_Section):
     metrics_port: int = Field(0, ge=0, le=65_535, description="Prometheus port (0 = free).")
 
 
+class SecurityConfig(_Section):
+    """Who may change a run over gRPC, and how the connections are protected
+    (`scalerl.rpc.security`). Every path is empty (= off) by default: the laptop job binds
+    to 127.0.0.1 only. The token itself never sits in the config: it is read from
+    `token_file`, or from the environment variable SCALERL_AUTH_TOKEN, which wins."""
+
+    token_file: str = Field(
+        "", description="File holding the shared bearer token of privileged RPCs ('' = none)."
+    )
+    tls_cert_file: str = Field("", description="PEM certificate of this process's servers.")
+    tls_key_file: str = Field("", description="PEM private key of tls_cert_file.")
+    tls_ca_file: str = Field(
+        "", description="PEM CA that signed the servers' (and clients') certificates."
+    )
+    require_client_cert: bool = Field(
+        False, description="Mutual TLS: servers refuse clients without a certificate of the CA."
+    )
+    weights_root: str = Field(
+        "",
+        description="Folder a `uri` weight reference must lie in ('' = the run's weights "
+        "folder under `scalerl run`; a worker started alone then refuses `uri` updates).",
+    )
+    max_concurrent_rpcs: int = Field(
+        256, ge=1, le=100_000, description="RPCs one server runs at once; more: RESOURCE_EXHAUSTED."
+    )
+    max_inflight_weight_bytes: int = Field(
+        2 * 1024**3,
+        ge=1,
+        le=1024**4,
+        description="Bytes of streamed UpdateWeights payloads one worker buffers at once.",
+    )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> SecurityConfig:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("security.tls_cert_file and security.tls_key_file go together")
+        if self.require_client_cert and not (self.tls_ca_file and self.tls_cert_file):
+            raise ValueError(
+                "security.require_client_cert needs security.tls_ca_file and tls_cert_file"
+            )
+        return self
+
+
 class RunConfig(BaseSettings):
     """Everything one training run needs. Environment: SCALERL_<SECTION>__<FIELD>."""
 
@@ -243,6 +286,7 @@ class RunConfig(BaseSettings):
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     curve: CurveConfig = CurveConfig()
+    security: SecurityConfig = SecurityConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

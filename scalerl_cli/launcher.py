@@ -9,6 +9,8 @@ whose worker crashed never ends as a success.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from scalerl.rpc.curve_client import (
 )
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.learner_client import LearnerClient
+from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl_cli.plot import plot_fit
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
@@ -92,6 +95,11 @@ def run(config: RunConfig, run_dir: Path) -> int:
         console.print(f"scalerl: {escape(str(exc))}", markup=True)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config, child_env = secure_run(config, run_dir)
+    except ValueError as exc:  # a token or certificate file that cannot be read
+        console.print(f"scalerl: {escape(str(exc))}", markup=True)
+        return 2
     config_path = run_dir / "config.yaml"
     config_path.write_text(dump_config(config))
     logs = run_dir / "logs"
@@ -100,7 +108,7 @@ def run(config: RunConfig, run_dir: Path) -> int:
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         try:
             curve_address = _start_services(
-                config, config_path, run_dir, redis_server.url, logs, children
+                config, config_path, run_dir, redis_server.url, logs, children, child_env
             )
             learner_address = children[-1].learner_address
             _watch(children, learner_address)
@@ -124,6 +132,35 @@ def run(config: RunConfig, run_dir: Path) -> int:
     return 0
 
 
+def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, str]]:
+    """The run's config with `security.weights_root` set to its weights folder when unset,
+    and the environment its children get: the token of SCALERL_AUTH_TOKEN, of
+    `security.token_file`, or else a fresh random one for this run alone (no process
+    outside the run needs the privileged RPCs, and another user of the machine can reach
+    its 127.0.0.1 ports). Installs the same credentials for the launcher's own channels.
+    Raises ValueError when a token or certificate file cannot be read."""
+    section = config.security
+    if not section.weights_root:
+        section = section.model_copy(update={"weights_root": str((run_dir / "weights").resolve())})
+        config = config.model_copy(update={"security": section})
+    environ = dict(os.environ)
+    if not environ.get(TOKEN_ENV, "").strip() and not section.token_file:
+        environ[TOKEN_ENV] = secrets.token_urlsafe(32)
+    security = from_config(section, environ)
+    configure(security)
+    return config, ({TOKEN_ENV: security.token} if security.token else {})
+
+
+def _curve_security_args(config: RunConfig) -> list[str]:
+    """The curve service's TLS flags for the run's `security` section (its token comes in
+    the environment)."""
+    s = config.security
+    flags = [("--tls-cert", s.tls_cert_file), ("--tls-key", s.tls_key_file)]
+    flags += [("--tls-ca", s.tls_ca_file)]
+    args = [part for flag, value in flags if value for part in (flag, value)]
+    return args + (["--require-client-cert"] if s.require_client_cert else [])
+
+
 def _start_services(
     config: RunConfig,
     config_path: Path,
@@ -131,6 +168,7 @@ def _start_services(
     redis_url: str,
     logs: Path,
     children: list[Child],
+    env: dict[str, str] | None = None,
 ) -> str:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses to services.json. Returns the curve address."""
@@ -149,8 +187,10 @@ def _start_services(
                 str(curve_metrics),
                 "--redis-url",
                 redis_url,
+                *_curve_security_args(config),
             ],  # the run's points survive a curve-service restart
             logs,
+            env,
         )
     )
     services["curve"] = {"grpc": curve_address, "metrics": f"127.0.0.1:{curve_metrics}"}
@@ -174,6 +214,7 @@ def _start_services(
                     str(metrics),
                 ],
                 logs,
+                env,
             )
         )
         services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
@@ -196,6 +237,7 @@ def _start_services(
             str(learner_metrics),
         ],
         logs,
+        env,
     )
     learner.learner_address = f"127.0.0.1:{learner_port}"
     services["learner"] = {

@@ -1,9 +1,13 @@
-"""Client channels with the project's message size limits, and waiting for a server."""
+"""Client channels with the project's message size limits and the process's credentials
+(`scalerl.rpc.security`: the bearer token, TLS when a CA is configured), and waiting for a
+server."""
 
 from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from scalerl.rpc.security import Security, TokenInterceptor, channel_credentials, current
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -12,14 +16,24 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def channel(address: str) -> grpc.Channel:
-    """An insecure channel to host:port with the project's message size limits."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def channel(address: str, security: Security | None = None) -> grpc.Channel:
+    """A channel to host:port with the project's message size limits: TLS when `security`
+    (default: the process's, `scalerl.rpc.security.current`) has a CA, plaintext otherwise;
+    every call carries its token when it has one."""
+    security = current() if security is None else security
+    credentials = channel_credentials(security)
+    if credentials is None:
+        ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        ch = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+    if security.token:
+        ch = grpc.intercept_channel(ch, TokenInterceptor(security.token))
+    return ch
 
 
-def wait_healthy(address: str, timeout_s: float = 30.0) -> None:
+def wait_healthy(address: str, timeout_s: float = 30.0, security: Security | None = None) -> None:
     """Block until the server at `address` reports SERVING; raises TimeoutError."""
-    with channel(address) as ch:
+    with channel(address, security) as ch:
         try:
             grpc.channel_ready_future(ch).result(timeout=timeout_s)
             reply = health_pb2_grpc.HealthStub(ch).Check(

@@ -1,5 +1,6 @@
-"""The one way every service builds its gRPC server: thread pool, message limits, the one
-error interceptor, grpc.health.v1 and server reflection."""
+"""The one way every service builds its gRPC server: thread pool, message limits, a cap on
+concurrent RPCs, the token check of privileged methods and the one error interceptor,
+optional TLS (`scalerl.rpc.security`), grpc.health.v1 and server reflection."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from grpc_reflection.v1alpha import reflection
 
 from scalerl.rpc.channel import CHANNEL_OPTIONS
 from scalerl.rpc.errors import ServiceError
+from scalerl.rpc.security import (
+    PRIVILEGED_METHODS,
+    AuthInterceptor,
+    Security,
+    current,
+    server_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +86,36 @@ def make_server(
     port: int = 0,
     host: str = "127.0.0.1",
     max_workers: int = 16,
+    security: Security | None = None,
+    privileged: frozenset[str] = PRIVILEGED_METHODS,
+    maximum_concurrent_rpcs: int | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start a server with the given (add_fn, servicer, full_service_name) registrations,
     plus grpc.health.v1 (every service SERVING) and server reflection, behind the one
     `ErrorInterceptor`.
 
+    security (default: the process's, `scalerl.rpc.security.current`): with a token, the
+    `privileged` full method names ("/pkg.Service/Method") answer UNAUTHENTICATED to a
+    call without `authorization: Bearer <token>`, before the handler runs; with a
+    certificate, the port speaks TLS only (mutual TLS when it requires client
+    certificates). maximum_concurrent_rpcs: RPCs beyond it are answered
+    RESOURCE_EXHAUSTED (None = the security's cap, else `max_workers` x 4, so a flood
+    queues boundedly instead of without limit).
+
     Returns (server, bound_port, health_servicer). Raises RuntimeError if the port
     cannot be bound.
     """
+    security = current() if security is None else security
+    interceptors: list[grpc.ServerInterceptor] = [ErrorInterceptor()]
+    if security.token:
+        interceptors.insert(0, AuthInterceptor(security.token, privileged))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=CHANNEL_OPTIONS,
-        interceptors=[ErrorInterceptor()],
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=(
+            maximum_concurrent_rpcs or security.max_concurrent_rpcs or max_workers * 4
+        ),
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -100,7 +126,11 @@ def make_server(
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    credentials = server_credentials(security)
+    if credentials is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise RuntimeError(f"could not bind gRPC port {host}:{port}")
     server.start()

@@ -40,13 +40,16 @@ def model1():
 
 
 @pytest.fixture()
-def service(policy):
-    """A served engine with no stop tokens (lengths are exact); yields (stub, engine, registry)."""
+def service(policy, tmp_path):
+    """A served engine with no stop tokens (lengths are exact), its weights root the test's
+    tmp_path; yields (stub, engine, registry, channel)."""
     model, tokenizer = policy
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry)
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=4, max_seq_len=256, metrics=metrics)
-    servicer = RolloutServicer(engine, tokenizer, "worker-7", "tiny", "=?", 16, metrics)
+    servicer = RolloutServicer(
+        engine, tokenizer, "worker-7", "tiny", "=?", 16, metrics, weights_root=str(tmp_path)
+    )
     server, port = start_server(servicer)
     ch = channel(f"127.0.0.1:{port}")
     yield rollout_pb2_grpc.RolloutServiceStub(ch), engine, registry, ch

@@ -75,7 +75,7 @@ def test_bf16_engine_gets_the_learners_fp32_head_bit_for_bit(build, redis_client
     engine = TorchEngine(build(0), (), max_batch=2, max_seq_len=32, dtype="bfloat16")
     try:
         assert not torch.equal(engine.llama.head_fp32, head_of(learner))
-        version, _ = receive_weights([weights_uri_request(path, 1)], engine)
+        version, _ = receive_weights([weights_uri_request(path, 1)], engine, weights_root=tmp_path)
         assert version == 1
         assert engine.llama.head_fp32.dtype == torch.float32
         assert torch.equal(engine.llama.head_fp32, head_of(learner))
@@ -104,7 +104,7 @@ def test_fp32_engine_after_an_update_matches_the_learner_within_fp32_tolerance(
     path = publish(redis_client, run_id, learner, "float32", tmp_path)
     engine = TorchEngine(tied(0), (), max_batch=4, max_seq_len=64, dtype="float32")
     try:
-        receive_weights([weights_uri_request(path, 1)], engine)
+        receive_weights([weights_uri_request(path, 1)], engine, weights_root=tmp_path)
         streams = [
             engine.submit(GenerationRequest(f"r{i}", PROMPT, 16, temperature=0.7, seed=i))
             for i in range(4)

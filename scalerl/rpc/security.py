@@ -1,0 +1,219 @@
+"""Who may call what: the shared bearer token of privileged RPCs and optional (mutual) TLS.
+
+One `Security` value per process, built from the run config's `security` section
+(`from_config`) and installed once at start-up (`configure`); `scalerl.rpc.server.make_server`
+and `scalerl.rpc.channel.channel` use it unless given another. The token travels as gRPC
+metadata `authorization: Bearer <token>`; servers compare it in constant time
+(`hmac.compare_digest`) and answer UNAUTHENTICATED without calling the handler.
+
+Privileged are the RPCs that change a run or spend its accelerators: UpdateWeights (replaces
+the policy), Interrupt (cuts a request short), Generate (only the learner's evaluator calls
+it; anyone else would spend the workers' decode slots and the run's compute) and
+RecordPoint (writes the run's curve). The reads stay open, so dashboards and `scalerl
+curve` need no secret: GetStatus of both services, Fit / Extrapolate / CompareRuns (pure
+functions of the request or of stored points, nothing is written), GetRun, and health and
+reflection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from scalerl.config import SecurityConfig
+
+TOKEN_ENV = "SCALERL_AUTH_TOKEN"
+PRIVILEGED_METHODS = frozenset(
+    {
+        "/scalerl.v1.RolloutService/Generate",
+        "/scalerl.v1.RolloutService/Interrupt",
+        "/scalerl.v1.RolloutService/UpdateWeights",
+        "/scalerl.v1.CurveService/RecordPoint",
+    }
+)
+_HEADER = "authorization"
+
+
+@dataclass(frozen=True)
+class Security:
+    """token: shared secret of privileged RPCs ('' = auth off). cert_pem/key_pem: this
+    process's certificate (servers present it; clients present it under mutual TLS).
+    ca_pem: the CA clients verify servers with (and mTLS servers verify clients with).
+    max_concurrent_rpcs: RPCs one server runs at once (`security.max_concurrent_rpcs`)."""
+
+    token: str = ""
+    cert_pem: bytes = b""
+    key_pem: bytes = b""
+    ca_pem: bytes = b""
+    require_client_cert: bool = False
+    max_concurrent_rpcs: int | None = None  # None: the server builder's default
+
+    def __repr__(self) -> str:  # never print the secret
+        return (
+            f"Security(token={'set' if self.token else 'off'}, tls={bool(self.cert_pem)}, "
+            f"ca={bool(self.ca_pem)}, require_client_cert={self.require_client_cert})"
+        )
+
+
+def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = None) -> Security:
+    """The `Security` of a config section: the token from SCALERL_AUTH_TOKEN, else from
+    `token_file` (surrounding whitespace stripped), PEM files read now.
+
+    Raises ValueError naming the field when a file cannot be read or the token file is
+    empty."""
+    environ = os.environ if environ is None else environ
+    token = environ.get(TOKEN_ENV, "").strip()
+    if not token and section.token_file:
+        token = _read("security.token_file", section.token_file).decode().strip()
+        if not token:
+            raise ValueError(f"security.token_file: {section.token_file} is empty")
+    return Security(
+        token=token,
+        cert_pem=_read("security.tls_cert_file", section.tls_cert_file),
+        key_pem=_read("security.tls_key_file", section.tls_key_file),
+        ca_pem=_read("security.tls_ca_file", section.tls_ca_file),
+        require_client_cert=section.require_client_cert,
+        max_concurrent_rpcs=section.max_concurrent_rpcs,
+    )
+
+
+def _read(field: str, path: str) -> bytes:
+    if not path:
+        return b""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{field}: cannot read {path}: {exc.strerror}") from exc
+
+
+_current = Security()
+
+
+def configure(security: Security) -> None:
+    """Install the process's `Security` (once, at start-up, before servers and channels)."""
+    global _current
+    _current = security
+
+
+def current() -> Security:
+    """The process's `Security`: the one `configure` installed, else the token of
+    SCALERL_AUTH_TOKEN alone (so a child of `scalerl run` and a test both find it)."""
+    if _current != Security():
+        return _current
+    return Security(token=os.environ.get(TOKEN_ENV, "").strip())
+
+
+# ----- server side -----------------------------------------------------------------------
+
+
+def server_credentials(security: Security) -> grpc.ServerCredentials | None:
+    """TLS credentials of a server, or None for plaintext (no certificate configured)."""
+    if not security.cert_pem:
+        return None
+    return grpc.ssl_server_credentials(
+        [(security.key_pem, security.cert_pem)],
+        root_certificates=security.ca_pem if security.require_client_cert else None,
+        require_client_auth=security.require_client_cert,
+    )
+
+
+def authorized(metadata: Any, token: str) -> bool:
+    """True when `metadata` (gRPC invocation metadata) carries `Bearer <token>`."""
+    expected = f"Bearer {token}".encode()
+    for key, value in metadata or ():
+        if key == _HEADER:
+            given = value.encode() if isinstance(value, str) else value
+            return hmac.compare_digest(given, expected)
+    return False
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Answers UNAUTHENTICATED to a privileged method called without the token, before
+    its handler runs; every other method passes untouched."""
+
+    def __init__(self, token: str, privileged: frozenset[str] = PRIVILEGED_METHODS) -> None:
+        self._token = token
+        self._privileged = privileged
+
+    def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method not in self._privileged:
+            return handler
+        if authorized(handler_call_details.invocation_metadata, self._token):
+            return handler
+        return _denied(handler, method.rsplit("/", 1)[-1])
+
+
+def _denied(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def deny(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{method} needs metadata 'authorization: Bearer <token>' with the run's token",
+        )
+
+    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        if getattr(handler, kind):
+            return handler._replace(**{kind: deny})
+    return handler
+
+
+# ----- client side -----------------------------------------------------------------------
+
+
+def channel_credentials(security: Security) -> grpc.ChannelCredentials | None:
+    """TLS credentials of a client (verifying servers with the CA; presenting this
+    process's certificate when it has one), or None for plaintext (no CA configured)."""
+    if not security.ca_pem:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=security.ca_pem,
+        private_key=security.key_pem or None,
+        certificate_chain=security.cert_pem or None,
+    )
+
+
+class _Call(grpc.ClientCallDetails):
+    def __init__(self, details: grpc.ClientCallDetails, metadata: list) -> None:
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = details.wait_for_ready
+        self.compression = details.compression
+
+
+class TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call of a channel. (Call credentials
+    would need TLS; the token must also work on the plaintext laptop job.)"""
+
+    def __init__(self, token: str) -> None:
+        self._pair = (_HEADER, f"Bearer {token}")
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _Call(details, [*(details.metadata or ()), self._pair])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
