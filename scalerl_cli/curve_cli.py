@@ -63,17 +63,43 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     parser.add_argument("--server", default=None, help="Use a curve service at HOST:PORT.")
+    parser.add_argument(
+        "--token-file", default="", help="Bearer token of --server (or SCALERL_AUTH_TOKEN)."
+    )
+    parser.add_argument("--tls-ca", default="", help="PEM CA of a TLS --server.")
+    parser.add_argument("--tls-cert", default="", help="PEM client certificate (mutual TLS).")
+    parser.add_argument("--tls-key", default="", help="PEM key of --tls-cert.")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `scalerl curve ...`; returns the exit status (2 on bad input)."""
     try:
+        if args.server is not None:
+            _use_credentials(args)
         if args.curve_command == "fit":
             return _fit(args)
         return _compare(args)
     except CliInputError as exc:
         print(f"scalerl curve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _use_credentials(args: argparse.Namespace) -> None:
+    """Install the token and TLS files of the flags for the --server channel."""
+    from scalerl.config import SecurityConfig
+    from scalerl.entrypoint import config_error
+    from scalerl.rpc.security import configure, from_config
+
+    try:
+        section = SecurityConfig(
+            token_file=args.token_file,
+            tls_ca_file=args.tls_ca,
+            tls_cert_file=args.tls_cert,
+            tls_key_file=args.tls_key,
+        )
+        configure(from_config(section))
+    except ValueError as exc:  # half a TLS pair, or a file that cannot be read
+        raise CliInputError(config_error(exc)) from None
 
 
 # --- input ---------------------------------------------------------------------------

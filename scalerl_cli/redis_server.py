@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -80,6 +81,9 @@ class RedisServer:
     directory is a temporary one removed on stop. With `persistent=True` the append-only
     file lives in `data_dir` (created if missing; required) and survives restarts.
 
+    With a `password`, clients must AUTH (`requirepass`, written to a config file readable
+    by this user only, so it never shows on a command line) and `url` carries it.
+
     `stop()` also runs when the object is garbage collected or the interpreter exits, so
     a server is not left behind by a normal exit; a SIGKILLed parent cannot clean up.
     """
@@ -93,15 +97,20 @@ class RedisServer:
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
         extra_args: Sequence[str] = (),
+        password: str = "",
     ) -> None:
         """Configure (does not start). Raises ValueError for persistent=True without data_dir,
-        a port outside 1..65535, or a non-positive startup_timeout_s."""
+        a port outside 1..65535, a non-positive startup_timeout_s, or a password with
+        whitespace or characters a URL would have to escape."""
         if persistent and data_dir is None:
             raise ValueError("data_dir is required when persistent=True")
         if port is not None and not 1 <= port <= 65_535:
             raise ValueError(f"port must be in 1..65535, got {port}")
         if startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}")
+        if password and not re.fullmatch(r"[A-Za-z0-9_\-.~]+", password):
+            raise ValueError("password must use only letters, digits and -._~")
+        self._password = password
         self._persistent = persistent
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._requested_port = port
@@ -115,10 +124,11 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """`redis://127.0.0.1:PORT/0`. Raises RuntimeError when the server is not running."""
+        """`redis://[:PASSWORD@]127.0.0.1:PORT/0`. Raises RuntimeError when not running."""
         if self._proc is None or self._port is None:
             raise RuntimeError("RedisServer is not running")
-        return f"redis://127.0.0.1:{self._port}/0"
+        auth = f":{self._password}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self._port}/0"
 
     @property
     def port(self) -> int | None:
@@ -202,7 +212,13 @@ class RedisServer:
     def _command(self, binary: str, port: int) -> list[str]:
         workdir = self._workdir()
         assert workdir is not None
-        cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
+        cmd = [binary]
+        if self._password:
+            conf = workdir / "auth.conf"
+            conf.touch(mode=0o600)
+            conf.write_text(f"requirepass {self._password}\n")
+            cmd.append(str(conf))  # the config file comes first, before any option
+        cmd += ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
         cmd += ["--daemonize", "no", "--save", ""]
         if self._persistent:
             # AOF with a once-per-second fsync: at most one second of writes lost on a crash.
@@ -237,7 +253,11 @@ class RedisServer:
         deadline = time.monotonic() + self._startup_timeout_s
         # No client-side retries: redis-py's default backoff would stall each probe ~4 s.
         client = redis.Redis(
-            host="127.0.0.1", port=port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+            host="127.0.0.1",
+            port=port,
+            password=self._password or None,
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
         )
         try:
             while time.monotonic() < deadline:
