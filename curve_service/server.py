@@ -40,6 +40,7 @@ from curve_service.uncertainty import (
     param_intervals,
     prediction_band,
 )
+from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
@@ -296,14 +297,18 @@ def _predictions(
 
 
 def serve(
-    port: int = 0, host: str = "127.0.0.1", servicer: CurveServicer | None = None
+    port: int = 0,
+    host: str = "127.0.0.1",
+    servicer: CurveServicer | None = None,
+    security: Security | None = None,
 ) -> tuple[grpc.Server, int, CurveServicer]:
-    """Start a CurveService server (with health and reflection) on host:port.
+    """Start a CurveService server (with health and reflection) on host:port; security:
+    token and TLS (default: the process's, `scalerl.rpc.security.current`).
 
     port 0 picks a free port. Returns (server, bound_port, servicer); raises RuntimeError
     when the port cannot be bound.
     """
     servicer = servicer or CurveServicer()
     registration = (curve_pb2_grpc.add_CurveServiceServicer_to_server, servicer, SERVICE_NAME)
-    server, bound, _health = make_server([registration], port=port, host=host)
+    server, bound, _health = make_server([registration], port=port, host=host, security=security)
     return server, bound, servicer

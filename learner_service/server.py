@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
 
@@ -57,7 +58,12 @@ def status_reply(s: LearnerStatus) -> learner_pb2.GetLearnerStatusResponse:
     return reply
 
 
-def serve(status: LearnerStatus, port: int = 0, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
+def serve(
+    status: LearnerStatus,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    security: Security | None = None,
+) -> tuple[grpc.Server, int]:
     """Start the LearnerService over `status` (with health and reflection) through
     `scalerl.rpc.server.make_server`, so its errors go through the one interceptor.
 
@@ -72,5 +78,6 @@ def serve(status: LearnerStatus, port: int = 0, host: str = "127.0.0.1") -> tupl
         ],
         port,
         host,
+        security=security,
     )
     return server, bound

@@ -23,6 +23,7 @@ from rollout_service.metrics import RolloutMetrics
 from rollout_service.weights import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
 from scalerl.rpc.errors import InvalidArgument
+from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -213,8 +214,10 @@ def start_server(
     port: int = 0,
     host: str = "127.0.0.1",
     max_workers: int | None = None,
+    security: Security | None = None,
 ) -> tuple[grpc.Server, int]:
     """Serve `servicer` with health and reflection; returns (server, bound port).
+    security: token and TLS (default: the process's, `scalerl.rpc.security.current`).
 
     Each open Generate stream holds a server thread, so the pool defaults to the engine's
     slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks."""
@@ -224,5 +227,6 @@ def start_server(
         port=port,
         host=host,
         max_workers=workers,
+        security=security,
     )
     return server, bound
