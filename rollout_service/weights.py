@@ -210,10 +210,11 @@ def _check_uri(header: rollout_pb2.WeightsHeader, weights_root: str | Path | Non
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise WeightsError("uri", URI_REFUSED) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, a FIFO, a device
+        os.close(fd)
+        raise WeightsError("uri", URI_REFUSED)
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise WeightsError("uri", URI_REFUSED)
         if info.st_size != header.total_bytes:
             raise WeightsError("total_bytes", "the file's size differs from the header's")
         while block := handle.read(_HASH_BLOCK_BYTES):
