@@ -21,6 +21,9 @@ MIN_POINTS = 4
 MAX_POINTS = 100_000
 MAX_SERIES = 64
 REWARD_LIMIT = 1.0  # rewards (pass rates, or signed scores) lie in [-1, 1]
+# Compute in any unit lies far inside; beyond, the C_mid grid (a tenth of the lowest to ten
+# times the highest, 32 per decade) would overflow or grow without bound.
+MIN_COMPUTE, MAX_COMPUTE = 1e-30, 1e30
 
 
 class CurvePoints(NamedTuple):
@@ -44,13 +47,19 @@ def check_max_points(n: int, name: str = "points") -> int:
 
 def check_compute(c: NDArray[np.float64], name: str = "compute") -> NDArray[np.float64]:
     """c [N] unchanged; raises CurveInputError("<name>[i]") for the first value that is
-    not finite or not > 0."""
+    not finite, not > 0, or outside [MIN_COMPUTE, MAX_COMPUTE]."""
     bad = np.flatnonzero(~np.isfinite(c))
     if bad.size:
         raise CurveInputError(f"{name}[{bad[0]}]", f"must be finite, got {c[bad[0]]}")
     bad = np.flatnonzero(c <= 0)
     if bad.size:
         raise CurveInputError(f"{name}[{bad[0]}]", f"must be > 0, got {c[bad[0]]:g}")
+    bad = np.flatnonzero((c < MIN_COMPUTE) | (c > MAX_COMPUTE))
+    if bad.size:
+        raise CurveInputError(
+            f"{name}[{bad[0]}]",
+            f"must lie in [{MIN_COMPUTE:g}, {MAX_COMPUTE:g}], got {c[bad[0]]:g}",
+        )
     return c
 
 
