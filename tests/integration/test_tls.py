@@ -118,3 +118,26 @@ def test_half_a_tls_pair_is_a_config_error():
         SecurityConfig(tls_cert_file="server.pem")
     with pytest.raises(ValueError, match="security.tls_ca_file: cannot read"):
         from_config(SecurityConfig(tls_ca_file="/nonexistent/ca.pem"), environ={})
+
+
+def test_scalerl_curve_server_over_tls(certs, tmp_path, capsys):
+    """`scalerl curve fit --server` reaches a TLS curve service with --tls-ca, and is
+    refused (one line, exit status 2) without it."""
+    from curve_service.server import serve as serve_curve
+    from scalerl.rpc.security import configure
+    from scalerl_cli import main as cli
+
+    points = tmp_path / "p.csv"
+    rows = [f"{2.0**i},{r}" for i, r in enumerate([0.1, 0.2, 0.35, 0.5, 0.6, 0.65])]
+    points.write_text("compute,reward\n" + "\n".join(rows) + "\n")
+    server, port, _ = serve_curve(security=security(certs, cert="server", ca=""))
+    argv = ["curve", "fit", str(points), "--json", "--bootstrap", "0", "--server"]
+    try:
+        assert cli.main([*argv, f"localhost:{port}", "--tls-ca", str(certs / "ca.pem")]) == 0
+        assert '"A"' in capsys.readouterr().out
+        configure(Security())
+        assert cli.main([*argv, f"127.0.0.1:{port}"]) == 2  # one line, as bad input
+        assert "UNAVAILABLE" in capsys.readouterr().err
+    finally:
+        configure(Security())
+        server.stop(None)
