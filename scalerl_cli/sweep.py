@@ -34,6 +34,7 @@ from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
 from scalerl.rpc.curve_client import RUN_COMPUTE_UNIT, Comparison, CurveClient, FitSpec
 from scalerl.rpc.errors import ServiceError
+from scalerl.rpc.security import Security
 from scalerl_cli.processes import start_child, stop_children
 
 console = Console(stderr=True, soft_wrap=True)
@@ -185,9 +186,12 @@ def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
         "curve", "curve_service.main", ["--port", str(port), "--metrics-port", "0"], logs
     )
     address = f"127.0.0.1:{port}"
+    plaintext = Security()  # this loopback service of our own, not a run's (maybe TLS) one
     try:
-        wait_healthy(address, 60)
-        with CurveClient(address, timeout_s=300, compute_unit=RUN_COMPUTE_UNIT) as client:
+        wait_healthy(address, 60, plaintext)
+        with CurveClient(
+            address, timeout_s=300, compute_unit=RUN_COMPUTE_UNIT, security=plaintext
+        ) as client:
             return client.compare_runs([FitSpec.from_evals(points) for points in runs])
     finally:
         stop_children([child])

@@ -34,6 +34,7 @@ from scalerl.rpc.errors import (
     Unauthenticated,
     Unavailable,
 )
+from scalerl.rpc.security import Security
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 # Where an evaluation made before any compute was spent (step 0) sits on the compute
@@ -355,16 +356,21 @@ class RecordedPoint:
 
 class CurveClient:
     """Typed calls to a CurveService at `address` (host:port), each bounded by timeout_s
-    seconds. compute_unit labels every returned fit. Use as a context manager, or close().
+    seconds. compute_unit labels every returned fit. security: token and TLS (default: the
+    process's, `scalerl.rpc.security.current`). Use as a context manager, or close().
     """
 
     def __init__(
-        self, address: str, timeout_s: float = 60.0, compute_unit: str | None = None
+        self,
+        address: str,
+        timeout_s: float = 60.0,
+        compute_unit: str | None = None,
+        security: Security | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.compute_unit = compute_unit
-        self._channel = channel(address)
+        self._channel = channel(address, security)
         self._stub = curve_pb2_grpc.CurveServiceStub(self._channel)
 
     def __enter__(self) -> CurveClient:

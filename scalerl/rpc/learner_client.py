@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 
 from scalerl.rpc.channel import channel
+from scalerl.rpc.security import Security
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
 
 
@@ -27,12 +28,15 @@ class LearnerProgress:
 
 class LearnerClient:
     """GetStatus of the learner at `address` (host:port), each call bounded by
-    `timeout_s` seconds. Use as a context manager, or `close()` it."""
+    `timeout_s` seconds; `security`: token and TLS (default: the process's). Use as a
+    context manager, or `close()` it."""
 
-    def __init__(self, address: str, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, address: str, timeout_s: float = 2.0, security: Security | None = None
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = channel(address)
+        self._channel = channel(address, security)
         self._stub = learner_pb2_grpc.LearnerServiceStub(self._channel)
 
     def status(self, wait_for_ready: bool = False) -> LearnerProgress:
