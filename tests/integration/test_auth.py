@@ -12,6 +12,9 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
@@ -141,6 +144,8 @@ def test_health_and_reflection_stay_open(rollout):
             health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S
         )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        services = ProtoReflectionDescriptorDatabase(ch).get_services()
+        assert "scalerl.v1.RolloutService" in services
 
 
 @pytest.fixture()
