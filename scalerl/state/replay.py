@@ -25,7 +25,7 @@ from typing import Any
 import redis
 from google.protobuf.message import DecodeError
 
-from scalerl.state.client import text
+from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
 from scalerl.v1 import rollout_pb2
 
@@ -177,7 +177,8 @@ class ReplayStream:
            steps 1-2 found nothing.
 
         An entry is never returned twice by the same instance before it is acknowledged.
-        Raises ValueError for an empty consumer, count < 1 or block_ms < 0.
+        Raises ValueError for an empty consumer, count < 1, block_ms < 0 or a block_ms
+        not below the client's socket timeout (the read would time out instead).
         """
         if not consumer:
             raise ValueError("consumer must be a non-empty string")
@@ -185,6 +186,12 @@ class ReplayStream:
             raise ValueError(f"count must be >= 1, got {count}")
         if block_ms < 0:
             raise ValueError(f"block_ms must be >= 0, got {block_ms}")
+        limit = socket_timeout_s(self._client)
+        if limit is not None and block_ms >= 1000 * limit:
+            raise ValueError(
+                f"block_ms must be below the client's socket timeout of {1000 * limit:.0f} ms, "
+                f"got {block_ms}"
+            )
         out = self._own_pending(consumer, count)
         if len(out) < count:
             out += self._claim_idle(consumer, count - len(out))
