@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -16,7 +15,7 @@ from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
 from rollout_service.weights import receive_weights
-from scalerl.compute import ComputeCounters
+from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
@@ -176,10 +175,8 @@ class RolloutWorker:
 
     def _report_compute(self) -> None:
         """Add this process's busy device-seconds (time with requests in the engine)
-        to the run's compute counter once a second (ARCHITECTURE sec. 6)."""
-        last = time.monotonic()
-        while not self._closing.wait(1.0):
-            now = time.monotonic()
-            if self.engine.active_requests > 0:
-                self.compute.add("rollout", now - last)
-            last = now
+        to the run's compute counter once a second (ARCHITECTURE sec. 6); seconds that
+        could not be reported (Redis away) are kept and added once it is back."""
+        ComputeReporter(self.compute, "rollout").run(
+            lambda: self.engine.active_requests > 0, self._closing
+        )
