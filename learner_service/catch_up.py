@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 class WeightCatchUp:
     """Re-sends the latest weights to workers behind it.
 
-    grace_s: seconds after a send to a worker before it is sent the same version again
-    (its heartbeat needs a period to report the new version); stall_s: a worker with
-    work and no progress for this long is left alone (it is wedged, not behind).
+    grace_s: seconds after a publish, or after a send to a worker, before a worker
+    counts as behind (its heartbeat needs a period to report the new version);
+    stall_s: a worker with work and no progress for this long is left alone (it is
+    wedged, not behind).
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class WeightCatchUp:
         self.clock = clock
         self.resent = 0  # sends that succeeded
         self._sent: dict[str, tuple[int, float]] = {}  # worker -> (version, when)
+        self._seen: tuple[int, float] = (-1, 0.0)  # latest version, when first seen
 
     def behind(self, latest: int) -> dict[str, str]:
         """Workers (id -> address) whose heartbeat reports a version older than `latest`
@@ -68,6 +70,10 @@ class WeightCatchUp:
         latest = self.publisher.latest_version
         if latest is None:
             return []
+        if latest != self._seen[0]:
+            self._seen = (latest, self.clock())
+        if self.clock() - self._seen[1] < self.grace_s:
+            return []  # just published: heartbeats have not reported it yet
         behind = self.behind(latest)
         for worker_id, address in behind.items():
             self._sent[worker_id] = (latest, self.clock())

@@ -28,7 +28,7 @@ from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import RunState
+from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.tasks import build_task
 from scalerl.v1 import rollout_pb2_grpc
 
@@ -154,22 +154,35 @@ class RolloutWorker:
     def _pull_if_behind(self) -> bool:
         """Load the latest published weights when they have a file and are newer than the
         engine's (or the worker has none of this run yet). True when weights were loaded."""
-        ref = self.state.get_latest_weights()
-        if ref is None or not ref.uri:
-            return False
-        if self.ready and ref.version <= self.engine.policy_version:
+        ref = self._newer_file()
+        if ref is None:
             return False
         receive_weights([weights_uri_request(ref.uri, ref.version)], self.engine)
         self._loaded_run_weights = True
         return True
 
+    def _newer_file(self) -> WeightsRef | None:
+        """The latest publication when it has a file this worker should load, else None."""
+        ref = self.state.get_latest_weights()
+        if ref is None or not ref.uri:
+            return None
+        if self.ready and ref.version <= self.engine.policy_version:
+            return None
+        return ref
+
     def _catch_up(self) -> None:
         """Every heartbeat period, pull the latest weights when behind (`uri` transport): a
-        failed or missed push never leaves the worker serving an old version for good."""
+        failed or missed push never leaves the worker serving an old version for good.
+        It pulls only when it was behind at the previous check too, so the learner's
+        regular push (announced just before it is sent) is not loaded twice."""
+        behind_before = False
         while not self._closing.wait(self.config.rollout.heartbeat_s):
             try:
-                if self._pull_if_behind():
+                behind = self._newer_file() is not None
+                if behind and behind_before and self._pull_if_behind():
                     log.info("caught up to policy version %d", self.engine.policy_version)
+                    behind = False
+                behind_before = behind
             except Exception as exc:  # noqa: BLE001 - retried next period
                 log.warning("catching up with the latest weights failed: %s", exc)
 

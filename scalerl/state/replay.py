@@ -12,6 +12,9 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 - Re-delivery: a consumer restarted under the same name first gets its own unacknowledged
   entries back; entries held by another consumer idle for longer than `claim_idle_ms` are
   claimed (XAUTOCLAIM), so a learner that died mid-step loses nothing.
+- Dead letters: an entry the learner cannot use (undecodable here, malformed in
+  `learner_service.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
+  reason, acknowledged in the same MULTI, so it is never delivered again.
 """
 
 from __future__ import annotations

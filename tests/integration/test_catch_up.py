@@ -140,10 +140,15 @@ def test_stream_catch_up_resends_to_workers_behind(redis_client: redis.Redis, ru
     registry.heartbeat("current", "h:2", 30, WorkerProgress(5, True, 10, 1, now))
     registry.heartbeat("restarted", "h:3", 30, WorkerProgress(0, False))
     registry.heartbeat("wedged", "h:4", 30, WorkerProgress(1, True, 10, 2, now - 999))
+    registry.heartbeat("idle", "h:5", 30, WorkerProgress(5, True, 10, 0, now - 999))
     publisher = FakePublisher(latest=5)
-    catch_up = WeightCatchUp(registry, publisher, grace_s=60, stall_s=300)
+    clock = [now]
+    catch_up = WeightCatchUp(registry, publisher, grace_s=6, stall_s=300, clock=lambda: clock[0])
+    assert catch_up.run_once() == []  # v5 was just published: heartbeats may still lag
+    clock[0] += 7
     assert sorted(catch_up.run_once()) == ["behind", "restarted"]
     assert sorted(publisher.sent) == ["h:1", "h:3"]
-    assert catch_up.run_once() == []  # within the grace period: its heartbeat may lag
+    clock[0] += 1
+    assert catch_up.run_once() == []  # just sent: its heartbeat may lag
     publisher.latest_version = None  # a publish is in flight: nobody is behind yet
     assert catch_up.run_once() == []
