@@ -119,6 +119,11 @@ def test_heartbeat_carries_progress(redis_client: redis.Redis, run_id: str) -> N
         assert progress.serving_version == 2 and progress.ready
         assert progress.active_requests == 3
         assert worker.registry.workers() == {"w0": "127.0.0.1:5000"}
+        # Wedged: the heartbeat thread beats on, but with 3 requests no token moves.
+        learner_view = WorkerRegistry(redis_client, run_id, stall_s=0.3)
+        assert wait_until(lambda: learner_view.workers() == {})
+        engine.tokens_generated = 41
+        assert wait_until(lambda: learner_view.workers() == {"w0": "127.0.0.1:5000"})
     finally:
         worker._closing.set()
 
