@@ -59,7 +59,7 @@ class RunKeys:
         self.latest_weights = run_key(run_id, "state", "latest_weights")
         self.stop = run_key(run_id, "state", "stop")
         self.generation_quota = run_key(run_id, "state", "generation_quota")
-        # Worker registry: `workers:{worker_id}` -> address, with a heartbeat TTL.
+        # Worker registry: `workers:{worker_id}` -> JSON (address, progress), heartbeat TTL.
         self.workers_prefix = run_key(run_id, "workers") + ":"
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")
