@@ -1,6 +1,11 @@
 """The learner's batches from the replay stream: admissible groups in, stale groups
-acknowledged and counted, PPO generation tickets re-issued when their groups went missing
-(paper Sec. 3.1 off-policy modes), and the per-batch counts of the step record."""
+acknowledged and counted, malformed ones moved to the dead-letter stream, PPO generation
+tickets re-issued when their groups went missing (paper Sec. 3.1 off-policy modes), and
+the per-batch counts of the step record.
+
+Every wait is bounded: a batch wait ends at the learner's `max_minutes` deadline, or
+when no admissible group arrived for `timeout_s` seconds (every worker gone or wedged);
+`gave_up` then says what it waited for, and the learner ends the run."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from learner_service.group_check import group_problem
 from learner_service.metrics import LearnerMetrics
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
@@ -24,7 +30,9 @@ class BatchCollector:
 
     ppo: PPO-off-policy-k mode, where a batch is the k x P groups of generation tickets
     for one version; when no group arrived for `refill_s` seconds (a worker died with
-    reserved tickets) the missing tickets are issued again.
+    reserved tickets) the missing tickets are issued again. group_size: the run's G
+    (groups of another size are dead-lettered). timeout_s: longest wait without an
+    admissible group, seconds. clock: monotonic seconds.
     """
 
     def __init__(
@@ -34,14 +42,31 @@ class BatchCollector:
         metrics: LearnerMetrics,
         ppo: bool,
         refill_s: float = 120.0,
+        group_size: int | None = None,
+        timeout_s: float = 3600.0,
+        read_block_ms: int = 500,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         self.replay = replay
         self.state = state
         self.metrics = metrics
         self.ppo = ppo
         self.refill_s = refill_s
+        self.group_size = group_size
+        self.timeout_s = timeout_s
+        self.read_block_ms = read_block_ms
+        self.clock = clock
         self.stale_total = 0  # groups dropped as stale, this process
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
+        self.gave_up: str | None = None  # why the last `collect` ended without a batch
+        self._dead_letters_counted: dict[str, int] = {}  # by reason, already in metrics
+
+    @property
+    def dead_lettered_total(self) -> int:
+        """Groups moved to the dead-letter stream by this process (all reasons)."""
+        return sum(self.replay.dead_lettered.values())
 
     def collect(
         self,
@@ -50,36 +75,86 @@ class BatchCollector:
         admissible: Callable[[rollout_pb2.RolloutGroup], bool],
         version: int,
         between_reads: Callable[[], None],
+        deadline: float | None = None,
     ) -> tuple[list[rollout_pb2.RolloutGroup], list[str]]:
         """`want` admissible groups and their stream entry ids; the others are acked and
-        counted as stale. `version`: the learner's policy version (PPO tickets are issued
-        for it). `between_reads` runs before every read (the learner finishes a completed
-        evaluation there: its held-back weights make groups admissible again).
+        counted as stale, malformed ones dead-lettered. `version`: the learner's policy
+        version (PPO tickets are issued for it). `between_reads` runs before every read
+        (the learner finishes a completed evaluation there: its held-back weights make
+        groups admissible again). `deadline`: monotonic seconds (`clock`) at which to
+        give up (the learner's `max_minutes`; None: only `timeout_s` bounds the wait).
 
-        Returns ([], []) when `stop` is set first: what was read stays unacknowledged, so
-        a restarted learner reads it again."""
+        Returns ([], []) when `stop` is set first or the wait gave up (`gave_up` says
+        why): what was read stays unacknowledged, so a restarted learner reads it again."""
         groups, entry_ids = [], []
-        wait_start = last_arrival = time.monotonic()
+        wait_start = last_arrival = last_admitted = self.clock()
+        self.gave_up = None
         while len(groups) < want and not stop.is_set():
+            self.gave_up = self._give_up_reason(want, len(groups), last_admitted, deadline)
+            if self.gave_up is not None:
+                log.warning("%s", self.gave_up)
+                break
             between_reads()
-            for entry_id, group in self.replay.read(CONSUMER, want - len(groups), 500):
-                last_arrival = time.monotonic()
+            for entry_id, group in self.replay.read(
+                CONSUMER, want - len(groups), self.read_block_ms
+            ):
+                last_arrival = self.clock()
+                if self._dead_letter_if_malformed(entry_id, group):
+                    continue
                 if admissible(group):
                     groups.append(group)
                     entry_ids.append(entry_id)
+                    last_admitted = last_arrival
                 else:
                     self.stale_total += 1
                     self.metrics.count_stale_group()
                     self.replay.ack([entry_id])
-            if self.ppo and time.monotonic() - last_arrival > self.refill_s:
+            self._count_dead_letters()
+            if self.ppo and self.clock() - last_arrival > self.refill_s:
                 missing = want - len(groups)
                 log.warning("no group for %.0fs: re-issuing %d tickets", self.refill_s, missing)
                 self.state.add_generation_quota(version, missing)
-                last_arrival = time.monotonic()
-        self.wait_seconds = time.monotonic() - wait_start
-        if stop.is_set() and len(groups) < want:
+                last_arrival = self.clock()
+        self.wait_seconds = self.clock() - wait_start
+        if len(groups) < want:
             return [], []
         return groups, entry_ids
+
+    def _give_up_reason(
+        self, want: int, have: int, last_admitted: float, deadline: float | None
+    ) -> str | None:
+        now = self.clock()
+        if deadline is not None and now >= deadline:
+            return (
+                f"time budget reached while waiting for a batch: {have} of {want} "
+                "admissible groups had arrived"
+            )
+        if now - last_admitted > self.timeout_s:
+            return (
+                f"no admissible group for {self.timeout_s:g}s while waiting for {want} "
+                f"({have} arrived): no rollout worker is producing; ending the run"
+            )
+        return None
+
+    def _dead_letter_if_malformed(self, entry_id: str, group: rollout_pb2.RolloutGroup) -> bool:
+        """Move a group that cannot be trained on to the dead-letter stream. True if so."""
+        if self.group_size is None:
+            return False
+        problem = group_problem(group, self.group_size)
+        if problem is None:
+            return False
+        reason, detail = problem
+        self.replay.dead_letter(entry_id, group.SerializeToString(), reason, detail)
+        return True
+
+    def _count_dead_letters(self) -> None:
+        """Add the replay stream's new dead letters (also undecodable ones found while
+        reading) to the Prometheus counter, by reason."""
+        for reason, count in self.replay.dead_lettered.items():
+            new = count - self._dead_letters_counted.get(reason, 0)
+            if new > 0:
+                self.metrics.count_dead_lettered(reason, new)
+                self._dead_letters_counted[reason] = count
 
 
 def staleness_histogram(values: Sequence[int], k: int) -> list[int]:

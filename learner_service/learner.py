@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.catch_up import WeightCatchUp
 from learner_service.checkpoint import load_checkpoint, save_checkpoint
 from learner_service.eval_schedule import EvalJob, EvalScheduler
 from learner_service.evaluate import Evaluator
@@ -77,7 +78,7 @@ class Learner:
         client = connect(redis_url)
         run_id = config.run_id
         self.state = RunState(client, run_id)
-        self.registry = WorkerRegistry(client, run_id)
+        self.registry = WorkerRegistry(client, run_id, stall_s=config.rollout.stall_s)
         self.pool = PromptPool(client, run_id)
         self.compute = ComputeCounters(client, run_id)
         self.replay = ReplayStream(client, run_id, config.replay_capacity, claim_idle_ms=600_000)
@@ -94,7 +95,16 @@ class Learner:
             "truncation_warnings_total": 0,
         }
         self.metrics = metrics or LearnerMetrics(max_staleness=config.learner.off_policy_k)
-        self.batches = BatchCollector(self.replay, self.state, self.metrics, ppo=self._ppo)
+        self.batches = BatchCollector(
+            self.replay,
+            self.state,
+            self.metrics,
+            ppo=self._ppo,
+            group_size=config.rollout.group_size,
+            timeout_s=config.learner.batch_timeout_s,
+        )
+        self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
+        self._closing = threading.Event()
         self._published = -1  # policy version of the weights last published
         self.timing = LearnerTiming()
 
@@ -118,7 +128,11 @@ class Learner:
             cfg.rollout.dtype if cfg.rollout.dtype != "auto" else "float32",
             cfg.learner.weight_transport,
         )
-        self.evals = EvalScheduler(self._evaluator())
+        self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
+        if cfg.learner.weight_transport == "stream":  # with `uri` workers pull themselves
+            WeightCatchUp(
+                self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
+            ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)
         resume = self.run_dir / "checkpoint"
         if (resume / "state.json").exists():
             self.version, self.step, snapshot = load_checkpoint(resume, self.trainer)
@@ -204,6 +218,7 @@ class Learner:
         started = time.monotonic()  # the time budget covers set-up and evaluations too
         cfg = self.config.learner
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
+        self._deadline = deadline
         self._setup()
         self._await_workers(stop)
         self.timing.seconds["setup"] = time.monotonic() - started
@@ -218,6 +233,8 @@ class Learner:
                 self._ppo_round(stop)
             else:
                 self._pipeline_step(stop)
+            if self.batches.gave_up:
+                break  # logged by the collector: the time budget, or no worker producing
             self._finish_evaluation(block=False)
             if self.step // cfg.eval_every > evaluated_at // cfg.eval_every:
                 self._evaluate(background=not self._ppo)
@@ -271,7 +288,12 @@ class Learner:
         without which the workers cannot make groups admissible again once the learner
         is k ahead."""
         return self.batches.collect(
-            stop, want, admissible, self.version, lambda: self._finish_evaluation(block=False)
+            stop,
+            want,
+            admissible,
+            self.version,
+            lambda: self._finish_evaluation(block=False),
+            deadline=self._deadline - self.timing.reserve_s(),
         )
 
     def _publish_if_new(self) -> None:
@@ -347,6 +369,7 @@ class Learner:
             staleness_hist=staleness_histogram(stale, self.config.learner.off_policy_k),
             zero_variance_frac=metrics["groups_zero_variance"] / len(groups),
             groups_stale_total=self.batches.stale_total,
+            groups_dead_lettered_total=self.batches.dead_lettered_total,
             **self.counters,
             prompts_eligible=self.pool.eligible_count(),
             groups_in_batch=len(groups),
@@ -397,7 +420,7 @@ class Learner:
             self.step,
             self.version,
             self.compute.total_hours(),
-            sorted(self.registry.workers().values()),
+            lambda: sorted(self.registry.workers().values()),
             seed=self.config.seed + 7919 * self.step,
         )
         if not background:
@@ -473,4 +496,5 @@ class Learner:
         )
 
     def close(self) -> None:
+        self._closing.set()
         self.server.stop(grace=1)

@@ -94,6 +94,13 @@ class LearnerMetrics:
             ["finish_reason"],
             registry=registry,
         )
+        self.groups_dead_lettered = Counter(
+            "scalerl_replay_groups_dead_lettered_total",
+            "Groups moved to the dead-letter stream instead of being trained on, by reason "
+            "(learner_service.group_check.REASONS).",
+            ["reason"],
+            registry=registry,
+        )
         self.tokens = Counter(
             "scalerl_learner_tokens_total",
             "Completion tokens trained on (forced tokens excluded).",
@@ -141,3 +148,7 @@ class LearnerMetrics:
     def count_stale_group(self) -> None:
         """One group read from the replay stream and dropped as stale."""
         self.groups.labels("stale").inc()
+
+    def count_dead_lettered(self, reason: str, count: int = 1) -> None:
+        """`count` groups moved to the dead-letter stream for `reason`."""
+        self.groups_dead_lettered.labels(reason).inc(count)

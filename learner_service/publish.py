@@ -68,6 +68,8 @@ class WeightPublisher:
         self.last_snapshot_seconds = 0.0
         self._sending: threading.Thread | None = None
         self._error: Exception | None = None
+        # The last version sent (header, payload), kept to catch up workers that missed it.
+        self._latest: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
 
     def publish(
         self, model: torch.nn.Module, version: int, force_file: bool = False, wait: bool = False
@@ -102,6 +104,21 @@ class WeightPublisher:
         if error is not None:
             raise error
 
+    @property
+    def latest_version(self) -> int | None:
+        """The version of the last completed publish (None before one), or None while a
+        publish is still sending (its workers are not behind, only not reached yet)."""
+        if self._latest is None or (self._sending is not None and self._sending.is_alive()):
+            return None
+        return self._latest[0].version
+
+    def send_latest(self, address: str) -> bool:
+        """Send the last published version to the worker at `address` again (a worker
+        that restarted or missed it: `learner_service.catch_up`). False when it failed
+        (logged, counted in `failures`) or nothing was published yet."""
+        latest = self._latest
+        return latest is not None and self._send(address, *latest)
+
     def _background(self, snapshot: dict, version: int, to_file: bool, start: float) -> None:
         try:
             payload = save_safetensors(snapshot)
@@ -117,6 +134,8 @@ class WeightPublisher:
                 uri=uri,
             )
             self._send_all(header, payload, start)
+            if self.transport == "stream":  # with `uri` late workers pull the file instead
+                self._latest = (header, payload)
         except Exception as exc:  # noqa: BLE001 - handed to the learner's thread by wait()
             log.exception("publishing policy version %d failed", version)
             self._error = exc

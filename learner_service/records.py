@@ -69,6 +69,9 @@ class StepRecord(_Record):
         description="Fraction of the batch's groups whose rewards were all equal (Sec. 3.2)."
     )
     groups_stale_total: int = Field(description="Groups dropped as stale, run total.")
+    groups_dead_lettered_total: int | None = Field(
+        None, description="Groups moved to the dead-letter stream (malformed), this process."
+    )
     groups_zero_variance_total: int = Field(
         description="Groups with all rewards equal, run total (dropped when the filter is on)."
     )

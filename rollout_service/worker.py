@@ -1,5 +1,6 @@
-"""A rollout worker's lifecycle: build the engine, serve gRPC, register with a heartbeat,
-take the latest published weights, run the actor loop, report busy compute."""
+"""A rollout worker's lifecycle: build the engine, serve gRPC, register with a heartbeat
+that carries its progress, take the latest published weights (and newer ones whenever it
+falls behind), run the actor loop, report busy compute."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
 from rollout_service.weights import receive_weights
-from scalerl.compute import ComputeCounters
+from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
@@ -25,9 +26,9 @@ from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
-from scalerl.state.registry import WorkerRegistry
+from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import RunState
+from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.tasks import build_task
 from scalerl.v1 import rollout_pb2_grpc
 
@@ -65,6 +66,8 @@ class RolloutWorker:
         self.engine: RolloutEngine | None = None
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
+        self._startup_version = 0
+        self._loaded_run_weights = False
 
     def start(self) -> None:
         """Load the model, start the engine and the gRPC server, begin heart-beating."""
@@ -75,6 +78,7 @@ class RolloutWorker:
         rollout = self.config.rollout
         self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
+        self._startup_version = self.engine.policy_version
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -99,14 +103,16 @@ class RolloutWorker:
         log.info("listening on %s:%d", self.advertise_host, self.port)
 
     def run(self, stop: threading.Event) -> None:
-        """Load the learner's latest weights, register (heartbeats), then run the actor
-        loop until `stop`. Registering only now keeps the learner's evaluations and weight
-        pushes away from a worker that still serves its start-up weights."""
+        """Register (heartbeats with progress), take the run's weights, then run the actor
+        loop until `stop`, pulling newer weights whenever the worker falls behind. Until
+        it serves weights of this run the heartbeat reports it not ready, which keeps
+        the learner's evaluations and regular pushes away from its start-up weights
+        (with the stream transport the learner's catch-up pushes it the latest ones)."""
         task = build_task(self.config.task)
+        self._spawn(self._heartbeat)
         if not self._await_initial_weights(stop):
             return
-        self._spawn(self._heartbeat)
-        self._load_latest_weights()  # one published while we registered was not pushed to us
+        self._spawn(self._catch_up)
         actor = ActorLoop(
             self.engine,
             self.tokenizer,
@@ -128,30 +134,63 @@ class RolloutWorker:
             actor.groups_dropped_stale,
         )
 
+    @property
+    def ready(self) -> bool:
+        """The engine serves weights of this run: loaded by this worker, or pushed (any
+        swap moves the version off the start-up one)."""
+        return self._loaded_run_weights or self.engine.policy_version != self._startup_version
+
     def _await_initial_weights(self, stop: threading.Event) -> bool:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);
-        generating earlier would stamp other weights with version 0."""
+        generating earlier would stamp other weights with a run version. With the stream
+        transport a later version has no file: the learner pushes it once the heartbeat
+        reports this worker not ready."""
         while not stop.is_set() and not self.state.stop_requested():
-            if self._load_latest_weights(at_least=self.engine.policy_version):
+            self._pull_if_behind()
+            if self.ready:
                 log.info("starting at policy version %d", self.engine.policy_version)
                 return True
             stop.wait(0.2)
         return False
 
-    def _load_latest_weights(self, at_least: int | None = None) -> bool:
-        """Load the latest published weights when their version is >= `at_least` (default:
-        newer than the engine's). False when nothing has been published yet."""
-        ref = self.state.get_latest_weights()
+    def _pull_if_behind(self) -> bool:
+        """Load the latest published weights when they have a file and are newer than the
+        engine's (or the worker has none of this run yet). True when weights were loaded."""
+        ref = self._newer_file()
         if ref is None:
             return False
-        floor = self.engine.policy_version + 1 if at_least is None else at_least
-        if ref.uri and ref.version >= floor:
-            receive_weights(
-                [weights_uri_request(ref.uri, ref.version)],
-                self.engine,
-                weights_root=self.config.security.weights_root or None,
-            )
+        receive_weights(
+            [weights_uri_request(ref.uri, ref.version)],
+            self.engine,
+            weights_root=self.config.security.weights_root or None,
+        )
+        self._loaded_run_weights = True
         return True
+
+    def _newer_file(self) -> WeightsRef | None:
+        """The latest publication when it has a file this worker should load, else None."""
+        ref = self.state.get_latest_weights()
+        if ref is None or not ref.uri:
+            return None
+        if self.ready and ref.version <= self.engine.policy_version:
+            return None
+        return ref
+
+    def _catch_up(self) -> None:
+        """Every heartbeat period, pull the latest weights when behind (`uri` transport): a
+        failed or missed push never leaves the worker serving an old version for good.
+        It pulls only when it was behind at the previous check too, so the learner's
+        regular push (announced just before it is sent) is not loaded twice."""
+        behind_before = False
+        while not self._closing.wait(self.config.rollout.heartbeat_s):
+            try:
+                behind = self._newer_file() is not None
+                if behind and behind_before and self._pull_if_behind():
+                    log.info("caught up to policy version %d", self.engine.policy_version)
+                    behind = False
+                behind_before = behind
+            except Exception as exc:  # noqa: BLE001 - retried next period
+                log.warning("catching up with the latest weights failed: %s", exc)
 
     def close(self) -> None:
         """Deregister, stop serving, stop the engine. Safe to call more than once."""
@@ -171,21 +210,29 @@ class RolloutWorker:
         self._threads.append(thread)
 
     def _heartbeat(self) -> None:
+        """Renew the registration every period with the worker's progress: the tokens it
+        generated, the requests in its engine and when tokens last moved (the learner
+        leaves out a worker that has work and no progress: `WorkerRegistry`)."""
         period = self.config.rollout.heartbeat_s
         address = f"{self.advertise_host}:{self.port}"
+        tokens, moved = -1, time.time()
         while not self._closing.is_set():
+            now_tokens, active = self.engine.tokens_generated, self.engine.active_requests
+            if now_tokens != tokens or active == 0:
+                tokens, moved = now_tokens, time.time()
+            progress = WorkerProgress(
+                self.engine.policy_version, self.ready, now_tokens, active, moved
+            )
             try:
-                self.registry.heartbeat(self.worker_id, address, ttl_s=3 * period)
+                self.registry.heartbeat(self.worker_id, address, 3 * period, progress)
             except Exception as exc:  # noqa: BLE001 - keep beating through Redis hiccups
                 log.warning("heartbeat failed: %s", exc)
             self._closing.wait(period)
 
     def _report_compute(self) -> None:
         """Add this process's busy device-seconds (time with requests in the engine)
-        to the run's compute counter once a second (ARCHITECTURE sec. 6)."""
-        last = time.monotonic()
-        while not self._closing.wait(1.0):
-            now = time.monotonic()
-            if self.engine.active_requests > 0:
-                self.compute.add("rollout", now - last)
-            last = now
+        to the run's compute counter once a second (ARCHITECTURE sec. 6); seconds that
+        could not be reported (Redis away) are kept and added once it is back."""
+        ComputeReporter(self.compute, "rollout").run(
+            lambda: self.engine.active_requests > 0, self._closing
+        )

@@ -10,8 +10,10 @@ Key: `scalerl:{run_id}:compute` (hash role -> seconds, INCRBYFLOAT).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from numbers import Real
@@ -21,6 +23,7 @@ import redis
 
 from scalerl.state.keys import RunKeys
 
+log = logging.getLogger(__name__)
 SECONDS_PER_HOUR = 3600.0
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
@@ -99,6 +102,83 @@ class BusyTimer:
         self.device_seconds = self._devices * elapsed
         self._counters.add(self._role, self.device_seconds)
         self._start = None
+
+
+class ComputeReporter:
+    """Busy seconds of one role reported in the background, exactly once each.
+
+    Seconds are `record`ed locally and `flush`ed to the counters; a flush that fails on a
+    Redis error keeps them pending, so they are added by a later flush and the curve's
+    compute axis stays exact across a Redis restart. `run` is the reporting loop, which
+    survives Redis errors with exponential back-off (up to `max_backoff_s`).
+    """
+
+    def __init__(self, counters: ComputeCounters, role: str, max_backoff_s: float = 30.0) -> None:
+        """Raises ValueError for a bad role or a max_backoff_s that is not > 0."""
+        _check_role(role)
+        if not max_backoff_s > 0:
+            raise ValueError(f"max_backoff_s must be > 0 seconds, got {max_backoff_s!r}")
+        self._counters = counters
+        self._role = role
+        self._max_backoff_s = max_backoff_s
+        self._lock = threading.Lock()
+        self.pending_seconds = 0.0  # recorded, not yet in Redis
+        self.reported_seconds = 0.0  # added to Redis by this reporter
+        self.failures = 0  # flushes that failed
+
+    def record(self, device_seconds: float) -> None:
+        """Keep `device_seconds` (>= 0, finite) for the next flush."""
+        if not (math.isfinite(device_seconds) and device_seconds >= 0):
+            raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds!r}")
+        with self._lock:
+            self.pending_seconds += device_seconds
+
+    def flush(self) -> bool:
+        """Add the pending seconds to the role's counter. False (they stay pending) when
+        Redis is unreachable or errs; logged on the first failure of a streak only."""
+        with self._lock:
+            amount = self.pending_seconds
+        if amount == 0:
+            return True
+        try:
+            self._counters.add(self._role, amount)
+        except redis.RedisError as exc:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("compute not reported (%.1f s kept, retrying): %s", amount, exc)
+            return False
+        with self._lock:
+            self.pending_seconds -= amount
+            self.reported_seconds += amount
+        if self.failures:
+            log.info("compute reporting recovered after %d failed flushes", self.failures)
+            self.failures = 0
+        return True
+
+    def run(
+        self,
+        busy: Callable[[], bool],
+        stop: threading.Event,
+        period_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Every `period_s` seconds, record the period as busy when `busy()` is true and
+        flush; after a failed flush wait 2x longer (capped) before the next try. A last
+        flush is attempted once `stop` is set."""
+        last = clock()
+        retry_at, backoff = 0.0, period_s
+        while not stop.wait(period_s):
+            now = clock()
+            if busy():
+                self.record(now - last)
+            last = now
+            if now < retry_at:
+                continue
+            if self.flush():
+                retry_at, backoff = 0.0, period_s
+            else:
+                retry_at, backoff = now + backoff, min(2 * backoff, self._max_backoff_s)
+        self.flush()
 
 
 def _check_role(role: str) -> None:

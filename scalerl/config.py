@@ -134,6 +134,13 @@ class RolloutConfig(_Section):
     )
     threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
     heartbeat_s: float = Field(2.0, gt=0, le=60, description="Registry heartbeat period.")
+    stall_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a worker with requests may go without generating a token "
+        "before the learner treats it as wedged (no weight pushes, no evaluations).",
+    )
 
 
 class LearnerConfig(_Section):
@@ -199,6 +206,16 @@ class LearnerConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = end).")
     weight_transport: Literal["stream", "uri"] = Field(
         "uri", description="Send weights as a path on shared storage, or as gRPC chunks."
+    )
+    batch_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="Stop the run when no admissible group arrives for this many seconds "
+        "(every worker gone or wedged); max_minutes also ends the wait.",
+    )
+    eval_retries: int = Field(
+        3, ge=0, le=20, description="Retries of a failed evaluation before it is skipped."
     )
 
     @property

@@ -25,6 +25,7 @@ from rollout_service.engines.api import (
 )
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import set_policy_version
+from scalerl.rpc.errors import InvalidArgument
 from scalerl.v1 import rollout_pb2
 
 
@@ -54,6 +55,7 @@ class RequestTable(Generic[Entry]):
         self._closed = False
         self._tokens = 0
         self._version = policy_version
+        self._newest_accepted = policy_version  # serving or staged, whichever is newer
         self.serve(policy_version)
 
     # ----- counters --------------------------------------------------------------------
@@ -79,6 +81,21 @@ class RequestTable(Generic[Entry]):
         set_policy_version(version)
         if self._metrics is not None:
             self._metrics.policy_version.set(version)
+
+    def accept_version(self, version: int) -> None:
+        """Admit a weight update labelled `version` (call it after the tensors passed
+        validation, before staging): versions never go backwards, so an update older than
+        the one serving or already staged is refused with InvalidArgument("version", ...)
+        and nothing changes. The same version again (a re-push) is accepted."""
+        with self._lock:
+            newest = max(self._version, self._newest_accepted)
+            if version < newest:
+                raise InvalidArgument(
+                    "version",
+                    f"{version} is older than version {newest} already serving or staged; "
+                    f"a weight update must be >= {newest}",
+                )
+            self._newest_accepted = version
 
     def count_interrupt(self, reason: str) -> None:
         """Count an interruption: "thinking_budget" or "truncate" (the phrase is forced)

@@ -1,25 +1,62 @@
-"""A Redis client configured the way every process of a run needs it."""
+"""A Redis client configured the way every process of a run needs it: bounded socket
+waits and a retry with exponential back-off when the connection drops (a restarted Redis,
+a node moved), so a blip is survived and a dead server is an error within seconds, never
+a silent hang."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+# Above every blocking stream read of the run (`ReplayStream.read` checks its `block_ms`
+# against it), so a reply that never comes is a TimeoutError, not a hang.
+SOCKET_TIMEOUT_S = 30.0
+RETRIES = 6  # back-off 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: about 5 s before the error surfaces
+_BACKOFF_BASE_S = 0.1
+_BACKOFF_CAP_S = 2.0
 
 
-def connect(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
+def connect(
+    url: str,
+    *,
+    connect_timeout_s: float = 5.0,
+    socket_timeout_s: float = SOCKET_TIMEOUT_S,
+    retries: int = RETRIES,
+) -> redis.Redis:
     """A client for `url` (redis://[:password@]host:port/db, or rediss:// for TLS) returning
     raw bytes (values are protobufs).
 
-    No read timeout is set because stream reads block on purpose (bounded by their own
-    `block_ms`); connecting gives up after `connect_timeout_s` seconds.
+    Connecting gives up after `connect_timeout_s` seconds and a reply after
+    `socket_timeout_s` seconds (blocking stream reads wait their own `block_ms`, which
+    must stay below it); a connection or timeout error is retried `retries` times with
+    exponential back-off (redis-py's Retry) before it is raised. Raises ValueError for a
+    timeout <= 0 or retries < 0.
     """
+    for name, value in (
+        ("connect_timeout_s", connect_timeout_s),
+        ("socket_timeout_s", socket_timeout_s),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries!r}")
     return redis.Redis.from_url(
         url,
         decode_responses=False,
         socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=30,
     )
+
+
+def socket_timeout_s(client: redis.Redis) -> float | None:
+    """The reply timeout of `client`'s connections, seconds (None: none set)."""
+    return client.connection_pool.connection_kwargs.get("socket_timeout")
 
 
 def text(value: bytes | str) -> str:

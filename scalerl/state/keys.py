@@ -45,6 +45,9 @@ class RunKeys:
         self.run_id = run_id
         # Replay stream: one entry per group (protobuf RolloutGroup); consumer group "learner".
         self.replay = run_key(run_id, "replay")
+        # Dead-letter stream: groups the learner refused (fields g = payload, reason,
+        # detail, entry = the replay entry id), kept for inspection, never re-delivered.
+        self.replay_dead_letter = run_key(run_id, "replay", "dead_letter")
         # Prompt pool: eligible / retired id sets, attempts and passes hashes, init marker.
         self.pool_eligible = run_key(run_id, "pool", "eligible")
         self.pool_retired = run_key(run_id, "pool", "retired")
@@ -56,7 +59,7 @@ class RunKeys:
         self.latest_weights = run_key(run_id, "state", "latest_weights")
         self.stop = run_key(run_id, "state", "stop")
         self.generation_quota = run_key(run_id, "state", "generation_quota")
-        # Worker registry: `workers:{worker_id}` -> address, with a heartbeat TTL.
+        # Worker registry: `workers:{worker_id}` -> JSON (address, progress), heartbeat TTL.
         self.workers_prefix = run_key(run_id, "workers") + ":"
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")

@@ -1,32 +1,98 @@
-"""Who is alive: the rollout-worker registry. ARCHITECTURE sec. 2 and 4.
+"""Who is alive and making progress: the rollout-worker registry. ARCHITECTURE sec. 2 and 4.
 
-Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (address, with a TTL renewed by each
-heartbeat).
+Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (a JSON object: address and the
+worker's progress, with a TTL renewed by each heartbeat).
+
+A heartbeat proves only that the worker's heartbeat thread runs; the progress it carries
+(tokens generated, requests in the engine, when tokens last moved, the version serving)
+tells a live worker from a wedged one: a worker with work whose tokens have not moved for
+`stall_s` seconds is left out of the registry's view (logged once), so the learner
+neither pushes weights to it nor evaluates on it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from numbers import Real
 
 import redis
 
 from scalerl.state.keys import RunKeys
 
+log = logging.getLogger(__name__)
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """What a heartbeat reports besides the address.
+
+    serving_version: policy version of the weights serving; ready: the worker serves
+    weights of this run (not its start-up weights) and takes prompts; tokens_generated:
+    completion tokens since start; active_requests: requests in the engine now;
+    progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle.
+    """
+
+    serving_version: int
+    ready: bool
+    tokens_generated: int = 0
+    active_requests: int = 0
+    progress_unix_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One registered worker: its address and its last reported progress (None from a
+    heartbeat that carried none)."""
+
+    address: str
+    progress: WorkerProgress | None = None
+
+    @property
+    def ready(self) -> bool:
+        """It serves weights of this run (a heartbeat without progress counts as ready)."""
+        return self.progress is None or self.progress.ready
+
+    def stalled(self, stall_s: float, now_unix_s: float) -> bool:
+        """It has work and its tokens have not moved for more than `stall_s` seconds."""
+        p = self.progress
+        return p is not None and p.active_requests > 0 and now_unix_s - p.progress_unix_s > stall_s
 
 
 class WorkerRegistry:
     """Rollout workers announce themselves with heartbeats; a worker whose heartbeat lapses
-    for `ttl_s` seconds disappears from `workers()` on its own (no coordinator)."""
+    for `ttl_s` seconds disappears from `workers()` on its own (no coordinator).
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    stall_s: seconds without progress while it has work after which a worker is left out
+    of `workers()` (None: never). clock: wall time in Unix seconds.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        stall_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if stall_s is not None and not (isinstance(stall_s, Real) and stall_s > 0):
+            raise ValueError(f"stall_s must be a number > 0 seconds or None, got {stall_s!r}")
         self._client = client
         self._prefix = RunKeys(run_id).workers_prefix
+        self._stall_s = stall_s
+        self._clock = clock
+        self._stalled_logged: set[str] = set()
 
-    def heartbeat(self, worker_id: str, address: str, ttl_s: float) -> None:
-        """Register or refresh `worker_id` at `address` (host:port) for `ttl_s` seconds.
+    def heartbeat(
+        self, worker_id: str, address: str, ttl_s: float, progress: WorkerProgress | None = None
+    ) -> None:
+        """Register or refresh `worker_id` at `address` (host:port) for `ttl_s` seconds,
+        with its `progress`.
 
         Raises ValueError for a worker_id outside [A-Za-z0-9_.:-]{1,128}, an empty address,
         or a ttl_s that is not a finite number >= 0.001.
@@ -36,26 +102,65 @@ class WorkerRegistry:
             raise ValueError("address must be a non-empty string (host:port)")
         if not (isinstance(ttl_s, Real) and math.isfinite(ttl_s) and ttl_s >= 0.001):
             raise ValueError(f"ttl_s must be a finite number >= 0.001 seconds, got {ttl_s!r}")
-        self._client.set(self._prefix + worker_id, address, px=max(1, round(ttl_s * 1000)))
+        value = {"address": address}
+        if progress is not None:
+            value["progress"] = asdict(progress)
+        self._client.set(
+            self._prefix + worker_id, json.dumps(value), px=max(1, round(ttl_s * 1000))
+        )
 
-    def workers(self) -> dict[str, str]:
-        """Live workers: worker_id -> address, sorted by id."""
+    def states(self) -> dict[str, WorkerInfo]:
+        """Every registered worker (ready or not, stalled or not): worker_id -> WorkerInfo,
+        sorted by id."""
         keys = sorted(self._client.scan_iter(match=self._prefix + "*", count=500))
         if not keys:
             return {}
-        addresses = self._client.mget(keys)
+        values = self._client.mget(keys)
         start = len(self._prefix)
         # A key may expire between SCAN and MGET; its None value is skipped.
         return {
-            key.decode()[start:]: address.decode()
-            for key, address in zip(keys, addresses, strict=True)
-            if address is not None
+            key.decode()[start:]: _parse(value)
+            for key, value in zip(keys, values, strict=True)
+            if value is not None
         }
+
+    def workers(self) -> dict[str, str]:
+        """Workers to push weights to and evaluate on: ready and not stalled. worker_id ->
+        address, sorted by id. A worker left out as stalled is logged once per stall."""
+        now = self._clock()
+        view = {}
+        for worker_id, info in self.states().items():
+            if not info.ready:
+                continue
+            if self._stall_s is not None and info.stalled(self._stall_s, now):
+                if worker_id not in self._stalled_logged:
+                    self._stalled_logged.add(worker_id)
+                    log.warning(
+                        "worker %s made no progress for %.0fs with %d requests: left out",
+                        worker_id,
+                        now - info.progress.progress_unix_s,
+                        info.progress.active_requests,
+                    )
+                continue
+            self._stalled_logged.discard(worker_id)
+            view[worker_id] = info.address
+        return view
 
     def remove(self, worker_id: str) -> bool:
         """Deregister (clean shutdown). Returns False when it was not registered."""
         _check_worker_id(worker_id)
         return bool(self._client.delete(self._prefix + worker_id))
+
+
+def _parse(value: bytes) -> WorkerInfo:
+    """A registry value: the JSON object of `heartbeat`, or a bare address (older
+    workers)."""
+    raw = value.decode()
+    if not raw.startswith("{"):
+        return WorkerInfo(raw)
+    data = json.loads(raw)
+    progress = data.get("progress")
+    return WorkerInfo(data["address"], WorkerProgress(**progress) if progress else None)
 
 
 def _check_worker_id(worker_id: str) -> None:

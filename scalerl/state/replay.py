@@ -12,6 +12,9 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 - Re-delivery: a consumer restarted under the same name first gets its own unacknowledged
   entries back; entries held by another consumer idle for longer than `claim_idle_ms` are
   claimed (XAUTOCLAIM), so a learner that died mid-step loses nothing.
+- Dead letters: an entry the learner cannot use (undecodable here, malformed in
+  `learner_service.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
+  reason, acknowledged in the same MULTI, so it is never delivered again.
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
 from google.protobuf.message import DecodeError
 
-from scalerl.state.client import text
+from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
 ENTRY_FIELD = b"g"
+DEAD_LETTER_MAXLEN = 10_000  # newest refused groups kept (approximate trim)
 DEFAULT_GROUP = "learner"
 DEFAULT_CLAIM_IDLE_MS = 120_000
 _MAX_CLAIM_ROUNDS = 64
@@ -95,7 +100,9 @@ class ReplayStream:
         if not group:
             raise ValueError("group must be a non-empty string")
         self._client = client
-        self._key = RunKeys(run_id).replay
+        keys = RunKeys(run_id)
+        self._key = keys.replay
+        self._dead_letter_key = keys.replay_dead_letter
         self._capacity = capacity
         self._group = group
         self._claim_idle_ms = int(claim_idle_ms)
@@ -104,7 +111,7 @@ class ReplayStream:
         self._held: set[str] = set()  # delivered to this instance, not yet acknowledged
         self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
         self._recovered: set[str] = set()  # consumers whose old pending entries were replayed
-        self.corrupt_dropped = 0
+        self.dead_lettered: Counter[str] = Counter()  # by reason, this instance
         self._ensure_group()
 
     @property
@@ -177,7 +184,8 @@ class ReplayStream:
            steps 1-2 found nothing.
 
         An entry is never returned twice by the same instance before it is acknowledged.
-        Raises ValueError for an empty consumer, count < 1 or block_ms < 0.
+        Raises ValueError for an empty consumer, count < 1, block_ms < 0 or a block_ms
+        not below the client's socket timeout (the read would time out instead).
         """
         if not consumer:
             raise ValueError("consumer must be a non-empty string")
@@ -185,6 +193,12 @@ class ReplayStream:
             raise ValueError(f"count must be >= 1, got {count}")
         if block_ms < 0:
             raise ValueError(f"block_ms must be >= 0, got {block_ms}")
+        limit = socket_timeout_s(self._client)
+        if limit is not None and block_ms >= 1000 * limit:
+            raise ValueError(
+                f"block_ms must be below the client's socket timeout of {1000 * limit:.0f} ms, "
+                f"got {block_ms}"
+            )
         out = self._own_pending(consumer, count)
         if len(out) < count:
             out += self._claim_idle(consumer, count - len(out))
@@ -208,6 +222,44 @@ class ReplayStream:
         with self._lock:
             self._held.difference_update(ids)
         return int(deleted)
+
+    @property
+    def dead_letter_key(self) -> str:
+        """The dead-letter stream's Redis key."""
+        return self._dead_letter_key
+
+    def dead_letter(self, entry_id: str, payload: bytes, reason: str, detail: str = "") -> None:
+        """Move one entry to the dead-letter stream with its `reason` (a short label) and
+        `detail`, and acknowledge and delete it in the replay stream, in one MULTI: it is
+        never delivered again, and a crash in between cannot lose or duplicate it.
+        `payload`: the entry's raw bytes (kept as they were, decodable or not)."""
+        if not reason:
+            raise ValueError("reason must be a non-empty label")
+        entry_id = text(entry_id)
+        fields = {ENTRY_FIELD: payload, b"reason": reason, b"detail": detail, b"entry": entry_id}
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._dead_letter_key, fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+            pipe.xack(self._key, self._group, entry_id)
+            pipe.xdel(self._key, entry_id)
+            pipe.execute()
+        with self._lock:
+            self._held.discard(entry_id)
+            self.dead_lettered[reason] += 1
+        log.error(
+            "replay entry %s moved to the dead-letter stream: %s %s", entry_id, reason, detail
+        )
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, str | bytes]]:
+        """The oldest `count` dead-lettered entries: reason, detail, entry (str) and g
+        (the payload bytes)."""
+        out = []
+        for _, fields in self._client.xrange(self._dead_letter_key, count=count):
+            item: dict[str, str | bytes] = {
+                k.decode(): text(v) for k, v in fields.items() if k != ENTRY_FIELD
+            }
+            item["g"] = fields.get(ENTRY_FIELD, b"")
+            out.append(item)
+        return out
 
     def _ensure_group(self) -> None:
         # Id 0 (not $) so entries pushed before the group existed are still delivered.
@@ -275,9 +327,10 @@ class ReplayStream:
 
     def _accept(self, raw: Sequence[Any]) -> list[Entry]:
         """Decode raw (id, fields) pairs, skipping entries this instance already holds and
-        deleting ones that cannot be decoded (they would otherwise be re-delivered forever)."""
+        dead-lettering ones that cannot be decoded (they would otherwise be re-delivered
+        forever)."""
         out: list[Entry] = []
-        broken: list[str] = []
+        broken: list[tuple[str, bytes]] = []
         with self._lock:
             for entry_id, fields in raw:
                 if entry_id is None:
@@ -287,14 +340,12 @@ class ReplayStream:
                     continue  # our own entry, re-claimed by XAUTOCLAIM: already handed out
                 group = _parse(fields)
                 if group is None:
-                    broken.append(entry_id)
+                    broken.append((entry_id, (fields or {}).get(ENTRY_FIELD, b"")))
                     continue
                 self._held.add(entry_id)
                 out.append((entry_id, group))
-        if broken:
-            log.error("dropping %d undecodable replay entries: %s", len(broken), broken)
-            self.corrupt_dropped += len(broken)
-            self.ack(broken)
+        for entry_id, payload in broken:
+            self.dead_letter(entry_id, payload, "undecodable", "not a RolloutGroup protobuf")
         return out
 
 

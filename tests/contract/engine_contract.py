@@ -341,6 +341,32 @@ def test_corrupt_update_changes_nothing(contract, tmp_path):
     )
 
 
+def test_staging_an_older_version_is_refused(contract):
+    """Versions never go backwards: after v+2 serves, staging v+1 (file or state dict) is
+    refused naming `version`, and v+2 keeps serving weights "b" unchanged."""
+    engine = contract.engine
+    newer = engine.policy_version + 2
+    assert (
+        engine.stage_weights_from_file(str(contract.files["b"]), newer).result(timeout=TIMEOUT_S)
+        == newer
+    )
+    try:
+        probe = GenerationRequest("older-probe", PROMPT, 8, temperature=0.0)
+        before = _run(contract, probe)
+        tensors = {k: v.clone() for k, v in contract.model_a.state_dict().items()}
+        tensors.pop("lm_head.weight")  # tied: engines may take the model without it
+        with pytest.raises(ValueError, match="version") as refused:
+            engine.stage_weights_from_file(str(contract.files["a"]), newer - 1)
+        assert refused.value.field == "version"
+        with pytest.raises(ValueError, match="version"):
+            engine.stage_weights(tensors, newer - 1)
+        time.sleep(0.1)
+        assert engine.policy_version == newer
+        assert _run(contract, probe).token_ids == before.token_ids
+    finally:
+        _restore(contract)
+
+
 def test_submit_rejects_bad_requests(contract):
     engine = contract.engine
     vocab = engine.vocab_size

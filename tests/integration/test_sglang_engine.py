@@ -302,6 +302,22 @@ def test_stage_weights_from_file_links_the_file_into_a_directory(servers, engine
     assert done.token_ids == [3, 6, 9] and done.versions == [2, 2, 2]
 
 
+def test_an_older_version_is_refused_before_the_server(servers, engines, tmp_path):
+    server = servers()
+    engine = engines(server)
+    assert engine.stage_weights(server.state_dict(step=2), 5).result(timeout=5) == 5
+    path = tmp_path / "older.safetensors"
+    save_file(server.state_dict(step=3), str(path))
+    with pytest.raises(ValueError, match="version") as refused:
+        engine.stage_weights_from_file(str(path), 3)
+    assert refused.value.field == "version"
+    with pytest.raises(ValueError, match="older than version 5"):
+        engine.stage_weights(server.state_dict(step=3), 4)
+    assert len(server.bodies("/update_weights_from_disk")) == 1  # only v5 reached it
+    done = engine.submit(GenerationRequest("o", (1,), 3, temperature=0.0)).result(timeout=5)
+    assert done.token_ids == [3, 5, 7] and done.versions == [5, 5, 5]
+
+
 def test_refused_update_fails_the_future_and_changes_nothing(servers, engines):
     server = servers()
     engine = engines(server)  # no weight_shapes: the server is the one to refuse

@@ -449,3 +449,22 @@ def test_poll_returns_ready_chunks_without_waiting(model0):
     engine.step()
     assert stream.poll()[0].finish_reason == LENGTH
     engine.stop()
+
+
+def test_an_older_version_is_refused_staged_or_serving(model0, model1):
+    """Stage v5, then v3 before the boundary: v3 is refused naming `version` (v3 used to
+    be applied after v5 and serve); once v5 serves, v4 is refused too, and v5 again is
+    accepted (a re-push)."""
+    engine = make_engine(model0, autostart=False)
+    future = engine.stage_weights(model1.state_dict(), 5)
+    with pytest.raises(ValueError, match="version") as refused:
+        engine.stage_weights(model0.state_dict(), 3)
+    assert refused.value.field == "version"
+    engine.step()
+    assert future.result(timeout=0) == 5 and engine.policy_version == 5
+    with pytest.raises(ValueError, match="older than version 5"):
+        engine.stage_weights(model0.state_dict(), 4)
+    again = engine.stage_weights(model1.state_dict(), 5)
+    engine.step()
+    assert again.result(timeout=0) == 5 and engine.policy_version == 5
+    engine.stop()

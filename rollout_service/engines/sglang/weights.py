@@ -123,6 +123,12 @@ class WeightUpdates:
                 if owned:
                     shutil.rmtree(directory, ignore_errors=True)
                 raise EngineStopped()
+            try:
+                self._requests.accept_version(version)  # InvalidArgument("version") if older
+            except InvalidArgument:
+                if owned:
+                    shutil.rmtree(directory, ignore_errors=True)
+                raise
             self._pending.append(future)
             self._pool.submit(self._run, future, directory, version, owned)
         return future

@@ -213,14 +213,16 @@ class TorchEngine:
         """Validate a full state dict (`WeightSpec.check_state_dict`) and stage it; the loop
         copies it into the model at the next decode-step boundary. Returns a Future whose
         result is `version` once the new weights serve. Raises InvalidArgument naming the
-        first bad tensor (nothing changes then), EngineStopped once stopping. Several
-        updates staged before a boundary are applied in order at that boundary."""
+        first bad tensor or (field "version") a version older than the one serving or
+        staged (nothing changes then), EngineStopped once stopping. Several updates staged
+        before a boundary are applied in order at that boundary."""
         self._spec.check_state_dict(state_dict)
         staged = self.llama.prepare_weights(state_dict)
         future: Future = Future()
         with self._wake:
             if self._stopping:
                 raise EngineStopped()
+            self._requests.accept_version(int(version))
             self._staged.append(_Staged(staged, int(version), future))
             self._wake.notify_all()
         return future

@@ -77,6 +77,7 @@ from rollout_service.engines.vllm import worker
 from rollout_service.engines.weight_check import WeightSpec, folder_shapes
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import request_context
+from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16")
@@ -270,6 +271,12 @@ class VLLMEngine:
     def _stage(self, path: str, version: int, remove: bool) -> Future:
         if self._requests.closed:
             raise EngineStopped()
+        try:
+            self._requests.accept_version(int(version))  # InvalidArgument("version") if older
+        except InvalidArgument:
+            if remove:
+                os.unlink(path)
+            raise
         return asyncio.run_coroutine_threadsafe(self._swap(path, int(version), remove), self._loop)
 
     async def _swap(self, path: str, version: int, remove: bool) -> int:

@@ -1,0 +1,123 @@
+"""The learner's batch wait is bounded and malformed groups are dead-lettered: acked,
+kept with their reason, counted, never returned to the trainer."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from learner_service.batches import BatchCollector
+from learner_service.group_check import group_problem
+from learner_service.metrics import LearnerMetrics
+from scalerl.state.replay import ReplayStream
+from scalerl.state.run_state import RunState
+from scalerl.v1 import rollout_pb2
+
+G = 2
+
+
+def make_group(prompt_id: str, logprob: float = -0.5, tokens: int = 3) -> rollout_pb2.RolloutGroup:
+    sample = rollout_pb2.Sample(
+        token_ids=list(range(5, 5 + tokens)),
+        logprobs=[logprob] * tokens,
+        policy_versions=[0] * tokens,
+        reward=1.0,
+        finish_reason=rollout_pb2.FINISH_REASON_STOP,
+    )
+    return rollout_pb2.RolloutGroup(
+        group_id=f"g-{prompt_id}",
+        prompt_id=prompt_id,
+        prompt_token_ids=[1, 2],
+        samples=[sample] * G,
+        worker_id="w0",
+    )
+
+
+def make_collector(client: redis.Redis, run_id: str, **kwargs):
+    replay = ReplayStream(client, run_id, capacity=16)
+    metrics = LearnerMetrics(CollectorRegistry())
+    collector = BatchCollector(
+        replay, RunState(client, run_id), metrics, ppo=False, group_size=G, **kwargs
+    )
+    return replay, metrics, collector
+
+
+def collect(collector: BatchCollector, want: int, **kwargs):
+    return collector.collect(threading.Event(), want, lambda g: True, 0, lambda: None, **kwargs)
+
+
+def test_malformed_groups_are_dead_lettered_not_trained_on(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    replay, metrics, collector = make_collector(redis_client, run_id)
+    nan = make_group("nan", logprob=math.nan)
+    short = make_group("short")
+    del short.samples[0].logprobs[-1]
+    replay.push(nan)
+    replay.push(short)
+    redis_client.xadd(replay.key, {b"g": b"\xff\x00 not a protobuf"})
+    replay.push(make_group("ok-1"))
+    replay.push(make_group("ok-2"))
+    groups, entry_ids = collect(collector, 2)
+    assert [g.prompt_id for g in groups] == ["ok-1", "ok-2"]
+    replay.ack(entry_ids)
+    letters = replay.dead_letters()
+    assert [d["reason"] for d in letters] == [
+        "non_finite_logprob",
+        "length_mismatch",
+        "undecodable",
+    ]
+    assert "samples[0]: 2 logprobs for 3 tokens" in letters[1]["detail"]
+    assert rollout_pb2.RolloutGroup.FromString(letters[0]["g"]).prompt_id == "nan"
+    assert replay.depth() == 0 and replay.pending() == 0  # all acknowledged and deleted
+    assert collector.dead_lettered_total == 3
+    for reason in ("non_finite_logprob", "length_mismatch", "undecodable"):
+        value = metrics.registry.get_sample_value(
+            "scalerl_replay_groups_dead_lettered_total", {"reason": reason}
+        )
+        assert value == 1.0
+    # A restarted learner does not see them again.
+    _, _, again = make_collector(redis_client, run_id, timeout_s=0.3)
+    assert collect(again, 1) == ([], [])
+
+
+def test_the_wait_ends_at_the_deadline(redis_client: redis.Redis, run_id: str) -> None:
+    replay, _, collector = make_collector(redis_client, run_id)
+    replay.push(make_group("only-one"))
+    start = time.monotonic()
+    assert collect(collector, 2, deadline=time.monotonic() + 0.6) == ([], [])
+    assert 0.5 < time.monotonic() - start < 3
+    assert "time budget reached" in collector.gave_up and "1 of 2" in collector.gave_up
+    assert replay.pending() == 1  # read, not acknowledged: a resumed run reads it again
+
+
+def test_the_wait_ends_when_no_group_arrives(redis_client: redis.Redis, run_id: str) -> None:
+    _, _, collector = make_collector(redis_client, run_id, timeout_s=0.5)
+    start = time.monotonic()
+    assert collect(collector, 1) == ([], [])
+    assert time.monotonic() - start < 3
+    assert "no admissible group for 0.5s" in collector.gave_up
+    assert "no rollout worker is producing" in collector.gave_up
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda g: g.samples.pop(), "group_size"),
+        (lambda g: g.ClearField("prompt_token_ids"), "empty_prompt"),
+        (lambda g: setattr(g.samples[0], "reward", math.inf), "non_finite_reward"),
+        (lambda g: setattr(g, "min_policy_version", 3), "bad_version"),
+        (lambda g: g.samples[0].logprobs.__setitem__(1, 0.5), "non_finite_logprob"),
+        (lambda g: g.samples[0].forced.extend([True]), "length_mismatch"),
+    ],
+)
+def test_group_problem_names_the_reason(change, reason) -> None:
+    group = make_group("p")
+    assert group_problem(group, G) is None
+    change(group)
+    assert group_problem(group, G)[0] == reason

@@ -1,0 +1,159 @@
+"""Workers that fall behind catch up: with `uri` the worker pulls the published file, with
+`stream` the learner sends the latest version again to workers whose heartbeat reports an
+older one; a worker without weights of this run does not start generating."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+
+import redis
+
+from learner_service.catch_up import WeightCatchUp
+from rollout_service.worker import RolloutWorker
+from scalerl.state.registry import WorkerProgress, WorkerRegistry
+from scalerl.state.run_state import RunState, WeightsRef
+
+
+class FakeEngine:
+    """The engine surface the worker's catch-up uses; staging a file serves it at once."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.policy_version = version
+        self.tokens_generated = 0
+        self.active_requests = 0
+        self.staged: list[tuple[str, int]] = []
+
+    def stage_weights_from_file(self, path: str, version: int) -> Future:
+        self.staged.append((path, version))
+        self.policy_version = version
+        future: Future = Future()
+        future.set_result(version)
+        return future
+
+
+def make_worker(client: redis.Redis, run_id: str, engine: FakeEngine) -> RolloutWorker:
+    worker = object.__new__(RolloutWorker)  # what run()'s weight handling uses, no model
+    worker.engine = engine
+    worker.state = RunState(client, run_id)
+    worker.registry = WorkerRegistry(client, run_id)
+    worker.config = SimpleNamespace(rollout=SimpleNamespace(heartbeat_s=0.05))
+    worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
+    worker._closing = threading.Event()
+    worker._threads = []
+    worker._startup_version = engine.policy_version
+    worker._loaded_run_weights = False
+    return worker
+
+
+def publish_file(state: RunState, folder: Path, version: int) -> str:
+    path = folder / f"policy-v{version}.safetensors"
+    path.write_bytes(b"weights of version %d" % version)
+    state.set_latest_weights(WeightsRef(version, str(path), _sha(path), path.stat().st_size))
+    return str(path)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_uri_worker_pulls_newer_weights_after_start(
+    redis_client: redis.Redis, run_id: str, tmp_path: Path
+) -> None:
+    engine = FakeEngine()
+    worker = make_worker(redis_client, run_id, engine)
+    publish_file(worker.state, tmp_path, 0)
+    assert worker._await_initial_weights(threading.Event())
+    assert engine.policy_version == 0 and worker.ready
+    worker._spawn(worker._catch_up)
+    path = publish_file(worker.state, tmp_path, 3)  # its push was lost
+    try:
+        assert wait_until(lambda: engine.policy_version == 3)
+        assert engine.staged[-1] == (path, 3)
+    finally:
+        worker._closing.set()
+
+
+def test_stream_worker_waits_for_run_weights_before_generating(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    engine = FakeEngine()
+    worker = make_worker(redis_client, run_id, engine)
+    sha = "0" * 64
+    worker.state.set_latest_weights(WeightsRef(4, "", sha, 10))  # streamed: no file
+    stop = threading.Event()
+    started: list[bool] = []
+    thread = threading.Thread(target=lambda: started.append(worker._await_initial_weights(stop)))
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive() and not worker.ready  # start-up weights are no run weights
+    engine.policy_version = 4  # the learner's catch-up pushed version 4
+    thread.join(timeout=5)
+    stop.set()
+    assert started == [True]
+
+
+def test_heartbeat_carries_progress(redis_client: redis.Redis, run_id: str) -> None:
+    engine = FakeEngine(version=0)
+    worker = make_worker(redis_client, run_id, engine)
+    worker._spawn(worker._heartbeat)
+    try:
+        assert wait_until(lambda: "w0" in worker.registry.states())
+        assert worker.registry.states()["w0"].progress.ready is False
+        assert worker.registry.workers() == {}
+        engine.policy_version, engine.tokens_generated, engine.active_requests = 2, 40, 3
+        assert wait_until(lambda: worker.registry.states()["w0"].progress.tokens_generated == 40)
+        progress = worker.registry.states()["w0"].progress
+        assert progress.serving_version == 2 and progress.ready
+        assert progress.active_requests == 3
+        assert worker.registry.workers() == {"w0": "127.0.0.1:5000"}
+        # Wedged: the heartbeat thread beats on, but with 3 requests no token moves.
+        learner_view = WorkerRegistry(redis_client, run_id, stall_s=0.3)
+        assert wait_until(lambda: learner_view.workers() == {})
+        engine.tokens_generated = 41
+        assert wait_until(lambda: learner_view.workers() == {"w0": "127.0.0.1:5000"})
+    finally:
+        worker._closing.set()
+
+
+class FakePublisher:
+    def __init__(self, latest: int | None) -> None:
+        self.latest_version = latest
+        self.sent: list[str] = []
+
+    def send_latest(self, address: str) -> bool:
+        self.sent.append(address)
+        return True
+
+
+def test_stream_catch_up_resends_to_workers_behind(redis_client: redis.Redis, run_id: str) -> None:
+    registry = WorkerRegistry(redis_client, run_id)
+    now = time.time()
+    registry.heartbeat("behind", "h:1", 30, WorkerProgress(2, True, 10, 1, now))
+    registry.heartbeat("current", "h:2", 30, WorkerProgress(5, True, 10, 1, now))
+    registry.heartbeat("restarted", "h:3", 30, WorkerProgress(0, False))
+    registry.heartbeat("wedged", "h:4", 30, WorkerProgress(1, True, 10, 2, now - 999))
+    registry.heartbeat("idle", "h:5", 30, WorkerProgress(5, True, 10, 0, now - 999))
+    publisher = FakePublisher(latest=5)
+    clock = [now]
+    catch_up = WeightCatchUp(registry, publisher, grace_s=6, stall_s=300, clock=lambda: clock[0])
+    assert catch_up.run_once() == []  # v5 was just published: heartbeats may still lag
+    clock[0] += 7
+    assert sorted(catch_up.run_once()) == ["behind", "restarted"]
+    assert sorted(publisher.sent) == ["h:1", "h:3"]
+    clock[0] += 1
+    assert catch_up.run_once() == []  # just sent: its heartbeat may lag
+    publisher.latest_version = None  # a publish is in flight: nobody is behind yet
+    assert catch_up.run_once() == []

@@ -1,0 +1,64 @@
+"""The worker registry reports progress, not only liveness: a worker with work whose
+tokens stopped moving is left out of the learner's view (logged once), and so is a worker
+that serves no weights of this run yet."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from scalerl.state.keys import RunKeys
+from scalerl.state.registry import WorkerProgress, WorkerRegistry
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_wedged_worker_is_left_out_and_logged_once(
+    redis_client: redis.Redis, run_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock(1000.0)
+    registry = WorkerRegistry(redis_client, run_id, stall_s=60, clock=clock)
+    busy = WorkerProgress(3, True, tokens_generated=500, active_requests=4, progress_unix_s=990)
+    idle = WorkerProgress(3, True, tokens_generated=80, active_requests=0, progress_unix_s=100)
+    registry.heartbeat("w-busy", "10.0.0.1:1", 30, busy)
+    registry.heartbeat("w-idle", "10.0.0.2:1", 30, idle)  # no work: not stalled
+    assert registry.workers() == {"w-busy": "10.0.0.1:1", "w-idle": "10.0.0.2:1"}
+    clock.now = 1051.0  # 61 s without progress, 4 requests in its engine
+    with caplog.at_level(logging.WARNING, logger="scalerl.state.registry"):
+        assert registry.workers() == {"w-idle": "10.0.0.2:1"}
+        assert registry.workers() == {"w-idle": "10.0.0.2:1"}
+    stalls = [r for r in caplog.records if "no progress" in r.getMessage()]
+    assert len(stalls) == 1 and "w-busy" in stalls[0].getMessage()
+    assert set(registry.states()) == {"w-busy", "w-idle"}  # still registered (heartbeats)
+    moved = WorkerProgress(3, True, tokens_generated=510, active_requests=4, progress_unix_s=1050)
+    registry.heartbeat("w-busy", "10.0.0.1:1", 30, moved)
+    assert "w-busy" in registry.workers()
+
+
+def test_a_worker_without_run_weights_is_not_in_the_view(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    registry = WorkerRegistry(redis_client, run_id)
+    registry.heartbeat("w-new", "10.0.0.3:1", 30, WorkerProgress(0, False))
+    registry.heartbeat("w-old", "10.0.0.4:1", 30)  # a heartbeat without progress
+    assert registry.workers() == {"w-old": "10.0.0.4:1"}
+    info = registry.states()["w-new"]
+    assert info.address == "10.0.0.3:1" and info.progress == WorkerProgress(0, False)
+
+
+def test_a_bare_address_value_still_reads(redis_client: redis.Redis, run_id: str) -> None:
+    redis_client.set(RunKeys(run_id).workers_prefix + "w-legacy", b"10.0.0.5:1", px=30_000)
+    assert WorkerRegistry(redis_client, run_id).workers() == {"w-legacy": "10.0.0.5:1"}
+
+
+def test_stall_s_must_be_positive(redis_client: redis.Redis, run_id: str) -> None:
+    with pytest.raises(ValueError, match="stall_s must be a number > 0"):
+        WorkerRegistry(redis_client, run_id, stall_s=0)
