@@ -35,12 +35,17 @@ class FakeEngine:
         return future
 
 
-def make_worker(client: redis.Redis, run_id: str, engine: FakeEngine) -> RolloutWorker:
+def make_worker(
+    client: redis.Redis, run_id: str, engine: FakeEngine, weights_root: Path | None = None
+) -> RolloutWorker:
     worker = object.__new__(RolloutWorker)  # what run()'s weight handling uses, no model
     worker.engine = engine
     worker.state = RunState(client, run_id)
     worker.registry = WorkerRegistry(client, run_id)
-    worker.config = SimpleNamespace(rollout=SimpleNamespace(heartbeat_s=0.05))
+    worker.config = SimpleNamespace(
+        rollout=SimpleNamespace(heartbeat_s=0.05),
+        security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
+    )
     worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
     worker._closing = threading.Event()
     worker._threads = []
@@ -73,7 +78,7 @@ def test_uri_worker_pulls_newer_weights_after_start(
     redis_client: redis.Redis, run_id: str, tmp_path: Path
 ) -> None:
     engine = FakeEngine()
-    worker = make_worker(redis_client, run_id, engine)
+    worker = make_worker(redis_client, run_id, engine, weights_root=tmp_path)
     publish_file(worker.state, tmp_path, 0)
     assert worker._await_initial_weights(threading.Event())
     assert engine.policy_version == 0 and worker.ready
