@@ -40,7 +40,8 @@ class BatchCollector:
         self.metrics = metrics
         self.ppo = ppo
         self.refill_s = refill_s
-        self.stale_total = 0  # groups dropped as stale, this process
+        self.stale_total = 0  # groups dropped as stale, run total (restored on resume)
+        self.future_total = 0  # groups from versions above the learner's, run total
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
 
     def collect(
@@ -64,7 +65,11 @@ class BatchCollector:
             between_reads()
             for entry_id, group in self.replay.read(CONSUMER, want - len(groups), 500):
                 last_arrival = time.monotonic()
-                if admissible(group):
+                if group.min_policy_version > version:  # a crashed run's: never negative lag
+                    self.future_total += 1
+                    self.metrics.count_future_group()
+                    self.replay.ack([entry_id])
+                elif admissible(group):
                     groups.append(group)
                     entry_ids.append(entry_id)
                 else:
@@ -83,11 +88,14 @@ class BatchCollector:
 
 
 def staleness_histogram(values: Sequence[int], k: int) -> list[int]:
-    """Counts of each staleness 0..k (index = versions behind); larger values land in k,
-    negative ones (a worker already on newer weights) in 0."""
+    """Counts of each staleness 0..k (index = versions behind); larger values land in k.
+    Raises ValueError for a negative staleness (groups above the learner's version are
+    dropped before they are admitted, so one here is a bug)."""
     counts = [0] * (k + 1)
     for value in values:
-        counts[min(max(value, 0), k)] += 1
+        if value < 0:
+            raise ValueError(f"staleness must be >= 0 for an admitted group, got {value}")
+        counts[min(value, k)] += 1
     return counts
 
 

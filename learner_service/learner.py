@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
-from learner_service.checkpoint import load_checkpoint, save_checkpoint
 from learner_service.eval_schedule import EvalJob, EvalScheduler
 from learner_service.evaluate import Evaluator
+from learner_service.learner_checkpoints import CheckpointsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.publish import WeightPublisher
 from learner_service.records import EvalRecord, StepRecord, append_record
+from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
 from learner_service.timing import LearnerTiming
 from learner_service.trainer import Trainer
@@ -57,7 +58,7 @@ from scalerl.v1 import rollout_pb2
 log = logging.getLogger(__name__)
 
 
-class Learner:
+class Learner(CheckpointsMixin):
     """One training run's learner. `run(stop)` returns 0 on a finished run."""
 
     def __init__(
@@ -96,6 +97,10 @@ class Learner:
         self.metrics = metrics or LearnerMetrics(max_staleness=config.learner.off_policy_k)
         self.batches = BatchCollector(self.replay, self.state, self.metrics, ppo=self._ppo)
         self._published = -1  # policy version of the weights last published
+        # Versions a crashed learner published after its last checkpoint (exclusive
+        # bounds): groups made with them are dropped as stale (`learner_service.resume`).
+        self._lost_versions = (0, 0)
+        self._checkpointed_at = time.monotonic()
         self.timing = LearnerTiming()
 
     # ----- setup -------------------------------------------------------------------------
@@ -119,13 +124,10 @@ class Learner:
             cfg.learner.weight_transport,
         )
         self.evals = EvalScheduler(self._evaluator())
-        resume = self.run_dir / "checkpoint"
-        if (resume / "state.json").exists():
-            self.version, self.step, snapshot = load_checkpoint(resume, self.trainer)
-            self.pool.restore(snapshot)
-            log.info("resumed at step %d, policy version %d", self.step, self.version)
-        elif cfg.model.warmup_steps:
+        if not self._resume() and cfg.model.warmup_steps:
             self._warmup()
+        if self.step < cfg.learner.max_steps:
+            self.state.clear_stop()  # a finished run resumed with new limits goes on
         self.state.set_policy_version(self.version)
         obs_logging.set_policy_version(self.version)
         self._open_ppo_batch()
@@ -210,6 +212,7 @@ class Learner:
         if self.step == 0:
             self._evaluate(background=False)
         evaluated_at = self.step
+        self._checkpointed_at = time.monotonic()
         while self.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
@@ -222,14 +225,17 @@ class Learner:
             if self.step // cfg.eval_every > evaluated_at // cfg.eval_every:
                 self._evaluate(background=not self._ppo)
                 evaluated_at = self.step
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            if self._checkpoint_due():
                 self._checkpoint()
-        self._finish_evaluation(block=True)
-        if evaluated_at != self.step:
-            self._evaluate(background=False)
-        checkpoint_start = time.monotonic()
-        self._checkpoint()
-        self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
+        try:  # the final evaluation, while the workers still serve (the launcher stops
+            # the learner first); the checkpoint is written even if it fails
+            self._finish_evaluation(block=True)
+            if evaluated_at != self.step:
+                self._evaluate(background=False)
+        finally:
+            checkpoint_start = time.monotonic()
+            self._checkpoint()
+            self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
         self.timing.write(self.run_dir / "learner_timing.json", self.compute.by_role())
         self.state.request_stop()
@@ -241,7 +247,12 @@ class Learner:
         groups, entry_ids = self._collect_batch(
             stop,
             self.config.learner.batch_prompts,
-            lambda g: is_admissible(self.version, g.min_policy_version, k),
+            lambda g: (
+                is_admissible(self.version, g.min_policy_version, k)
+                and not from_lost_versions(
+                    g.min_policy_version, g.max_policy_version, self._lost_versions
+                )
+            ),
         )
         if groups:
             self._train_step(groups, entry_ids)
@@ -347,6 +358,7 @@ class Learner:
             staleness_hist=staleness_histogram(stale, self.config.learner.off_policy_k),
             zero_variance_frac=metrics["groups_zero_variance"] / len(groups),
             groups_stale_total=self.batches.stale_total,
+            groups_future_total=self.batches.future_total,
             **self.counters,
             prompts_eligible=self.pool.eligible_count(),
             groups_in_batch=len(groups),
@@ -444,9 +456,10 @@ class Learner:
             time=time.time(),
         )
 
-    def _record_curve_point(self, compute: float, pass_rate: float) -> None:
+    def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
         """Record the evaluation on the curve service, which refits the run's curve; the
-        launcher writes curve.json from the service at the end of the run."""
+        launcher writes curve.json from the service at the end of the run. quiet: do not
+        log the refit (points recorded again on resume)."""
         if not self.curve_address:
             return
         try:
@@ -457,7 +470,7 @@ class Learner:
         except ServiceError as exc:
             log.warning("curve service: %s %s", exc.status, exc)
             return
-        if recorded.fit is not None:
+        if recorded.fit is not None and not quiet:
             fit = recorded.fit
             log.info(
                 "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
@@ -466,11 +479,6 @@ class Learner:
                 fit.b,
                 fit.c_mid,
             )
-
-    def _checkpoint(self) -> None:
-        save_checkpoint(
-            self.run_dir / "checkpoint", self.trainer, self.version, self.step, self.pool.snapshot()
-        )
 
     def close(self) -> None:
         self.server.stop(grace=1)

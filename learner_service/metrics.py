@@ -83,7 +83,8 @@ class LearnerMetrics:
             "scalerl_replay_groups_total",
             "Groups read from the replay stream, by outcome: used (trained on), "
             "zero_variance (all rewards equal: no signal; dropped when the filter is on), "
-            "stale (beyond k, dropped).",
+            "stale (beyond k, dropped), future_version (above the learner's version: left by "
+            "a crashed run's learner, dropped).",
             ["outcome"],
             registry=registry,
         )
@@ -141,3 +142,8 @@ class LearnerMetrics:
     def count_stale_group(self) -> None:
         """One group read from the replay stream and dropped as stale."""
         self.groups.labels("stale").inc()
+
+    def count_future_group(self) -> None:
+        """One group whose policy version is above the learner's (left by a crashed run's
+        learner), dropped instead of admitted with negative staleness."""
+        self.groups.labels("future_version").inc()
