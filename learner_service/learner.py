@@ -101,6 +101,7 @@ class Learner(CheckpointsMixin):
         # bounds): groups made with them are dropped as stale (`learner_service.resume`).
         self._lost_versions = (0, 0)
         self._checkpointed_at = time.monotonic()
+        self._checkpointed_step = -1
         self.timing = LearnerTiming()
 
     # ----- setup -------------------------------------------------------------------------

@@ -76,6 +76,8 @@ class CheckpointsMixin:
     def _checkpoint_due(self) -> bool:
         """Every `checkpoint_every` steps, or `checkpoint_minutes` after the last one."""
         cfg = self.config.learner
+        if self.step == self._checkpointed_step:
+            return False  # no step since (a loop turn that only recorded an evaluation)
         by_steps = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
         minutes = (time.monotonic() - self._checkpointed_at) / 60
         return bool(by_steps or (cfg.checkpoint_minutes and minutes >= cfg.checkpoint_minutes))
@@ -97,4 +99,5 @@ class CheckpointsMixin:
         )
         save_checkpoint(self.run_dir / "checkpoint", self.trainer, state)
         self._checkpointed_at = time.monotonic()
+        self._checkpointed_step = self.step
         log.info("checkpoint at step %d, policy version %d", self.step, self.version)

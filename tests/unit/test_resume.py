@@ -59,9 +59,13 @@ def test_checkpoints_fall_due_by_steps_and_by_minutes() -> None:
     from scalerl.config import LearnerConfig
 
     def due(step, minutes_ago, **fields):
+        last = fields.pop("checkpointed_step", -1)
         config = SimpleNamespace(learner=LearnerConfig(**fields))
         learner = SimpleNamespace(
-            config=config, step=step, _checkpointed_at=time.monotonic() - 60 * minutes_ago
+            config=config,
+            step=step,
+            _checkpointed_at=time.monotonic() - 60 * minutes_ago,
+            _checkpointed_step=last,
         )
         return CheckpointsMixin._checkpoint_due(learner)
 
@@ -69,5 +73,7 @@ def test_checkpoints_fall_due_by_steps_and_by_minutes() -> None:
     assert due(11, 16, checkpoint_every=10, checkpoint_minutes=15)
     assert not due(11, 16, checkpoint_every=10, checkpoint_minutes=0)
     assert not due(10, 99, checkpoint_every=0, checkpoint_minutes=0)  # only at the end
+    # A loop turn that only recorded an evaluation: no second checkpoint of step 10.
+    assert not due(10, 0, checkpoint_every=10, checkpointed_step=10)
     defaults = LearnerConfig()
     assert defaults.checkpoint_every == 10 and defaults.checkpoint_minutes == 15
