@@ -212,8 +212,8 @@ class Learner(CheckpointsMixin):
         self.timing.seconds["setup"] = time.monotonic() - started
         if self.step == 0:
             self._evaluate(background=False)
+            self._checkpoint()  # R0 and the warmed-up weights survive an early crash
         evaluated_at = self.step
-        self._checkpointed_at = time.monotonic()
         while self.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
