@@ -58,7 +58,8 @@ class BatchCollector:
         self.timeout_s = timeout_s
         self.read_block_ms = read_block_ms
         self.clock = clock
-        self.stale_total = 0  # groups dropped as stale, this process
+        self.stale_total = 0  # groups dropped as stale, run total (restored on resume)
+        self.future_total = 0  # groups from versions above the learner's, run total
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
         self.gave_up: str | None = None  # why the last `collect` ended without a batch
         self._dead_letters_counted: dict[str, int] = {}  # by reason, already in metrics
@@ -101,7 +102,11 @@ class BatchCollector:
                 last_arrival = self.clock()
                 if self._dead_letter_if_malformed(entry_id, group):
                     continue
-                if admissible(group):
+                if group.min_policy_version > version:  # a crashed run's: never negative lag
+                    self.future_total += 1
+                    self.metrics.count_future_group()
+                    self.replay.ack([entry_id])
+                elif admissible(group):
                     groups.append(group)
                     entry_ids.append(entry_id)
                     last_admitted = last_arrival
@@ -158,11 +163,14 @@ class BatchCollector:
 
 
 def staleness_histogram(values: Sequence[int], k: int) -> list[int]:
-    """Counts of each staleness 0..k (index = versions behind); larger values land in k,
-    negative ones (a worker already on newer weights) in 0."""
+    """Counts of each staleness 0..k (index = versions behind); larger values land in k.
+    Raises ValueError for a negative staleness (groups above the learner's version are
+    dropped before they are admitted, so one here is a bug)."""
     counts = [0] * (k + 1)
     for value in values:
-        counts[min(max(value, 0), k)] += 1
+        if value < 0:
+            raise ValueError(f"staleness must be >= 0 for an admitted group, got {value}")
+        counts[min(value, k)] += 1
     return counts
 
 

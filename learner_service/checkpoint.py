@@ -1,60 +1,178 @@
-"""Learner checkpoints: model weights (safetensors), optimizer state, policy version, step
-and the prompt pool's pass-rate statistics, written atomically into one folder."""
+"""Learner checkpoints, written atomically into one folder.
+
+Layout of `checkpoint/`: model.safetensors (weights), optimizer.pt (AdamW moments: nested
+state, so torch.save), rng.safetensors (torch's CPU generator state), state.json (step,
+policy version, r0, the run's counters, Python's and NumPy's RNG states) and
+prompt_pool.json (the pool's statistics with its revision stamp).
+
+Atomic replacement: the new checkpoint is written to `checkpoint.tmp/`, every file and the
+folder are fsynced, the old folder is renamed to `checkpoint.old/`, the new one renamed
+into place (and the parent fsynced), then the old one is deleted. A crash at any point
+leaves a complete checkpoint under `checkpoint/` or, between the two renames, under
+`checkpoint.old/`; `load_checkpoint` falls back to the latter.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+STATE_FILE = "state.json"
 
-def save_checkpoint(folder: Path, trainer, version: int, step: int, pool_snapshot: dict) -> Path:
-    """Write `folder` (replacing an older one only once the new one is complete).
 
-    Layout: model.safetensors, optimizer.pt, state.json {policy_version, step},
-    prompt_pool.json. Returns the folder.
+@dataclass
+class LearnerState:
+    """Everything besides the tensors that a resumed learner continues from.
+
+    step: optimizer steps taken. policy_version: the version of the saved weights. r0: the
+    step-0 held-out pass rate (the curve's R0, paper Eq. 1), None before it was measured.
+    counters: the run's totals (name -> count) of metrics.jsonl. pool: a
+    `PromptPool.snapshot()`. compute_hours: run compute when saved (accelerator-hours).
     """
+
+    step: int
+    policy_version: int
+    r0: float | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    pool: dict[str, Any] = field(default_factory=dict)
+    compute_hours: float = 0.0
+
+
+def checkpoint_exists(folder: Path) -> bool:
+    """True when `folder` (or its `.old` sibling, left by a crash mid-replace) holds a
+    complete checkpoint."""
+    return _complete(Path(folder)) is not None
+
+
+def save_checkpoint(folder: Path, trainer, state: LearnerState) -> Path:
+    """Write `trainer` (model, optimizer) and `state` to `folder`, replacing an older
+    checkpoint only once the new one is complete and on disk. Returns the folder.
+
+    Raises OSError (disk full, ...): the previous checkpoint is then still loadable."""
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp, old = _sibling(folder, ".tmp"), _sibling(folder, ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = trainer.state_dict()
-    model_sd = {k: v.detach().contiguous() for k, v in state["model"].items()}
-    tied = getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False)
-    if tied:
-        model_sd.pop("lm_head.weight", None)  # shares storage with the embedding
-    save_file(model_sd, str(tmp / "model.safetensors"))
-    torch.save(state["optimizer"], tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(
-        json.dumps({"policy_version": version, "step": step, "trainer_steps": state["steps"]})
-    )
-    (tmp / "prompt_pool.json").write_text(json.dumps(pool_snapshot))
+    try:
+        _write_files(tmp, trainer, state)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(tmp)
     if folder.exists():
-        shutil.rmtree(folder)
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
     tmp.rename(folder)
+    _fsync_dir(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)
     return folder
 
 
-def load_checkpoint(folder: Path, trainer) -> tuple[int, int, dict]:
-    """Restore the trainer from `folder`; returns (policy_version, step, pool_snapshot).
-    Raises FileNotFoundError or ValueError (mismatched model); nothing changes then."""
-    folder = Path(folder)
+def load_checkpoint(folder: Path, trainer) -> LearnerState:
+    """Restore the trainer and the RNG states from the complete checkpoint in `folder`
+    (or its `.old` sibling); returns its `LearnerState`.
+
+    Raises FileNotFoundError (no complete checkpoint) or ValueError (a checkpoint of
+    another model); the trainer is then unchanged."""
+    found = _complete(Path(folder))
+    if found is None:
+        raise FileNotFoundError(f"no complete checkpoint in {folder}")
     device = str(next(trainer.model.parameters()).device)
-    model_sd = load_file(str(folder / "model.safetensors"), device=device)
-    own = trainer.model.state_dict()
-    if "lm_head.weight" in own and "lm_head.weight" not in model_sd:
+    model_sd = load_file(str(found / "model.safetensors"), device=device)
+    if "lm_head.weight" in trainer.model.state_dict() and "lm_head.weight" not in model_sd:
         model_sd["lm_head.weight"] = model_sd["model.embed_tokens.weight"]
-    optimizer = torch.load(folder / "optimizer.pt", weights_only=True, map_location=device)
-    meta = json.loads((folder / "state.json").read_text())
-    trainer.load_state_dict(
-        {
-            "model": model_sd,
-            "optimizer": optimizer,
-            "steps": meta.get("trainer_steps", meta["step"]),
-        }
+    optimizer = torch.load(found / "optimizer.pt", weights_only=True, map_location=device)
+    meta = json.loads((found / STATE_FILE).read_text())
+    steps = meta.get("trainer_steps", meta["step"])
+    trainer.load_state_dict({"model": model_sd, "optimizer": optimizer, "steps": steps})
+    _restore_rng(found, meta.get("rng", {}))
+    pool = json.loads((found / "prompt_pool.json").read_text())
+    return LearnerState(
+        step=int(meta["step"]),
+        policy_version=int(meta["policy_version"]),
+        r0=meta.get("r0"),
+        counters={k: int(v) for k, v in meta.get("counters", {}).items()},
+        pool=pool,
+        compute_hours=float(meta.get("compute_hours", 0.0)),
     )
-    pool = json.loads((folder / "prompt_pool.json").read_text())
-    return int(meta["policy_version"]), int(meta["step"]), pool
+
+
+def _write_files(tmp: Path, trainer, state: LearnerState) -> None:
+    """Every file of one checkpoint into `tmp`, each fsynced; state.json last, so a
+    folder with state.json is complete."""
+    sd = trainer.state_dict()
+    model_sd = {k: v.detach().contiguous() for k, v in sd["model"].items()}
+    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
+        model_sd.pop("lm_head.weight", None)  # shares storage with the embedding
+    save_file(model_sd, str(tmp / "model.safetensors"))
+    torch.save(sd["optimizer"], tmp / "optimizer.pt")
+    save_file({"torch_cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    (tmp / "prompt_pool.json").write_text(json.dumps(state.pool))
+    for name in ("model.safetensors", "optimizer.pt", "rng.safetensors", "prompt_pool.json"):
+        _fsync_file(tmp / name)
+    meta = {
+        "step": state.step,
+        "policy_version": state.policy_version,
+        "trainer_steps": sd["steps"],
+        "r0": state.r0,
+        "counters": state.counters,
+        "compute_hours": state.compute_hours,
+        "rng": _rng_state(),
+    }
+    (tmp / STATE_FILE).write_text(json.dumps(meta))
+    _fsync_file(tmp / STATE_FILE)
+
+
+def _rng_state() -> dict[str, Any]:
+    """Python's and NumPy's global RNG states as JSON (torch's goes to rng.safetensors)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def _restore_rng(folder: Path, rng: dict[str, Any]) -> None:
+    if (folder / "rng.safetensors").exists():
+        torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch_cpu"])
+    if "python" in rng:
+        version, internal, gauss = rng["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in rng:
+        kind, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _complete(folder: Path) -> Path | None:
+    for candidate in (folder, _sibling(folder, ".old")):
+        if (candidate / STATE_FILE).exists():
+            return candidate
+    return None
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
+    return folder.with_name(folder.name + suffix)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the folder's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

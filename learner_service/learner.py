@@ -30,12 +30,13 @@ import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.catch_up import WeightCatchUp
-from learner_service.checkpoint import load_checkpoint, save_checkpoint
 from learner_service.eval_schedule import EvalJob, EvalScheduler
 from learner_service.evaluate import Evaluator
+from learner_service.learner_checkpoints import CheckpointsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.publish import WeightPublisher
 from learner_service.records import EvalRecord, StepRecord, append_record
+from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
 from learner_service.timing import LearnerTiming
 from learner_service.trainer import Trainer
@@ -58,7 +59,7 @@ from scalerl.v1 import rollout_pb2
 log = logging.getLogger(__name__)
 
 
-class Learner:
+class Learner(CheckpointsMixin):
     """One training run's learner. `run(stop)` returns 0 on a finished run."""
 
     def __init__(
@@ -106,6 +107,11 @@ class Learner:
         self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
         self._closing = threading.Event()
         self._published = -1  # policy version of the weights last published
+        # Versions a crashed learner published after its last checkpoint (exclusive
+        # bounds): groups made with them are dropped as stale (`learner_service.resume`).
+        self._lost_versions = (0, 0)
+        self._checkpointed_at = time.monotonic()
+        self._checkpointed_step = -1
         self.timing = LearnerTiming()
 
     # ----- setup -------------------------------------------------------------------------
@@ -133,13 +139,10 @@ class Learner:
             WeightCatchUp(
                 self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
             ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)
-        resume = self.run_dir / "checkpoint"
-        if (resume / "state.json").exists():
-            self.version, self.step, snapshot = load_checkpoint(resume, self.trainer)
-            self.pool.restore(snapshot)
-            log.info("resumed at step %d, policy version %d", self.step, self.version)
-        elif cfg.model.warmup_steps:
+        if not self._resume() and cfg.model.warmup_steps:
             self._warmup()
+        if self.step < cfg.learner.max_steps:
+            self.state.clear_stop()  # a finished run resumed with new limits goes on
         self.state.set_policy_version(self.version)
         obs_logging.set_policy_version(self.version)
         self._open_ppo_batch()
@@ -224,6 +227,7 @@ class Learner:
         self.timing.seconds["setup"] = time.monotonic() - started
         if self.step == 0:
             self._evaluate(background=False)
+            self._checkpoint()  # R0 and the warmed-up weights survive an early crash
         evaluated_at = self.step
         while self.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
@@ -239,14 +243,17 @@ class Learner:
             if self.step // cfg.eval_every > evaluated_at // cfg.eval_every:
                 self._evaluate(background=not self._ppo)
                 evaluated_at = self.step
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            if self._checkpoint_due():
                 self._checkpoint()
-        self._finish_evaluation(block=True)
-        if evaluated_at != self.step:
-            self._evaluate(background=False)
-        checkpoint_start = time.monotonic()
-        self._checkpoint()
-        self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
+        try:  # the final evaluation, while the workers still serve (the launcher stops
+            # the learner first); the checkpoint is written even if it fails
+            self._finish_evaluation(block=True)
+            if evaluated_at != self.step:
+                self._evaluate(background=False)
+        finally:
+            checkpoint_start = time.monotonic()
+            self._checkpoint()
+            self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
         self.timing.write(self.run_dir / "learner_timing.json", self.compute.by_role())
         self.state.request_stop()
@@ -258,7 +265,12 @@ class Learner:
         groups, entry_ids = self._collect_batch(
             stop,
             self.config.learner.batch_prompts,
-            lambda g: is_admissible(self.version, g.min_policy_version, k),
+            lambda g: (
+                is_admissible(self.version, g.min_policy_version, k)
+                and not from_lost_versions(
+                    g.min_policy_version, g.max_policy_version, self._lost_versions
+                )
+            ),
         )
         if groups:
             self._train_step(groups, entry_ids)
@@ -370,6 +382,7 @@ class Learner:
             zero_variance_frac=metrics["groups_zero_variance"] / len(groups),
             groups_stale_total=self.batches.stale_total,
             groups_dead_lettered_total=self.batches.dead_lettered_total,
+            groups_future_total=self.batches.future_total,
             **self.counters,
             prompts_eligible=self.pool.eligible_count(),
             groups_in_batch=len(groups),
@@ -467,9 +480,10 @@ class Learner:
             time=time.time(),
         )
 
-    def _record_curve_point(self, compute: float, pass_rate: float) -> None:
+    def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
         """Record the evaluation on the curve service, which refits the run's curve; the
-        launcher writes curve.json from the service at the end of the run."""
+        launcher writes curve.json from the service at the end of the run. quiet: do not
+        log the refit (points recorded again on resume)."""
         if not self.curve_address:
             return
         try:
@@ -480,7 +494,7 @@ class Learner:
         except ServiceError as exc:
             log.warning("curve service: %s %s", exc.status, exc)
             return
-        if recorded.fit is not None:
+        if recorded.fit is not None and not quiet:
             fit = recorded.fit
             log.info(
                 "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
@@ -489,11 +503,6 @@ class Learner:
                 fit.b,
                 fit.c_mid,
             )
-
-    def _checkpoint(self) -> None:
-        save_checkpoint(
-            self.run_dir / "checkpoint", self.trainer, self.version, self.step, self.pool.snapshot()
-        )
 
     def close(self) -> None:
         self._closing.set()

@@ -83,7 +83,8 @@ class LearnerMetrics:
             "scalerl_replay_groups_total",
             "Groups read from the replay stream, by outcome: used (trained on), "
             "zero_variance (all rewards equal: no signal; dropped when the filter is on), "
-            "stale (beyond k, dropped).",
+            "stale (beyond k, dropped), future_version (above the learner's version: left by "
+            "a crashed run's learner, dropped).",
             ["outcome"],
             registry=registry,
         )
@@ -152,3 +153,8 @@ class LearnerMetrics:
     def count_dead_lettered(self, reason: str, count: int = 1) -> None:
         """`count` groups moved to the dead-letter stream for `reason`."""
         self.groups_dead_lettered.labels(reason).inc(count)
+
+    def count_future_group(self) -> None:
+        """One group whose policy version is above the learner's (left by a crashed run's
+        learner), dropped instead of admitted with negative staleness."""
+        self.groups.labels("future_version").inc()

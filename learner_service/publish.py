@@ -145,10 +145,7 @@ class WeightPublisher:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(payload)
         tmp.rename(path)  # atomic: a reader never sees half a file
-        old = sorted(
-            self.weights_dir.glob("policy-v*.safetensors"), key=lambda p: int(p.stem.split("-v")[1])
-        )
-        for stale in old[:-_KEEP_FILES]:
+        for stale in files_to_remove(self.weights_dir, version):
             stale.unlink(missing_ok=True)
         return str(path)
 
@@ -180,3 +177,17 @@ class WeightPublisher:
                 exc.details(),
             )
             return False
+
+
+def files_to_remove(weights_dir: Path, written: int, keep: int = _KEEP_FILES) -> list[Path]:
+    """The payload files of `weights_dir` to delete after writing version `written`: all
+    but the `keep` highest versions, and never `written` itself (files a crashed run left
+    may carry higher numbers; a worker must always find the version just announced)."""
+    by_version = sorted(
+        (int(p.name[len("policy-v") : -len(".safetensors")]), p)
+        for p in weights_dir.glob("policy-v*.safetensors")
+        if p.name[len("policy-v") : -len(".safetensors")].isdigit()
+    )
+    others = [(v, p) for v, p in by_version if v != written]
+    kept = {v for v, _ in others[-(keep - 1) :]} if keep > 1 else set()
+    return [p for v, p in others if v not in kept]

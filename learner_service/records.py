@@ -72,6 +72,11 @@ class StepRecord(_Record):
     groups_dead_lettered_total: int | None = Field(
         None, description="Groups moved to the dead-letter stream (malformed), this process."
     )
+    groups_future_total: int | None = Field(
+        default=None,
+        description="Groups dropped for a policy version above the learner's (left by a "
+        "crashed run's learner), run total.",
+    )
     groups_zero_variance_total: int = Field(
         description="Groups with all rewards equal, run total (dropped when the filter is on)."
     )
@@ -143,6 +148,34 @@ class EvalRecord(_Record):
     time: float = Field(description="Unix seconds when it was recorded (after it ended).")
 
 
+class ResumeRecord(_Record):
+    """One resume of the run from its checkpoint (a line of resumes.jsonl): where it went
+    on from, what of the previous process's work after the checkpoint was superseded."""
+
+    FILE: ClassVar[str] = "resumes.jsonl"
+
+    step: int = Field(description="The checkpoint's step: the run continues with step + 1.")
+    checkpoint_version: int = Field(description="Policy version of the checkpoint's weights.")
+    policy_version: int = Field(
+        description="The version the resumed learner published: above every version "
+        "label found in Redis, so versions only go up."
+    )
+    steps_discarded: int = Field(description="Step records after the checkpoint, dropped.")
+    evals_discarded: int = Field(description="Evaluation records after the checkpoint, dropped.")
+    groups_lost: int = Field(
+        description="Groups acknowledged by the discarded steps: trained into weights the "
+        "crash lost, never read again."
+    )
+    groups_replayed: int = Field(
+        description="Groups read but not acknowledged by the previous learner: read again."
+    )
+    pool_restored: bool = Field(
+        description="Whether the checkpoint's prompt pool replaced Redis's (only when Redis "
+        "held an older or no pool)."
+    )
+    time: float = Field(description="Unix seconds of the resume.")
+
+
 R = TypeVar("R", bound=_Record)
 
 
@@ -170,6 +203,27 @@ def _cut_partial_line(handle) -> None:
     handle.seek(0)
     keep = handle.read().rfind(b"\n") + 1
     handle.truncate(keep)
+
+
+def keep_records_until(run_dir: Path, kind: type[R], step: int) -> list[R]:
+    """Cut `kind`'s file in `run_dir` to the records of steps <= `step` (a resumed run
+    continues one timeline from its checkpoint at `step`: what the crashed run wrote after
+    it is superseded). The file is replaced atomically (a temporary file renamed over it).
+    Returns the records dropped, in file order; [] when nothing changed.
+
+    Raises ValueError as `read_records` does (the file is then unchanged)."""
+    records = read_records(run_dir, kind)
+    kept = [r for r in records if r.step <= step]
+    if len(kept) == len(records):
+        return []
+    path = Path(run_dir) / kind.FILE
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        handle.writelines(json.dumps(r.model_dump()) + "\n" for r in kept)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    return [r for r in records if r.step > step]
 
 
 def read_records(run_dir: Path, kind: type[R]) -> list[R]:

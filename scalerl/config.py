@@ -203,7 +203,19 @@ class LearnerConfig(_Section):
     eval_every: int = Field(5, ge=1, description="Evaluate every N optimizer steps.")
     eval_samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")
     eval_temperature: float = Field(1.0, ge=0.0, le=5.0, description="Eval temperature.")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = end).")
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        le=10_000_000,
+        description="Checkpoint every N optimizer steps (0 = only by time and at the end).",
+    )
+    checkpoint_minutes: float = Field(
+        15.0,
+        ge=0,
+        le=10_080,
+        description="Also checkpoint when this many minutes passed since the last "
+        "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
+    )
     weight_transport: Literal["stream", "uri"] = Field(
         "uri", description="Send weights as a path on shared storage, or as gRPC chunks."
     )

@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from learner_service.records import EvalRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
 from scalerl.config import RunConfig, dump_config
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
@@ -39,6 +39,8 @@ from scalerl.rpc.curve_client import (
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
+from scalerl.state.client import connect
+from scalerl.state.run_state import RunState
 from scalerl_cli.plot import plot_fit
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
@@ -86,9 +88,13 @@ def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
     return RunConfig(**payload["config"]), precision
 
 
-def run(config: RunConfig, run_dir: Path) -> int:
+def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     """Run one training job end to end; returns the process exit code (0 = success, 2 =
-    a config this machine or model cannot run, printed as one line)."""
+    a config this machine or model cannot run, printed as one line).
+
+    resume: continue the run in `run_dir` (its Redis data, its checkpoint, the learner
+    cuts its records to one timeline); the stop flag a finished run left is cleared
+    before any worker starts, so the run goes on to its new limits."""
     try:
         config, precision = preflight(config)
     except ValueError as exc:
@@ -106,6 +112,8 @@ def run(config: RunConfig, run_dir: Path) -> int:
     children: list[Child] = []
     started, started_unix = time.monotonic(), time.time()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
+        if resume:
+            prepare_resume(redis_server.url, config.run_id)
         try:
             curve_address = _start_services(
                 config, config_path, run_dir, redis_server.url, logs, children, child_env
@@ -116,15 +124,15 @@ def run(config: RunConfig, run_dir: Path) -> int:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: stopping every process[/]")
-            stop_children(children)
+            _stop_in_order(children)
             return 130
         except RunFailed as exc:
             console.print(f"[red]run failed:[/] {escape(str(exc))}")
-            stop_children(children)
+            _stop_in_order(children)
             return 1
         wall = time.monotonic() - started
         _finish_report(run_dir, config, curve_address, (started_unix, wall), precision)
-        stop_children(children)
+        _stop_in_order(children)
     # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
     # the final weights.
     shutil.rmtree(run_dir / "weights", ignore_errors=True)
@@ -159,6 +167,26 @@ def _curve_security_args(config: RunConfig) -> list[str]:
     flags += [("--tls-ca", s.tls_ca_file)]
     args = [part for flag, value in flags if value for part in (flag, value)]
     return args + (["--require-client-cert"] if s.require_client_cert else [])
+
+
+def prepare_resume(redis_url: str, run_id: str) -> None:
+    """Before a resumed run's workers start: clear the stop flag a finished run left (or
+    the workers would stop at once) and forget a publication whose payload file is gone
+    (the workers would fail loading it; they wait for the resumed learner's instead)."""
+    state = RunState(connect(redis_url), run_id)
+    state.clear_stop()
+    latest = state.get_latest_weights()
+    if latest is not None and latest.uri and not Path(latest.uri).exists():
+        state.forget_latest_weights()
+
+
+def _stop_in_order(children: list[Child], learner_grace_s: float = 300.0) -> None:
+    """Stop the learner first (SIGTERM: it ends its step, runs the final evaluation on
+    the still-serving workers and writes its checkpoint; killed after learner_grace_s),
+    then the workers and the curve service."""
+    learners = [c for c in children if c.name == "learner"]
+    stop_children(learners, grace_s=learner_grace_s)
+    stop_children([c for c in children if c.name != "learner"])
 
 
 def _start_services(
@@ -344,6 +372,19 @@ def training_health(steps: list[StepRecord]) -> dict:
     }
 
 
+def resume_summary(resumes: list[ResumeRecord]) -> dict:
+    """The run's resumes from its checkpoint (resumes.jsonl): how many, the groups
+    acknowledged after a checkpoint by steps a crash lost (lost) and those read but never
+    acknowledged, read again (replayed), and each resume's record."""
+    return {
+        "count": len(resumes),
+        "groups_lost": sum(r.groups_lost for r in resumes),
+        "groups_replayed": sum(r.groups_replayed for r in resumes),
+        "steps_discarded": sum(r.steps_discarded for r in resumes),
+        "records": [r.model_dump() for r in resumes],
+    }
+
+
 def time_profile(timing_path: Path, workers: int) -> dict:
     """Where the run's time went: the learner's wall seconds by activity (set-up, training,
     waiting for groups, publishing on its own thread, waiting for evaluations, the final
@@ -406,6 +447,7 @@ def _finish_report(
         "fit_first_half": half.to_dict() if half else None,
         "health": training_health(read_records(run_dir, StepRecord)),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
+        "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
     }
     if half and half.predictions:
         report["predicted_final_from_first_half"] = half.predictions[0].to_dict()

@@ -1,5 +1,7 @@
 """The `scalerl` command: `scalerl run [--config NAME_OR_PATH] [--recipe NAME]
-[--leave-out COMPONENT] [--set KEY=VALUE] [--run-dir DIR]`; `scalerl sweep --vary
+[--leave-out COMPONENT] [--set KEY=VALUE] [--run-dir DIR]`; `scalerl run --resume RUN_DIR
+[--set KEY=VALUE]` (continue a run: its config.yaml, its Redis data, its checkpoint);
+`scalerl sweep --vary
 KEY=V1,V2 ...` (see `scalerl_cli.sweep`); `scalerl curve fit|compare ...` (see
 `scalerl_cli.curve_cli`).
 
@@ -55,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
     )
     run.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="Continue the run in RUN_DIR from its checkpoint, with its config.yaml (--set "
+        "may change limits, e.g. learner.max_steps).",
+    )
+    run.add_argument(
         "--rollout-workers",
         type=int,
         default=None,
@@ -98,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.set)
     if args.rollout_workers is not None:
         overrides.append(f"rollout.workers={args.rollout_workers}")
-    config = load_config_or_none("scalerl", args.config, overrides, args.recipe, args.leave_out)
+    run_dir, problem = _run_dir_or_problem(args)
+    if problem:
+        print(f"scalerl: {problem}", file=sys.stderr)
+        return 2
+    config_source = str(run_dir / "config.yaml") if args.resume else args.config
+    config = load_config_or_none("scalerl", config_source, overrides, args.recipe, args.leave_out)
     if config is None:
         return 2
     from scalerl.obs.logging import setup_logging
@@ -110,7 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     # ignores SIGINT, as non-interactive shells do for background jobs: Python leaves an
     # inherited "ignore" in place unless told otherwise.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    return launcher.run(config, args.run_dir or launcher.default_run_dir(config))
+    return launcher.run(
+        config, run_dir or launcher.default_run_dir(config), resume=args.resume is not None
+    )
+
+
+def _run_dir_or_problem(args: argparse.Namespace) -> tuple[Path | None, str]:
+    """(the run folder, "") or (None, one line saying why the command cannot run): a new
+    run needs an empty folder, a resume an existing run folder, never both options."""
+    if args.resume is not None:
+        if args.run_dir is not None and args.run_dir != args.resume:
+            return None, "--resume RUN_DIR names the run folder: drop --run-dir"
+        if args.config != "default" or args.recipe or args.leave_out:
+            return None, "--resume uses the run's config.yaml: change fields with --set"
+        if not (args.resume / "config.yaml").is_file():
+            return None, f"--resume {args.resume}: no config.yaml there (not a run folder)"
+        return args.resume, ""
+    if args.run_dir is not None and args.run_dir.is_dir() and any(args.run_dir.iterdir()):
+        return None, (
+            f"run folder {args.run_dir} is not empty: continue it with "
+            f"`scalerl run --resume {args.run_dir}` or choose another --run-dir"
+        )
+    return args.run_dir, ""
 
 
 def _sweep(args: argparse.Namespace) -> int:

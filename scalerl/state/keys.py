@@ -54,6 +54,8 @@ class RunKeys:
         self.pool_attempts = run_key(run_id, "pool", "attempts")
         self.pool_passes = run_key(run_id, "pool", "passes")
         self.pool_initialized = run_key(run_id, "pool", "initialized")
+        # Revision of the pool: +1 on every recorded outcome or retirement (snapshot guard).
+        self.pool_revision = run_key(run_id, "pool", "revision")
         # Run state.
         self.policy_version = run_key(run_id, "state", "policy_version")
         self.latest_weights = run_key(run_id, "state", "latest_weights")

@@ -2,7 +2,8 @@
 No-Positive-Resampling (ScaleRL paper Sec. 3.2; ARCHITECTURE sec. 4-5).
 
 Keys under `scalerl:{run_id}:pool:` — `eligible` (set), `retired` (set), `attempts` and
-`passes` (hashes prompt id -> cumulative count), `initialized` (flag).
+`passes` (hashes prompt id -> cumulative count), `initialized` (flag), `revision` (+1 on
+every recorded outcome or retirement: a checkpoint's snapshot never overwrites a newer pool).
 
 No-Positive-Resampling: once a prompt's historical pass rate passes/attempts reaches the
 threshold (0.9 in the paper) after at least `min_attempts` attempts, it leaves the pool for
@@ -43,6 +44,7 @@ if redis.call('SCARD', KEYS[1]) <= 1 then
   return 0
 end
 redis.call('SMOVE', KEYS[1], KEYS[2], ARGV[1])
+redis.call('INCR', KEYS[3])
 return 1
 """
 
@@ -51,6 +53,7 @@ return 1
 _RECORD_RETIRE_LUA = """
 local a = redis.call('HINCRBY', KEYS[3], ARGV[1], ARGV[2])
 local p = redis.call('HINCRBY', KEYS[4], ARGV[1], ARGV[3])
+redis.call('INCR', KEYS[5])
 local retired = 0
 if a >= tonumber(ARGV[5]) and p / a >= tonumber(ARGV[4])
     and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1
@@ -73,6 +76,7 @@ class PromptPool:
         self._attempts = keys.pool_attempts
         self._passes = keys.pool_passes
         self._initialized = keys.pool_initialized
+        self._revision = keys.pool_revision
         self._init_script = client.register_script(_INIT_LUA)
         self._retire_script = client.register_script(_RETIRE_LUA)
         self._record_retire_script = client.register_script(_RECORD_RETIRE_LUA)
@@ -113,7 +117,8 @@ class PromptPool:
         with self._client.pipeline(transaction=True) as pipe:
             pipe.hincrby(self._attempts, prompt_id, int(attempts))
             pipe.hincrby(self._passes, prompt_id, int(passes))
-            total_attempts, total_passes = pipe.execute()
+            pipe.incr(self._revision)
+            total_attempts, total_passes, _ = pipe.execute()
         return int(total_attempts), int(total_passes)
 
     def record_and_maybe_retire(
@@ -138,7 +143,7 @@ class PromptPool:
         if min_attempts < 1:
             raise ValueError(f"min_attempts must be >= 1, got {min_attempts}")
         _, _, retired = self._record_retire_script(
-            keys=[self._eligible, self._retired, self._attempts, self._passes],
+            keys=[self._eligible, self._retired, self._attempts, self._passes, self._revision],
             args=[prompt_id, int(attempts), int(passes), repr(float(threshold)), min_attempts],
         )
         return bool(retired)
@@ -147,7 +152,8 @@ class PromptPool:
         """Move the prompt to the retired set for good. Returns False when it is not
         eligible or is the last eligible prompt (kept so the run can continue)."""
         _check_id(prompt_id)
-        return bool(self._retire_script(keys=[self._eligible, self._retired], args=[prompt_id]))
+        keys = [self._eligible, self._retired, self._revision]
+        return bool(self._retire_script(keys=keys, args=[prompt_id]))
 
     def stats(self, prompt_id: str) -> tuple[int, int]:
         """Cumulative (attempts, passes) of one prompt; (0, 0) when never recorded."""
@@ -168,15 +174,17 @@ class PromptPool:
     def snapshot(self) -> dict[str, Any]:
         """A consistent (read in one MULTI), JSON-serialisable copy for checkpoints:
         {"initialized": bool, "eligible": [ids], "retired": [ids],
-        "attempts": {id: int}, "passes": {id: int}}."""
+        "attempts": {id: int}, "passes": {id: int}, "revision": int}."""
         with self._client.pipeline(transaction=True) as pipe:
             pipe.exists(self._initialized)
             pipe.smembers(self._eligible)
             pipe.smembers(self._retired)
             pipe.hgetall(self._attempts)
             pipe.hgetall(self._passes)
-            initialized, eligible, retired, attempts, passes = pipe.execute()
+            pipe.get(self._revision)
+            initialized, eligible, retired, attempts, passes, revision = pipe.execute()
         return {
+            "revision": int(revision or 0),
             "initialized": bool(initialized),
             "eligible": sorted(text(m) for m in eligible),
             "retired": sorted(text(m) for m in retired),
@@ -184,16 +192,34 @@ class PromptPool:
             "passes": {text(k): int(v) for k, v in sorted(passes.items())},
         }
 
-    def restore(self, snapshot: Mapping[str, Any]) -> None:
-        """Replace the pool with a `snapshot()` result, atomically (one MULTI).
+    def revision(self) -> int:
+        """Recorded outcomes and retirements so far (0 for a fresh pool)."""
+        return int(self._client.get(self._revision) or 0)
+
+    def restore(self, snapshot: Mapping[str, Any]) -> bool:
+        """Replace the pool with a `snapshot()` result, atomically (one MULTI), unless
+        Redis holds a pool at least as new (its revision >= the snapshot's): a learner
+        resumed from an older checkpoint keeps the newer pool, and prompts retired by
+        No-Positive-Resampling after the checkpoint stay retired. Returns True when it
+        replaced the pool. A snapshot without a revision (older checkpoints) counts as
+        revision 0, so it only fills a pool Redis lost.
 
         The snapshot is validated first, so bad input changes nothing: raises ValueError
         naming the field (missing keys, a non-string id, a negative or non-integer count,
         passes > attempts, an id both eligible and retired).
         """
         eligible, retired, attempts, passes, initialized = _validate_snapshot(snapshot)
+        revision = snapshot.get("revision", 0)
+        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+            raise ValueError(f"snapshot.revision must be an integer >= 0, got {revision!r}")
         keys = [self._eligible, self._retired, self._attempts, self._passes, self._initialized]
         with self._client.pipeline(transaction=True) as pipe:
+            pipe.watch(self._revision, self._initialized)
+            current = int(pipe.get(self._revision) or 0)
+            if pipe.exists(self._initialized) and current >= revision:
+                pipe.unwatch()
+                return False
+            pipe.multi()
             pipe.delete(*keys)
             if eligible:
                 pipe.sadd(self._eligible, *eligible)
@@ -205,7 +231,9 @@ class PromptPool:
                 pipe.hset(self._passes, mapping=passes)
             if initialized:
                 pipe.set(self._initialized, "1")
-            pipe.execute()
+            pipe.set(self._revision, revision)
+            pipe.execute()  # raises WatchError if the pool changed meanwhile: nothing written
+        return True
 
 
 def _validate_snapshot(

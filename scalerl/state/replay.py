@@ -137,6 +137,16 @@ class ReplayStream:
                 raise
             return 0
 
+    def max_policy_version(self) -> int | None:
+        """The highest policy version any group still in the stream carries (None when
+        empty): a resumed learner's versions must start above it."""
+        versions = [
+            group.max_policy_version
+            for _, fields in self._client.xrange(self._key, count=max(1, self._capacity))
+            if (group := _parse(fields)) is not None
+        ]
+        return max(versions, default=None)
+
     def try_push(self, group: rollout_pb2.RolloutGroup) -> str | None:
         """One atomic attempt: the new entry id, or None when the stream is full."""
         payload = _serialize(group)

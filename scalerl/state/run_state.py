@@ -84,6 +84,15 @@ class RunState:
             raise ValueError(f"policy_version must be an integer >= 0, got {version!r}")
         self._client.set(self._version, version)
 
+    def highest_version_label(self) -> int | None:
+        """The highest policy version the run's state names (the announced version, the
+        latest published weights); None for a run that never announced one."""
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.get(self._version)
+            pipe.hget(self._weights, "version")
+            labels = [int(v) for v in pipe.execute() if v is not None]
+        return max(labels, default=None)
+
     def get_latest_weights(self) -> WeightsRef | None:
         """The most recently published weights, or None before the first publication."""
         fields = self._client.hgetall(self._weights)
@@ -107,6 +116,12 @@ class RunState:
             "total_bytes": ref.total_bytes,
         }
         self._client.hset(self._weights, mapping=mapping)
+
+    def forget_latest_weights(self) -> None:
+        """Drop the publication record (its file is gone: a finished run's launcher
+        removes transient payloads); workers then wait for the learner's next publish.
+        The announced policy version stays."""
+        self._client.delete(self._weights)
 
     def set_generation_quota(self, version: int, groups: int) -> None:
         """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated

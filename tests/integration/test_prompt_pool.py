@@ -82,6 +82,7 @@ def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
         "retired": ["a"],
         "attempts": {"a": 10, "b": 4},
         "passes": {"a": 10, "b": 1},
+        "revision": 2,
     }
     copy = PromptPool(redis_client, run_id + "-copy")
     copy.init(["zzz"])
@@ -95,3 +96,32 @@ def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
     assert copy.snapshot() == snap  # nothing half-applied
     with pytest.raises(ValueError, match="eligible and retired"):
         copy.restore(dict(snap, retired=["a", "b"]))
+
+
+def test_an_older_snapshot_never_overwrites_a_newer_pool(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """A learner resumed from a checkpoint taken before a prompt was retired by
+    No-Positive-Resampling: Redis holds the newer pool, which stays (the prompt stays
+    retired)."""
+    pool = PromptPool(redis_client, run_id)
+    pool.init(["a", "b", "c"])
+    pool.record("b", 4, 1)
+    checkpointed = pool.snapshot()
+    assert checkpointed["revision"] == 1
+    assert pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
+    newer = pool.snapshot()
+    assert pool.restore(checkpointed) is False
+    assert pool.snapshot() == newer and pool.retired_count() == 1
+    assert pool.restore(newer) is False  # the same revision: nothing to do
+
+
+def test_a_snapshot_refills_a_pool_redis_lost(redis_client: redis.Redis, run_id: str) -> None:
+    pool = PromptPool(redis_client, run_id)
+    pool.init(["a", "b"])
+    pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
+    snap = pool.snapshot()
+    fresh = PromptPool(redis_client, run_id + "-lost")
+    fresh.init(["a", "b"])  # a Redis that lost its data: the learner's init refills it
+    assert fresh.restore(snap) is True
+    assert fresh.snapshot() == snap and fresh.retired_count() == 1

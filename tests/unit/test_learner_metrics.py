@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
@@ -63,8 +64,14 @@ RECORD = StepRecord(
 def test_staleness_histogram_counts_each_lag() -> None:
     assert staleness_histogram([0, 1, 1, 2], k=2) == [1, 2, 1]
     assert staleness_histogram([], k=1) == [0, 0]
-    # A worker already on newer weights (-1) counts as on-policy; beyond k lands in k.
-    assert staleness_histogram([-1, 5], k=2) == [1, 0, 1]
+    assert staleness_histogram([0, 5], k=2) == [1, 0, 1]  # beyond k lands in k
+
+
+def test_staleness_histogram_refuses_a_negative_lag() -> None:
+    """A negative staleness means a group above the learner's version was admitted: an
+    error, never hidden in bucket 0."""
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        staleness_histogram([-1, 1], k=2)
 
 
 def test_finish_reason_counts_names_every_reason() -> None:
@@ -183,3 +190,23 @@ def test_collector_returns_nothing_when_stopped(redis_client, run_id) -> None:
     )
     assert (groups, entry_ids) == ([], [])
     assert replay.depth() == 1  # read but unacknowledged: a restarted learner reads it again
+
+
+def test_collector_drops_groups_above_the_learner_version(redis_client, run_id) -> None:
+    """Groups a crashed run's workers made with versions the resumed learner has not
+    reached are dropped and counted by their own reason, never admitted with negative
+    staleness (even by an admissibility check that would take them)."""
+    replay = ReplayStream(redis_client, run_id, capacity=8)
+    for gid, version in (("old", 4), ("future", 7), ("ok", 5)):
+        replay.push(_group(gid, version))
+    registry = CollectorRegistry()
+    collector = BatchCollector(
+        replay, RunState(redis_client, run_id), LearnerMetrics(registry), ppo=False
+    )
+    groups, _ = collector.collect(
+        threading.Event(), want=2, admissible=lambda g: True, version=5, between_reads=lambda: None
+    )
+    assert [g.group_id for g in groups] == ["old", "ok"]
+    assert collector.future_total == 1 and collector.stale_total == 0
+    value = registry.get_sample_value
+    assert value("scalerl_replay_groups_total", {"outcome": "future_version"}) == 1

@@ -8,7 +8,13 @@ import math
 
 import pytest
 
-from learner_service.records import EvalRecord, StepRecord, append_record, read_records
+from learner_service.records import (
+    EvalRecord,
+    StepRecord,
+    append_record,
+    keep_records_until,
+    read_records,
+)
 from scalerl_cli.launcher import training_health
 
 STEP = {
@@ -165,3 +171,17 @@ def test_training_health_sums_up_the_step_records() -> None:
         "grad_norm_max": 1.25,
     }
     assert training_health([]) == {}
+
+
+def test_keep_records_until_cuts_the_crashed_runs_tail(tmp_path) -> None:
+    """A resume from the checkpoint at step 4: the records of steps 5 and 6 the crashed
+    run wrote are dropped, so the resumed run's step 5 follows step 4 in one timeline."""
+    for step in range(3, 7):
+        append_record(tmp_path, StepRecord(**(STEP | {"step": step})))
+    dropped = keep_records_until(tmp_path, StepRecord, 4)
+    assert [r.step for r in dropped] == [5, 6]
+    assert [r.step for r in read_records(tmp_path, StepRecord)] == [3, 4]
+    append_record(tmp_path, StepRecord(**(STEP | {"step": 5})))
+    assert [r.step for r in read_records(tmp_path, StepRecord)] == [3, 4, 5]
+    assert keep_records_until(tmp_path, StepRecord, 9) == []
+    assert keep_records_until(tmp_path, EvalRecord, 0) == []  # no file: nothing to cut

@@ -1,0 +1,103 @@
+"""The learner's checkpoints and resume (a mixin of `learner_service.learner.Learner`):
+when to checkpoint, what a checkpoint holds, and how a (re)started learner continues
+from one (the rules are in `learner_service.resume`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from learner_service.checkpoint import (
+    LearnerState,
+    checkpoint_exists,
+    load_checkpoint,
+    save_checkpoint,
+)
+from learner_service.records import EvalRecord, StepRecord, read_records
+from learner_service.resume import one_timeline, redis_labels, resumed_version
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointsMixin:
+    """Checkpoint and resume for the Learner (which provides run_dir, config, trainer,
+    pool, replay, state, batches, counters, compute, step, version, r0 and
+    `_record_curve_point`)."""
+
+    def _resume(self) -> bool:
+        """Continue from the run folder's checkpoint, if there is one; in any case start
+        above every policy version Redis names and keep one timeline of records (see
+        `learner_service.resume`). Returns True when a checkpoint was loaded."""
+        folder = self.run_dir / "checkpoint"
+        loaded = checkpoint_exists(folder)
+        pool_restored = False
+        if loaded:
+            saved = load_checkpoint(folder, self.trainer)
+            self.step, self.version, self.r0 = saved.step, saved.policy_version, saved.r0
+            self.batches.stale_total = saved.counters.pop("groups_stale_total", 0)
+            self.batches.future_total = saved.counters.pop("groups_future_total", 0)
+            self.counters.update(saved.counters)
+            pool_restored = self.pool.restore(saved.pool)
+        checkpoint_version = self.version
+        self.version = resumed_version(self.version, redis_labels(self.state, self.replay))
+        if not loaded and self.version == checkpoint_version and not self._has_records():
+            return False  # a fresh run
+        self._lost_versions = (checkpoint_version, self.version)
+        record = one_timeline(
+            self.run_dir,
+            self.step if loaded else -1,
+            checkpoint_version,
+            self.version,
+            self.replay.pending(),
+            pool_restored,
+        )
+        log.info(
+            "resumed at step %d from policy version %d as version %d (%d later steps, "
+            "%d groups lost, %d read again; prompt pool from %s)",
+            self.step,
+            checkpoint_version,
+            self.version,
+            record.steps_discarded,
+            record.groups_lost,
+            record.groups_replayed,
+            "the checkpoint" if pool_restored else "Redis",
+        )
+        self._record_kept_points()
+        return loaded
+
+    def _has_records(self) -> bool:
+        return any((self.run_dir / kind.FILE).exists() for kind in (StepRecord, EvalRecord))
+
+    def _record_kept_points(self) -> None:
+        """Record the kept evaluations on the curve service again (idempotent there)."""
+        for record in read_records(self.run_dir, EvalRecord):
+            self._record_curve_point(record.compute, record.pass_rate, quiet=True)
+
+    def _checkpoint_due(self) -> bool:
+        """Every `checkpoint_every` steps, or `checkpoint_minutes` after the last one."""
+        cfg = self.config.learner
+        if self.step == self._checkpointed_step:
+            return False  # no step since (a loop turn that only recorded an evaluation)
+        by_steps = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+        minutes = (time.monotonic() - self._checkpointed_at) / 60
+        return bool(by_steps or (cfg.checkpoint_minutes and minutes >= cfg.checkpoint_minutes))
+
+    def _checkpoint(self) -> None:
+        """Save model, optimizer, RNG states, step, version, r0, the run's counters and
+        the prompt pool atomically (`learner_service.checkpoint`)."""
+        counters = self.counters | {
+            "groups_stale_total": self.batches.stale_total,
+            "groups_future_total": self.batches.future_total,
+        }
+        state = LearnerState(
+            step=self.step,
+            policy_version=self.version,
+            r0=self.r0,
+            counters=counters,
+            pool=self.pool.snapshot(),
+            compute_hours=self.compute.total_hours(),
+        )
+        save_checkpoint(self.run_dir / "checkpoint", self.trainer, state)
+        self._checkpointed_at = time.monotonic()
+        self._checkpointed_step = self.step
+        log.info("checkpoint at step %d, policy version %d", self.step, self.version)

@@ -1,0 +1,86 @@
+"""Resuming a run from its checkpoint: one timeline in the run folder, versions that only
+go up, the prompt pool that is newest.
+
+A learner that finds `checkpoint/` in its run folder (after `scalerl run --resume`, or a
+supervisor's restart with the same command line) continues from it:
+- records: metrics.jsonl and eval.jsonl are cut to the checkpoint's step (what a crashed
+  process wrote after it is superseded by the resumed run's records); a line of
+  resumes.jsonl says what was dropped, which groups were lost (acknowledged by discarded
+  steps) and which are read again (never acknowledged);
+- versions: the resumed learner's version is above every label in Redis (the announced
+  version, the latest weights, every group in the replay stream), so no version number
+  names two different weights and no admitted group has a negative staleness. Groups made
+  by the lost versions (above the checkpoint's, below the resumed one) are dropped as
+  stale: those weights never were an ancestor of the resumed policy;
+- the prompt pool: the checkpoint's snapshot replaces Redis's only when Redis holds an
+  older one (`PromptPool.restore`), so prompts retired meanwhile stay retired;
+- the curve: the kept evaluations are recorded again on the curve service (an identical
+  point is a no-op there; a curve service that lost its store gets them back), with the
+  checkpoint's R0.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from learner_service.records import (
+    EvalRecord,
+    ResumeRecord,
+    StepRecord,
+    append_record,
+    keep_records_until,
+)
+from scalerl.state.replay import ReplayStream
+from scalerl.state.run_state import RunState
+
+
+def resumed_version(checkpoint_version: int, labels: list[int | None]) -> int:
+    """The policy version a (re)starting learner continues at: `checkpoint_version`, or
+    one above the highest of `labels` (versions found in Redis; None = no label) when any
+    is at or above it. A fresh run (no labels) keeps its version."""
+    seen = [v for v in labels if v is not None]
+    if not seen or max(seen) < checkpoint_version:
+        return checkpoint_version
+    return max(seen) + 1
+
+
+def redis_labels(state: RunState, replay: ReplayStream) -> list[int | None]:
+    """Every policy-version label the run's Redis holds: the announced version and latest
+    weights (`RunState.highest_version_label`), the newest group in the replay stream."""
+    return [state.highest_version_label(), replay.max_policy_version()]
+
+
+def one_timeline(
+    run_dir: Path,
+    step: int,
+    checkpoint_version: int,
+    version: int,
+    groups_replayed: int,
+    pool_restored: bool,
+) -> ResumeRecord:
+    """Cut the run folder's records to `step` and append the resume's record (see the
+    module docstring). Returns the record."""
+    steps = keep_records_until(run_dir, StepRecord, step)
+    evals = keep_records_until(run_dir, EvalRecord, step)
+    record = ResumeRecord(
+        step=step,
+        checkpoint_version=checkpoint_version,
+        policy_version=version,
+        steps_discarded=len(steps),
+        evals_discarded=len(evals),
+        groups_lost=sum(s.groups_in_batch or s.groups_used for s in steps),
+        groups_replayed=groups_replayed,
+        pool_restored=pool_restored,
+        time=time.time(),
+    )
+    append_record(run_dir, record)
+    return record
+
+
+def from_lost_versions(min_version: int, max_version: int, lost: tuple[int, int]) -> bool:
+    """True when a group's versions [min_version, max_version] touch the lost range
+    (lost[0], lost[1]) (exclusive: versions a crashed learner published after its last
+    checkpoint)."""
+    low, high = lost
+    return max_version > low and min_version < high

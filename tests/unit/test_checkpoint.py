@@ -1,0 +1,105 @@
+"""Learner checkpoints: a full round trip (weights, optimizer, RNG, step, version, r0,
+counters, pool), and a crash mid-save that leaves the previous checkpoint loadable."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import learner_service.checkpoint as checkpoint
+from learner_service.checkpoint import (
+    LearnerState,
+    checkpoint_exists,
+    load_checkpoint,
+    save_checkpoint,
+)
+from learner_service.trainer import Trainer
+from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.policy.models import load_policy
+
+torch.set_num_threads(1)
+
+
+def trainer(seed: int = 0) -> Trainer:
+    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=32, tiny_layers=1), seed=seed)
+    return Trainer(model, LearnerConfig(), temperature=1.0)
+
+
+def first_param(t: Trainer) -> torch.Tensor:
+    return next(t.model.parameters()).detach().clone()
+
+
+POOL = {
+    "initialized": True,
+    "eligible": ["a"],
+    "retired": ["b"],
+    "attempts": {"b": 8},
+    "passes": {"b": 8},
+    "revision": 3,
+}
+
+
+def test_round_trip_restores_every_part(tmp_path) -> None:
+    source = trainer(seed=0)
+    state = LearnerState(
+        step=7,
+        policy_version=9,
+        r0=0.25,
+        counters={"prompts_retired_total": 2},
+        pool=POOL,
+        compute_hours=0.5,
+    )
+    torch.manual_seed(123)
+    random.seed(5)
+    np.random.seed(6)
+    save_checkpoint(tmp_path / "checkpoint", source, state)
+    expected = (torch.rand(3), random.random(), float(np.random.rand()))
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    target = trainer(seed=1)
+    loaded = load_checkpoint(tmp_path / "checkpoint", target)
+    assert loaded == state
+    assert torch.equal(first_param(target), first_param(source))
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1] and float(np.random.rand()) == expected[2]
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "checkpoint"
+    old = trainer(seed=0)
+    save_checkpoint(folder, old, LearnerState(step=5, policy_version=5, pool=POOL))
+    real_save = torch.save
+
+    def half_written(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        raise OSError("disk full")  # the optimizer file is written, state.json never
+
+    monkeypatch.setattr(checkpoint.torch, "save", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(folder, trainer(seed=1), LearnerState(step=6, policy_version=6, pool=POOL))
+    monkeypatch.undo()
+    target = trainer(seed=2)
+    assert load_checkpoint(folder, target).step == 5
+    assert torch.equal(first_param(target), first_param(old))
+    assert not (tmp_path / "checkpoint.tmp").exists()
+
+
+def test_a_crash_between_the_renames_loads_the_old_folder(tmp_path) -> None:
+    folder = tmp_path / "checkpoint"
+    save_checkpoint(folder, trainer(), LearnerState(step=4, policy_version=4, pool=POOL))
+    folder.rename(tmp_path / "checkpoint.old")  # as a crash after the first rename leaves it
+    assert checkpoint_exists(folder)
+    assert load_checkpoint(folder, trainer(seed=1)).policy_version == 4
+    save_checkpoint(folder, trainer(), LearnerState(step=8, policy_version=8, pool=POOL))
+    assert load_checkpoint(folder, trainer()).step == 8
+    assert not (tmp_path / "checkpoint.old").exists()
+
+
+def test_no_checkpoint_raises_file_not_found(tmp_path) -> None:
+    assert not checkpoint_exists(tmp_path / "checkpoint")
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "checkpoint", trainer())

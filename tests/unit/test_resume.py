@@ -1,0 +1,79 @@
+"""Resume rules: versions only go up, lost versions are recognised, and the `scalerl run`
+command refuses to start a new run on top of an old one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from learner_service.resume import from_lost_versions, resumed_version
+from scalerl_cli.main import main
+
+
+def test_a_fresh_run_keeps_its_version() -> None:
+    assert resumed_version(0, [None, None]) == 0
+
+
+def test_the_resumed_version_is_above_every_label_in_redis() -> None:
+    """Checkpoint at v10; the crashed learner announced v12, its workers left groups of
+    v13 in the stream: the resumed learner continues at v14 (before, it reused v11..v13
+    for different weights and admitted the v13 groups with negative staleness)."""
+    assert resumed_version(10, [12, 13]) == 14
+    assert resumed_version(10, [10, None]) == 11  # a finished run: a new number anyway
+    assert resumed_version(10, [3, None]) == 10  # labels below: nothing to skip
+
+
+def test_groups_of_the_lost_versions_are_recognised() -> None:
+    lost = (10, 14)  # v11..v13 were published after the checkpoint at v10
+    assert from_lost_versions(11, 11, lost)
+    assert from_lost_versions(9, 12, lost)
+    assert from_lost_versions(13, 14, lost)
+    assert not from_lost_versions(9, 10, lost)  # the checkpoint's own lineage
+    assert not from_lost_versions(14, 15, lost)  # the resumed learner's
+    assert not from_lost_versions(3, 5, (0, 0))  # a fresh run loses nothing
+
+
+def test_run_on_a_non_empty_folder_names_resume(tmp_path, capsys) -> None:
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert main(["run", "--config", "tiny", "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--resume {tmp_path}" in err[0]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [([], "no config.yaml"), (["--config", "tiny"], "change fields with --set")],
+)
+def test_resume_needs_a_run_folder_and_its_own_config(tmp_path, capsys, extra, message) -> None:
+    if extra:
+        (tmp_path / "config.yaml").write_text("run_id: tiny\n")
+    assert main(["run", "--resume", str(tmp_path), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_checkpoints_fall_due_by_steps_and_by_minutes() -> None:
+    from types import SimpleNamespace
+
+    from learner_service.learner_checkpoints import CheckpointsMixin
+    from scalerl.config import LearnerConfig
+
+    def due(step, minutes_ago, **fields):
+        last = fields.pop("checkpointed_step", -1)
+        config = SimpleNamespace(learner=LearnerConfig(**fields))
+        learner = SimpleNamespace(
+            config=config,
+            step=step,
+            _checkpointed_at=time.monotonic() - 60 * minutes_ago,
+            _checkpointed_step=last,
+        )
+        return CheckpointsMixin._checkpoint_due(learner)
+
+    assert due(10, 0, checkpoint_every=10) and not due(11, 0, checkpoint_every=10)
+    assert due(11, 16, checkpoint_every=10, checkpoint_minutes=15)
+    assert not due(11, 16, checkpoint_every=10, checkpoint_minutes=0)
+    assert not due(10, 99, checkpoint_every=0, checkpoint_minutes=0)  # only at the end
+    # A loop turn that only recorded an evaluation: no second checkpoint of step 10.
+    assert not due(10, 0, checkpoint_every=10, checkpointed_step=10)
+    defaults = LearnerConfig()
+    assert defaults.checkpoint_every == 10 and defaults.checkpoint_minutes == 15
