@@ -30,12 +30,12 @@ import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.catch_up import WeightCatchUp
-from learner_service.eval_schedule import EvalJob, EvalScheduler
-from learner_service.evaluate import Evaluator
+from learner_service.eval_schedule import EvalScheduler
 from learner_service.learner_checkpoints import CheckpointsMixin
+from learner_service.learner_evals import EvaluationsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.publish import WeightPublisher
-from learner_service.records import EvalRecord, StepRecord, append_record
+from learner_service.records import StepRecord, append_record
 from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
 from learner_service.timing import LearnerTiming
@@ -45,8 +45,6 @@ from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.obs import logging as obs_logging
 from scalerl.policy.models import load_policy
-from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
-from scalerl.rpc.errors import ServiceError
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
@@ -54,12 +52,11 @@ from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.tasks import build_task
-from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
 
-class Learner(CheckpointsMixin):
+class Learner(CheckpointsMixin, EvaluationsMixin):
     """One training run's learner. `run(stop)` returns 0 on a finished run."""
 
     def __init__(
@@ -148,29 +145,6 @@ class Learner(CheckpointsMixin):
         self._open_ppo_batch()
         self.publisher.publish(self.model, self.version, force_file=True, wait=True)
         self._published = self.version
-
-    def _evaluator(self) -> Evaluator:
-        """The held-out evaluator, with the rollout's sampling and length control."""
-        cfg, r = self.config, self.config.rollout
-        length_control = (
-            rollout_pb2.LengthControl(
-                thinking_budget=r.thinking_budget,
-                answer_budget=r.answer_budget,
-                interrupt_text=r.interrupt_text,
-            )
-            if r.thinking_budget
-            else None
-        )
-        return Evaluator(
-            self.task,
-            self.tokenizer,
-            cfg.task.system_prompt,
-            cfg.learner.eval_samples,
-            cfg.learner.eval_temperature,
-            r.max_new_tokens,
-            length_control,
-            concurrency=max(1, r.max_batch // 2),
-        )
 
     def _warmup(self) -> None:
         """Supervised warm-up of a fresh model (counted as learner compute)."""
@@ -415,94 +389,6 @@ class Learner(CheckpointsMixin):
             ):
                 self.counters["prompts_retired_total"] += 1
                 self.metrics.prompts_retired.inc()
-
-    # ----- evaluation, curve, checkpoints ----------------------------------------------------
-
-    def _evaluate(self, background: bool) -> None:
-        """Score the held-out split at the current policy version on the workers.
-
-        background (PipelineRL mode): the learner goes on training while the workers
-        evaluate, and holds its new weights back until the evaluation ends (at most k
-        steps, then the replay stream runs out of admissible groups); the point is
-        recorded at the compute and version of the evaluation's start. Otherwise the
-        learner waits for it."""
-        self._finish_evaluation(block=True)
-        self._publish_if_new()
-        self.publisher.wait()  # every worker serves the current version
-        self.evals.start(
-            self.step,
-            self.version,
-            self.compute.total_hours(),
-            lambda: sorted(self.registry.workers().values()),
-            seed=self.config.seed + 7919 * self.step,
-        )
-        if not background:
-            self._finish_evaluation(block=True)
-
-    def _finish_evaluation(self, block: bool) -> None:
-        """Record the running evaluation once it is done (waiting for it when `block`),
-        then publish the weights it held back. Re-raises the evaluation's error."""
-        job = self.evals.take(block)
-        if job is None:
-            return
-        self.timing.evaluation(job.seconds, job.waited_s)
-        result = job.result
-        if self.r0 is None:
-            self.r0 = result.pass_rate
-        record = self._eval_record(job)
-        append_record(self.run_dir, record)
-        self.status.update(heldout_pass_rate=result.pass_rate)
-        log.info(
-            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)",
-            job.step,
-            result.pass_rate,
-            result.completions,
-            job.seconds,
-            record.learner_steps_meanwhile,
-        )
-        self._record_curve_point(job.compute, result.pass_rate)
-        self._publish_if_new()
-
-    def _eval_record(self, job: EvalJob) -> EvalRecord:
-        """The eval.jsonl record of a finished evaluation."""
-        result = job.result
-        return EvalRecord(
-            step=job.step,
-            policy_version=job.version,
-            compute=job.compute,
-            pass_rate=result.pass_rate,
-            parse_failure_rate=result.parse_failure_rate,
-            completions=result.completions,
-            mean_tokens=result.mean_tokens,
-            truncation_rate=result.truncation_rate,
-            seconds=job.seconds,
-            learner_steps_meanwhile=self.step - job.step,
-            time=time.time(),
-        )
-
-    def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
-        """Record the evaluation on the curve service, which refits the run's curve; the
-        launcher writes curve.json from the service at the end of the run. quiet: do not
-        log the refit (points recorded again on resume)."""
-        if not self.curve_address:
-            return
-        try:
-            with CurveClient(self.curve_address, timeout_s=30) as client:
-                recorded = client.record_point(
-                    self.config.run_id, max(compute, ZERO_COMPUTE), pass_rate, self.r0
-                )
-        except ServiceError as exc:
-            log.warning("curve service: %s %s", exc.status, exc)
-            return
-        if recorded.fit is not None and not quiet:
-            fit = recorded.fit
-            log.info(
-                "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
-                fit.points_used,
-                fit.a,
-                fit.b,
-                fit.c_mid,
-            )
 
     def close(self) -> None:
         self._closing.set()

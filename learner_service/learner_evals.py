@@ -1,0 +1,133 @@
+"""The learner's held-out evaluations and curve points (a mixin of
+`learner_service.learner.Learner`): when an evaluation starts (on the workers, through
+`learner_service.eval_schedule`), what its eval.jsonl record holds, and the point it
+records on the curve service (paper Eq. 1 is fitted there)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from learner_service.eval_schedule import EvalJob
+from learner_service.evaluate import Evaluator
+from learner_service.records import EvalRecord, append_record
+from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
+from scalerl.rpc.errors import ServiceError
+from scalerl.v1 import rollout_pb2
+
+log = logging.getLogger("learner_service.learner")
+
+
+class EvaluationsMixin:
+    """Evaluation and curve reporting for the Learner (which provides config, task,
+    tokenizer, evals, publisher, registry, compute, timing, status, run_dir, curve_address,
+    step, version, r0 and `_publish_if_new`)."""
+
+    def _evaluator(self) -> Evaluator:
+        """The held-out evaluator, with the rollout's sampling and length control."""
+        cfg, r = self.config, self.config.rollout
+        length_control = (
+            rollout_pb2.LengthControl(
+                thinking_budget=r.thinking_budget,
+                answer_budget=r.answer_budget,
+                interrupt_text=r.interrupt_text,
+            )
+            if r.thinking_budget
+            else None
+        )
+        return Evaluator(
+            self.task,
+            self.tokenizer,
+            cfg.task.system_prompt,
+            cfg.learner.eval_samples,
+            cfg.learner.eval_temperature,
+            r.max_new_tokens,
+            length_control,
+            concurrency=max(1, r.max_batch // 2),
+        )
+
+    def _evaluate(self, background: bool) -> None:
+        """Score the held-out split at the current policy version on the workers.
+
+        background (PipelineRL mode): the learner goes on training while the workers
+        evaluate, and holds its new weights back until the evaluation ends (at most k
+        steps, then the replay stream runs out of admissible groups); the point is
+        recorded at the compute and version of the evaluation's start. Otherwise the
+        learner waits for it."""
+        self._finish_evaluation(block=True)
+        self._publish_if_new()
+        self.publisher.wait()  # every worker serves the current version
+        self.evals.start(
+            self.step,
+            self.version,
+            self.compute.total_hours(),
+            lambda: sorted(self.registry.workers().values()),
+            seed=self.config.seed + 7919 * self.step,
+        )
+        if not background:
+            self._finish_evaluation(block=True)
+
+    def _finish_evaluation(self, block: bool) -> None:
+        """Record the running evaluation once it is done (waiting for it when `block`),
+        then publish the weights it held back. Re-raises the evaluation's error."""
+        job = self.evals.take(block)
+        if job is None:
+            return
+        self.timing.evaluation(job.seconds, job.waited_s)
+        result = job.result
+        if self.r0 is None:
+            self.r0 = result.pass_rate
+        record = self._eval_record(job)
+        append_record(self.run_dir, record)
+        self.status.update(heldout_pass_rate=result.pass_rate)
+        log.info(
+            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)",
+            job.step,
+            result.pass_rate,
+            result.completions,
+            job.seconds,
+            record.learner_steps_meanwhile,
+        )
+        self._record_curve_point(job.compute, result.pass_rate)
+        self._publish_if_new()
+
+    def _eval_record(self, job: EvalJob) -> EvalRecord:
+        """The eval.jsonl record of a finished evaluation."""
+        result = job.result
+        return EvalRecord(
+            step=job.step,
+            policy_version=job.version,
+            compute=job.compute,
+            pass_rate=result.pass_rate,
+            parse_failure_rate=result.parse_failure_rate,
+            completions=result.completions,
+            mean_tokens=result.mean_tokens,
+            truncation_rate=result.truncation_rate,
+            seconds=job.seconds,
+            learner_steps_meanwhile=self.step - job.step,
+            time=time.time(),
+        )
+
+    def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
+        """Record the evaluation on the curve service, which refits the run's curve; the
+        launcher writes curve.json from the service at the end of the run. quiet: do not
+        log the refit (points recorded again on resume)."""
+        if not self.curve_address:
+            return
+        try:
+            with CurveClient(self.curve_address, timeout_s=30) as client:
+                recorded = client.record_point(
+                    self.config.run_id, max(compute, ZERO_COMPUTE), pass_rate, self.r0
+                )
+        except ServiceError as exc:
+            log.warning("curve service: %s %s", exc.status, exc)
+            return
+        if recorded.fit is not None and not quiet:
+            fit = recorded.fit
+            log.info(
+                "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
+                fit.points_used,
+                fit.a,
+                fit.b,
+                fit.c_mid,
+            )
