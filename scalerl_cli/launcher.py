@@ -44,6 +44,7 @@ from scalerl.state.run_state import RunState
 from scalerl_cli.plot import plot_fit
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
+from scalerl_cli.supervisor import CrashLoop, Supervisor
 
 console = Console(stderr=True, soft_wrap=True)
 if not console.is_terminal:  # a log file: keep each progress line whole
@@ -110,6 +111,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     config_path.write_text(dump_config(config))
     logs = run_dir / "logs"
     children: list[Child] = []
+    supervisor = Supervisor()
     started, started_unix = time.monotonic(), time.time()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         if resume:
@@ -119,7 +121,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 config, config_path, run_dir, redis_server.url, logs, children, child_env
             )
             learner_address = children[-1].learner_address
-            _watch(children, learner_address)
+            _watch(children, learner_address, supervisor)
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
@@ -131,7 +133,9 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
             _stop_in_order(children)
             return 1
         wall = time.monotonic() - started
-        _finish_report(run_dir, config, curve_address, (started_unix, wall), precision)
+        _finish_report(
+            run_dir, config, curve_address, (started_unix, wall), precision, supervisor.restarts
+        )
         _stop_in_order(children)
     # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
     # the final weights.
@@ -277,8 +281,9 @@ def _start_services(
     return curve_address
 
 
-def _watch(children: list[Child], learner_address: str) -> None:
-    """Show progress until the learner exits 0; raise RunFailed on any other ending.
+def _watch(children: list[Child], learner_address: str, supervisor: Supervisor) -> None:
+    """Show progress until the learner exits 0. A child that exits otherwise is restarted
+    by `supervisor` (in place in `children`); RunFailed when it crash-loops.
 
     The learner ends a finished run by raising the stop flag in Redis, so workers may exit
     0 a moment before it: that counts as success only if the learner then exits 0 too."""
@@ -290,14 +295,18 @@ def _watch(children: list[Child], learner_address: str) -> None:
         start = time.monotonic()
         line = ""
         while learner.poll() != 0:
-            for child in children:
+            for index, child in enumerate(children):
                 code = child.poll()
                 if code is None or (code == 0 and _learner_finishes(learner)):
                     continue
-                raise RunFailed(
-                    f"{child.name} exited with code {code}; last log lines "
-                    f"({child.log_path}):\n{child.log_tail()}"
-                )
+                try:
+                    children[index] = supervisor.restart(child, code)
+                except CrashLoop as exc:
+                    raise RunFailed(
+                        f"{exc}; last log lines ({child.log_path}):\n{child.log_tail()}"
+                    ) from exc
+                if child is learner:
+                    learner = children[index]
             line = _progress_line(learner_client, time.monotonic() - start) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
@@ -412,6 +421,7 @@ def _finish_report(
     curve_address: str,
     started: tuple[float, float],
     precision,
+    restarts: dict[str, int],
 ) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the
     extrapolation check: the fit on the first half of the evaluations predicts the last.
@@ -448,6 +458,7 @@ def _finish_report(
         "health": training_health(read_records(run_dir, StepRecord)),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
+        "restarts": dict(restarts),
     }
     if half and half.predictions:
         report["predicted_final_from_first_half"] = half.predictions[0].to_dict()

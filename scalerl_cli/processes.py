@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -25,11 +25,13 @@ def _die_with_parent() -> None:
 
 @dataclass
 class Child:
-    """A named child process with its log file."""
+    """A named child process with its log file, and how it was started (for a restart)."""
 
     name: str
     proc: subprocess.Popen
     log_path: Path
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -46,18 +48,34 @@ def start_child(
 ) -> Child:
     """Run `python -m module args...` with stdout and stderr in log_dir/NAME.log."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-u", "-m", module, *args]
+    env = {**os.environ, **(env or {})}
     log_path = log_dir / f"{name}.log"
-    handle = open(log_path, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", module, *args],
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-        preexec_fn=_die_with_parent,
+    return Child(name, _spawn(command, env, log_path), log_path, command, env)
+
+
+def restart_child(child: Child) -> Child:
+    """Start `child`'s command again (same arguments, ports and environment; its log file
+    is appended to). The old process must have exited."""
+    return Child(
+        child.name,
+        _spawn(child.command, child.env, child.log_path),
+        child.log_path,
+        child.command,
+        child.env,
     )
-    handle.close()
-    return Child(name, proc, log_path)
+
+
+def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as handle:
+        return subprocess.Popen(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
 
 
 def stop_children(children: list[Child], grace_s: float = 15.0) -> None:
