@@ -105,7 +105,7 @@ class BatchCollector:
                 if group.min_policy_version > version:  # a crashed run's: never negative lag
                     self.future_total += 1
                     self.metrics.count_future_group()
-                    self.replay.ack([entry_id])
+                    self.replay.ack([entry_id], "future_version")
                 elif admissible(group):
                     groups.append(group)
                     entry_ids.append(entry_id)
@@ -113,7 +113,7 @@ class BatchCollector:
                 else:
                     self.stale_total += 1
                     self.metrics.count_stale_group()
-                    self.replay.ack([entry_id])
+                    self.replay.ack([entry_id], "stale")
             self._count_dead_letters()
             if self.ppo and self.clock() - last_arrival > self.refill_s:
                 missing = want - len(groups)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from scalerl.crash_points import crash_point
+
 STATE_FILE = "state.json"
 
 
@@ -68,9 +70,11 @@ def save_checkpoint(folder: Path, trainer, state: LearnerState) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(tmp)
+    crash_point("checkpoint.written")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)
         folder.rename(old)
+        crash_point("checkpoint.swapped")
     tmp.rename(folder)
     _fsync_dir(folder.parent)
     shutil.rmtree(old, ignore_errors=True)

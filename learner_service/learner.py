@@ -43,6 +43,7 @@ from learner_service.trainer import Trainer
 from learner_service.warmup import supervised_warmup
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
+from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.policy.models import load_policy
 from scalerl.staleness import is_admissible, staleness
@@ -88,6 +89,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         # Run totals (metrics.jsonl); the step's own counts come from the trainer, stale
         # groups from the batch collector.
         self.counters = {
+            "groups_trained_total": 0,  # the replay ledger's `trained` at each checkpoint
             "groups_zero_variance_total": 0,
             "prompts_retired_total": 0,
             "truncation_warnings_total": 0,
@@ -199,7 +201,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._setup()
         self._await_workers(stop)
         self.timing.seconds["setup"] = time.monotonic() - started
-        if self.step == 0:
+        if self.r0 is None:  # not a resume from a checkpoint, which holds R0
             self._evaluate(background=False)
             self._checkpoint()  # R0 and the warmed-up weights survive an early crash
         evaluated_at = self.step
@@ -302,7 +304,11 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             metrics = self.trainer.step(groups)
         wait_s = self.batches.wait_seconds
         self.timing.step(timer.device_seconds, wait_s)
-        self.replay.ack(entry_ids)
+        crash_point("learner.step.trained")
+        if self.replay.ack(entry_ids) < len(entry_ids):
+            log.warning("some of step %d's groups had already left the stream", self.step + 1)
+        crash_point("learner.step.acked")
+        self.counters["groups_trained_total"] += len(entry_ids)
         self._update_pool(groups)
         self.counters["groups_zero_variance_total"] += int(metrics["groups_zero_variance"])
         if metrics["stepped"]:
@@ -310,7 +316,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             obs_logging.set_policy_version(self.version)
         self.step += 1
         self._check_truncation(metrics["truncation_rate"])
-        record = self._step_record(groups, stale, metrics, timer.device_seconds)
+        record = self._step_record(groups, entry_ids, stale, metrics, timer.device_seconds)
         append_record(self.run_dir, record)
         self.metrics.observe_step(record)
         values = record.model_dump()
@@ -334,10 +340,16 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         )
 
     def _step_record(
-        self, groups: list, stale: list[int], metrics: dict[str, float], step_seconds: float
+        self,
+        groups: list,
+        entry_ids: list[str],
+        stale: list[int],
+        metrics: dict[str, float],
+        step_seconds: float,
     ) -> StepRecord:
-        """The metrics.jsonl record of the step just taken on `groups` (their staleness
-        `stale`, the trainer's `metrics`, `step_seconds` busy device-seconds)."""
+        """The metrics.jsonl record of the step just taken on `groups` (their replay
+        `entry_ids` and staleness `stale`, the trainer's `metrics`, `step_seconds` busy
+        device-seconds)."""
         return StepRecord(
             step=self.step,
             policy_version=self.version,
@@ -360,6 +372,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             **self.counters,
             prompts_eligible=self.pool.eligible_count(),
             groups_in_batch=len(groups),
+            entry_ids=entry_ids,
             samples_by_finish_reason=finish_reason_counts(groups),
             **metrics,
         )

@@ -31,23 +31,29 @@ class CheckpointsMixin:
         folder = self.run_dir / "checkpoint"
         loaded = checkpoint_exists(folder)
         pool_restored = False
+        trained_at_checkpoint: int | None = 0  # None: a checkpoint older than the ledger
         if loaded:
             saved = load_checkpoint(folder, self.trainer)
             self.step, self.version, self.r0 = saved.step, saved.policy_version, saved.r0
             self.batches.stale_total = saved.counters.pop("groups_stale_total", 0)
             self.batches.future_total = saved.counters.pop("groups_future_total", 0)
             self.counters.update(saved.counters)
+            trained_at_checkpoint = saved.counters.get("groups_trained_total")
             pool_restored = self.pool.restore(saved.pool)
         checkpoint_version = self.version
         self.version = resumed_version(self.version, redis_labels(self.state, self.replay))
         if not loaded and self.version == checkpoint_version and not self._has_records():
             return False  # a fresh run
         self._lost_versions = (checkpoint_version, self.version)
+        lost = 0
+        if trained_at_checkpoint is not None:
+            lost = self.replay.reconcile_resume(trained_at_checkpoint)
         record = one_timeline(
             self.run_dir,
             self.step if loaded else -1,
             checkpoint_version,
             self.version,
+            lost,
             self.replay.pending(),
             pool_restored,
         )

@@ -111,11 +111,12 @@ class EvaluationsMixin:
     def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
         """Record the evaluation on the curve service, which refits the run's curve; the
         launcher writes curve.json from the service at the end of the run. quiet: do not
-        log the refit (points recorded again on resume)."""
+        log the refit (points recorded again on resume). A curve service that is down (its
+        supervisor restarts it) is waited for up to 30 s: the point is idempotent there."""
         if not self.curve_address:
             return
         try:
-            with CurveClient(self.curve_address, timeout_s=30) as client:
+            with CurveClient(self.curve_address, timeout_s=30, wait_for_ready=True) as client:
                 recorded = client.record_point(
                     self.config.run_id, max(compute, ZERO_COMPUTE), pass_rate, self.r0
                 )

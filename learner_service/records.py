@@ -80,6 +80,11 @@ class StepRecord(_Record):
     groups_zero_variance_total: int = Field(
         description="Groups with all rewards equal, run total (dropped when the filter is on)."
     )
+    groups_trained_total: int | None = Field(
+        None,
+        description="Groups in the batches of this run's steps, run total (the replay "
+        "ledger's `trained`).",
+    )
     prompts_retired_total: int = Field(
         description="Prompts retired by No-Positive-Resampling (Sec. 3.2), run total."
     )
@@ -115,6 +120,11 @@ class StepRecord(_Record):
     # written before they were recorded.
     groups_in_batch: int | None = Field(
         default=None, description="Admissible groups in the step's batch."
+    )
+    entry_ids: list[str] | None = Field(
+        default=None,
+        description="Replay stream entry ids of the batch's groups (each is trained once "
+        "in a run's timeline).",
     )
     samples_by_finish_reason: dict[str, int] | None = Field(
         default=None,
@@ -164,7 +174,7 @@ class ResumeRecord(_Record):
     evals_discarded: int = Field(description="Evaluation records after the checkpoint, dropped.")
     groups_lost: int = Field(
         description="Groups acknowledged by the discarded steps: trained into weights the "
-        "crash lost, never read again."
+        "crash lost, never read again (moved from `trained` to `lost` in the replay ledger)."
     )
     groups_replayed: int = Field(
         description="Groups read but not acknowledged by the previous learner: read again."

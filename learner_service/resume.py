@@ -6,7 +6,8 @@ supervisor's restart with the same command line) continues from it:
 - records: metrics.jsonl and eval.jsonl are cut to the checkpoint's step (what a crashed
   process wrote after it is superseded by the resumed run's records); a line of
   resumes.jsonl says what was dropped, which groups were lost (acknowledged by discarded
-  steps) and which are read again (never acknowledged);
+  steps: the replay ledger moves them from `trained` to `lost`) and which are read again
+  (never acknowledged);
 - versions: the resumed learner's version is above every label in Redis (the announced
   version, the latest weights, every group in the replay stream), so no version number
   names two different weights and no admitted group has a negative staleness. Groups made
@@ -56,11 +57,14 @@ def one_timeline(
     step: int,
     checkpoint_version: int,
     version: int,
+    groups_lost: int,
     groups_replayed: int,
     pool_restored: bool,
 ) -> ResumeRecord:
     """Cut the run folder's records to `step` and append the resume's record (see the
-    module docstring). Returns the record."""
+    module docstring). `groups_lost`: the replay ledger's groups trained after the
+    checkpoint (`ReplayStream.reconcile_resume`), also those of a step whose record the
+    crash kept from being written. Returns the record."""
     steps = keep_records_until(run_dir, StepRecord, step)
     evals = keep_records_until(run_dir, EvalRecord, step)
     record = ResumeRecord(
@@ -69,7 +73,7 @@ def one_timeline(
         policy_version=version,
         steps_discarded=len(steps),
         evals_discarded=len(evals),
-        groups_lost=sum(s.groups_in_batch or s.groups_used for s in steps),
+        groups_lost=groups_lost,
         groups_replayed=groups_replayed,
         pool_restored=pool_restored,
         time=time.time(),

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
 from scalerl.config import RunConfig, dump_config
+from scalerl.obs.metrics import serve_metrics, service_registry
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
@@ -40,6 +41,7 @@ from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.state.client import connect
+from scalerl.state.replay import replay_accounting
 from scalerl.state.run_state import RunState
 from scalerl_cli.plot import plot_fit
 from scalerl_cli.processes import Child, start_child, stop_children
@@ -111,17 +113,26 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     config_path.write_text(dump_config(config))
     logs = run_dir / "logs"
     children: list[Child] = []
-    supervisor = Supervisor()
+    registry = service_registry("launcher")
+    supervisor = Supervisor(registry=registry)
+    metrics_server, metrics_port = serve_metrics(registry, 0)
     started, started_unix = time.monotonic(), time.time()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         if resume:
             prepare_resume(redis_server.url, config.run_id)
         try:
             curve_address = _start_services(
-                config, config_path, run_dir, redis_server.url, logs, children, child_env
+                config,
+                config_path,
+                run_dir,
+                redis_server.url,
+                logs,
+                children,
+                child_env,
+                launcher_metrics=f"127.0.0.1:{metrics_port}",
             )
             learner_address = children[-1].learner_address
-            _watch(children, learner_address, supervisor)
+            _watch(children, learner_address, supervisor, redis_server)
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
@@ -132,9 +143,16 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
             console.print(f"[red]run failed:[/] {escape(str(exc))}")
             _stop_in_order(children)
             return 1
+        finally:
+            metrics_server.shutdown()
         wall = time.monotonic() - started
         _finish_report(
-            run_dir, config, curve_address, (started_unix, wall), precision, supervisor.restarts
+            run_dir,
+            config,
+            (curve_address, redis_server.url),
+            (started_unix, wall),
+            precision,
+            supervisor.restarts,
         )
         _stop_in_order(children)
     # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
@@ -201,10 +219,14 @@ def _start_services(
     logs: Path,
     children: list[Child],
     env: dict[str, str] | None = None,
+    launcher_metrics: str | None = None,
 ) -> str:
     """Start the curve service, the rollout workers and the learner (in that order) and
-    write their gRPC and Prometheus addresses to services.json. Returns the curve address."""
-    services = {"redis": redis_url}
+    write their gRPC and Prometheus addresses (and the launcher's own /metrics,
+    `launcher_metrics`) to services.json. Returns the curve address."""
+    services: dict = {"redis": redis_url}
+    if launcher_metrics:
+        services["launcher"] = {"metrics": launcher_metrics}
     curve_port = config.curve.port or free_port()
     curve_metrics = config.curve.metrics_port or free_port()
     curve_address = f"127.0.0.1:{curve_port}"
@@ -281,9 +303,15 @@ def _start_services(
     return curve_address
 
 
-def _watch(children: list[Child], learner_address: str, supervisor: Supervisor) -> None:
+def _watch(
+    children: list[Child],
+    learner_address: str,
+    supervisor: Supervisor,
+    redis_server: RedisServer | None = None,
+) -> None:
     """Show progress until the learner exits 0. A child that exits otherwise is restarted
-    by `supervisor` (in place in `children`); RunFailed when it crash-loops.
+    by `supervisor` (in place in `children`), and so is `redis_server` (on its port, from
+    its append-only file); RunFailed when one crash-loops.
 
     The learner ends a finished run by raising the stop flag in Redis, so workers may exit
     0 a moment before it: that counts as success only if the learner then exits 0 too."""
@@ -295,6 +323,8 @@ def _watch(children: list[Child], learner_address: str, supervisor: Supervisor) 
         start = time.monotonic()
         line = ""
         while learner.poll() != 0:
+            if redis_server is not None:
+                _revive_redis(redis_server, supervisor)
             for index, child in enumerate(children):
                 code = child.poll()
                 if code is None or (code == 0 and _learner_finishes(learner)):
@@ -310,6 +340,27 @@ def _watch(children: list[Child], learner_address: str, supervisor: Supervisor) 
             line = _progress_line(learner_client, time.monotonic() - start) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
+
+
+def _revive_redis(server: RedisServer, supervisor: Supervisor) -> None:
+    """Restart a crashed Redis on its port; the run's processes reconnect by themselves
+    (`scalerl.state.client` retries with back-off). RunFailed on a crash loop or when it
+    does not come back."""
+    code = server.poll()
+    if code is None:
+        return
+    try:
+        supervisor.admit("redis", code)
+        server.restart()
+    except (CrashLoop, RuntimeError) as exc:
+        raise RunFailed(f"{exc}; last log lines ({server.log_path}):\n{_tail(server)}") from exc
+
+
+def _tail(server: RedisServer, lines: int = 15) -> str:
+    path = server.log_path
+    if path is None or not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _learner_finishes(learner: Child, grace_s: float = 120.0) -> bool:
@@ -394,6 +445,14 @@ def resume_summary(resumes: list[ResumeRecord]) -> dict:
     }
 
 
+def group_accounting(redis_url: str, run_id: str) -> dict[str, int]:
+    """Every group of the run: pushed, then trained, dropped by reason (stale,
+    future_version, dead_letter:{reason}, lost with a crash's discarded steps) or still
+    queued, from the replay ledger (`scalerl.state.replay.replay_accounting`);
+    `unaccounted` is 0 unless a group went missing or was counted twice."""
+    return replay_accounting(connect(redis_url), run_id)
+
+
 def time_profile(timing_path: Path, workers: int) -> dict:
     """Where the run's time went: the learner's wall seconds by activity (set-up, training,
     waiting for groups, publishing on its own thread, waiting for evaluations, the final
@@ -418,7 +477,7 @@ def time_profile(timing_path: Path, workers: int) -> dict:
 def _finish_report(
     run_dir: Path,
     config: RunConfig,
-    curve_address: str,
+    addresses: tuple[str, str],
     started: tuple[float, float],
     precision,
     restarts: dict[str, int],
@@ -428,7 +487,9 @@ def _finish_report(
 
     The launcher is curve.json's one writer: it owns the run folder and writes the run's
     end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
-    the run goes, the curve service holds the live fit (GetRun, its /metrics gauges)."""
+    the run goes, the curve service holds the live fit (GetRun, its /metrics gauges).
+    addresses: (curve service gRPC address, Redis URL)."""
+    curve_address, redis_url = addresses
     evals = read_records(run_dir, EvalRecord)
     if not evals:
         return
@@ -459,10 +520,16 @@ def _finish_report(
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
         "restarts": dict(restarts),
+        "groups": group_accounting(redis_url, config.run_id),
     }
     if half and half.predictions:
         report["predicted_final_from_first_half"] = half.predictions[0].to_dict()
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    if report["groups"]["unaccounted"]:
+        console.print(
+            f"[red]{report['groups']['unaccounted']} groups unaccounted for[/] (pushed minus "
+            "trained, dropped and queued): see report.json"
+        )
     if report["health"].get("steps_truncation_above_10pct"):
         console.print(
             f"[yellow]truncation above 10% in {report['health']['steps_truncation_above_10pct']}"

@@ -1,7 +1,9 @@
 """Supervision of a run's child processes by the launcher: a crashed rollout worker, curve
-service or learner is started again with the same command line (a worker re-registers and
-pulls the latest weights; the curve service keeps its runs in Redis; the learner resumes
-from its checkpoint by itself), and a crash loop fails the run naming the process."""
+service, learner or Redis is started again with the same command line (a worker
+re-registers and pulls the latest weights; the curve service keeps its runs in Redis; the
+learner resumes from its checkpoint by itself; Redis reloads its append-only file on the
+same port), and a crash loop fails the run naming the process. Restarts are counted in
+report.json and in Prometheus (`scalerl_process_restarts_total{process}`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
 
 from scalerl_cli.processes import Child, restart_child
 
@@ -42,7 +46,8 @@ class Supervisor:
     """Restarts crashed children under a `RestartPolicy` and counts the restarts.
 
     restart: how a child is started again (`restart_child`; tests pass a fake); clock:
-    seconds, monotonic.
+    seconds, monotonic; registry: where `scalerl_process_restarts_total{process}` is
+    exported (the launcher's /metrics), None for none.
     """
 
     def __init__(
@@ -50,34 +55,48 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         restart: Callable[[Child], Child] = restart_child,
         clock: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.policy = policy or RestartPolicy()
         self._restart = restart
         self._clock = clock
         self._recent: dict[str, deque[float]] = defaultdict(deque)
         self.restarts: dict[str, int] = {}  # process name -> restarts this run (report.json)
+        self._counter = (
+            Counter(
+                "scalerl_process_restarts_total",
+                "Restarts of a run's process by the launcher's supervisor.",
+                ["process"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
 
     def restart(self, child: Child, code: int) -> Child:
-        """The child started again after it exited with `code`. Raises CrashLoop when the
-        code means bad input, or when this would be restart max_restarts + 1 of the process
-        within window_s seconds."""
+        """The child started again after it exited with `code` (`admit` decides)."""
+        self.admit(child.name, code)
+        return self._restart(child)
+
+    def admit(self, name: str, code: int) -> None:
+        """Count a restart of process `name` after it exited with `code` (the caller then
+        starts it again). Raises CrashLoop when the code means bad input, or when this would
+        be restart max_restarts + 1 of the process within window_s seconds."""
         if code in NOT_RESTARTED_CODES:
-            raise CrashLoop(f"{child.name} exited with code {code} (refused its input)")
+            raise CrashLoop(f"{name} exited with code {code} (refused its input)")
         now = self._clock()
-        recent = self._recent[child.name]
+        recent = self._recent[name]
         while recent and now - recent[0] > self.policy.window_s:
             recent.popleft()
         if len(recent) >= self.policy.max_restarts:
             raise CrashLoop(
-                f"{child.name} crashed {len(recent) + 1} times within "
+                f"{name} crashed {len(recent) + 1} times within "
                 f"{self.policy.window_s:.0f} s (last exit code {code})"
             )
         recent.append(now)
-        self.restarts[child.name] = self.restarts.get(child.name, 0) + 1
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        if self._counter is not None:
+            self._counter.labels(process=name).inc()
         log.warning(
-            "%s exited with code %d: restarting it (restart %d)",
-            child.name,
-            code,
-            self.restarts[child.name],
+            "%s exited with code %d: restarting it (restart %d)", name, code, self.restarts[name]
         )
-        return self._restart(child)

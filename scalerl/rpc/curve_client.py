@@ -357,7 +357,9 @@ class RecordedPoint:
 class CurveClient:
     """Typed calls to a CurveService at `address` (host:port), each bounded by timeout_s
     seconds. compute_unit labels every returned fit. security: token and TLS (default: the
-    process's, `scalerl.rpc.security.current`). Use as a context manager, or close().
+    process's, `scalerl.rpc.security.current`). wait_for_ready: a call to a service that is
+    down (restarting) waits for it until its deadline instead of failing at once
+    (UNAVAILABLE). Use as a context manager, or close().
     """
 
     def __init__(
@@ -366,9 +368,11 @@ class CurveClient:
         timeout_s: float = 60.0,
         compute_unit: str | None = None,
         security: Security | None = None,
+        wait_for_ready: bool = False,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.wait_for_ready = wait_for_ready
         self.compute_unit = compute_unit
         self._channel = channel(address, security)
         self._stub = curve_pb2_grpc.CurveServiceStub(self._channel)
@@ -413,7 +417,9 @@ class CurveClient:
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready
+            )
         except grpc.RpcError as exc:
             raise domain_error(exc) from exc
 

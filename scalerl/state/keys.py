@@ -48,6 +48,8 @@ class RunKeys:
         # Dead-letter stream: groups the learner refused (fields g = payload, reason,
         # detail, entry = the replay entry id), kept for inspection, never re-delivered.
         self.replay_dead_letter = run_key(run_id, "replay", "dead_letter")
+        # Ledger (hash): groups pushed, and every group that left the stream by outcome.
+        self.replay_ledger = run_key(run_id, "replay", "ledger")
         # Prompt pool: eligible / retired id sets, attempts and passes hashes, init marker.
         self.pool_eligible = run_key(run_id, "pool", "eligible")
         self.pool_retired = run_key(run_id, "pool", "retired")

@@ -15,6 +15,13 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 - Dead letters: an entry the learner cannot use (undecodable here, malformed in
   `learner_service.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
   reason, acknowledged in the same MULTI, so it is never delivered again.
+- The ledger (`scalerl:{run_id}:replay:ledger`, a hash): every entry is counted once when
+  it is pushed (`pushed`, in the push script) and once when it leaves the stream, under
+  its outcome (`trained`, `stale`, `future_version`, `dead_letter:{reason}`, in the same
+  script or MULTI that deletes it), and a resume moves the groups of discarded steps from
+  `trained` to `lost`. So at any moment, read in one MULTI (`accounting`):
+  pushed = sum of the outcomes + entries still in the stream; a group lost or counted twice
+  breaks the identity.
 """
 
 from __future__ import annotations
@@ -43,13 +50,61 @@ _MAX_CLAIM_ROUNDS = 64
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.1
 
-# Atomic bounded append: returns the new entry id, or nil (None) when the stream is full.
+# Atomic bounded append, counted in the ledger: returns the new entry id, or nil (None)
+# when the stream is full.
 _PUSH_LUA = """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   return false
 end
-return redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
+local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
+redis.call('HINCRBY', KEYS[2], 'pushed', 1)
+return id
 """
+
+# Acknowledge and delete entries, counting in the ledger under ARGV[2] those this call
+# deleted (a repeated call, e.g. a client's retry after a lost reply, counts nothing).
+# KEYS: stream, ledger; ARGV: group, outcome, ids... Returns the number deleted.
+_ACK_LUA = """
+local deleted = 0
+for i = 3, #ARGV do
+  deleted = deleted + redis.call('XDEL', KEYS[1], ARGV[i])
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+end
+if deleted > 0 then
+  redis.call('HINCRBY', KEYS[2], ARGV[2], deleted)
+end
+return deleted
+"""
+
+# A resume's reconciliation: `trained` above the checkpoint's count (ARGV[1]) are groups
+# of discarded steps; they move to `lost`. Idempotent. Returns the number moved.
+_RECONCILE_LUA = """
+local extra = tonumber(redis.call('HGET', KEYS[1], 'trained') or '0') - tonumber(ARGV[1])
+if extra <= 0 then
+  return 0
+end
+redis.call('HINCRBY', KEYS[1], 'trained', -extra)
+redis.call('HINCRBY', KEYS[1], 'lost', extra)
+return extra
+"""
+
+# Move one entry to the dead-letter stream, counted under dead_letter:{reason}, if this
+# call deletes it. KEYS: stream, dead-letter stream, ledger; ARGV: group, id, maxlen,
+# payload, reason, detail. Returns 1 when moved, 0 when the entry was already gone.
+_DEAD_LETTER_LUA = """
+local deleted = redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if deleted == 0 then
+  return 0
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*',
+           'g', ARGV[4], 'reason', ARGV[5], 'detail', ARGV[6], 'entry', ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'dead_letter:' .. ARGV[5], 1)
+return 1
+"""
+
+# What `ack` may count an entry as (dead letters and lost groups have their own paths).
+ACK_OUTCOMES = ("trained", "stale", "future_version")
 
 Entry = tuple[str, rollout_pb2.RolloutGroup]
 
@@ -101,12 +156,17 @@ class ReplayStream:
             raise ValueError("group must be a non-empty string")
         self._client = client
         keys = RunKeys(run_id)
+        self._run_id = run_id
         self._key = keys.replay
         self._dead_letter_key = keys.replay_dead_letter
+        self._ledger_key = keys.replay_ledger
         self._capacity = capacity
         self._group = group
         self._claim_idle_ms = int(claim_idle_ms)
         self._push_script = client.register_script(_PUSH_LUA)
+        self._ack_script = client.register_script(_ACK_LUA)
+        self._reconcile_script = client.register_script(_RECONCILE_LUA)
+        self._dead_letter_script = client.register_script(_DEAD_LETTER_LUA)
         self._lock = threading.Lock()
         self._held: set[str] = set()  # delivered to this instance, not yet acknowledged
         self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
@@ -150,7 +210,9 @@ class ReplayStream:
     def try_push(self, group: rollout_pb2.RolloutGroup) -> str | None:
         """One atomic attempt: the new entry id, or None when the stream is full."""
         payload = _serialize(group)
-        entry_id = self._push_script(keys=[self._key], args=[self._capacity, ENTRY_FIELD, payload])
+        entry_id = self._push_script(
+            keys=[self._key, self._ledger_key], args=[self._capacity, ENTRY_FIELD, payload]
+        )
         return None if entry_id is None else text(entry_id)
 
     def push(
@@ -216,19 +278,23 @@ class ReplayStream:
             out += self._read_new(consumer, count - len(out), 0 if out else block_ms)
         return out
 
-    def ack(self, entry_ids: Iterable[str]) -> int:
-        """Acknowledge and delete entries (XACK + XDEL in one MULTI), freeing capacity.
+    def ack(self, entry_ids: Iterable[str], outcome: str = "trained") -> int:
+        """Acknowledge and delete entries (XACK + XDEL in one script), freeing capacity,
+        and count the deleted ones in the ledger under `outcome` (`ACK_OUTCOMES`: "trained"
+        after the optimizer step that used them, "stale" or "future_version" for groups the
+        learner dropped).
 
-        Call it after the optimizer step that used them, and also for groups the learner
-        dropped (stale, zero-variance). Returns the number of entries deleted.
+        Returns the number of entries deleted (an entry already gone counts nothing).
+        Raises ValueError for another outcome.
         """
+        if outcome not in ACK_OUTCOMES:
+            raise ValueError(f"outcome must be one of {ACK_OUTCOMES}, got {outcome!r}")
         ids = [text(entry_id) for entry_id in entry_ids]
         if not ids:
             return 0
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.xack(self._key, self._group, *ids)
-            pipe.xdel(self._key, *ids)
-            _, deleted = pipe.execute()
+        deleted = self._ack_script(
+            keys=[self._key, self._ledger_key], args=[self._group, outcome, *ids]
+        )
         with self._lock:
             self._held.difference_update(ids)
         return int(deleted)
@@ -240,24 +306,35 @@ class ReplayStream:
 
     def dead_letter(self, entry_id: str, payload: bytes, reason: str, detail: str = "") -> None:
         """Move one entry to the dead-letter stream with its `reason` (a short label) and
-        `detail`, and acknowledge and delete it in the replay stream, in one MULTI: it is
-        never delivered again, and a crash in between cannot lose or duplicate it.
+        `detail`, and acknowledge and delete it in the replay stream, in one script (counted
+        in the ledger): it is never delivered again, and a crash or a retry cannot lose or
+        duplicate it.
         `payload`: the entry's raw bytes (kept as they were, decodable or not)."""
         if not reason:
             raise ValueError("reason must be a non-empty label")
         entry_id = text(entry_id)
-        fields = {ENTRY_FIELD: payload, b"reason": reason, b"detail": detail, b"entry": entry_id}
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._dead_letter_key, fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
-            pipe.xack(self._key, self._group, entry_id)
-            pipe.xdel(self._key, entry_id)
-            pipe.execute()
+        self._dead_letter_script(
+            keys=[self._key, self._dead_letter_key, self._ledger_key],
+            args=[self._group, entry_id, DEAD_LETTER_MAXLEN, payload, reason, detail],
+        )
         with self._lock:
             self._held.discard(entry_id)
             self.dead_lettered[reason] += 1
         log.error(
             "replay entry %s moved to the dead-letter stream: %s %s", entry_id, reason, detail
         )
+
+    def reconcile_resume(self, trained_at_checkpoint: int) -> int:
+        """Move the ledger's `trained` groups beyond `trained_at_checkpoint` (the count the
+        checkpoint holds) to `lost`: a crash discarded the steps that trained them.
+        Idempotent (a second call moves 0). Returns the number moved."""
+        if trained_at_checkpoint < 0:
+            raise ValueError(f"trained_at_checkpoint must be >= 0, got {trained_at_checkpoint}")
+        return int(self._reconcile_script(keys=[self._ledger_key], args=[trained_at_checkpoint]))
+
+    def accounting(self) -> dict[str, int]:
+        """The ledger with the stream's depth (`replay_accounting`)."""
+        return replay_accounting(self._client, self._run_id)
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str | bytes]]:
         """The oldest `count` dead-lettered entries: reason, detail, entry (str) and g
@@ -357,6 +434,24 @@ class ReplayStream:
         for entry_id, payload in broken:
             self.dead_letter(entry_id, payload, "undecodable", "not a RolloutGroup protobuf")
         return out
+
+
+def replay_accounting(client: redis.Redis, run_id: str) -> dict[str, int]:
+    """A run's replay ledger and the entries still in its stream, read in one MULTI (so
+    a push or an ack in between cannot skew it): {"pushed", each outcome seen ("trained",
+    "stale", "future_version", "lost", "dead_letter:{reason}"), "queued" (XLEN: waiting
+    plus read-not-acknowledged), "unaccounted" (pushed minus all the others: 0 unless a
+    group was lost or counted twice)}."""
+    keys = RunKeys(run_id)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.replay_ledger)
+        pipe.xlen(keys.replay)
+        ledger, queued = pipe.execute()
+    counts = {text(k): int(v) for k, v in ledger.items()}
+    pushed = counts.pop("pushed", 0)
+    out = {"pushed": pushed, **dict(sorted(counts.items())), "queued": int(queued)}
+    out["unaccounted"] = pushed - sum(counts.values()) - int(queued)
+    return out
 
 
 def _serialize(group: rollout_pb2.RolloutGroup) -> bytes:

@@ -86,7 +86,9 @@ def test_a_finished_run_resumed_with_more_steps_continues(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_learner_killed_mid_run_resumes_with_monotone_versions(tmp_path):
+def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path):
+    """The launcher and the learner killed (-9) together, as when their node is lost;
+    `scalerl run --resume` continues the run."""
     run_dir = tmp_path / "run"
     proc = _scalerl(
         "--config",
@@ -106,10 +108,12 @@ def test_a_learner_killed_mid_run_resumes_with_monotone_versions(tmp_path):
             ["pgrep", "-f", f"learner_service.main.*{run_dir}"], capture_output=True, text=True
         ).stdout.split()
         assert learner, "learner not found"
+        os.kill(proc.pid, signal.SIGKILL)  # no supervisor left to restart the learner
         os.kill(int(learner[0]), signal.SIGKILL)  # mid-step, after the checkpoint at 4
     finally:
         code, output = _finish(proc, 120)
-    assert code == 1, output[-2000:]
+    assert code == -signal.SIGKILL, output[-2000:]
+    time.sleep(3)  # the workers and Redis stop on their parent's death (SIGTERM)
     crashed = read_records(run_dir, StepRecord)
     code, output = _finish(_scalerl("--resume", str(run_dir)))
     assert code == 0, output[-3000:]
@@ -118,9 +122,10 @@ def test_a_learner_killed_mid_run_resumes_with_monotone_versions(tmp_path):
     checkpoint_step = resume.step
     assert checkpoint_step >= 4 and checkpoint_step % 4 == 0
     assert resume.steps_discarded == len(crashed) - checkpoint_step
-    assert resume.groups_lost == 8 * resume.steps_discarded
+    assert resume.groups_lost >= 8 * resume.steps_discarded  # + a step without its record
     assert resume.policy_version > max(s.policy_version for s in crashed)
     assert steps[checkpoint_step].policy_version > resume.policy_version
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["resumes"]["groups_lost"] == resume.groups_lost
+    assert report["resumes"]["groups_lost"] == resume.groups_lost == report["groups"]["lost"]
+    assert report["groups"]["unaccounted"] == 0
     assert "curve service:" not in _learner_log(run_dir)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,29 @@ def test_persistent_server_keeps_data_across_restart(tmp_path: Path) -> None:
     with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
         client = connect(server.url)
         assert client.get("scalerl:r:k") == b"v"
+        client.close()
+
+
+def test_a_killed_server_restarts_on_its_port_with_every_acknowledged_write(
+    tmp_path: Path,
+) -> None:
+    """kill -9 right after a write: the AOF was fsynced before the reply (appendfsync
+    always), so the restarted server on the same port has it, and a client that
+    connected before the crash carries on (it reconnects with back-off)."""
+    with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
+        port, client = server.port, connect(server.url)
+        with pytest.raises(RuntimeError, match="still running"):
+            server.restart()
+        for _ in range(200):
+            client.incr("scalerl:r:n")
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.poll() == -signal.SIGKILL
+        server.restart()
+        assert server.port == port and server.poll() is None
+        assert client.get("scalerl:r:n") == b"200"
         client.close()
 
 

@@ -215,3 +215,48 @@ def test_stream_deleted_recreates_group(redis_client: redis.Redis, run_id: str) 
     redis_client.delete(stream.key)  # e.g. a non-persistent Redis restarted
     stream.push(make_group("a"))
     assert [group.prompt_id for _, group in stream.read("learner-0", count=1)] == ["a"]
+
+
+def test_the_ledger_counts_every_group_once_by_outcome(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """6 pushed: 2 trained, 1 stale, 1 future, 1 dead-lettered, 1 queued. A retried ack or
+    dead-letter (a client's retry after a lost reply) counts nothing the second time."""
+    stream = ReplayStream(redis_client, run_id, capacity=8)
+    for i in range(6):
+        stream.push(make_group(f"p{i}"))
+    ids = [entry_id for entry_id, _ in stream.read("learner-0", count=6)]
+    assert stream.ack(ids[:2], "trained") == 2
+    assert stream.ack(ids[:2], "trained") == 0
+    assert stream.ack([ids[2]], "stale") == 1
+    assert stream.ack([ids[3]], "future_version") == 1
+    stream.dead_letter(ids[4], b"junk", "group_size", "3 samples, want 2")
+    stream.dead_letter(ids[4], b"junk", "group_size", "3 samples, want 2")
+    assert len(stream.dead_letters()) == 1
+    assert stream.accounting() == {
+        "pushed": 6,
+        "dead_letter:group_size": 1,
+        "future_version": 1,
+        "stale": 1,
+        "trained": 2,
+        "queued": 1,
+        "unaccounted": 0,
+    }
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        stream.ack([ids[5]], "lost")
+    assert stream.depth() == 1  # the refused call changed nothing
+
+
+def test_a_resume_moves_the_discarded_steps_groups_to_lost(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """A checkpoint taken after 3 trained groups, 2 more trained before the crash: the
+    resume moves those 2 from trained to lost, once however often it runs."""
+    stream = ReplayStream(redis_client, run_id, capacity=8)
+    for i in range(5):
+        stream.push(make_group(f"p{i}"))
+    stream.ack([entry_id for entry_id, _ in stream.read("learner-0", count=5)], "trained")
+    assert stream.reconcile_resume(3) == 2
+    assert stream.reconcile_resume(3) == 0
+    ledger = stream.accounting()
+    assert (ledger["trained"], ledger["lost"], ledger["unaccounted"]) == (3, 2, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from scalerl_cli.supervisor import CrashLoop, RestartPolicy, Supervisor
 
@@ -77,3 +78,15 @@ def test_bad_input_is_not_restarted() -> None:
 def test_policy_ranges(kwargs, field) -> None:
     with pytest.raises(ValueError, match=field):
         RestartPolicy(**kwargs)
+
+
+def test_restarts_are_exported_to_prometheus_by_process() -> None:
+    registry = CollectorRegistry()
+    sup = Supervisor(RestartPolicy(3, 60.0), restart=lambda c: c, clock=Clock(), registry=registry)
+    sup.restart(child("rollout-0"), -9)
+    sup.admit("redis", -9)  # Redis is restarted by the launcher itself, counted the same
+    sup.admit("redis", 1)
+    value = registry.get_sample_value
+    assert value("scalerl_process_restarts_total", {"process": "redis"}) == 2.0
+    assert value("scalerl_process_restarts_total", {"process": "rollout-0"}) == 1.0
+    assert sup.restarts == {"rollout-0": 1, "redis": 2}

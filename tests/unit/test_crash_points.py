@@ -1,0 +1,50 @@
+"""Named crash points: SIGKILL at the stated time a point is reached, only for the first
+process when a marker file is given, never for an unnamed point or a typo."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from scalerl.crash_points import CRASH_AT_ENV, CRASH_MARKER_ENV, crash_point
+
+SCRIPT = """
+from scalerl.crash_points import crash_point
+for i in range(3):
+    crash_point("learner.step.acked")
+    print("passed", i + 1, flush=True)
+"""
+
+
+def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_process_dies_the_nth_time_the_point_is_reached(tmp_path) -> None:
+    marker = tmp_path / "crashed"
+    env = {CRASH_AT_ENV: "learner.step.acked@2", CRASH_MARKER_ENV: str(marker)}
+    first = _run(env)
+    assert first.returncode == -signal.SIGKILL
+    assert first.stdout.split("\n")[:-1] == ["passed 1"] and marker.exists()
+    again = _run(env)  # the restarted process goes on past the point
+    assert again.returncode == 0 and again.stdout.count("passed") == 3
+
+
+def test_another_point_or_no_setting_does_nothing() -> None:
+    assert _run({CRASH_AT_ENV: "learner.step.trained"}).returncode == 0
+    assert _run({CRASH_AT_ENV: ""}).returncode == 0
+
+
+def test_an_unknown_point_is_refused() -> None:
+    with pytest.raises(ValueError, match="crash point must be one of"):
+        crash_point("learner.step.traned")
