@@ -174,16 +174,22 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             cfg = self.config.learner
             self.state.set_generation_quota(self.version, cfg.off_policy_k * cfg.batch_prompts)
 
-    def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> None:
+    def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> bool:
+        """Wait until `rollout.workers` workers are registered and ready. False when `stop`
+        is set first (SIGTERM before training: nothing new to save). Raises RuntimeError
+        naming the count after timeout_s seconds."""
         want = self.config.rollout.workers
         deadline = time.monotonic() + timeout_s
         while len(self.registry.workers()) < want:
-            if stop.is_set() or time.monotonic() > deadline:
+            if stop.is_set():
+                return False
+            if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"only {len(self.registry.workers())} of {want} rollout "
                     f"workers registered after {timeout_s:.0f}s"
                 )
             stop.wait(0.5)
+        return True
 
     # ----- main loop -----------------------------------------------------------------------
 
@@ -199,7 +205,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
         self._deadline = deadline
         self._setup()
-        self._await_workers(stop)
+        if not self._await_workers(stop):
+            log.info("stopped while waiting for the rollout workers, before any step")
+            return 0
         self.timing.seconds["setup"] = time.monotonic() - started
         if self.r0 is None:  # not a resume from a checkpoint, which holds R0
             self._evaluate(background=False)

@@ -16,7 +16,7 @@ from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer
-from rollout_service.weights import receive_weights
+from rollout_service.weights import WeightsError, receive_weights
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
 from scalerl.length_control import check_budgets
@@ -144,9 +144,16 @@ class RolloutWorker:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);
         generating earlier would stamp other weights with a run version. With the stream
         transport a later version has no file: the learner pushes it once the heartbeat
-        reports this worker not ready."""
+        reports this worker not ready. A file that is gone by the time it is read (the
+        learner keeps only the newest two) is logged and the next publication read."""
+        refused: str | None = None
         while not stop.is_set() and not self.state.stop_requested():
-            self._pull_if_behind()
+            try:
+                self._pull_if_behind()
+            except WeightsError as exc:
+                if str(exc) != refused:
+                    log.warning("the published weights could not be loaded, retrying: %s", exc)
+                refused = str(exc)
             if self.ready:
                 log.info("starting at policy version %d", self.engine.policy_version)
                 return True
@@ -160,7 +167,7 @@ class RolloutWorker:
         if ref is None:
             return False
         receive_weights(
-            [weights_uri_request(ref.uri, ref.version)],
+            [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
             self.engine,
             weights_root=self.config.security.weights_root or None,
         )

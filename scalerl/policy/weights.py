@@ -95,20 +95,25 @@ def weights_requests(
         yield rollout_pb2.UpdateWeightsRequest(chunk=bytes(view[start : start + chunk_bytes]))
 
 
-def weights_uri_request(path: str | Path, version: int) -> rollout_pb2.UpdateWeightsRequest:
+def weights_uri_request(
+    path: str | Path, version: int, sha256: str = "", total_bytes: int = 0
+) -> rollout_pb2.UpdateWeightsRequest:
     """The single header message of an UpdateWeights stream pointing at a file on shared
-    storage (size and sha256 computed from the file)."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK_BYTES):
-            digest.update(block)
-            size += len(block)
+    storage. `sha256` (hex) and `total_bytes` as published with the file; when not given
+    they are computed from the file (raises OSError when it cannot be read)."""
+    if not sha256:
+        digest = hashlib.sha256()
+        total_bytes = 0
+        with open(path, "rb") as handle:
+            while block := handle.read(CHUNK_BYTES):
+                digest.update(block)
+                total_bytes += len(block)
+        sha256 = digest.hexdigest()
     header = rollout_pb2.WeightsHeader(
         version=version,
         format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=size,
-        sha256=digest.hexdigest(),
+        total_bytes=total_bytes,
+        sha256=sha256,
         uri=str(path),
     )
     return rollout_pb2.UpdateWeightsRequest(header=header)

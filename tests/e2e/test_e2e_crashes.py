@@ -31,13 +31,15 @@ MAX_STEPS = 24
 CHECKPOINT_EVERY = 4
 
 
-def _launch(run_dir: Path, crash_at: str | None = None) -> subprocess.Popen:
+def _launch(run_dir: Path, crash_at: str | None = None, *overrides: str) -> subprocess.Popen:
     env = dict(os.environ)
     if crash_at:
         env |= {CRASH_AT_ENV: crash_at, CRASH_MARKER_ENV: str(run_dir.parent / "crashed")}
     args = ["run", "--config", "tiny", "--run-dir", str(run_dir)]
     args += ["--set", f"learner.max_steps={MAX_STEPS}"]
     args += ["--set", f"learner.checkpoint_every={CHECKPOINT_EVERY}"]
+    for item in overrides:
+        args += ["--set", item]
     return subprocess.Popen(
         [sys.executable, "-m", "scalerl_cli.main", *args],
         cwd=ROOT,
@@ -117,7 +119,8 @@ def _check_accounting(run_dir: Path) -> dict:
     resumes = read_records(run_dir, ResumeRecord)
     assert groups.get("lost", 0) == sum(r.groups_lost for r in resumes), (groups, resumes)
     evals = read_records(run_dir, EvalRecord)
-    assert [e.step for e in evals] == [0, 5, 10, 15, 20, MAX_STEPS]
+    at = [e.step for e in evals]  # every 5 steps (PPO: at the next batch boundary), the end
+    assert at == sorted(set(at)) and at[0] == 0 and at[-1] == MAX_STEPS and len(at) == 6, at
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "curve service:" not in learner_log  # every point reached the curve service
     assert f"curve fit on {len(evals)} points" in learner_log
@@ -170,6 +173,21 @@ def test_the_learner_crashes_at_each_named_point(tmp_path, crash_at, resume_step
         lost,
         replayed,
     )
+
+
+@pytest.mark.slow
+def test_ppo_off_policy_k_resumes_with_every_group_accounted_for(tmp_path):
+    """PPO mode (batches of k x P = 16 groups of one version, 2 steps each): the crash
+    after step 5's optimizer step, the checkpoint at 4, so nothing is lost and the
+    round's 16 groups are read again (then dropped as stale: their version is not the
+    resumed learner's)."""
+    run_dir = tmp_path / "run"
+    _finish(_launch(run_dir, "learner.step.trained@5", "learner.off_policy_mode=ppo"))
+    report = _check_accounting(run_dir)
+    assert report["restarts"] == {"learner": 1}
+    (resume,) = read_records(run_dir, ResumeRecord)
+    assert (resume.step, resume.groups_lost, resume.groups_replayed) == (4, 0, 16)
+    assert report["groups"].get("lost", 0) == 0 and report["groups"]["stale"] >= 16
 
 
 @pytest.mark.slow

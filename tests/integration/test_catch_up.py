@@ -91,6 +91,26 @@ def test_uri_worker_pulls_newer_weights_after_start(
         worker._closing.set()
 
 
+def test_a_published_file_gone_before_it_is_read_is_not_fatal(
+    redis_client: redis.Redis, run_id: str, tmp_path: Path
+) -> None:
+    """The announced file was deleted (the learner keeps the newest two) before a
+    starting worker read it: the worker logs it and loads the next publication."""
+    engine = FakeEngine()
+    worker = make_worker(redis_client, run_id, engine, weights_root=tmp_path)
+    Path(publish_file(worker.state, tmp_path, 5)).unlink()
+    stop = threading.Event()
+    started: list[bool] = []
+    thread = threading.Thread(target=lambda: started.append(worker._await_initial_weights(stop)))
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive() and not worker.ready
+    path = publish_file(worker.state, tmp_path, 6)
+    thread.join(timeout=5)
+    stop.set()
+    assert started == [True] and engine.staged == [(path, 6)]
+
+
 def test_stream_worker_waits_for_run_weights_before_generating(
     redis_client: redis.Redis, run_id: str
 ) -> None:

@@ -49,3 +49,23 @@ def test_max_minutes_holds_when_no_group_arrives(
         "time budget reached while waiting for a batch: 0 of 8 admissible groups had arrived"
     ]
     assert (tmp_path / "checkpoint" / "state.json").exists()
+
+
+def test_a_stop_while_waiting_for_workers_ends_quietly(
+    redis_url: str, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM (the stop event) before any worker registered: exit 0 with one line
+    saying so, not "only 0 of 1 workers registered after 600s", and no stop flag raised
+    for the run's workers."""
+    run_id = f"t-{uuid.uuid4().hex[:12]}"
+    config = load_config("tiny", [f"run_id={run_id}", "model.warmup_steps=0", "rollout.workers=1"])
+    learner = Learner(config, redis_url, tmp_path, curve_address=None)
+    stop = threading.Event()
+    stop.set()
+    with caplog.at_level(logging.INFO):
+        assert learner.run(stop) == 0
+    learner.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert "stopped while waiting for the rollout workers, before any step" in messages
+    assert not any("registered after" in m for m in messages)
+    assert not learner.state.stop_requested()
