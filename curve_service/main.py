@@ -5,8 +5,8 @@
                   [--tls-ca F [--require-client-cert]]
 
 Runs are kept in memory, or in Redis with --redis-url (then they survive a restart).
-With a token (--token-file, or SCALERL_AUTH_TOKEN) RecordPoint needs it; the reads stay
-open. With --tls-cert/--tls-key the port speaks TLS only (`scalerl.rpc.security`).
+With a token (--token-file, or SCALERL_AUTH_TOKEN) RecordPoint and TrimRun need it; the
+reads stay open. With --tls-cert/--tls-key the port speaks TLS only (`scalerl.rpc.security`).
 
 Prints one line, "curve service listening on HOST:PORT metrics on :M", once both servers
 are bound (ports chosen by the OS when 0 is given), then serves until SIGTERM or SIGINT and

@@ -7,7 +7,9 @@ Keys (ARCHITECTURE.md sec. 4 schema `scalerl:{run_id}:...`):
 
 Writes are optimistic transactions (WATCH / MULTI): the new run is computed from what
 Redis holds and written as a whole, or retried when another writer got there first, so
-several replicas can share runs and a rejected call changes nothing. Fits are derived
+several replicas can share runs and a rejected call changes nothing (a trim deletes its
+points and bumps the revision in one transaction, so a concurrent record lands either
+before it, and is trimmed if above the bound, or after it). Fits are derived
 data: each process caches its own, keyed by the run revision it was made from.
 """
 
@@ -20,7 +22,14 @@ import redis
 from curve_service.errors import StoreFullError, UnknownRunError
 from curve_service.fit import FitResult
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
-from curve_service.store import MAX_RUNS, RunSnapshot, _with_point, validate_run_id
+from curve_service.store import (
+    MAX_RUNS,
+    RunSnapshot,
+    _trimmed,
+    _with_point,
+    validate_max_compute,
+    validate_run_id,
+)
 from scalerl.state.client import text
 from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
 
@@ -70,6 +79,31 @@ class RedisRunStore:
                     pipe.sadd(RUNS_KEY, run_id)
                     pipe.execute()
                     return new
+                except redis.WatchError:
+                    continue  # another writer changed the run; recompute from its state
+
+    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
+        validate_run_id(run_id)
+        bound = validate_max_compute(max_compute)
+        points_key, meta_key = _keys(run_id)
+        with self._redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(points_key, meta_key)
+                    old = _load(pipe, run_id)
+                    if old is None:
+                        raise UnknownRunError(run_id)
+                    new = _trimmed(old, bound)
+                    if new is old:
+                        pipe.unwatch()
+                        return self._with_fit(new), 0  # nothing above the bound
+                    # The fields exactly as stored (record writes repr(compute)).
+                    doomed = [k for k in pipe.hkeys(points_key) if float(text(k)) > bound]
+                    pipe.multi()
+                    pipe.hdel(points_key, *doomed)
+                    pipe.hset(meta_key, "revision", new.revision)
+                    pipe.execute()
+                    return new, len(old.points) - len(new.points)
                 except redis.WatchError:
                     continue  # another writer changed the run; recompute from its state
 

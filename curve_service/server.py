@@ -65,8 +65,8 @@ def _request_fields(rename: Callable[[str], str]) -> Iterator[None]:
 
 
 class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
-    """Fit, Extrapolate, RecordPoint, GetRun and CompareRuns over a `RunStore` (in memory
-    by default)."""
+    """Fit, Extrapolate, RecordPoint, TrimRun, GetRun and CompareRuns over a `RunStore` (in
+    memory by default)."""
 
     def __init__(
         self,
@@ -138,13 +138,16 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             raise CurveInputError("point", "required")
         r0 = request.r0 if request.HasField("r0") else None
         snap = self.store.record(request.run_id, request.point.compute, request.point.reward, r0)
-        fit = snap.fit
-        if fit is None and len(snap.points) >= MIN_POINTS:
-            # Every change clears the stored fit, so None means "refit"; an identical retry
-            # of a fitted run returns the stored fit without refitting.
-            fit = self._refresh(snap)
-        self.metrics.set_run(snap.run_id, len(snap.points), fit, self.target_compute)
+        fit = self._published_fit(snap)
         reply = curve_pb2.RecordPointResponse(points=len(snap.points))
+        if fit is not None:
+            reply.fit.CopyFrom(fit_to_proto(fit))
+        return reply
+
+    def TrimRun(self, request: curve_pb2.TrimRunRequest, context: Any) -> curve_pb2.TrimRunResponse:
+        snap, removed = self.store.trim(request.run_id, request.max_compute)
+        fit = self._published_fit(snap)
+        reply = curve_pb2.TrimRunResponse(points_removed=removed, points=len(snap.points))
         if fit is not None:
             reply.fit.CopyFrom(fit_to_proto(fit))
         return reply
@@ -231,13 +234,23 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         finally:
             self.metrics.observe_fit(status, time.perf_counter() - start)
 
+    def _published_fit(self, snap: RunSnapshot) -> FitResult | None:
+        """The fit of a run just written, refitted when needed, and its gauges updated."""
+        fit = snap.fit
+        if fit is None and len(snap.points) >= MIN_POINTS:
+            # Every change clears the stored fit, so None means "refit"; an identical retry
+            # (or a trim with nothing to remove) of a fitted run returns the stored fit.
+            fit = self._refresh(snap)
+        self.metrics.set_run(snap.run_id, len(snap.points), fit, self.target_compute)
+        return fit
+
     def _refresh(self, snap: RunSnapshot) -> FitResult | None:
         """Refit a run's whole history; a failure is logged and leaves the run unfitted."""
         compute = [c for c, _ in snap.points]
         reward = [r for _, r in snap.points]
         try:
             fit = self._fit(compute, reward, r0=snap.r0)
-        except Exception as exc:  # a bad fit must not fail RecordPoint (the point is stored)
+        except Exception as exc:  # a bad fit must not fail the write (it is stored)
             log.warning("fit of run %s (revision %d) failed: %s", snap.run_id, snap.revision, exc)
             fit = None
         if not self.store.set_fit(snap.run_id, snap.revision, fit):

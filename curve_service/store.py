@@ -3,7 +3,7 @@
 A run is a sequence of eval points (compute, reward), an optional fixed R0 and the latest
 fit of those points. `RunStore` is the interface; `MemoryRunStore` is the thread-safe
 in-process backend. A Redis backend (keys `scalerl:{run_id}:curve:*`, ARCHITECTURE.md
-sec. 4) can implement the same three methods so several curve service replicas share runs.
+sec. 4) implements the same methods so several curve service replicas share runs.
 
 Every write validates first and then applies as a whole, so a rejected call changes nothing.
 """
@@ -11,6 +11,7 @@ Every write validates first and then applies as a whole, so a rejected call chan
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -53,6 +54,17 @@ class RunStore(Protocol):
         """
         ...
 
+    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
+        """Remove the run's points with compute > max_compute (same unit as the points);
+        returns (the run after the write, the number of points removed).
+
+        R0 is kept. Nothing above the bound is a no-op (same revision, fit kept); otherwise
+        the revision increments and the fit is cleared, as after a record. Raises
+        CurveInputError for a bad run_id or a max_compute that is not finite and >= 0,
+        UnknownRunError for a run never recorded.
+        """
+        ...
+
     def get(self, run_id: str) -> RunSnapshot:
         """The run; raises UnknownRunError if it was never recorded."""
         ...
@@ -72,6 +84,14 @@ def validate_run_id(run_id: str) -> str:
             "run_id", f"must be 1-64 characters of A-Z a-z 0-9 _ . -, got {run_id!r}"
         )
     return run_id
+
+
+def validate_max_compute(max_compute: float) -> float:
+    """max_compute as a float; raises CurveInputError("max_compute") unless finite and >= 0."""
+    value = float(max_compute)
+    if not math.isfinite(value) or value < 0:
+        raise CurveInputError("max_compute", f"must be finite and >= 0, got {value}")
+    return value
 
 
 class MemoryRunStore:
@@ -95,6 +115,17 @@ class MemoryRunStore:
             new = _with_point(old, c, r, r0_value, self._max_points)
             self._runs[run_id] = new
             return new
+
+    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
+        validate_run_id(run_id)
+        bound = validate_max_compute(max_compute)
+        with self._lock:
+            old = self._runs.get(run_id)
+            if old is None:
+                raise UnknownRunError(run_id)
+            new = _trimmed(old, bound)
+            self._runs[run_id] = new
+            return new, len(old.points) - len(new.points)
 
     def get(self, run_id: str) -> RunSnapshot:
         with self._lock:
@@ -137,3 +168,11 @@ def _with_point(
         raise CurveInputError("point", f"run {run.run_id!r} already holds {max_points} points")
     points = run.points[:i] + ((compute, reward),) + run.points[i:]
     return replace(run, points=points, r0=new_r0, revision=run.revision + 1, fit=None)
+
+
+def _trimmed(run: RunSnapshot, max_compute: float) -> RunSnapshot:
+    """The run without its points above max_compute; the run itself when there are none."""
+    keep = bisect.bisect_right([p[0] for p in run.points], max_compute)
+    if keep == len(run.points):
+        return run  # nothing above the bound: same revision, fit kept
+    return replace(run, points=run.points[:keep], revision=run.revision + 1, fit=None)

@@ -354,6 +354,16 @@ class RecordedPoint:
     fit: FitSummary | None
 
 
+@dataclass(frozen=True)
+class TrimmedRun:
+    """TrimRun's answer: how many points were removed, how many the run still holds, and its
+    refreshed fit (None while the run has fewer than 4 points or its fit failed)."""
+
+    points_removed: int
+    points: int
+    fit: FitSummary | None
+
+
 class CurveClient:
     """Typed calls to a CurveService at `address` (host:port), each bounded by timeout_s
     seconds. compute_unit labels every returned fit. security: token and TLS (default: the
@@ -414,6 +424,18 @@ class CurveClient:
         reply = self._call("RecordPoint", request)
         fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
         return RecordedPoint(points=reply.points, fit=fit)
+
+    def trim_run(self, run_id: str, max_compute: float) -> TrimmedRun:
+        """Remove run `run_id`'s points with compute > max_compute, in the unit the points
+        were recorded in (e.g. the compute of the checkpoint a resumed learner went back
+        to; 0 removes every point), keep its R0, and return the refreshed fit. Nothing
+        above the bound changes nothing (points_removed 0). Needs the run's token. Raises
+        InvalidArgument (`run_id`, or `max_compute` not finite and >= 0), NotFound (no
+        such run) or Unauthenticated (no or a wrong token)."""
+        request = curve_pb2.TrimRunRequest(run_id=run_id, max_compute=max_compute)
+        reply = self._call("TrimRun", request)
+        fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
+        return TrimmedRun(points_removed=reply.points_removed, points=reply.points, fit=fit)
 
     def _call(self, method: str, request: Any) -> Any:
         try:

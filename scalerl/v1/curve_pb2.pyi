@@ -178,6 +178,24 @@ class RecordPointResponse(_message.Message):
     fit: FitResponse
     def __init__(self, points: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ...) -> None: ...
 
+class TrimRunRequest(_message.Message):
+    __slots__ = ("run_id", "max_compute")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    max_compute: float
+    def __init__(self, run_id: _Optional[str] = ..., max_compute: _Optional[float] = ...) -> None: ...
+
+class TrimRunResponse(_message.Message):
+    __slots__ = ("points_removed", "points", "fit")
+    POINTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    FIT_FIELD_NUMBER: _ClassVar[int]
+    points_removed: int
+    points: int
+    fit: FitResponse
+    def __init__(self, points_removed: _Optional[int] = ..., points: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ...) -> None: ...
+
 class GetRunRequest(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

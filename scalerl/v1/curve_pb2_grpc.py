@@ -49,6 +49,11 @@ class CurveServiceStub:
                 request_serializer=scalerl_dot_v1_dot_curve__pb2.RecordPointRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_curve__pb2.RecordPointResponse.FromString,
                 _registered_method=True)
+        self.TrimRun = channel.unary_unary(
+                '/scalerl.v1.CurveService/TrimRun',
+                request_serializer=scalerl_dot_v1_dot_curve__pb2.TrimRunRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_curve__pb2.TrimRunResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/scalerl.v1.CurveService/GetRun',
                 request_serializer=scalerl_dot_v1_dot_curve__pb2.GetRunRequest.SerializeToString,
@@ -77,6 +82,12 @@ class CurveServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RecordPoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrimRun(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +122,11 @@ def add_CurveServiceServicer_to_server(servicer, server):
                     servicer.RecordPoint,
                     request_deserializer=scalerl_dot_v1_dot_curve__pb2.RecordPointRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_curve__pb2.RecordPointResponse.SerializeToString,
+            ),
+            'TrimRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrimRun,
+                    request_deserializer=scalerl_dot_v1_dot_curve__pb2.TrimRunRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_curve__pb2.TrimRunResponse.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
@@ -204,6 +220,33 @@ class CurveService:
             '/scalerl.v1.CurveService/RecordPoint',
             scalerl_dot_v1_dot_curve__pb2.RecordPointRequest.SerializeToString,
             scalerl_dot_v1_dot_curve__pb2.RecordPointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrimRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.CurveService/TrimRun',
+            scalerl_dot_v1_dot_curve__pb2.TrimRunRequest.SerializeToString,
+            scalerl_dot_v1_dot_curve__pb2.TrimRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

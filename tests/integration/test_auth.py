@@ -1,5 +1,5 @@
 """The bearer token of privileged RPCs (`scalerl.rpc.security`), over real gRPC: without it
-(or with a wrong one) UpdateWeights, Interrupt, Generate and RecordPoint answer
+(or with a wrong one) UpdateWeights, Interrupt, Generate, RecordPoint and TrimRun answer
 UNAUTHENTICATED and change nothing; with it they work; the reads, health and reflection
 stay open; the project's clients send the process's token."""
 
@@ -155,12 +155,25 @@ def curve():
     server.stop(None)
 
 
-def record(address: str, security: Security, reward: float = 0.3):
+def record(address: str, security: Security, reward: float = 0.3, compute: float = 1.0):
     with channel(address, security) as ch:
         request = curve_pb2.RecordPointRequest(
-            run_id="r1", point=curve_pb2.CurvePoint(compute=1.0, reward=reward)
+            run_id="r1", point=curve_pb2.CurvePoint(compute=compute, reward=reward)
         )
         return curve_pb2_grpc.CurveServiceStub(ch).RecordPoint(request, timeout=TIMEOUT_S)
+
+
+def trim(address: str, security: Security, max_compute: float = 0.0):
+    with channel(address, security) as ch:
+        request = curve_pb2.TrimRunRequest(run_id="r1", max_compute=max_compute)
+        return curve_pb2_grpc.CurveServiceStub(ch).TrimRun(request, timeout=TIMEOUT_S)
+
+
+def run_points(address: str) -> list[float]:
+    with channel(address, NO_TOKEN) as ch:
+        stub = curve_pb2_grpc.CurveServiceStub(ch)
+        run = stub.GetRun(curve_pb2.GetRunRequest(run_id="r1"), timeout=TIMEOUT_S)
+    return [p.compute for p in run.points]
 
 
 def get_run_code(address: str) -> grpc.StatusCode:
@@ -178,6 +191,19 @@ def test_record_point_without_the_token_records_nothing(curve, security):
     address, _ = curve
     assert code_of(lambda: record(address, security)) == grpc.StatusCode.UNAUTHENTICATED
     assert get_run_code(address) == grpc.StatusCode.NOT_FOUND  # no run, no point
+
+
+@pytest.mark.parametrize("security", [NO_TOKEN, WRONG], ids=["no-token", "wrong-token"])
+def test_trim_run_without_the_token_removes_nothing(curve, security):
+    address, _ = curve
+    owner = Security(token=TOKEN)
+    record(address, owner, 0.3, compute=1.0)
+    record(address, owner, 0.4, compute=2.0)
+    assert code_of(lambda: trim(address, security)) == grpc.StatusCode.UNAUTHENTICATED
+    assert run_points(address) == [1.0, 2.0]  # nothing removed
+    reply = trim(address, owner, max_compute=1.0)
+    assert (reply.points_removed, reply.points) == (1, 1)
+    assert run_points(address) == [1.0]
 
 
 def test_record_point_with_the_token_records_and_reads_stay_open(curve):

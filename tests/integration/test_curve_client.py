@@ -27,9 +27,10 @@ from scalerl.rpc.curve_client import (
     Prediction,
     RankedRun,
     RpcFailed,
+    TrimmedRun,
     write_curve_json,
 )
-from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, Unavailable
+from scalerl.rpc.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from scalerl.v1 import curve_pb2
 
 TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
@@ -234,7 +235,7 @@ def test_client_compare_runs_ranks_by_b_at_a_shared_a(client: CurveClient) -> No
     assert "run 1 scales most efficiently" in result.summary
 
 
-def test_client_record_point_returns_the_refreshed_fit(client: CurveClient) -> None:
+def test_client_record_point_and_trim_run_return_the_refreshed_fit(client: CurveClient) -> None:
     compute = np.geomspace(0.01, 1.0, 5)
     reward = predict(SigmoidParams(0.8, 1.5, 0.1, 0.1), compute)
     recorded = [
@@ -246,6 +247,23 @@ def test_client_record_point_returns_the_refreshed_fit(client: CurveClient) -> N
     last = recorded[-1].fit
     assert (last.a, last.b, last.c_mid, last.r0) == pytest.approx((0.8, 1.5, 0.1, 0.1), rel=1e-5)
     assert last.points_used == 5 and last.compute_unit == "accelerator-hours"
+
+    trimmed = client.trim_run("client-run", float(compute[3]))
+    assert isinstance(trimmed, TrimmedRun)
+    assert (trimmed.points_removed, trimmed.points) == (1, 4)
+    assert trimmed.fit.points_used == 4 and trimmed.fit.compute_unit == "accelerator-hours"
+    got = (trimmed.fit.a, trimmed.fit.b, trimmed.fit.c_mid, trimmed.fit.r0)
+    assert got == pytest.approx((0.8, 1.5, 0.1, 0.1), rel=1e-4)
+    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(1, 3, None)
+    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(0, 3, None)
+    with pytest.raises(InvalidArgument) as err:
+        client.trim_run("client-run", math.nan)
+    assert (err.value.field, err.value.message) == (
+        "max_compute",
+        "must be finite and >= 0, got nan",
+    )
+    with pytest.raises(NotFound, match="no run named 'client-never'"):
+        client.trim_run("client-never", 1.0)
 
 
 def test_client_raises_domain_errors_with_the_request_field(client: CurveClient) -> None:

@@ -1,9 +1,11 @@
-"""Fit options, CompareRuns, bad input, Redis persistence and the `scalerl curve` CLI."""
+"""Fit options, CompareRuns, bad input, Redis persistence, trimming a run in both stores and
+the `scalerl curve` CLI."""
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
+from curve_service.errors import CurveInputError, UnknownRunError
+from curve_service.fit import fit_sigmoid
 from curve_service.metrics import CurveMetrics
 from curve_service.redis_store import RedisRunStore
 from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
+from curve_service.store import MemoryRunStore, RunStore
 from scalerl.rpc import channel as grpc_channel
 from scalerl.rpc.curve_client import FIT_KEYS
 from scalerl.state.client import connect
@@ -167,6 +172,95 @@ def test_redis_store_rejects_conflicts_without_writing(redis_url: str, run_id: s
         store.record(run_id, 1.0, 0.3, None)
     snap = store.get(run_id)
     assert (snap.points, snap.r0, snap.revision) == (((1.0, 0.2),), 0.1, 1)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request) -> RunStore:
+    """Each backend of `RunStore` (Redis: the tests' redis-server, a fresh run id per test)."""
+    if request.param == "memory":
+        return MemoryRunStore()
+    return RedisRunStore(connect(request.getfixturevalue("redis_url")))
+
+
+def _record(store: RunStore, run_id: str, computes, r0: float | None = 0.1) -> None:
+    for c in computes:
+        store.record(run_id, c, float(predict(TRUTH, [c])[0]), r0)
+
+
+def test_trim_removes_exactly_the_points_above_the_bound(store: RunStore, run_id: str) -> None:
+    _record(store, run_id, [1.0, 2.0, 4.0, 8.0, 16.0])
+    snap = store.get(run_id)
+    fit = fit_sigmoid([c for c, _ in snap.points], [r for _, r in snap.points], r0=0.1)
+    assert store.set_fit(run_id, 5, fit) is True
+    # Nothing above the bound: a no-op, same revision, the fit kept.
+    kept, removed = store.trim(run_id, 16.0)
+    assert (removed, kept.revision) == (0, 5) and kept.fit is fit
+    assert kept.points == snap.points
+    # A point at exactly max_compute stays.
+    trimmed, removed = store.trim(run_id, 4.0)
+    assert removed == 2
+    assert [c for c, _ in trimmed.points] == [1.0, 2.0, 4.0]
+    assert trimmed.points == snap.points[:3]
+    assert (trimmed.r0, trimmed.revision, trimmed.fit) == (0.1, 6, None)
+    got = store.get(run_id)
+    assert (got.points, got.r0, got.revision, got.fit) == (snap.points[:3], 0.1, 6, None)
+    assert store.trim(run_id, 5.0) == (got, 0)  # still nothing above 5: no new revision
+    # The resumed timeline may record a different reward at a trimmed compute.
+    assert store.record(run_id, 8.0, 0.5, None).points[-1] == (8.0, 0.5)
+    emptied, removed = store.trim(run_id, 0.0)
+    assert (emptied.points, emptied.r0, emptied.revision, removed) == ((), 0.1, 8, 4)
+    assert store.get(run_id) == emptied
+    assert store.record(run_id, 1.0, 0.3, 0.1).revision == 9  # the run lives on, R0 kept
+
+
+@pytest.mark.parametrize("bad", [-1.0, -0.5, math.nan, math.inf, -math.inf])
+def test_trim_refuses_a_bad_max_compute_and_changes_nothing(
+    store: RunStore, run_id: str, bad: float
+) -> None:
+    _record(store, run_id, [1.0, 2.0, 4.0])
+    before = store.get(run_id)
+    with pytest.raises(CurveInputError, match=r"^max_compute: must be finite and >= 0, got ") as e:
+        store.trim(run_id, bad)
+    assert e.value.field == "max_compute"
+    after = store.get(run_id)
+    assert (after.points, after.r0, after.revision) == (before.points, 0.1, 3)
+
+
+def test_trim_of_an_unknown_run_or_a_bad_run_id(store: RunStore, run_id: str) -> None:
+    with pytest.raises(UnknownRunError) as err:
+        store.trim(run_id, 1.0)
+    assert err.value.status == "NOT_FOUND" and err.value.run_id == run_id
+    with pytest.raises(UnknownRunError):
+        store.get(run_id)  # trimming created nothing
+    with pytest.raises(CurveInputError, match=r"^run_id: "):
+        store.trim("bad id!", 1.0)
+
+
+def test_trim_and_concurrent_records_lose_nothing(store: RunStore, run_id: str) -> None:
+    """Records below the bound racing repeated trims: every record lands, the points above
+    the bound go, and exactly one trim makes a revision (the others find nothing above)."""
+    _record(store, run_id, [float(c) for c in range(41, 61)])  # revisions 1..20
+    below = [float(c) for c in range(1, 41)]
+    trims: list[int] = []
+
+    def record(chunk: list[float]) -> None:
+        _record(store, run_id, chunk, r0=None)
+
+    def trim() -> None:
+        for _ in range(30):
+            trims.append(store.trim(run_id, 40.0)[1])
+
+    threads = [threading.Thread(target=record, args=(below[i::4],)) for i in range(4)]
+    threads.append(threading.Thread(target=trim))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = store.get(run_id)
+    assert [c for c, _ in snap.points] == below
+    assert [r for _, r in snap.points] == [float(predict(TRUTH, [c])[0]) for c in below]
+    assert sum(trims) == 20 and sum(1 for n in trims if n) == 1
+    assert (snap.r0, snap.revision) == (0.1, 20 + 40 + 1)
 
 
 def _csv(path: Path, compute, reward) -> Path:

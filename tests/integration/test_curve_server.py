@@ -229,6 +229,84 @@ def test_get_run_of_an_unknown_run_is_not_found(stub) -> None:
     assert "never-recorded" in err.value.details()
 
 
+# --- TrimRun ----------------------------------------------------------------------------
+
+
+def _trim(stub, run_id: str, max_compute: float) -> curve_pb2.TrimRunResponse:
+    request = curve_pb2.TrimRunRequest(run_id=run_id, max_compute=max_compute)
+    return stub.TrimRun(request, timeout=TIMEOUT_S)
+
+
+def _gauge(servicer: CurveServicer, name: str, run_id: str) -> float | None:
+    return servicer.metrics.registry.get_sample_value(name, {"run_id": run_id})
+
+
+def test_trim_run_drops_the_points_above_and_refits(service) -> None:
+    """A resumed learner's discarded evaluations leave the curve: the points above the
+    checkpoint's compute go, the run is refitted on the rest, the gauges follow."""
+    stub, servicer = service
+    compute = np.geomspace(0.01, 1.0, 8)
+    reward = predict(TRUTH, compute)
+    for c, r in zip(compute, reward, strict=True):
+        stub.RecordPoint(_record_request("resumed", c, r, r0=0.1), timeout=TIMEOUT_S)
+
+    reply = _trim(stub, "resumed", compute[5])  # the bound itself is kept
+    assert (reply.points_removed, reply.points) == (2, 6)
+    assert reply.fit.points_used == 6 and reply.fit.params.r0 == 0.1
+    got = (reply.fit.params.a, reply.fit.params.b, reply.fit.params.c_mid)
+    assert got == pytest.approx((0.8, 1.5, 0.1), rel=1e-4)
+    run = stub.GetRun(curve_pb2.GetRunRequest(run_id="resumed"), timeout=TIMEOUT_S)
+    assert [p.compute for p in run.points] == list(compute[:6])
+    assert [p.reward for p in run.points] == list(reward[:6])
+    assert run.fit == reply.fit
+    assert _gauge(servicer, "scalerl_curve_points", "resumed") == 6
+
+    fits_before = _fits(servicer, "ok")
+    again = _trim(stub, "resumed", compute[5])  # nothing above: no change, no refit
+    assert (again.points_removed, again.points, again.fit) == (0, 6, reply.fit)
+    assert _fits(servicer, "ok") == fits_before
+
+    # The resumed run records its new evaluations above the bound again.
+    later = stub.RecordPoint(_record_request("resumed", 0.5, 0.7), timeout=TIMEOUT_S)
+    assert later.points == 7 and later.fit.points_used == 7
+
+    few = _trim(stub, "resumed", compute[2])  # 3 points left: too few for a fit
+    assert (few.points_removed, few.points, few.HasField("fit")) == (4, 3, False)
+    assert _gauge(servicer, "scalerl_curve_points", "resumed") == 3
+    assert _gauge(servicer, "scalerl_curve_asymptote", "resumed") is None
+    run = stub.GetRun(curve_pb2.GetRunRequest(run_id="resumed"), timeout=TIMEOUT_S)
+    assert [p.compute for p in run.points] == list(compute[:3])
+    assert not run.HasField("fit")
+
+
+@pytest.mark.parametrize(
+    ("max_compute", "details"),
+    [
+        (-1.0, "max_compute: must be finite and >= 0, got -1.0"),
+        (math.nan, "max_compute: must be finite and >= 0, got nan"),
+        (math.inf, "max_compute: must be finite and >= 0, got inf"),
+    ],
+)
+def test_trim_run_rejects_a_bad_max_compute_and_changes_nothing(stub, max_compute, details) -> None:
+    for c in (1.0, 2.0):
+        stub.RecordPoint(_record_request("trim-bad", c, 0.1 * c), timeout=TIMEOUT_S)
+    err = _invalid(
+        stub.TrimRun, curve_pb2.TrimRunRequest(run_id="trim-bad", max_compute=max_compute)
+    )
+    assert err.details() == details
+    run = stub.GetRun(curve_pb2.GetRunRequest(run_id="trim-bad"), timeout=TIMEOUT_S)
+    assert [p.compute for p in run.points] == [1.0, 2.0]
+
+
+def test_trim_run_of_an_unknown_run_is_not_found_and_a_bad_id_invalid(stub) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        _trim(stub, "never-trimmed", 1.0)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.details() == "run_id: no run named 'never-trimmed'"
+    err = _invalid(stub.TrimRun, curve_pb2.TrimRunRequest(run_id="bad id!", max_compute=1.0))
+    assert err.details().startswith("run_id: ")
+
+
 # --- Extrapolate ------------------------------------------------------------------------
 
 

@@ -54,6 +54,7 @@ RPCS = [
     (curve_pb2, "CurveService", "Fit", "FitRequest", False, False),
     (curve_pb2, "CurveService", "Extrapolate", "ExtrapolateRequest", False, False),
     (curve_pb2, "CurveService", "RecordPoint", "RecordPointRequest", False, False),
+    (curve_pb2, "CurveService", "TrimRun", "TrimRunRequest", False, False),
     (curve_pb2, "CurveService", "GetRun", "GetRunRequest", False, False),
     (curve_pb2, "CurveService", "CompareRuns", "CompareRunsRequest", False, False),
     (learner_pb2, "LearnerService", "GetStatus", "GetLearnerStatusRequest", False, False),
@@ -89,6 +90,7 @@ VALID = {
     "RecordPoint": curve_pb2.RecordPointRequest(
         run_id="r1", point=curve_pb2.CurvePoint(compute=1.0, reward=0.3)
     ),
+    "TrimRun": curve_pb2.TrimRunRequest(run_id="r1", max_compute=1.0),
     "GetRun": curve_pb2.GetRunRequest(run_id="r1"),
     "CompareRuns": curve_pb2.CompareRunsRequest(runs=[_fit_request(), _fit_request(0.9)]),
 }
