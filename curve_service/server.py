@@ -145,6 +145,8 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         return reply
 
     def TrimRun(self, request: curve_pb2.TrimRunRequest, context: Any) -> curve_pb2.TrimRunResponse:
+        if not request.HasField("max_compute"):
+            raise CurveInputError("max_compute", "required (0 removes every point)")
         snap, removed = self.store.trim(request.run_id, request.max_compute)
         fit = self._published_fit(snap)
         reply = curve_pb2.TrimRunResponse(points_removed=removed, points=len(snap.points))

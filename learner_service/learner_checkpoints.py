@@ -15,14 +15,15 @@ from learner_service.checkpoint import (
 )
 from learner_service.records import EvalRecord, StepRecord, read_records
 from learner_service.resume import one_timeline, redis_labels, resumed_version
+from scalerl.rpc.curve_client import ZERO_COMPUTE
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointsMixin:
     """Checkpoint and resume for the Learner (which provides run_dir, config, trainer,
-    pool, replay, state, batches, counters, compute, step, version, r0 and
-    `_record_curve_point`)."""
+    pool, replay, state, batches, counters, compute, step, version, r0,
+    `_trim_curve` and `_record_curve_point`)."""
 
     def _resume(self) -> bool:
         """Continue from the run folder's checkpoint, if there is one; in any case start
@@ -75,8 +76,12 @@ class CheckpointsMixin:
         return any((self.run_dir / kind.FILE).exists() for kind in (StepRecord, EvalRecord))
 
     def _record_kept_points(self) -> None:
-        """Record the kept evaluations on the curve service again (idempotent there)."""
-        for record in read_records(self.run_dir, EvalRecord):
+        """Make the curve service's points those of the kept evaluations: remove the
+        discarded ones (all at a higher compute), record the kept ones again (idempotent
+        there; a curve service that lost its store gets them back)."""
+        kept = read_records(self.run_dir, EvalRecord)
+        self._trim_curve(max((max(r.compute, ZERO_COMPUTE) for r in kept), default=0.0))
+        for record in kept:
             self._record_curve_point(record.compute, record.pass_rate, quiet=True)
 
     def _checkpoint_due(self) -> bool:

@@ -108,6 +108,22 @@ class EvaluationsMixin:
             time=time.time(),
         )
 
+    def _trim_curve(self, max_compute: float) -> None:
+        """Remove the run's points above `max_compute` (accelerator-hours) from the curve
+        service: evaluations a crash discarded with their steps, so the live fit holds one
+        timeline. A run the service does not hold is left alone."""
+        if not self.curve_address:
+            return
+        try:
+            with CurveClient(self.curve_address, timeout_s=30, wait_for_ready=True) as client:
+                trimmed = client.trim_run(self.config.run_id, max_compute)
+        except ServiceError as exc:
+            if exc.status != "NOT_FOUND":
+                log.warning("curve service: %s %s", exc.status, exc)
+            return
+        if trimmed.points_removed:
+            log.info("removed %d discarded evaluations from the curve", trimmed.points_removed)
+
     def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
         """Record the evaluation on the curve service, which refits the run's curve; the
         launcher writes curve.json from the service at the end of the run. quiet: do not

@@ -285,14 +285,16 @@ def test_trim_run_drops_the_points_above_and_refits(service) -> None:
         (-1.0, "max_compute: must be finite and >= 0, got -1.0"),
         (math.nan, "max_compute: must be finite and >= 0, got nan"),
         (math.inf, "max_compute: must be finite and >= 0, got inf"),
+        (None, "max_compute: required (0 removes every point)"),
     ],
 )
 def test_trim_run_rejects_a_bad_max_compute_and_changes_nothing(stub, max_compute, details) -> None:
     for c in (1.0, 2.0):
         stub.RecordPoint(_record_request("trim-bad", c, 0.1 * c), timeout=TIMEOUT_S)
-    err = _invalid(
-        stub.TrimRun, curve_pb2.TrimRunRequest(run_id="trim-bad", max_compute=max_compute)
-    )
+    request = curve_pb2.TrimRunRequest(run_id="trim-bad")
+    if max_compute is not None:
+        request.max_compute = max_compute
+    err = _invalid(stub.TrimRun, request)
     assert err.details() == details
     run = stub.GetRun(curve_pb2.GetRunRequest(run_id="trim-bad"), timeout=TIMEOUT_S)
     assert [p.compute for p in run.points] == [1.0, 2.0]
