@@ -165,6 +165,11 @@ class RedisServer:
             raise
         return self
 
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last `lines` lines of the server's log ("(no log)" before start)."""
+        path = self.log_path
+        return _log_tail(path, lines) if path is not None else "(no log)"
+
     def poll(self) -> int | None:
         """The server's exit code once it has exited (a crash), else None. Raises
         RuntimeError when it was never started or already stopped."""

@@ -15,7 +15,7 @@ from learner_service.records import (
     keep_records_until,
     read_records,
 )
-from scalerl_cli.launcher import training_health
+from scalerl_cli.report import training_health
 
 STEP = {
     "step": 3,

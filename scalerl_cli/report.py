@@ -1,0 +1,199 @@
+"""The run's end products, written by the launcher once the learner has finished:
+curve.json and plot.png from one fit of every evaluation, and report.json (the
+extrapolation check, training health, time profile, resumes, restarts and the group
+accounting of the replay ledger)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
+from scalerl.config import RunConfig
+from scalerl.policy.hardware import Precision
+from scalerl.rpc.curve_client import (
+    RUN_COMPUTE_UNIT,
+    CurveClient,
+    FitSpec,
+    FitSummary,
+    write_curve_json,
+)
+from scalerl.rpc.errors import ServiceError
+from scalerl.state.client import connect
+from scalerl.state.replay import replay_accounting
+from scalerl_cli.plot import plot_fit
+
+
+def _fit(
+    curve_address: str,
+    evals: list[EvalRecord],
+    console: Console,
+    predict_at: float | None = None,
+) -> FitSummary | None:
+    """Fit the sigmoid over `evals` on the curve service (`FitSpec.from_evals`: R0 = the
+    first evaluation, 200 seeded bootstrap resamples for intervals); with `predict_at`,
+    also the extrapolated reward there with its 90% band. None when the service refuses
+    (for example fewer than 4 points; said on `console`)."""
+    spec = FitSpec.from_evals(evals, predict_compute=[predict_at] if predict_at else [])
+    try:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=RUN_COMPUTE_UNIT) as client:
+            return client.fit(spec)
+    except ServiceError as exc:
+        console.print(f"[yellow]curve fit on {len(evals)} points refused:[/] {escape(str(exc))}")
+        return None
+
+
+def training_health(steps: list[StepRecord]) -> dict:
+    """The run's training-health summary (paper Sec. 3-4) from its metrics.jsonl records:
+    worst truncation rate and the steps above 10%, staleness histogram of the groups used
+    (index = versions behind), mean zero-variance fraction, stale groups dropped, prompts
+    retired by No-Positive-Resampling, importance-ratio statistics and gradient norms (of
+    the steps that updated the weights, all steps when none did). {} without steps."""
+    if not steps:
+        return {}
+    last = steps[-1]
+    stepped = [m for m in steps if m.stepped] or steps
+    width = max(len(m.staleness_hist) for m in steps)
+    hist = [
+        sum(m.staleness_hist[i] for m in steps if i < len(m.staleness_hist)) for i in range(width)
+    ]
+    return {
+        "steps": len(steps),
+        "truncation_rate_max": max(m.truncation_rate for m in steps),
+        "steps_truncation_above_10pct": last.truncation_warnings_total,
+        "staleness_hist": hist,
+        "zero_variance_frac_mean": sum(m.zero_variance_frac for m in steps) / len(steps),
+        "groups_stale_total": last.groups_stale_total,
+        "prompts_retired_total": last.prompts_retired_total,
+        "parse_failure_rate_mean": sum(m.parse_failure_rate for m in steps) / len(steps),
+        "ratio_mean": sum(m.ratio_mean for m in stepped) / len(stepped),
+        "ratio_max": max(m.ratio_max for m in stepped),
+        "ratio_clipped_frac_mean": sum(m.ratio_clipped_frac for m in stepped) / len(stepped),
+        "grad_norm_mean": sum(m.grad_norm for m in stepped) / len(stepped),
+        "grad_norm_max": max(m.grad_norm for m in stepped),
+    }
+
+
+def resume_summary(resumes: list[ResumeRecord]) -> dict:
+    """The run's resumes from its checkpoint (resumes.jsonl): how many, the groups
+    acknowledged after a checkpoint by steps a crash lost (lost) and those read but never
+    acknowledged, read again (replayed), and each resume's record."""
+    return {
+        "count": len(resumes),
+        "groups_lost": sum(r.groups_lost for r in resumes),
+        "groups_replayed": sum(r.groups_replayed for r in resumes),
+        "steps_discarded": sum(r.steps_discarded for r in resumes),
+        "records": [r.model_dump() for r in resumes],
+    }
+
+
+def group_accounting(redis_url: str, run_id: str) -> dict[str, int]:
+    """Every group of the run: pushed, then trained, dropped by reason (stale,
+    future_version, dead_letter:{reason}, lost with a crash's discarded steps) or still
+    queued, from the replay ledger (`scalerl.state.replay.replay_accounting`);
+    `unaccounted` is 0 unless a group went missing or was counted twice."""
+    return replay_accounting(connect(redis_url), run_id)
+
+
+def time_profile(timing_path: Path, workers: int) -> dict:
+    """Where the run's time went: the learner's wall seconds by activity (set-up, training,
+    waiting for groups, publishing on its own thread, waiting for evaluations, the final
+    checkpoint, other) with their shares, evaluation seconds that overlapped training, and
+    how busy the rollout workers were (busy seconds over workers x learner wall time)."""
+    if not timing_path.exists():
+        return {}
+    data = json.loads(timing_path.read_text())
+    learner = data["learner_seconds"]
+    total = learner["total"] or 1.0
+    busy = data["busy_seconds_by_role"]
+    return {
+        "learner_seconds": learner,
+        "learner_share": {
+            k: v / total for k, v in learner.items() if k not in ("total", "evaluations_background")
+        },
+        "busy_seconds_by_role": busy,
+        "rollout_busy_fraction": busy.get("rollout", 0.0) / (workers * total),
+    }
+
+
+def finish_report(
+    run_dir: Path,
+    config: RunConfig,
+    addresses: tuple[str, str],
+    started: tuple[float, float],
+    precision: Precision,
+    restarts: dict[str, int],
+    console: Console,
+) -> None:
+    """curve.json (fit on all evaluations), plot.png, and report.json with the
+    extrapolation check: the fit on the first half of the evaluations predicts the last.
+
+    The launcher is curve.json's one writer: it owns the run folder and writes the run's
+    end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
+    the run goes, the curve service holds the live fit (GetRun, its /metrics gauges).
+    addresses: (curve service gRPC address, Redis URL)."""
+    curve_address, redis_url = addresses
+    evals = read_records(run_dir, EvalRecord)
+    if not evals:
+        return
+    r0 = evals[0].pass_rate
+    fit = _fit(curve_address, evals, console)
+    if fit:
+        write_curve_json(run_dir / "curve.json", fit)
+    final = evals[-1]
+    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], console, final.compute)
+    started_unix, wall_s = started
+    report = {
+        "started_unix": started_unix,
+        "wall_seconds": wall_s,
+        "precision": {
+            "device": precision.device,
+            "rollout_dtype": precision.rollout_dtype,
+            "learner_dtype": precision.learner_dtype,
+            "reason": precision.reason,
+        },
+        "evaluations": len(evals),
+        "pass_rate_step0": r0,
+        "pass_rate_final": evals[-1].pass_rate,
+        "final_step": evals[-1].step,
+        "final_compute": evals[-1].compute,
+        "fit": fit.to_dict() if fit else None,
+        "fit_first_half": half.to_dict() if half else None,
+        "health": training_health(read_records(run_dir, StepRecord)),
+        "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
+        "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
+        "restarts": dict(restarts),
+        "groups": group_accounting(redis_url, config.run_id),
+    }
+    if half and half.predictions:
+        report["predicted_final_from_first_half"] = half.predictions[0].to_dict()
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    if report["groups"]["unaccounted"]:
+        console.print(
+            f"[red]{report['groups']['unaccounted']} groups unaccounted for[/] (pushed minus "
+            "trained, dropped and queued): see report.json"
+        )
+    if report["health"].get("steps_truncation_above_10pct"):
+        console.print(
+            f"[yellow]truncation above 10% in {report['health']['steps_truncation_above_10pct']}"
+            " steps[/] (the paper saw training degrade there): see report.json"
+        )
+    plot_fit(
+        run_dir / "plot.png",
+        [e.compute for e in evals],
+        [e.pass_rate for e in evals],
+        fit,
+        title=f"scalerl run {config.run_id}",
+        xlabel=f"compute ({RUN_COMPUTE_UNIT})",
+        ylabel="held-out pass rate",
+        ylim=(0.0, 1.0),
+        log_compute=False,  # the step-0 evaluation sits at compute 0
+    )
+    console.print(
+        f"held-out pass rate {r0:.3f} -> {evals[-1].pass_rate:.3f} over "
+        f"{evals[-1].step} steps in {wall_s / 60:.1f} min"
+        + (f"; fit A={fit.a:.3f} B={fit.b:.2f} C_mid={fit.c_mid:.3g}" if fit else "")
+    )
