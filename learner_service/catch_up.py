@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from learner_service.publish import WeightPublisher
-from scalerl.state.registry import WorkerRegistry
+from scalerl.state.registry import LEAVING, WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,13 @@ class WeightCatchUp:
 
     def behind(self, latest: int) -> dict[str, str]:
         """Workers (id -> address) whose heartbeat reports a version older than `latest`
-        or no weights of this run, leaving out wedged ones and those just sent `latest`."""
+        or no weights of this run, leaving out wedged and leaving ones and those just sent
+        `latest`."""
         now = self.clock()
         out = {}
         for worker_id, info in self.registry.states().items():
             p = info.progress
-            if p is None or (p.ready and p.serving_version >= latest):
+            if p is None or p.state == LEAVING or (p.ready and p.serving_version >= latest):
                 continue
             if info.stalled(self.stall_s, now):
                 continue

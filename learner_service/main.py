@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 
     registry = service_registry("learner", precision.device, precision.learner_dtype)
     metrics = LearnerMetrics(registry, max_staleness=config.learner.off_policy_k)
+    from learner_service.metrics import WorkerStatsCollector
+    from scalerl.state.client import connect
+    from scalerl.state.worker_stats import WorkerStats
+
+    registry.register(WorkerStatsCollector(WorkerStats(connect(args.redis_url), config.run_id)))
     if args.metrics_port:
         serve_metrics(registry, args.metrics_port, args.host)
     stop = stop_on_signals()

@@ -16,6 +16,7 @@ What the paper watches and why (ScaleRL, Sec. 3-4):
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from learner_service.records import StepRecord
 from scalerl.obs.metrics import service_registry
@@ -158,3 +159,41 @@ class LearnerMetrics:
         """One group whose policy version is above the learner's (left by a crashed run's
         learner), dropped instead of admitted with negative staleness."""
         self.groups.labels("future_version").inc()
+
+
+class WorkerStatsCollector:
+    """Per-worker accounting on the learner's /metrics, read from Redis at each scrape
+    (`scalerl.state.worker_stats`): one place sees every worker of the fleet, those that
+    left or died included. `stats`: a `WorkerStats`; register with
+    `registry.register(WorkerStatsCollector(stats))`."""
+
+    _FAMILIES = {
+        "groups_pushed": ("scalerl_worker_groups_pushed_total", "Groups pushed by the worker."),
+        "tokens_generated": (
+            "scalerl_worker_tokens_generated_total",
+            "Completion tokens the worker generated.",
+        ),
+        "busy_seconds": (
+            "scalerl_worker_busy_seconds_total",
+            "Device-seconds the worker had requests in its engine.",
+        ),
+        "joins": ("scalerl_worker_joins_total", "Times the worker turned READY."),
+        "leaves": ("scalerl_worker_leaves_total", "Times the worker left on SIGTERM."),
+    }
+
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def collect(self):
+        """One counter family per stat, labelled by worker_id; none while Redis is away."""
+        try:
+            rows = self.stats.by_worker()
+        except Exception:  # noqa: BLE001 - a scrape must not fail with Redis restarting
+            rows = {}
+        for stat, (name, help_text) in self._FAMILIES.items():
+            family = CounterMetricFamily(
+                name.removesuffix("_total"), help_text, labels=["worker_id"]
+            )
+            for worker_id, row in rows.items():
+                family.add_metric([worker_id], row[stat])
+            yield family

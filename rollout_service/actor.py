@@ -19,7 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollout_service.engines.api import GenerationRequest, GenerationStream, RolloutEngine
+from rollout_service.engines.api import (
+    TRUNCATE,
+    GenerationRequest,
+    GenerationStream,
+    RolloutEngine,
+)
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.staleness import is_admissible
@@ -81,11 +86,24 @@ class ActorLoop:
         self.groups_pushed = 0
         self.groups_dropped_stale = 0
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
-        """Loop until `should_stop()`; in-flight requests are aborted on the way out."""
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        leave: Callable[[], bool] | None = None,
+        grace_s: float = 30.0,
+        on_leave: Callable[[], None] | None = None,
+    ) -> None:
+        """Loop until `should_stop()` (the run ended: in-flight requests are aborted) or
+        `leave()` (the worker leaves the fleet: `_leave` within `grace_s` seconds, after
+        `on_leave()`)."""
         in_flight: list[_GroupInFlight] = []
         try:
             while not should_stop():
+                if leave is not None and leave():
+                    if on_leave is not None:
+                        on_leave()
+                    self._leave(in_flight, grace_s, should_stop)
+                    return
                 while len(in_flight) < self.config.rollout.groups_in_flight:
                     if not self._may_start():
                         break
@@ -106,6 +124,43 @@ class ActorLoop:
             for group in in_flight:
                 for stream in group.streams:
                     stream.cancel()
+
+    def _leave(
+        self, in_flight: list[_GroupInFlight], grace_s: float, should_stop: Callable[[], bool]
+    ) -> None:
+        """Take nothing new; finish the groups in flight (with a thinking budget, each
+        request is interrupted to its answer, TRUNCATE) and push them, all within
+        `grace_s` seconds; the rest are cancelled and, under PPO-off-policy-k, their
+        generation tickets given back, so another worker makes those groups. A group
+        counts once: pushed, or given back (the caller's `finally` cancels what is left)."""
+        deadline = time.monotonic() + grace_s
+        if self.config.rollout.thinking_budget:
+            for group in in_flight:
+                for stream in group.streams:
+                    if not stream.finished.is_set():
+                        self.engine.interrupt(stream.request_id, TRUNCATE)
+        pushed = 0
+        while in_flight and time.monotonic() < deadline:
+            finished = [g for g in in_flight if g.done()]
+            if not finished:
+                in_flight[0].streams[-1].finished.wait(0.05)
+                continue
+            group = finished[0]
+            try:
+                self._finish_group(group, should_stop, max(0.0, deadline - time.monotonic()))
+            except (PushAborted, TimeoutError):
+                break  # the stream stayed full: give this one back with the rest
+            in_flight.remove(group)
+            pushed += 1
+        self._give_back(in_flight)
+        log.info("leaving: %d groups in flight finished, %d given back", pushed, len(in_flight))
+
+    def _give_back(self, groups: list[_GroupInFlight]) -> None:
+        """PPO-off-policy-k: return the tickets of groups that will not be pushed."""
+        if self.config.learner.off_policy_mode != "ppo":
+            return
+        for group in groups:
+            self.state.add_generation_quota(group.submitted_version, 1)
 
     def _may_start(self) -> bool:
         """Always under PipelineRL-k; under PPO-off-policy-k only with a ticket for the
@@ -137,7 +192,12 @@ class ActorLoop:
             streams.append(self.engine.submit(request))
         return _GroupInFlight(prompt_id, prompt_ids, streams, version)
 
-    def _finish_group(self, group: _GroupInFlight, should_stop: Callable[[], bool]) -> None:
+    def _finish_group(
+        self,
+        group: _GroupInFlight,
+        should_stop: Callable[[], bool],
+        timeout_s: float | None = None,
+    ) -> None:
         message = build_group(group, self.task, self.tokenizer, self.worker_id)
         learner_version = self.state.get_policy_version()
         if not is_admissible(
@@ -145,7 +205,7 @@ class ActorLoop:
         ):
             self.groups_dropped_stale += 1  # the learner would drop it anyway
             return
-        self.replay.push(message, should_stop=should_stop)
+        self.replay.push(message, timeout_s=timeout_s, should_stop=should_stop)
         self.groups_pushed += 1
 
 

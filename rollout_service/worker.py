@@ -1,6 +1,17 @@
 """A rollout worker's lifecycle: build the engine, serve gRPC, register with a heartbeat
 that carries its progress, take the latest published weights (and newer ones whenever it
-falls behind), run the actor loop, report busy compute."""
+falls behind), run the actor loop, report busy compute.
+
+A worker may join a running job at any time and leave it (SCALE_OUT.md sec. 4):
+
+    SYNCING --(serves the run's weights, within k of the learner)--> READY --SIGTERM--> LEAVING
+    takes no prompts, no evaluations;     takes prompts,              finishes its groups
+    health "scalerl.ready" NOT_SERVING    "scalerl.ready" SERVING     in flight, pushes them,
+                                                                      deregisters, exit 0
+
+grpc.health.v1's "" service is liveness (SERVING once the server is up); "scalerl.ready"
+is readiness, for an orchestrator's probe.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import threading
 import time
 
 import torch
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
@@ -26,14 +38,16 @@ from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
-from scalerl.state.registry import WorkerProgress, WorkerRegistry
+from scalerl.state.registry import LEAVING, READY, SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_task
 from scalerl.v1 import rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "scalerl.v1.RolloutService"
+READY_HEALTH_NAME = "scalerl.ready"
 
 
 class RolloutWorker:
@@ -62,12 +76,15 @@ class RolloutWorker:
         self.compute = ComputeCounters(self.client, run_id)
         self.pool = PromptPool(self.client, run_id)
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
+        self.stats = WorkerStats(self.client, run_id)
         self.server = None
+        self.health = None
         self.engine: RolloutEngine | None = None
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
         self._startup_version = 0
         self._loaded_run_weights = False
+        self._state = SYNCING
 
     def start(self) -> None:
         """Load the model, start the engine and the gRPC server, begin heart-beating."""
@@ -91,12 +108,13 @@ class RolloutWorker:
             weights_root=self.config.security.weights_root,
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
         )
-        self.server, self.port, _ = make_server(
+        self.server, self.port, self.health = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
             self.port,
             self.host,
             max_workers=rollout.max_batch + 16,
         )
+        self.health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.metrics_port:
             serve_metrics(self.metrics.registry, self.metrics_port, self.host)
         self._spawn(self._report_compute)
@@ -104,10 +122,12 @@ class RolloutWorker:
 
     def run(self, stop: threading.Event) -> None:
         """Register (heartbeats with progress), take the run's weights, then run the actor
-        loop until `stop`, pulling newer weights whenever the worker falls behind. Until
-        it serves weights of this run the heartbeat reports it not ready, which keeps
-        the learner's evaluations and regular pushes away from its start-up weights
-        (with the stream transport the learner's catch-up pushes it the latest ones)."""
+        loop until the run ends, pulling newer weights whenever the worker falls behind.
+        Until it is READY the heartbeat reports it not ready, which keeps the learner's
+        evaluations and regular pushes away from its start-up weights (with the stream
+        transport the learner's catch-up pushes it the latest ones). `stop` (SIGTERM) is
+        a leave: the groups in flight are finished within `rollout.leave_grace_s` and
+        pushed, the rest given back (`ActorLoop.run`)."""
         task = build_task(self.config.task)
         self._spawn(self._heartbeat)
         if not self._await_initial_weights(stop):
@@ -124,10 +144,14 @@ class RolloutWorker:
             self.worker_id,
         )
 
-        def should_stop() -> bool:
-            return stop.is_set() or self.state.stop_requested()
-
-        actor.run(should_stop)
+        actor.run(
+            self.state.stop_requested,
+            leave=stop.is_set,
+            grace_s=self.config.rollout.leave_grace_s,
+            on_leave=lambda: self._set_state(LEAVING),
+        )
+        if self._state == LEAVING:
+            self.stats.add(self.worker_id, "leaves")
         log.info(
             "actor loop ended: %d groups pushed, %d dropped as stale",
             actor.groups_pushed,
@@ -135,10 +159,42 @@ class RolloutWorker:
         )
 
     @property
-    def ready(self) -> bool:
+    def serves_run_weights(self) -> bool:
         """The engine serves weights of this run: loaded by this worker, or pushed (any
         swap moves the version off the start-up one)."""
         return self._loaded_run_weights or self.engine.policy_version != self._startup_version
+
+    @property
+    def ready(self) -> bool:
+        """READY: takes prompts and evaluations."""
+        return self._state == READY
+
+    def _update_state(self) -> None:
+        """SYNCING -> READY once the worker serves the run's weights at a version within
+        `learner.off_policy_k` of the learner's (a joiner never generates with weights
+        older than latest - k); counted as a join."""
+        if self._state != SYNCING or not self.serves_run_weights:
+            return
+        learner_version, k = self.state.get_policy_version(), self.config.learner.off_policy_k
+        if learner_version - self.engine.policy_version > k:
+            return
+        self._set_state(READY)
+        self.stats.add(self.worker_id, "joins")
+        log.info(
+            "ready at policy version %d (learner at %d, k=%d)",
+            self.engine.policy_version,
+            learner_version,
+            k,
+        )
+
+    def _set_state(self, state: str) -> None:
+        self._state = state
+        if self.health is not None:
+            serving = health_pb2.HealthCheckResponse.SERVING
+            self.health.set(
+                READY_HEALTH_NAME,
+                serving if state == READY else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
 
     def _await_initial_weights(self, stop: threading.Event) -> bool:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);
@@ -154,6 +210,7 @@ class RolloutWorker:
                 if str(exc) != refused:
                     log.warning("the published weights could not be loaded, retrying: %s", exc)
                 refused = str(exc)
+            self._update_state()
             if self.ready:
                 log.info("starting at policy version %d", self.engine.policy_version)
                 return True
@@ -179,7 +236,7 @@ class RolloutWorker:
         ref = self.state.get_latest_weights()
         if ref is None or not ref.uri:
             return None
-        if self.ready and ref.version <= self.engine.policy_version:
+        if self.serves_run_weights and ref.version <= self.engine.policy_version:
             return None
         return ref
 
@@ -222,16 +279,18 @@ class RolloutWorker:
         leaves out a worker that has work and no progress: `WorkerRegistry`)."""
         period = self.config.rollout.heartbeat_s
         address = f"{self.advertise_host}:{self.port}"
-        tokens, moved = -1, time.time()
+        tokens, moved, counted = -1, time.time(), 0
         while not self._closing.is_set():
             now_tokens, active = self.engine.tokens_generated, self.engine.active_requests
             if now_tokens != tokens or active == 0:
                 tokens, moved = now_tokens, time.time()
             progress = WorkerProgress(
-                self.engine.policy_version, self.ready, now_tokens, active, moved
+                self.engine.policy_version, self.ready, now_tokens, active, moved, self._state
             )
             try:
                 self.registry.heartbeat(self.worker_id, address, 3 * period, progress)
+                self.stats.add(self.worker_id, "tokens_generated", now_tokens - counted)
+                counted = now_tokens
             except Exception as exc:  # noqa: BLE001 - keep beating through Redis hiccups
                 log.warning("heartbeat failed: %s", exc)
             self._closing.wait(period)
@@ -240,6 +299,6 @@ class RolloutWorker:
         """Add this process's busy device-seconds (time with requests in the engine)
         to the run's compute counter once a second (ARCHITECTURE sec. 6); seconds that
         could not be reported (Redis away) are kept and added once it is back."""
-        ComputeReporter(self.compute, "rollout").run(
+        ComputeReporter(self.compute, "rollout", worker_id=self.worker_id).run(
             lambda: self.engine.active_requests > 0, self._closing
         )

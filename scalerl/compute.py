@@ -22,6 +22,7 @@ from types import TracebackType
 import redis
 
 from scalerl.state.keys import RunKeys
+from scalerl.state.worker_stats import stat_field
 
 log = logging.getLogger(__name__)
 SECONDS_PER_HOUR = 3600.0
@@ -33,12 +34,15 @@ class ComputeCounters:
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        self._key = RunKeys(run_id).compute
+        keys = RunKeys(run_id)
+        self._key = keys.compute
+        self._worker_stats_key = keys.worker_stats
 
-    def add(self, role: str, device_seconds: float) -> float:
-        """Add `device_seconds` (devices x wall seconds, >= 0) to `role`; returns the role's
-        new total in seconds. Raises ValueError for a role outside [a-z][a-z0-9_]{0,31} or a
-        negative / non-finite amount."""
+    def add(self, role: str, device_seconds: float, worker_id: str | None = None) -> float:
+        """Add `device_seconds` (devices x wall seconds, >= 0) to `role`, and, with a
+        `worker_id`, to that worker's busy_seconds (`scalerl.state.worker_stats`) in the
+        same MULTI; returns the role's new total in seconds. Raises ValueError for a role
+        outside [a-z][a-z0-9_]{0,31} or a negative / non-finite amount."""
         _check_role(role)
         if not (
             isinstance(device_seconds, Real)
@@ -46,7 +50,15 @@ class ComputeCounters:
             and device_seconds >= 0
         ):
             raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds!r}")
-        return float(self._client.hincrbyfloat(self._key, role, float(device_seconds)))
+        if worker_id is None:
+            return float(self._client.hincrbyfloat(self._key, role, float(device_seconds)))
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hincrbyfloat(self._key, role, float(device_seconds))
+            pipe.hincrbyfloat(
+                self._worker_stats_key, stat_field(worker_id, "busy_seconds"), device_seconds
+            )
+            total, _ = pipe.execute()
+        return float(total)
 
     def by_role(self) -> dict[str, float]:
         """Seconds per role, sorted by role."""
@@ -113,13 +125,21 @@ class ComputeReporter:
     survives Redis errors with exponential back-off (up to `max_backoff_s`).
     """
 
-    def __init__(self, counters: ComputeCounters, role: str, max_backoff_s: float = 30.0) -> None:
-        """Raises ValueError for a bad role or a max_backoff_s that is not > 0."""
+    def __init__(
+        self,
+        counters: ComputeCounters,
+        role: str,
+        max_backoff_s: float = 30.0,
+        worker_id: str | None = None,
+    ) -> None:
+        """worker_id: also count the seconds in that worker's busy_seconds. Raises
+        ValueError for a bad role or a max_backoff_s that is not > 0."""
         _check_role(role)
         if not max_backoff_s > 0:
             raise ValueError(f"max_backoff_s must be > 0 seconds, got {max_backoff_s!r}")
         self._counters = counters
         self._role = role
+        self._worker_id = worker_id
         self._max_backoff_s = max_backoff_s
         self._lock = threading.Lock()
         self.pending_seconds = 0.0  # recorded, not yet in Redis
@@ -141,7 +161,7 @@ class ComputeReporter:
         if amount == 0:
             return True
         try:
-            self._counters.add(self._role, amount)
+            self._counters.add(self._role, amount, self._worker_id)
         except redis.RedisError as exc:
             self.failures += 1
             if self.failures == 1:

@@ -141,6 +141,14 @@ class RolloutConfig(_Section):
         description="Seconds a worker with requests may go without generating a token "
         "before the learner treats it as wedged (no weight pushes, no evaluations).",
     )
+    leave_grace_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="On SIGTERM, seconds a worker has to finish and push its groups in "
+        "flight (interrupted to their answer when a thinking budget is set) before it "
+        "gives the rest back and exits 0; keep it below the orchestrator's grace period.",
+    )
 
 
 class LearnerConfig(_Section):

@@ -33,6 +33,7 @@ from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.state.client import connect
 from scalerl.state.run_state import RunState
+from scalerl_cli.fleet import LauncherFleet, is_worker
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
 from scalerl_cli.report import finish_report
@@ -111,7 +112,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
         if resume:
             prepare_resume(redis_server.url, config.run_id)
         try:
-            curve_address = _start_services(
+            curve_address, fleet = _start_services(
                 config,
                 config_path,
                 run_dir,
@@ -122,7 +123,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 launcher_metrics=f"127.0.0.1:{metrics_port}",
             )
             learner_address = children[-1].learner_address
-            _watch(children, learner_address, supervisor, redis_server)
+            _watch(children, learner_address, supervisor, redis_server, fleet)
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
@@ -211,10 +212,11 @@ def _start_services(
     children: list[Child],
     env: dict[str, str] | None = None,
     launcher_metrics: str | None = None,
-) -> str:
+) -> tuple[str, LauncherFleet]:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses (and the launcher's own /metrics,
-    `launcher_metrics`) to services.json. Returns the curve address."""
+    `launcher_metrics`) to services.json. Returns (the curve address, the workers'
+    `LauncherFleet`)."""
     services: dict = {"redis": redis_url}
     if launcher_metrics:
         services["launcher"] = {"metrics": launcher_metrics}
@@ -240,29 +242,9 @@ def _start_services(
     )
     services["curve"] = {"grpc": curve_address, "metrics": f"127.0.0.1:{curve_metrics}"}
     wait_healthy(curve_address, 60)
-    for i in range(config.rollout.workers):
-        port, metrics = free_port(), free_port()
-        children.append(
-            start_child(
-                f"rollout-{i}",
-                "rollout_service.main",
-                [
-                    "--config",
-                    str(config_path),
-                    "--redis-url",
-                    redis_url,
-                    "--worker-id",
-                    f"rollout-{i}",
-                    "--port",
-                    str(port),
-                    "--metrics-port",
-                    str(metrics),
-                ],
-                logs,
-                env,
-            )
-        )
-        services[f"rollout-{i}"] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
+    services_path = run_dir / "services.json"
+    fleet = LauncherFleet(config_path, redis_url, config.run_id, logs, services, services_path, env)
+    children += fleet.start(config.rollout.workers)
     learner_port, learner_metrics = free_port(), free_port()
     learner = start_child(
         "learner",
@@ -290,8 +272,8 @@ def _start_services(
         "metrics": f"127.0.0.1:{learner_metrics}",
     }
     children.append(learner)
-    (run_dir / "services.json").write_text(json.dumps(services, indent=2))
-    return curve_address
+    services_path.write_text(json.dumps(services, indent=2))
+    return curve_address, fleet
 
 
 def _watch(
@@ -299,10 +281,12 @@ def _watch(
     learner_address: str,
     supervisor: Supervisor,
     redis_server: RedisServer | None = None,
+    fleet: LauncherFleet | None = None,
 ) -> None:
     """Show progress until the learner exits 0. A child that exits otherwise is restarted
     by `supervisor` (in place in `children`), and so is `redis_server` (on its port, from
-    its append-only file); RunFailed when one crash-loops.
+    its append-only file); RunFailed when one crash-loops. The workers follow `fleet`'s
+    target (`scalerl workers add|remove`); a worker that exits 0 has left the run.
 
     The learner ends a finished run by raising the stop flag in Redis, so workers may exit
     0 a moment before it: that counts as success only if the learner then exits 0 too."""
@@ -316,6 +300,9 @@ def _watch(
         while learner.poll() != 0:
             if redis_server is not None:
                 _revive_redis(redis_server, supervisor)
+            if fleet is not None:
+                _let_workers_leave(children, fleet)
+                fleet.reconcile(children)
             for index, child in enumerate(children):
                 code = child.poll()
                 if code is None or (code == 0 and _learner_finishes(learner)):
@@ -331,6 +318,13 @@ def _watch(
             line = _progress_line(learner_client, time.monotonic() - start) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
+
+
+def _let_workers_leave(children: list[Child], fleet: LauncherFleet) -> None:
+    """Forget the workers that exited 0 (left the run; `LauncherFleet.left`)."""
+    for child in [c for c in children if is_worker(c) and c.poll() == 0]:
+        fleet.left(child)
+        children.remove(child)
 
 
 def _revive_redis(server: RedisServer, supervisor: Supervisor) -> None:

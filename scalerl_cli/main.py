@@ -3,7 +3,8 @@
 [--set KEY=VALUE]` (continue a run: its config.yaml, its Redis data, its checkpoint);
 `scalerl sweep --vary
 KEY=V1,V2 ...` (see `scalerl_cli.sweep`); `scalerl curve fit|compare ...` (see
-`scalerl_cli.curve_cli`).
+`scalerl_cli.curve_cli`); `scalerl workers add|remove RUN_DIR [N]` (grow or shrink a
+running job's launcher-managed rollout workers, see `scalerl_cli.fleet`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -89,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--sweep-dir", type=Path, default=None, help="Sweep folder (default runs/sweep-<time>)."
     )
+    workers = sub.add_parser(
+        "workers",
+        help="Add or remove rollout workers of a running `scalerl run`.",
+        description="Change how many rollout workers the launcher of the running job in "
+        "RUN_DIR keeps; it starts new ones (they join once they serve weights within k of "
+        "the learner) or asks the newest to leave (SIGTERM: they push their groups in "
+        "flight first). Workers started by hand join and leave without this.",
+    )
+    workers.add_argument("action", choices=["add", "remove"])
+    workers.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    workers.add_argument("count", type=int, nargs="?", default=1, metavar="N")
     from scalerl_cli import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
 
     curve_cli.add_parser(sub)
@@ -103,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         return curve_cli.main(args)
     if args.command == "sweep":
         return _sweep(args)
+    if args.command == "workers":
+        from scalerl_cli.fleet import workers_command
+
+        return workers_command(args.action, args.run_dir, args.count)
     from scalerl.entrypoint import load_config_or_none
 
     overrides = list(args.set)

@@ -1,7 +1,8 @@
 """The run's end products, written by the launcher once the learner has finished:
 curve.json and plot.png from one fit of every evaluation, and report.json (the
-extrapolation check, training health, time profile, resumes, restarts and the group
-accounting of the replay ledger)."""
+extrapolation check, training health, time profile, resumes, restarts, the group
+accounting of the replay ledger, and per worker id its groups pushed, tokens generated,
+busy seconds, joins and leaves)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from scalerl.rpc.curve_client import (
 from scalerl.rpc.errors import ServiceError
 from scalerl.state.client import connect
 from scalerl.state.replay import replay_accounting
+from scalerl.state.worker_stats import WorkerStats
 from scalerl_cli.plot import plot_fit
 
 
@@ -167,6 +169,7 @@ def finish_report(
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
         "restarts": dict(restarts),
         "groups": group_accounting(redis_url, config.run_id),
+        "workers": WorkerStats(connect(redis_url), config.run_id).by_worker(),
     }
     if half and half.predictions:
         report["predicted_final_from_first_half"] = half.predictions[0].to_dict()

@@ -65,6 +65,10 @@ class RunKeys:
         self.generation_quota = run_key(run_id, "state", "generation_quota")
         # Worker registry: `workers:{worker_id}` -> JSON (address, progress), heartbeat TTL.
         self.workers_prefix = run_key(run_id, "workers") + ":"
+        # Launcher-managed rollout workers wanted (an integer; `scalerl workers add|remove`).
+        self.fleet_target = run_key(run_id, "fleet", "launcher_workers")
+        # Per-worker accounting (hash: "{worker_id}|{stat}" -> value; `worker_stats`).
+        self.worker_stats = run_key(run_id, "worker_stats")
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")
         # The curve service's copy of the run's points and fit metadata.

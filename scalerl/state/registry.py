@@ -27,14 +27,18 @@ from scalerl.state.keys import RunKeys
 
 log = logging.getLogger(__name__)
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# A worker's states (`WorkerProgress.state`; rollout_service.worker has the diagram).
+SYNCING, READY, LEAVING = "SYNCING", "READY", "LEAVING"
 
 
 @dataclass(frozen=True)
 class WorkerProgress:
     """What a heartbeat reports besides the address.
 
-    serving_version: policy version of the weights serving; ready: the worker serves
-    weights of this run (not its start-up weights) and takes prompts; tokens_generated:
+    serving_version: policy version of the weights serving; ready: the worker takes
+    prompts and evaluations (state READY); state: SYNCING (loading the run's weights, not
+    yet within k of the learner), READY, or LEAVING (SIGTERM: finishing its groups in
+    flight, takes nothing new); tokens_generated:
     completion tokens since start; active_requests: requests in the engine now;
     progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle.
     """
@@ -44,6 +48,7 @@ class WorkerProgress:
     tokens_generated: int = 0
     active_requests: int = 0
     progress_unix_s: float = 0.0
+    state: str = ""  # "" from workers that predate the states
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,10 @@ def _parse(value: bytes) -> WorkerInfo:
         return WorkerInfo(raw)
     data = json.loads(raw)
     progress = data.get("progress")
-    return WorkerInfo(data["address"], WorkerProgress(**progress) if progress else None)
+    if progress:  # fields a newer worker adds are ignored, not an error
+        known = WorkerProgress.__dataclass_fields__
+        progress = WorkerProgress(**{k: v for k, v in progress.items() if k in known})
+    return WorkerInfo(data["address"], progress or None)
 
 
 def _check_worker_id(worker_id: str) -> None:

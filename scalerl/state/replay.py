@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 
 from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
+from scalerl.state.worker_stats import stat_field
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,15 @@ _MAX_CLAIM_ROUNDS = 64
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.1
 
-# Atomic bounded append, counted in the ledger: returns the new entry id, or nil (None)
-# when the stream is full.
+# Atomic bounded append, counted in the ledger and in the pushing worker's stats
+# (`scalerl.state.worker_stats`): returns the new entry id, or nil (None) when full.
 _PUSH_LUA = """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   return false
 end
 local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'pushed', 1)
+redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
 return id
 """
 
@@ -160,6 +162,7 @@ class ReplayStream:
         self._key = keys.replay
         self._dead_letter_key = keys.replay_dead_letter
         self._ledger_key = keys.replay_ledger
+        self._worker_stats_key = keys.worker_stats
         self._capacity = capacity
         self._group = group
         self._claim_idle_ms = int(claim_idle_ms)
@@ -211,7 +214,13 @@ class ReplayStream:
         """One atomic attempt: the new entry id, or None when the stream is full."""
         payload = _serialize(group)
         entry_id = self._push_script(
-            keys=[self._key, self._ledger_key], args=[self._capacity, ENTRY_FIELD, payload]
+            keys=[self._key, self._ledger_key, self._worker_stats_key],
+            args=[
+                self._capacity,
+                ENTRY_FIELD,
+                payload,
+                stat_field(group.worker_id, "groups_pushed"),
+            ],
         )
         return None if entry_id is None else text(entry_id)
 

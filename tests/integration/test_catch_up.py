@@ -14,8 +14,9 @@ import redis
 
 from learner_service.catch_up import WeightCatchUp
 from rollout_service.worker import RolloutWorker
-from scalerl.state.registry import WorkerProgress, WorkerRegistry
+from scalerl.state.registry import SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.worker_stats import WorkerStats
 
 
 class FakeEngine:
@@ -44,6 +45,7 @@ def make_worker(
     worker.registry = WorkerRegistry(client, run_id)
     worker.config = SimpleNamespace(
         rollout=SimpleNamespace(heartbeat_s=0.05),
+        learner=SimpleNamespace(off_policy_k=2),
         security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
     )
     worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
@@ -51,6 +53,9 @@ def make_worker(
     worker._threads = []
     worker._startup_version = engine.policy_version
     worker._loaded_run_weights = False
+    worker._state = SYNCING
+    worker.stats = WorkerStats(client, run_id)
+    worker.health = None
     return worker
 
 
@@ -111,6 +116,24 @@ def test_a_published_file_gone_before_it_is_read_is_not_fatal(
     assert started == [True] and engine.staged == [(path, 6)]
 
 
+def test_a_joiner_turns_ready_only_within_k_of_the_learner(
+    redis_client: redis.Redis, run_id: str, tmp_path: Path
+) -> None:
+    """The learner is at v9, k = 2: a worker serving v5 (the newest file it found) stays
+    SYNCING; once it serves v7 it is READY, counted as one join."""
+    engine = FakeEngine()
+    worker = make_worker(redis_client, run_id, engine, weights_root=tmp_path)
+    worker.state.set_policy_version(9)
+    publish_file(worker.state, tmp_path, 5)
+    worker._pull_if_behind()
+    worker._update_state()
+    assert engine.policy_version == 5 and not worker.ready and worker._state == SYNCING
+    publish_file(worker.state, tmp_path, 7)
+    assert worker._await_initial_weights(threading.Event())
+    assert engine.policy_version == 7 and worker.ready
+    assert worker.stats.by_worker()["w0"]["joins"] == 1
+
+
 def test_stream_worker_waits_for_run_weights_before_generating(
     redis_client: redis.Redis, run_id: str
 ) -> None:
@@ -139,10 +162,13 @@ def test_heartbeat_carries_progress(redis_client: redis.Redis, run_id: str) -> N
         assert worker.registry.states()["w0"].progress.ready is False
         assert worker.registry.workers() == {}
         engine.policy_version, engine.tokens_generated, engine.active_requests = 2, 40, 3
+        worker._update_state()  # serves the run's weights (pushed) within k: READY
         assert wait_until(lambda: worker.registry.states()["w0"].progress.tokens_generated == 40)
         progress = worker.registry.states()["w0"].progress
-        assert progress.serving_version == 2 and progress.ready
+        assert progress.serving_version == 2 and progress.ready and progress.state == "READY"
         assert progress.active_requests == 3
+        stats = worker.stats.by_worker()["w0"]
+        assert stats["joins"] == 1 and stats["tokens_generated"] == 40
         assert worker.registry.workers() == {"w0": "127.0.0.1:5000"}
         # Wedged: the heartbeat thread beats on, but with 3 requests no token moves.
         learner_view = WorkerRegistry(redis_client, run_id, stall_s=0.3)

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from scalerl.compute import ComputeCounters, ComputeReporter
+from scalerl.state.worker_stats import WorkerStats
 
 
 class FlakyCounters(ComputeCounters):
@@ -19,11 +20,11 @@ class FlakyCounters(ComputeCounters):
         super().__init__(client, run_id)
         self.failures_left = failures
 
-    def add(self, role: str, device_seconds: float) -> float:
+    def add(self, role: str, device_seconds: float, worker_id: str | None = None) -> float:
         if self.failures_left > 0:
             self.failures_left -= 1
             raise redis.ConnectionError("Redis restarting")
-        return super().add(role, device_seconds)
+        return super().add(role, device_seconds, worker_id)
 
 
 def test_failed_flushes_keep_the_seconds(redis_client: redis.Redis, run_id: str) -> None:
@@ -80,6 +81,7 @@ def test_the_workers_compute_thread_outlives_a_redis_error(
 
     worker = object.__new__(RolloutWorker)  # only what `_report_compute` uses
     worker.compute = FlakyCounters(redis_client, run_id, failures=1)
+    worker.worker_id = "w0"
     worker.engine = SimpleNamespace(active_requests=1)
     worker._closing = threading.Event()
     thread = threading.Thread(target=worker._report_compute, daemon=True)
@@ -91,5 +93,9 @@ def test_the_workers_compute_thread_outlives_a_redis_error(
     worker._closing.set()
     thread.join(timeout=5)
     assert alive, "the compute thread died on its first Redis error"
-    # The failed first second was kept: at least two seconds reached Redis at once.
-    assert worker.compute.by_role()["rollout"] >= 2.0
+    # The failed first second was kept: at least two seconds reached Redis at once, and
+    # the worker's own busy_seconds got exactly the same.
+    total = worker.compute.by_role()["rollout"]
+    assert total >= 2.0
+    busy = WorkerStats(redis_client, run_id).by_worker()["w0"]["busy_seconds"]
+    assert busy == pytest.approx(total, abs=1e-9)

@@ -11,6 +11,7 @@ import redis
 
 from scalerl.state.client import connect
 from scalerl.state.replay import PushAborted, ReplayStream
+from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
 
 
@@ -260,3 +261,18 @@ def test_a_resume_moves_the_discarded_steps_groups_to_lost(
     assert stream.reconcile_resume(3) == 0
     ledger = stream.accounting()
     assert (ledger["trained"], ledger["lost"], ledger["unaccounted"]) == (3, 2, 0)
+
+
+def test_each_push_is_counted_for_its_worker(redis_client: redis.Redis, run_id: str) -> None:
+    """The push script adds to the pushing worker's stats in the same step as the entry:
+    the workers' groups_pushed add up to the ledger's pushed; an odd worker id is
+    counted as "unknown"."""
+    stream = ReplayStream(redis_client, run_id, capacity=8)
+    for worker_id, count in (("w0", 3), ("w1", 2), ("bad id!", 1)):
+        for i in range(count):
+            group = make_group(f"{worker_id}-{i}")
+            group.worker_id = worker_id
+            stream.push(group)
+    stats = WorkerStats(redis_client, run_id).by_worker()
+    assert {w: s["groups_pushed"] for w, s in stats.items()} == {"unknown": 1, "w0": 3, "w1": 2}
+    assert stream.accounting()["pushed"] == 6

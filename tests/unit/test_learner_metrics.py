@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
-from learner_service.metrics import LearnerMetrics
+from learner_service.metrics import LearnerMetrics, WorkerStatsCollector
 from learner_service.records import StepRecord
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
@@ -210,3 +210,31 @@ def test_collector_drops_groups_above_the_learner_version(redis_client, run_id) 
     assert collector.future_total == 1 and collector.stale_total == 0
     value = registry.get_sample_value
     assert value("scalerl_replay_groups_total", {"outcome": "future_version"}) == 1
+
+
+def test_per_worker_accounting_is_exported_by_worker_id() -> None:
+    class Stats:
+        def by_worker(self) -> dict:
+            return {
+                "rollout-0": {
+                    "groups_pushed": 3,
+                    "tokens_generated": 120,
+                    "busy_seconds": 2.5,
+                    "joins": 1,
+                    "leaves": 0,
+                },
+                "manual-1": {
+                    "groups_pushed": 1,
+                    "tokens_generated": 40,
+                    "busy_seconds": 0.5,
+                    "joins": 1,
+                    "leaves": 1,
+                },
+            }
+
+    registry = CollectorRegistry()
+    registry.register(WorkerStatsCollector(Stats()))
+    value = registry.get_sample_value
+    assert value("scalerl_worker_groups_pushed_total", {"worker_id": "rollout-0"}) == 3.0
+    assert value("scalerl_worker_leaves_total", {"worker_id": "manual-1"}) == 1.0
+    assert value("scalerl_worker_busy_seconds_total", {"worker_id": "rollout-0"}) == 2.5

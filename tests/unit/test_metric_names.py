@@ -12,9 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from curve_service.metrics import CurveMetrics
-from learner_service.metrics import LearnerMetrics
+from learner_service.metrics import LearnerMetrics, WorkerStatsCollector
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.metrics import service_registry
+from scalerl.state.worker_stats import STATS
 
 # A gauge of a fraction (of samples, groups, tokens) is derivable from counters; the dashboard
 # computes rates from them instead.
@@ -22,10 +23,18 @@ RATIO_WORDS = re.compile(r"_(rate|ratio|fraction|frac|percent)$")
 NON_BASE_UNITS = re.compile(r"_(ms|milliseconds|minutes|hours|kb|mb|gb|kib|mib|gib)(_|$)")
 
 
+class _Stats:
+    def by_worker(self) -> dict:
+        row = dict.fromkeys(STATS, 1)
+        return {"rollout-0": row}
+
+
 def _registries() -> dict[str, CollectorRegistry]:
+    learner = LearnerMetrics(service_registry("learner")).registry
+    learner.register(WorkerStatsCollector(_Stats()))
     return {
         "rollout": RolloutMetrics(service_registry("rollout")).registry,
-        "learner": LearnerMetrics(service_registry("learner")).registry,
+        "learner": learner,
         "curve": CurveMetrics().registry,
     }
 

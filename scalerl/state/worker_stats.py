@@ -1,0 +1,63 @@
+"""Per-worker accounting: the groups pushed, tokens generated, busy seconds, joins and
+leaves of every rollout worker of a run, kept after the worker is gone.
+
+One Redis hash (`RunKeys.worker_stats`) with fields `{worker_id}|{stat}`. `groups_pushed`
+is added by the replay stream's push script in the same step as the entry (so the
+workers' sum is the ledger's `pushed`), `busy_seconds` by `scalerl.compute.ComputeCounters`
+in the same MULTI as the run's compute, the rest by the worker itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from numbers import Real
+
+import redis
+
+from scalerl.state.client import text
+from scalerl.state.keys import RunKeys
+
+STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "joins", "leaves")
+UNKNOWN_WORKER = "unknown"  # a group whose worker_id is not a valid one
+_WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # as the registry's
+
+
+def stat_field(worker_id: str, stat: str) -> str:
+    """The hash field of one worker's stat; an invalid worker id counts as "unknown".
+    Raises ValueError for a stat outside `STATS`."""
+    if stat not in STATS:
+        raise ValueError(f"stat must be one of {STATS}, got {stat!r}")
+    if not isinstance(worker_id, str) or not _WORKER_ID_RE.fullmatch(worker_id):
+        worker_id = UNKNOWN_WORKER
+    return f"{worker_id}|{stat}"
+
+
+class WorkerStats:
+    """Reads and adds to one run's per-worker accounting."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self._client = client
+        self.key = RunKeys(run_id).worker_stats
+
+    def add(self, worker_id: str, stat: str, amount: float = 1) -> None:
+        """Add `amount` (finite, >= 0; seconds for busy_seconds, a count otherwise) to a
+        worker's stat. Raises ValueError for a bad stat or amount."""
+        if not (isinstance(amount, Real) and math.isfinite(amount) and amount >= 0):
+            raise ValueError(f"amount must be finite and >= 0, got {amount!r}")
+        field = stat_field(worker_id, stat)
+        if stat == "busy_seconds":
+            self._client.hincrbyfloat(self.key, field, float(amount))
+        else:
+            self._client.hincrby(self.key, field, int(amount))
+
+    def by_worker(self) -> dict[str, dict[str, float]]:
+        """worker_id -> {stat: value} for every worker that ever counted anything, each
+        stat present (0 when never added), sorted by worker id."""
+        out: dict[str, dict[str, float]] = {}
+        for field, value in self._client.hgetall(self.key).items():
+            worker_id, _, stat = text(field).rpartition("|")
+            if stat in STATS:
+                row = out.setdefault(worker_id, dict.fromkeys(STATS, 0))
+                row[stat] = float(text(value)) if stat == "busy_seconds" else int(value)
+        return dict(sorted(out.items()))

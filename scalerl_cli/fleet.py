@@ -1,0 +1,125 @@
+"""The launcher's rollout workers: started as `rollout-0`, `rollout-1`, ...; their number
+follows the run's target in Redis (`scalerl.state.fleet_target`), which
+`scalerl workers add|remove RUN_DIR [N]` changes while the run goes. A worker asked to
+go gets SIGTERM and leaves cleanly (it pushes its groups in flight, deregisters, exits
+0); a worker that exits 0 by itself has left too (it is not replaced); one that crashes
+is the supervisor's (`scalerl_cli.supervisor`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from scalerl.ports import free_port
+from scalerl.state.client import connect
+from scalerl.state.fleet_target import FleetTarget
+from scalerl_cli.processes import Child, start_child
+
+log = logging.getLogger(__name__)
+WORKER_PREFIX = "rollout-"
+
+
+def is_worker(child: Child) -> bool:
+    """A launcher-managed rollout worker."""
+    return child.name.startswith(WORKER_PREFIX)
+
+
+@dataclass
+class LauncherFleet:
+    """Starts and stops the launcher-managed workers of one run.
+
+    services: the run's services.json content (updated in `services_path` whenever a
+    worker starts); env: the workers' environment (token)."""
+
+    config_path: Path
+    redis_url: str
+    run_id: str
+    logs: Path
+    services: dict
+    services_path: Path
+    env: dict[str, str] | None = None
+    next_index: int = 0
+    leaving: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.target = FleetTarget(connect(self.redis_url), self.run_id)
+
+    def start(self, workers: int) -> list[Child]:
+        """Start `workers` workers and set the target to that count."""
+        self.target.set(workers)
+        return [self.start_worker() for _ in range(workers)]
+
+    def start_worker(self) -> Child:
+        """Start the next `rollout-{i}` on free ports; record it in services.json."""
+        name = f"{WORKER_PREFIX}{self.next_index}"
+        self.next_index += 1
+        port, metrics = free_port(), free_port()
+        args = ["--config", str(self.config_path), "--redis-url", self.redis_url]
+        args += ["--worker-id", name, "--port", str(port), "--metrics-port", str(metrics)]
+        child = start_child(name, "rollout_service.main", args, self.logs, self.env)
+        self.services[name] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
+        self.services_path.write_text(json.dumps(self.services, indent=2))
+        return child
+
+    def reconcile(self, children: list[Child]) -> None:
+        """Start or SIGTERM workers (in place in `children`) until the running ones not
+        asked to leave match the target; the newest go first."""
+        wanted = self.target.get()
+        if wanted is None:
+            return
+        staying = [c for c in children if is_worker(c) and c.name not in self.leaving]
+        for _ in range(wanted - len(staying)):
+            child = self.start_worker()
+            learner = [i for i, c in enumerate(children) if c.name == "learner"]
+            children.insert(learner[0] if learner else len(children), child)
+            log.info("%s joins (target %d workers)", child.name, wanted)
+        for child in reversed(staying[wanted:] if wanted < len(staying) else []):
+            self.leaving.add(child.name)
+            child.proc.send_signal(signal.SIGTERM)
+            log.info("%s asked to leave (target %d workers)", child.name, wanted)
+
+    def left(self, child: Child) -> None:
+        """A worker exited 0: it left. One that was not asked to (SIGTERM from elsewhere)
+        lowers the target, so it is not replaced."""
+        if child.name in self.leaving:
+            self.leaving.discard(child.name)
+        else:
+            try:
+                self.target.add(-1)
+            except ValueError:
+                pass  # already 0
+        log.info("%s left the run", child.name)
+
+
+def workers_command(action: str, run_dir: Path, count: int) -> int:
+    """`scalerl workers add|remove RUN_DIR [N]`: change the running job's target of
+    launcher-managed workers by N; the launcher starts or stops them within a second.
+    Returns 0, or 2 with one line when the run is not running or N is out of range."""
+    services_path, config_path = run_dir / "services.json", run_dir / "config.yaml"
+    if not services_path.is_file() or not config_path.is_file():
+        print(f"scalerl workers: {run_dir} is not a running run folder", file=sys.stderr)
+        return 2
+    if count < 1:
+        print(f"scalerl workers: N must be >= 1, got {count}", file=sys.stderr)
+        return 2
+    from scalerl.config import load_config
+
+    run_id = load_config(str(config_path)).run_id
+    redis_url = json.loads(services_path.read_text())["redis"]
+    try:
+        target = FleetTarget(connect(redis_url, retries=0), run_id)
+        new = target.add(count if action == "add" else -count)
+    except ValueError as exc:
+        print(f"scalerl workers: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:  # the run is over (its Redis stopped with it)
+        print(f"scalerl workers: the run's Redis does not answer ({exc})", file=sys.stderr)
+        return 2
+    print(f"launcher-managed rollout workers: {new}")
+    return 0
