@@ -44,6 +44,7 @@ def make_worker(
     worker.registry = WorkerRegistry(client, run_id)
     worker.config = SimpleNamespace(
         rollout=SimpleNamespace(heartbeat_s=0.05),
+        learner=SimpleNamespace(weight_transport="uri"),
         security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
     )
     worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
