@@ -41,6 +41,7 @@ from learner_service.server import LearnerStatus, serve
 from learner_service.timing import LearnerTiming
 from learner_service.trainer import Trainer
 from learner_service.warmup import supervised_warmup
+from learner_service.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.crash_points import crash_point
@@ -69,6 +70,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         host: str = "127.0.0.1",
         port: int = 0,
         metrics: LearnerMetrics | None = None,
+        advertise_host: str | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
@@ -82,7 +84,12 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self.compute = ComputeCounters(client, run_id)
         self.replay = ReplayStream(client, run_id, config.replay_capacity, claim_idle_ms=600_000)
         self.status = LearnerStatus()
-        self.server, self.port = serve(self.status, port, host)
+        self.weights = WeightStore()  # filled by the publisher with `weight_transport: pull`
+        self.server, self.port = serve(self.status, port, host, weights=self.weights)
+        # Where workers fetch the held weights (`pull`): the address others dial.
+        dialed = advertise_host or host
+        dialed = f"[{dialed}]" if ":" in dialed and not dialed.startswith("[") else dialed
+        self.weights_source = f"grpc://{dialed}:{self.port}"
         self.step = 0
         self.version = 0
         self.r0: float | None = None
@@ -132,9 +139,11 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             self.run_dir / "weights",
             cfg.rollout.dtype if cfg.rollout.dtype != "auto" else "float32",
             cfg.learner.weight_transport,
+            store=self.weights,
+            source=self.weights_source,
         )
         self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
-        if cfg.learner.weight_transport == "stream":  # with `uri` workers pull themselves
+        if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
             WeightCatchUp(
                 self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
             ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)

@@ -56,7 +56,7 @@ class EvaluationsMixin:
         learner waits for it."""
         self._finish_evaluation(block=True)
         self._publish_if_new()
-        self.publisher.wait()  # every worker serves the current version
+        self.publisher.wait_served()  # every worker serves the current version
         self.evals.start(
             self.step,
             self.version,

@@ -16,6 +16,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
     parser.add_argument("--port", type=int, default=0, help="LearnerService port (0 = free).")
     parser.add_argument(
+        "--advertise-host",
+        default=None,
+        help="Address workers dial to fetch weights (weight_transport pull; default --host).",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)."
     )
     parser.add_argument(
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         args.host,
         args.port,
         metrics=metrics,
+        advertise_host=args.advertise_host,
     )
     try:
         return learner.run(stop)

@@ -2,9 +2,12 @@
 
 Transport `uri` writes the safetensors payload once to shared storage (the run folder on
 one machine, a shared volume in a cluster) and sends only the header; `stream` sends the
-payload itself as chunks of the UpdateWeights stream. Every version is also announced in
-Redis, so a worker that starts (or restarts) later pulls the latest weights before
-generating (ARCHITECTURE sec. 2).
+payload itself as chunks of the UpdateWeights stream; `pull` sends nothing: it puts the
+payload in the learner's `WeightStore` (RAM, the newest two versions) and announces the
+learner's FetchWeights address (`WeightsRef.source`), from which every worker fetches the
+version in parallel when it is behind. Every version is announced in Redis, so a worker
+that starts (or restarts) later pulls the latest weights before generating (ARCHITECTURE
+sec. 2).
 
 The learner's thread only takes a snapshot (a CPU copy of the state dict in the engines'
 dtype, the LM head in fp32: a memory copy, well under a second for SmolLM2-135M); the
@@ -27,6 +30,7 @@ import grpc
 import torch
 from safetensors.torch import save as save_safetensors
 
+from learner_service.weight_store import WeightStore
 from scalerl.policy.weights import head_names, snapshot_state_dict, weights_requests
 from scalerl.rpc.channel import channel
 from scalerl.state.registry import WorkerRegistry
@@ -39,12 +43,15 @@ _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the ol
 
 class WeightPublisher:
     """Pushes the model's weights (the body cast to the engines' dtype, the LM head in
-    fp32) to all registered workers.
+    fp32) to all registered workers, or (`pull`) holds them for the workers' fetches.
 
     weights_dir: where `uri` payloads are written. timeout_s: deadline of one
-    UpdateWeights call, seconds. `last_seconds`: snapshot, serialization and sends of the
-    last completed publish (mostly in the background); `last_snapshot_seconds`: the part
-    on the caller's thread; `failures`: refused or unreachable sends so far.
+    UpdateWeights call (and of `wait_served`), seconds. store and source (`pull` only,
+    both required there, else ValueError): the store FetchWeights serves from and its
+    address, grpc://host:port. `last_seconds`: snapshot, serialization and sends (or
+    the hand-over to the store) of the last completed publish (mostly in the
+    background); `last_snapshot_seconds`: the part on the caller's thread; `failures`:
+    refused or unreachable sends so far.
     """
 
     def __init__(
@@ -55,7 +62,11 @@ class WeightPublisher:
         dtype: str,
         transport: str = "uri",
         timeout_s: float = 120.0,
+        store: WeightStore | None = None,
+        source: str = "",
     ) -> None:
+        if transport == "pull" and (store is None or not source):
+            raise ValueError("weight_transport pull needs a store and a source address")
         self.registry = registry
         self.state = state
         self.weights_dir = Path(weights_dir)
@@ -63,6 +74,8 @@ class WeightPublisher:
         self.dtype = getattr(torch, dtype)
         self.transport = transport
         self.timeout_s = timeout_s
+        self.store = store
+        self.source = source
         self.failures = 0
         self.last_seconds = 0.0
         self.last_snapshot_seconds = 0.0
@@ -74,19 +87,21 @@ class WeightPublisher:
     def publish(
         self, model: torch.nn.Module, version: int, force_file: bool = False, wait: bool = False
     ) -> None:
-        """Snapshot `model` as `version` and send it to every registered worker.
+        """Snapshot `model` as `version` and send it to every registered worker (`pull`:
+        put it in the store and announce it; the workers fetch it).
 
         A worker that refuses or cannot be reached is logged and counted in `failures`;
         it keeps serving its old version and its groups age out by the staleness bound.
         force_file: write the payload to a file even with the stream transport (so late
-        workers can pull it). wait: return only once every send finished. Raises what the
+        workers can pull it; `pull` needs no file and ignores it). wait: return only once
+        every send finished (`pull`: once it is held and announced). Raises what the
         previous publish raised in the background (for example OSError: disk full).
         """
         self.wait()
         start = time.monotonic()
         snapshot = snapshot_state_dict(model, self.dtype, keep_fp32=head_names(model))
         self.last_snapshot_seconds = time.monotonic() - start
-        to_file = force_file or self.transport == "uri"
+        to_file = self.transport == "uri" or (force_file and self.transport == "stream")
         self._sending = threading.Thread(
             target=self._background, args=(snapshot, version, to_file, start), daemon=True
         )
@@ -103,6 +118,28 @@ class WeightPublisher:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+    def wait_served(self, poll_s: float = 0.1) -> list[str]:
+        """`wait`, then with `pull` also until every registered worker serves the last
+        published version or a newer one (asked by GetStatus every `poll_s` seconds, for
+        at most `timeout_s`; a worker that leaves the registry is no longer waited for).
+        With the push transports `wait` already means that. Returns the addresses still
+        behind at the deadline (logged), [] when all serve it. Raises what `wait` raises."""
+        self.wait()
+        versions = self.store.versions if self.transport == "pull" and self.store else []
+        if not versions:
+            return []
+        version, deadline = versions[-1], time.monotonic() + self.timeout_s
+        while True:
+            behind = sorted(
+                a for a in self.registry.workers().values() if _serving(a, poll_s) < version
+            )
+            if not behind or time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        if behind:
+            log.warning("workers %s did not fetch policy version %d in time", behind, version)
+        return behind
 
     @property
     def latest_version(self) -> int | None:
@@ -125,7 +162,6 @@ class WeightPublisher:
             del snapshot
             sha = hashlib.sha256(payload).hexdigest()
             uri = self._write(payload, version) if to_file else ""
-            self.state.set_latest_weights(WeightsRef(version, uri, sha, len(payload)))
             header = rollout_pb2.WeightsHeader(
                 version=version,
                 format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
@@ -133,6 +169,13 @@ class WeightPublisher:
                 sha256=sha,
                 uri=uri,
             )
+            if self.transport == "pull":  # held before announced: every reader finds it
+                self.store.put(header, payload)
+                ref = WeightsRef(version, "", sha, len(payload), source=self.source)
+                self.state.set_latest_weights(ref)
+                self.last_seconds = time.monotonic() - start
+                return
+            self.state.set_latest_weights(WeightsRef(version, uri, sha, len(payload)))
             self._send_all(header, payload, start)
             if self.transport == "stream":  # with `uri` late workers pull the file instead
                 self._latest = (header, payload)
@@ -177,6 +220,19 @@ class WeightPublisher:
                 exc.details(),
             )
             return False
+
+
+def _serving(address: str, timeout_s: float) -> int:
+    """The policy version the worker at `address` serves (GetStatus), -1 when it does not
+    answer within `timeout_s` (at least a second)."""
+    try:
+        with channel(address) as ch:
+            reply = rollout_pb2_grpc.RolloutServiceStub(ch).GetStatus(
+                rollout_pb2.GetRolloutStatusRequest(), timeout=max(timeout_s, 1.0)
+            )
+        return reply.policy_version
+    except grpc.RpcError:
+        return -1
 
 
 def files_to_remove(weights_dir: Path, written: int, keep: int = _KEEP_FILES) -> list[Path]:

@@ -1,12 +1,15 @@
-"""The learner's small gRPC `LearnerService` (status only)."""
+"""The learner's small gRPC `LearnerService`: GetStatus, and FetchWeights (the held
+payloads of `learner_service.weight_store`, for `weight_transport: pull`)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
+from learner_service.weight_store import WeightStore
 from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
@@ -33,14 +36,20 @@ class LearnerStatus:
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
-    """GetStatus over a `LearnerStatus`. Errors propagate to the server's one
-    interceptor (`scalerl.rpc.server`): anything raised here answers INTERNAL."""
+    """GetStatus over a `LearnerStatus`, FetchWeights over a `WeightStore` (an empty one
+    when none is given: every version answers NOT_FOUND). Errors propagate to the
+    server's one interceptor (`scalerl.rpc.server`): a `ServiceError` keeps its status,
+    anything else answers INTERNAL."""
 
-    def __init__(self, status: LearnerStatus) -> None:
+    def __init__(self, status: LearnerStatus, weights: WeightStore | None = None) -> None:
         self._status = status
+        self._weights = weights if weights is not None else WeightStore()
 
     def GetStatus(self, request, context) -> learner_pb2.GetLearnerStatusResponse:
         return status_reply(self._status)
+
+    def FetchWeights(self, request, context) -> Iterator[learner_pb2.FetchWeightsChunk]:
+        return self._weights.chunks(request)
 
 
 def status_reply(s: LearnerStatus) -> learner_pb2.GetLearnerStatusResponse:
@@ -63,16 +72,18 @@ def serve(
     port: int = 0,
     host: str = "127.0.0.1",
     security: Security | None = None,
+    weights: WeightStore | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start the LearnerService over `status` (with health and reflection) through
-    `scalerl.rpc.server.make_server`, so its errors go through the one interceptor.
+    """Start the LearnerService over `status` and `weights` (with health and reflection)
+    through `scalerl.rpc.server.make_server`, so its errors go through the one
+    interceptor and its concurrent RPCs (FetchWeights streams included) are capped.
 
     Returns (server, bound port). Raises RuntimeError when the port cannot be bound."""
     server, bound, _ = make_server(
         [
             (
                 learner_pb2_grpc.add_LearnerServiceServicer_to_server,
-                LearnerServicer(status),
+                LearnerServicer(status, weights),
                 SERVICE_NAME,
             )
         ],

@@ -27,6 +27,7 @@ from rollout_service.actor import ActorLoop
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
+from rollout_service.pull import POLL_S, pull_weights
 from rollout_service.server import RolloutServicer
 from rollout_service.weights import WeightsError, receive_weights
 from scalerl.compute import ComputeCounters, ComputeReporter
@@ -200,8 +201,9 @@ class RolloutWorker:
         """The learner publishes version 0 before any rollout (after its warm-up, if any);
         generating earlier would stamp other weights with a run version. With the stream
         transport a later version has no file: the learner pushes it once the heartbeat
-        reports this worker not ready. A file that is gone by the time it is read (the
-        learner keeps only the newest two) is logged and the next publication read."""
+        reports this worker not ready; with `pull` the worker fetches the latest version
+        from the learner. A file (or held version) that is gone by the time it is read
+        (the learner keeps only the newest two) is logged and the next publication read."""
         refused: str | None = None
         while not stop.is_set() and not self.state.stop_requested():
             try:
@@ -218,23 +220,36 @@ class RolloutWorker:
         return False
 
     def _pull_if_behind(self) -> bool:
-        """Load the latest published weights when they have a file and are newer than the
-        engine's (or the worker has none of this run yet). True when weights were loaded."""
+        """Load the latest published weights when this worker can load them (a file, or
+        a FetchWeights source with `pull`) and they are newer than the engine's (or the
+        worker has none of this run yet). True when weights were loaded. Raises
+        WeightsError (nothing staged: the engine keeps serving its old weights)."""
         ref = self._newer_file()
         if ref is None:
             return False
-        receive_weights(
-            [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
-            self.engine,
-            weights_root=self.config.security.weights_root or None,
-        )
+        if ref.source:
+            version, seconds = pull_weights(ref, self.engine)
+            log.info(
+                "pulled policy version %d (%d bytes) from %s in %.2fs",
+                version,
+                ref.total_bytes,
+                ref.source,
+                seconds,
+            )
+        else:
+            receive_weights(
+                [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
+                self.engine,
+                weights_root=self.config.security.weights_root or None,
+            )
         self._loaded_run_weights = True
         return True
 
     def _newer_file(self) -> WeightsRef | None:
-        """The latest publication when it has a file this worker should load, else None."""
+        """The latest publication when it has a file or a FetchWeights source this worker
+        should load, else None."""
         ref = self.state.get_latest_weights()
-        if ref is None or not ref.uri:
+        if ref is None or not (ref.uri or ref.source):
             return None
         if self.serves_run_weights and ref.version <= self.engine.policy_version:
             return None
@@ -244,17 +259,25 @@ class RolloutWorker:
         """Every heartbeat period, pull the latest weights when behind (`uri` transport): a
         failed or missed push never leaves the worker serving an old version for good.
         It pulls only when it was behind at the previous check too, so the learner's
-        regular push (announced just before it is sent) is not loaded twice."""
-        behind_before = False
-        while not self._closing.wait(self.config.rollout.heartbeat_s):
+        regular push (announced just before it is sent) is not loaded twice. With `pull`
+        nothing is pushed: every `POLL_S` seconds (at most) a newer announcement is
+        fetched at once. A failure is logged when it differs from the previous one."""
+        pull = self.config.learner.weight_transport == "pull"
+        heartbeat = self.config.rollout.heartbeat_s
+        period = min(POLL_S, heartbeat) if pull else heartbeat
+        behind_before, failed = False, ""
+        while not self._closing.wait(period):
             try:
                 behind = self._newer_file() is not None
-                if behind and behind_before and self._pull_if_behind():
-                    log.info("caught up to policy version %d", self.engine.policy_version)
+                if behind and (behind_before or pull) and self._pull_if_behind():
+                    if not pull:  # a pull is logged as such; a missed push is news
+                        log.info("caught up to policy version %d", self.engine.policy_version)
                     behind = False
-                behind_before = behind
+                behind_before, failed = behind, ""
             except Exception as exc:  # noqa: BLE001 - retried next period
-                log.warning("catching up with the latest weights failed: %s", exc)
+                if str(exc) != failed:
+                    log.warning("catching up with the latest weights failed: %s", exc)
+                failed = str(exc)
 
     def close(self) -> None:
         """Deregister, stop serving, stop the engine. Safe to call more than once."""

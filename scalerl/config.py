@@ -224,8 +224,12 @@ class LearnerConfig(_Section):
         description="Also checkpoint when this many minutes passed since the last "
         "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
     )
-    weight_transport: Literal["stream", "uri"] = Field(
-        "uri", description="Send weights as a path on shared storage, or as gRPC chunks."
+    weight_transport: Literal["stream", "uri", "pull"] = Field(
+        "uri",
+        description="How new weights reach the workers: uri = a file on shared storage the "
+        "workers load; stream = the learner pushes gRPC chunks to each worker in turn; "
+        "pull = the learner holds the newest two versions in RAM and every worker fetches "
+        "the latest itself (FetchWeights, checksummed chunks; no shared disk).",
     )
     batch_timeout_s: float = Field(
         3600.0,

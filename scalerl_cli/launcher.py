@@ -185,12 +185,15 @@ def _curve_security_args(config: RunConfig) -> list[str]:
 
 def prepare_resume(redis_url: str, run_id: str) -> None:
     """Before a resumed run's workers start: clear the stop flag a finished run left (or
-    the workers would stop at once) and forget a publication whose payload file is gone
-    (the workers would fail loading it; they wait for the resumed learner's instead)."""
+    the workers would stop at once) and forget a publication whose payload file is gone,
+    or that was held by the previous learner (`pull`): the workers would fail loading it;
+    they wait for the resumed learner's instead."""
     state = RunState(connect(redis_url), run_id)
     state.clear_stop()
     latest = state.get_latest_weights()
-    if latest is not None and latest.uri and not Path(latest.uri).exists():
+    if latest is None:
+        return
+    if latest.source or (latest.uri and not Path(latest.uri).exists()):
         state.forget_latest_weights()
 
 

@@ -1,8 +1,9 @@
 """The run's shared state in Redis: policy version, latest published weights, stop flag and
 the PPO-off-policy-k generation quota. ARCHITECTURE sec. 4.
 
-Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash), `stop`,
-`generation_quota` (hash: version, remaining; PPO-off-policy-k only).
+Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash: version,
+uri, sha256, total_bytes, source; a hash written before `source` existed reads as source
+""), `stop`, `generation_quota` (hash: version, remaining; PPO-off-policy-k only).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import redis
 from scalerl.state.keys import RunKeys
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
+SOURCE_RE = re.compile(r"^grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 
 # Take one generation ticket for the policy version in ARGV[1]: 1 if the quota is for that
 # version and not used up, else 0. One script, so concurrent workers never overdraw it.
@@ -35,15 +38,17 @@ return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[2])
 class WeightsRef:
     """Where the weights of one policy version can be fetched (UpdateWeights header fields).
 
-    `uri` is a path on shared storage, or "" when the weights are only streamed over gRPC
-    (the learner then pushes them to workers it discovers). `total_bytes` in bytes,
-    `sha256` lower-case hex of the payload.
+    `uri` is a path on shared storage, or "" when the weights are only sent over gRPC.
+    `source` is "grpc://host:port" of the learner whose FetchWeights serves them
+    (`weight_transport: pull`), or "" (the learner pushes them, or they are at `uri`).
+    `total_bytes` in bytes, `sha256` lower-case hex of the payload.
     """
 
     version: int
     uri: str
     sha256: str
     total_bytes: int
+    source: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.version, bool) or not isinstance(self.version, int):
@@ -58,6 +63,22 @@ class WeightsRef:
             raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes!r}")
         if self.total_bytes < 0:
             raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes}")
+        if not isinstance(self.source, str) or not (
+            self.source == "" or _valid_source(self.source)
+        ):
+            raise ValueError(
+                f'source must be "" or grpc://host:port (port 1-65535), got {self.source!r}'
+            )
+
+    @property
+    def source_address(self) -> str:
+        """`source` as the host:port a channel dials ("" when there is no source)."""
+        return self.source.removeprefix("grpc://")
+
+
+def _valid_source(source: str) -> bool:
+    match = SOURCE_RE.fullmatch(source)
+    return match is not None and 1 <= int(match.group(2)) <= 65_535
 
 
 class RunState:
@@ -103,10 +124,12 @@ class RunState:
             uri=fields[b"uri"].decode(),
             sha256=fields[b"sha256"].decode(),
             total_bytes=int(fields[b"total_bytes"]),
+            source=fields.get(b"source", b"").decode(),
         )
 
     def set_latest_weights(self, ref: WeightsRef) -> None:
-        """Record a publication (all four fields in one HSET, so readers never see a mix)."""
+        """Record a publication (all five fields in one HSET, so readers never see a mix;
+        `source` is always written, so an older publication's never lingers)."""
         if not isinstance(ref, WeightsRef):
             raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
         mapping = {
@@ -114,6 +137,7 @@ class RunState:
             "uri": ref.uri,
             "sha256": ref.sha256,
             "total_bytes": ref.total_bytes,
+            "source": ref.source,
         }
         self._client.hset(self._weights, mapping=mapping)
 

@@ -39,6 +39,11 @@ class LearnerServiceStub:
                 request_serializer=scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusResponse.FromString,
                 _registered_method=True)
+        self.FetchWeights = channel.unary_stream(
+                '/scalerl.v1.LearnerService/FetchWeights',
+                request_serializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.FromString,
+                _registered_method=True)
 
 
 class LearnerServiceServicer:
@@ -50,6 +55,13 @@ class LearnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchWeights(self, request, context):
+        """Privileged (it returns the policy): the chunks of a held version, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +69,11 @@ def add_LearnerServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusResponse.SerializeToString,
+            ),
+            'FetchWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchWeights,
+                    request_deserializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class LearnerService:
             '/scalerl.v1.LearnerService/GetStatus',
             scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusRequest.SerializeToString,
             scalerl_dot_v1_dot_learner__pb2.GetLearnerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/scalerl.v1.LearnerService/FetchWeights',
+            scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.SerializeToString,
+            scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,11 +1,13 @@
 """The bearer token of privileged RPCs (`scalerl.rpc.security`), over real gRPC: without it
-(or with a wrong one) UpdateWeights, Interrupt, Generate, RecordPoint and TrimRun answer
-UNAUTHENTICATED and change nothing; with it they work; the reads, health and reflection
-stay open; the project's clients send the process's token."""
+(or with a wrong one) UpdateWeights, Interrupt, Generate, RecordPoint, TrimRun and
+FetchWeights answer UNAUTHENTICATED and change (or hand out) nothing; with it they work;
+the reads, health and reflection stay open; the project's clients send the process's
+token."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import threading
 
 import grpc
@@ -19,6 +21,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
+from learner_service.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
@@ -249,4 +252,32 @@ def test_learner_status_is_open_and_the_concurrency_cap_answers_resource_exhaust
     finally:
         if status.lock.locked():
             status.lock.release()
+        server.stop(None)
+
+
+@pytest.mark.parametrize("security", [NO_TOKEN, WRONG], ids=["no-token", "wrong-token"])
+def test_fetch_weights_hands_the_policy_only_to_a_caller_with_the_token(security):
+    """FetchWeights changes nothing, but it returns the policy: privileged."""
+    store = WeightStore()
+    payload = b"the policy's weights"
+    store.put(
+        rollout_pb2.WeightsHeader(
+            version=3, total_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest()
+        ),
+        payload,
+    )
+    server, port = serve_learner(LearnerStatus(), security=Security(token=TOKEN), weights=store)
+    request = learner_pb2.FetchWeightsRequest(version=3)
+
+    def fetch(caller: Security) -> list:
+        with channel(f"127.0.0.1:{port}", caller) as ch:
+            stub = learner_pb2_grpc.LearnerServiceStub(ch)
+            return list(stub.FetchWeights(request, timeout=TIMEOUT_S))
+
+    try:
+        assert code_of(lambda: fetch(security)) == grpc.StatusCode.UNAUTHENTICATED
+        chunks = fetch(Security(token=TOKEN))
+        assert b"".join(c.data for c in chunks) == payload
+        assert chunks[0].header.version == 3
+    finally:
         server.stop(None)

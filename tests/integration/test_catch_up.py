@@ -8,15 +8,13 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
 
 import redis
+from worker_fakes import make_worker
 
 from learner_service.catch_up import WeightCatchUp
-from rollout_service.worker import RolloutWorker
 from scalerl.state.registry import SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState, WeightsRef
-from scalerl.state.worker_stats import WorkerStats
 
 
 class FakeEngine:
@@ -34,29 +32,6 @@ class FakeEngine:
         future: Future = Future()
         future.set_result(version)
         return future
-
-
-def make_worker(
-    client: redis.Redis, run_id: str, engine: FakeEngine, weights_root: Path | None = None
-) -> RolloutWorker:
-    worker = object.__new__(RolloutWorker)  # what run()'s weight handling uses, no model
-    worker.engine = engine
-    worker.state = RunState(client, run_id)
-    worker.registry = WorkerRegistry(client, run_id)
-    worker.config = SimpleNamespace(
-        rollout=SimpleNamespace(heartbeat_s=0.05),
-        learner=SimpleNamespace(off_policy_k=2),
-        security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
-    )
-    worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
-    worker._closing = threading.Event()
-    worker._threads = []
-    worker._startup_version = engine.policy_version
-    worker._loaded_run_weights = False
-    worker._state = SYNCING
-    worker.stats = WorkerStats(client, run_id)
-    worker.health = None
-    return worker
 
 
 def publish_file(state: RunState, folder: Path, version: int) -> str:

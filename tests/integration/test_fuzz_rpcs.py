@@ -6,11 +6,13 @@ server stays SERVING.
 Cases per RPC: FUZZ_CASES (25) in the default suite, MANY_CASES (400) in the slow test.
 UpdateWeights may also answer DATA_LOSS: that is its status for a payload whose size or
 sha256 does not match its header (damaged in transit), which random bytes always are.
+FetchWeights is served from a learner holding version 1 (a 3-chunk payload).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import grpc
 import pytest
@@ -23,6 +25,7 @@ from proto_strategies import messages, near
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
+from learner_service.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
@@ -58,7 +61,10 @@ RPCS = [
     (curve_pb2, "CurveService", "GetRun", "GetRunRequest", False, False),
     (curve_pb2, "CurveService", "CompareRuns", "CompareRunsRequest", False, False),
     (learner_pb2, "LearnerService", "GetStatus", "GetLearnerStatusRequest", False, False),
+    (learner_pb2, "LearnerService", "FetchWeights", "FetchWeightsRequest", False, True),
 ]
+# Reply types not named after their request (`...Request` -> `...Response`).
+REPLY_TYPES = {"FetchWeights": "FetchWeightsChunk"}
 IDS = [f"{service}.{method}" for _, service, method, *_ in RPCS]
 
 
@@ -92,6 +98,7 @@ VALID = {
     ),
     "TrimRun": curve_pb2.TrimRunRequest(run_id="r1", max_compute=1.0),
     "GetRun": curve_pb2.GetRunRequest(run_id="r1"),
+    "FetchWeights": learner_pb2.FetchWeightsRequest(version=1, offset=10),
     "CompareRuns": curve_pb2.CompareRunsRequest(runs=[_fit_request(), _fit_request(0.9)]),
 }
 
@@ -106,7 +113,15 @@ def servers(tmp_path_factory):
     security = Security(token=TOKEN)
     rollout, rollout_port = start_server(servicer, security=security)
     curve, curve_port, _ = serve_curve(security=security)
-    learner, learner_port = serve_learner(LearnerStatus(step=1), security=security)
+    weights = WeightStore(chunk_bytes=16)
+    payload = bytes(range(40))
+    weights.put(
+        rollout_pb2.WeightsHeader(
+            version=1, total_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest()
+        ),
+        payload,
+    )
+    learner, learner_port = serve_learner(LearnerStatus(step=1), security=security, weights=weights)
     yield {
         "RolloutService": f"127.0.0.1:{rollout_port}",
         "CurveService": f"127.0.0.1:{curve_port}",
@@ -139,7 +154,7 @@ def _request_strategy(module, method: str, type_name: str, client_streaming: boo
 
 def _call(ch: grpc.Channel, service: str, rpc: tuple, request) -> grpc.StatusCode:
     module, _, method, type_name, client_streaming, server_streaming = rpc
-    reply_type = getattr(module, type_name.replace("Request", "Response"))
+    reply_type = getattr(module, REPLY_TYPES.get(method, type_name.replace("Request", "Response")))
     path = f"/scalerl.v1.{service}/{method}"
     kinds = {
         (False, False): ch.unary_unary,

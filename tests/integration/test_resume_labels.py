@@ -51,3 +51,8 @@ def test_prepare_resume_clears_the_stop_flag_and_a_missing_payload(
     state.set_latest_weights(WeightsRef(11, str(kept), "0" * 64, 1))
     prepare_resume(redis_url, "resume-prep")
     assert state.get_latest_weights().version == 11
+    # `pull`: the bytes were in the previous learner's memory, gone with it.
+    state.set_latest_weights(WeightsRef(12, "", "0" * 64, 1, source="grpc://127.0.0.1:5"))
+    prepare_resume(redis_url, "resume-prep")
+    assert state.get_latest_weights() is None
+    assert state.highest_version_label() == 10

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from scalerl.compute import BusyTimer, ComputeCounters
+from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState, WeightsRef
 
@@ -51,6 +52,28 @@ def test_run_state(redis_client: redis.Redis, run_id: str) -> None:
         state.set_policy_version(-1)
     with pytest.raises(ValueError, match="sha256"):
         WeightsRef(version=1, uri="", sha256="xyz", total_bytes=1)
+
+
+def test_latest_weights_carry_a_fetch_source(redis_client: redis.Redis, run_id: str) -> None:
+    """`pull` publications name the learner's FetchWeights address; a hash written before
+    `source` existed reads as source "", and a later publication never inherits one."""
+    state = RunState(redis_client, run_id)
+    pulled = WeightsRef(3, "", "ab" * 32, 99, source="grpc://10.0.0.7:50051")
+    state.set_latest_weights(pulled)
+    assert state.get_latest_weights() == pulled
+    assert pulled.source_address == "10.0.0.7:50051"
+    state.set_latest_weights(WeightsRef(4, "/shared/w4.safetensors", "ab" * 32, 99))
+    assert state.get_latest_weights().source == ""
+    key = RunKeys(run_id).latest_weights
+    redis_client.delete(key)
+    redis_client.hset(
+        key, mapping={"version": 2, "uri": "/w", "sha256": "cd" * 32, "total_bytes": 5}
+    )
+    assert state.get_latest_weights() == WeightsRef(2, "/w", "cd" * 32, 5)
+    assert WeightsRef(1, "", "ab" * 32, 1, source="grpc://[::1]:7").source_address == "[::1]:7"
+    for bad in ("10.0.0.7:50051", "grpc://host", "grpc://host:0", "grpc://host:70000", 5):
+        with pytest.raises(ValueError, match="source must be"):
+            WeightsRef(1, "", "ab" * 32, 1, source=bad)
 
 
 def test_generation_quota_is_per_version_and_never_overdrawn(

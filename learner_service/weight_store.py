@@ -1,0 +1,106 @@
+"""The learner's store of published payloads for `weight_transport: pull`: the newest
+versions' safetensors bytes in RAM, served as checksummed chunks by FetchWeights.
+
+The publisher puts a version in before announcing it in Redis, so a worker that reads the
+announcement always finds it; the store then drops all but the newest `keep` versions. A
+fetch in progress keeps the bytes it started with, even once its version is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from scalerl.policy.weights import CHUNK_BYTES
+from scalerl.rpc.errors import InvalidArgument, NotFound
+from scalerl.v1 import learner_pb2, rollout_pb2
+
+KEEP_VERSIONS = 2  # a worker may still be fetching the older one
+
+
+class WeightStore:
+    """The newest `keep` published payloads (version -> header, bytes); thread-safe.
+
+    keep: versions held (>= 1). chunk_bytes: payload bytes per FetchWeights message.
+    Raises ValueError naming the argument when either is < 1.
+    """
+
+    def __init__(self, keep: int = KEEP_VERSIONS, chunk_bytes: int = CHUNK_BYTES) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        self.keep = keep
+        self.chunk_bytes = chunk_bytes
+        self._held: OrderedDict[int, tuple[rollout_pb2.WeightsHeader, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
+        """Hold `payload` as `header.version` and drop all but the newest `keep` versions.
+
+        The header's sha256 is taken as given (the publisher computed it from these
+        bytes). Raises ValueError when len(payload) differs from header.total_bytes or is
+        0 (nothing changes)."""
+        if not 0 < len(payload) == header.total_bytes:
+            raise ValueError(
+                f"total_bytes: header says {header.total_bytes}, payload has {len(payload)} "
+                "(must be equal and >= 1)"
+            )
+        with self._lock:
+            self._held.pop(header.version, None)
+            self._held[header.version] = (header, payload)
+            for version in sorted(self._held)[: -self.keep]:
+                del self._held[version]
+
+    @property
+    def versions(self) -> list[int]:
+        """The versions held, oldest first."""
+        with self._lock:
+            return sorted(self._held)
+
+    def get(self, version: int) -> tuple[rollout_pb2.WeightsHeader, bytes]:
+        """(header, payload) of `version`. Raises NotFound naming `version` and the
+        versions held when it is not one of them."""
+        with self._lock:
+            held = self._held.get(version)
+            versions = sorted(self._held)
+        if held is None:
+            raise NotFound(
+                f"version: policy version {version} is not held by the learner "
+                f"(it holds {versions or 'none yet'}); fetch the latest announced one"
+            )
+        return held
+
+    def chunks(
+        self, request: learner_pb2.FetchWeightsRequest
+    ) -> Iterator[learner_pb2.FetchWeightsChunk]:
+        """The FetchWeights stream of `request`: chunks of at most `chunk_bytes` from
+        `request.offset` to the end, each with its offset and sha256 (hex), the first
+        also with the header.
+
+        Raises InvalidArgument("version") for a negative version, NotFound("version...")
+        for a version not held, InvalidArgument("offset") for an offset not below the
+        payload's total_bytes. All are raised before the first message."""
+        if request.version < 0:
+            raise InvalidArgument("version", f"must be >= 0, got {request.version}")
+        header, payload = self.get(request.version)
+        if request.offset >= len(payload):
+            raise InvalidArgument(
+                "offset", f"must lie in 0..{len(payload) - 1} (total_bytes), got {request.offset}"
+            )
+        return self._stream(header, payload, request.offset)
+
+    def _stream(
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, offset: int
+    ) -> Iterator[learner_pb2.FetchWeightsChunk]:
+        view = memoryview(payload)
+        for start in range(offset, len(payload), self.chunk_bytes):
+            data = bytes(view[start : start + self.chunk_bytes])
+            chunk = learner_pb2.FetchWeightsChunk(
+                offset=start, data=data, sha256=hashlib.sha256(data).hexdigest()
+            )
+            if start == offset:
+                chunk.header.CopyFrom(header)
+            yield chunk

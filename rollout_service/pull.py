@@ -1,0 +1,123 @@
+"""Weight transport `pull`, the rollout worker's side: fetch an announced version from the
+learner's FetchWeights (proto/scalerl/v1/learner.proto) and stage it through the same
+checks as a streamed UpdateWeights (`rollout_service.weights.receive_weights`).
+
+Every chunk is checked as it arrives (its offset follows the previous chunk, its bytes
+hash to the sha256 it carries) and the header must match the announcement (version,
+total_bytes, sha256, no uri); `receive_weights` then checks the size and the whole
+payload's sha256, parses it and has the engine validate it. Any failure raises
+`WeightsError` before anything is staged, so the engine keeps serving its old version.
+A stream that breaks mid-way (UNAVAILABLE) is resumed from its next byte (`offset`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from contextlib import closing
+
+import grpc
+
+from rollout_service.engines.api import RolloutEngine
+from rollout_service.weights import WeightsError, receive_weights
+from scalerl.rpc.channel import channel
+from scalerl.state.run_state import WeightsRef
+from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+
+FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
+RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
+POLL_S = 0.5  # how often a pulling worker looks for a newer announcement, seconds
+
+
+def pull_weights(
+    ref: WeightsRef,
+    engine: RolloutEngine,
+    timeout_s: float = FETCH_TIMEOUT_S,
+    apply_timeout_s: float = 120.0,
+) -> tuple[int, float]:
+    """Fetch `ref`'s payload from `ref.source`, verify it, stage it on `engine` and wait
+    until it serves. Returns (policy_version, seconds from the first message to the swap).
+
+    timeout_s: deadline of the fetch (seconds); apply_timeout_s: of the swap. Raises
+    WeightsError: `source` (no source, the learner unreachable, the deadline passed),
+    `version` (the learner no longer holds it: fetch the newer announcement), `header`
+    (the stream's header differs from `ref`), `chunk` (a chunk out of order or damaged:
+    the message names its offset), `total_bytes` / `sha256` (the whole payload), or what
+    `receive_weights` raises; nothing is staged then."""
+    if not ref.source:
+        raise WeightsError("source", f"policy version {ref.version} has no FetchWeights source")
+    with closing(fetched_requests(ref, timeout_s)) as requests:
+        return receive_weights(requests, engine, apply_timeout_s)
+
+
+def fetched_requests(
+    ref: WeightsRef, timeout_s: float = FETCH_TIMEOUT_S, resumes: int = RESUMES
+) -> Iterator[rollout_pb2.UpdateWeightsRequest]:
+    """The UpdateWeights messages (header, then chunks in order) of `ref`'s payload, as
+    FetchWeights from `ref.source` streams them, each chunk checked before it is yielded.
+
+    Raises WeightsError as `pull_weights` says, while iterating."""
+    deadline = time.monotonic() + timeout_s
+    offset, header_sent = 0, False
+    with channel(ref.source_address) as ch:
+        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        for attempt in range(resumes + 1):
+            request = learner_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
+            call = stub.FetchWeights(request, timeout=max(deadline - time.monotonic(), 0.001))
+            try:
+                for message in call:
+                    if message.HasField("header") or not header_sent:
+                        _check_header(message, ref)
+                    if not header_sent:
+                        header_sent = True
+                        yield rollout_pb2.UpdateWeightsRequest(header=message.header)
+                    _check_chunk(message, offset)
+                    offset += len(message.data)
+                    yield rollout_pb2.UpdateWeightsRequest(chunk=message.data)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < resumes and offset:
+                    continue  # resume from the next byte
+                raise _fetch_error(exc, ref, offset) from exc
+            finally:
+                call.cancel()
+
+
+def _check_header(message: learner_pb2.FetchWeightsChunk, ref: WeightsRef) -> None:
+    if not message.HasField("header"):
+        raise WeightsError("header", "the first FetchWeights message carries no header")
+    header = message.header
+    got = (header.version, header.total_bytes, header.sha256, header.uri)
+    want = (ref.version, ref.total_bytes, ref.sha256, "")
+    if got != want:
+        raise WeightsError(
+            "header",
+            f"(version, total_bytes, sha256, uri) = {got} differs from the announced {want}",
+        )
+
+
+def _check_chunk(message: learner_pb2.FetchWeightsChunk, offset: int) -> None:
+    if message.offset != offset:
+        raise WeightsError(
+            "chunk", f"chunk at offset {message.offset} arrived where offset {offset} was due"
+        )
+    actual = hashlib.sha256(message.data).hexdigest()
+    if actual != message.sha256:
+        raise WeightsError(
+            "chunk",
+            f"chunk at offset {message.offset} ({len(message.data)} bytes) hashes to "
+            f"{actual}, its sha256 says {message.sha256!r}",
+        )
+
+
+def _fetch_error(exc: grpc.RpcError, ref: WeightsRef, offset: int) -> WeightsError:
+    code, details = exc.code(), exc.details()
+    if code == grpc.StatusCode.NOT_FOUND:
+        message = (details or "").removeprefix("version: ")
+        return WeightsError("version", message or f"policy version {ref.version} not held")
+    return WeightsError(
+        "source",
+        f"FetchWeights of policy version {ref.version} from {ref.source} failed after "
+        f"{offset} bytes: {code.name} {details}",
+    )

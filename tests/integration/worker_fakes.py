@@ -1,0 +1,44 @@
+"""A RolloutWorker with only what its weight loading, states and heartbeat use (no model,
+no server): for tests of joining, catching up and pulling."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import redis
+
+from rollout_service.worker import RolloutWorker
+from scalerl.state.registry import SYNCING, WorkerRegistry
+from scalerl.state.run_state import RunState
+from scalerl.state.worker_stats import WorkerStats
+
+
+def make_worker(
+    client: redis.Redis,
+    run_id: str,
+    engine,
+    weights_root: Path | None = None,
+    transport: str = "uri",
+    heartbeat_s: float = 0.05,
+) -> RolloutWorker:
+    """Worker "w0" at 127.0.0.1:5000 over `engine`, SYNCING, k = 2."""
+    worker = object.__new__(RolloutWorker)
+    worker.engine = engine
+    worker.state = RunState(client, run_id)
+    worker.registry = WorkerRegistry(client, run_id)
+    worker.stats = WorkerStats(client, run_id)
+    worker.config = SimpleNamespace(
+        rollout=SimpleNamespace(heartbeat_s=heartbeat_s),
+        learner=SimpleNamespace(off_policy_k=2, weight_transport=transport),
+        security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
+    )
+    worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
+    worker._closing = threading.Event()
+    worker._threads = []
+    worker._startup_version = engine.policy_version
+    worker._loaded_run_weights = False
+    worker._state = SYNCING
+    worker.health = None
+    return worker
