@@ -31,6 +31,7 @@ import torch
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.catch_up import WeightCatchUp
 from learner_service.eval_schedule import EvalScheduler
+from learner_service.fleet_signals import FleetSignals
 from learner_service.learner_checkpoints import CheckpointsMixin
 from learner_service.learner_evals import EvaluationsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
@@ -119,6 +120,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._checkpointed_at = time.monotonic()
         self._checkpointed_step = -1
         self.timing = LearnerTiming()
+        self.fleet = FleetSignals.for_run(config, self.registry, client)  # workers to ask for
 
     # ----- setup -------------------------------------------------------------------------
 
@@ -334,6 +336,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self.step += 1
         self._check_truncation(metrics["truncation_rate"])
         record = self._step_record(groups, entry_ids, stale, metrics, timer.device_seconds)
+        record = self.fleet.annotate(record)
         append_record(self.run_dir, record)
         self.metrics.observe_step(record)
         values = record.model_dump()

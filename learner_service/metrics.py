@@ -11,6 +11,9 @@ What the paper watches and why (ScaleRL, Sec. 3-4):
   losses) among the tokens trained on, the first sign of a generator/learner mismatch
   (Sec. 3.2, FP32 head);
 - gradient norm before clipping.
+
+And the rollout workers the learner asks for (`scalerl.fleet`, SCALE_OUT.md sec. 5):
+`scalerl_rollout_desired_replicas`, the target an autoscaler follows.
 """
 
 from __future__ import annotations
@@ -118,6 +121,12 @@ class LearnerMetrics:
             "Prompts retired by No-Positive-Resampling.",
             registry=registry,
         )
+        self.desired_replicas = Gauge(
+            "scalerl_rollout_desired_replicas",
+            "Rollout workers the learner asks for after its last step (scalerl.fleet; an "
+            "autoscaler's target, e.g. a KEDA prometheus trigger with threshold 1).",
+            registry=registry,
+        )
         self.truncation_warnings = Counter(
             "scalerl_learner_truncation_warnings_total",
             f"Steps whose truncation rate exceeded {TRUNCATION_WARNING_RATE:.0%}.",
@@ -125,11 +134,13 @@ class LearnerMetrics:
         )
 
     def observe_step(self, record: StepRecord) -> None:
-        """Set the per-step gauges from `record`, add its counts to the counters and
-        observe each group's staleness (versions, from `record.staleness_hist`).
+        """Set the per-step gauges from `record` (the desired rollout workers among them),
+        add its counts to the counters and observe each group's staleness (versions, from
+        `record.staleness_hist`).
 
         Counts a record lacks (run folders from before they were recorded: None) add
-        nothing. Stale groups are counted where they are dropped (`count_stale_group`)."""
+        nothing, and a record without desired_replicas leaves that gauge as it was. Stale
+        groups are counted where they are dropped (`count_stale_group`)."""
         self.step.set(record.step)
         self.policy_version.set(record.policy_version)
         for key, gauge in self.gauges.items():
@@ -146,6 +157,8 @@ class LearnerMetrics:
             self.samples.labels(reason).inc(count)
         self.tokens.inc(record.tokens)
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
+        if record.desired_replicas is not None:
+            self.desired_replicas.set(record.desired_replicas)
 
     def count_stale_group(self) -> None:
         """One group read from the replay stream and dropped as stale."""

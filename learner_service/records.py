@@ -133,6 +133,27 @@ class StepRecord(_Record):
     tokens_ratio_clipped: int | None = Field(
         default=None, description="Tokens trained on whose ratio was truncated or clipped."
     )
+    # The fleet sizing after the step (SCALE_OUT.md sec. 5, `scalerl.fleet`); None in run
+    # folders written before it was recorded.
+    learner_starvation: float | None = Field(
+        default=None,
+        description="Batch-wait seconds over step seconds of the steps in the last "
+        "fleet.window_s seconds.",
+    )
+    generator_throttle: float | None = Field(
+        default=None,
+        description="Fraction of the workers' time blocked on the full replay stream over "
+        "the last fleet.window_s seconds, [0, 1].",
+    )
+    free_admission_slots: int | None = Field(
+        default=None,
+        description="(k + 1) x batch_prompts - (groups queued + groups being generated), "
+        "groups; <= 0 when the k bound is reached.",
+    )
+    desired_replicas: int | None = Field(
+        default=None,
+        description="Rollout workers the learner asks for (scalerl_rollout_desired_replicas).",
+    )
 
 
 class EvalRecord(_Record):

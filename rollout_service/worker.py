@@ -39,6 +39,7 @@ from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
 from scalerl.state.registry import LEAVING, READY, SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState, WeightsRef
@@ -78,6 +79,7 @@ class RolloutWorker:
         self.pool = PromptPool(self.client, run_id)
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
         self.stats = WorkerStats(self.client, run_id)
+        self.push_blocked = PushBlockedSeconds(self.client, run_id)
         self.server = None
         self.health = None
         self.engine: RolloutEngine | None = None
@@ -119,6 +121,7 @@ class RolloutWorker:
         if self.metrics_port:
             serve_metrics(self.metrics.registry, self.metrics_port, self.host)
         self._spawn(self._report_compute)
+        self._spawn(self._report_push_blocked)
         log.info("listening on %s:%d", self.advertise_host, self.port)
 
     def run(self, stop: threading.Event) -> None:
@@ -325,3 +328,11 @@ class RolloutWorker:
         ComputeReporter(self.compute, "rollout", worker_id=self.worker_id).run(
             lambda: self.engine.active_requests > 0, self._closing
         )
+
+    def _report_push_blocked(self) -> None:
+        """Add the seconds the actor loop's pushes waited on the full replay stream to the
+        run's fleet counter once a second (the generator throttle by which the learner
+        sizes the fleet, `scalerl.fleet`); seconds Redis did not take are added later."""
+        PushBlockedReporter(
+            self.push_blocked, self.worker_id, lambda: self.replay.push_blocked_seconds
+        ).run(self._closing)

@@ -257,6 +257,61 @@ class LearnerConfig(_Section):
         return self
 
 
+class FleetConfig(_Section):
+    """How many rollout workers the learner asks for (`scalerl.fleet.desired_replicas`,
+    exported as `scalerl_rollout_desired_replicas`): the thresholds, hold, cooldown and
+    bounds of the rule, and the window its inputs average over."""
+
+    min_replicas: int = Field(
+        1, ge=1, le=1024, description="Fewest workers it asks for (no scale-to-zero mid-run)."
+    )
+    max_replicas: int = Field(16, ge=1, le=1024, description="Most workers it asks for.")
+    starvation_up: float = Field(
+        0.25,
+        gt=0,
+        le=100,
+        description="Learner starvation (batch-wait over step seconds) above which it asks "
+        "for more workers, once held for hold_s and with free admission slots.",
+    )
+    throttle_down: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="Generator throttle (fraction of worker time blocked on the full replay "
+        "stream) above which it asks for fewer workers, once held for hold_s.",
+    )
+    hold_s: float = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        description="Seconds a signal must stay past its threshold before it counts.",
+    )
+    cooldown_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="Seconds after a change before the next one; at least the time a new "
+        "worker takes to load the model and register.",
+    )
+    max_step_up: int = Field(4, ge=1, le=1024, description="Most workers added at once.")
+    max_step_down: int = Field(1, ge=1, le=1024, description="Most workers removed at once.")
+    window_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="Seconds of recent steps the starvation and throttle average over.",
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> FleetConfig:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"fleet.max_replicas must be >= fleet.min_replicas ({self.min_replicas}), "
+                f"got {self.max_replicas}"
+            )
+        return self
+
+
 class CurveConfig(_Section):
     """Curve service and the run's fit."""
 
@@ -326,6 +381,7 @@ class RunConfig(BaseSettings):
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
+    fleet: FleetConfig = FleetConfig()
     curve: CurveConfig = CurveConfig()
     security: SecurityConfig = SecurityConfig()
 

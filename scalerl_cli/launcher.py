@@ -359,8 +359,10 @@ def _progress_line(client: LearnerClient, elapsed_s: float) -> str:
         return ""  # not up yet, or already shutting down: keep the last line
     rate = f"{s.heldout_pass_rate:.3f}" if s.heldout_pass_rate is not None else "  -  "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
+    wanted = s.last_metrics.get("desired_replicas")
+    workers = f"  workers wanted {wanted:.0f}" if wanted is not None else ""
     return (
         f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
         f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
-        f"compute {s.compute_hours:.4f} h"
+        f"compute {s.compute_hours:.4f} h{workers}"
     )

@@ -1,8 +1,8 @@
 """The run's end products, written by the launcher once the learner has finished:
 curve.json and plot.png from one fit of every evaluation, and report.json (the
-extrapolation check, training health, time profile, resumes, restarts, the group
-accounting of the replay ledger, and per worker id its groups pushed, tokens generated,
-busy seconds, joins and leaves)."""
+extrapolation check, training health, the rollout workers the learner asked for, time
+profile, resumes, restarts, the group accounting of the replay ledger, and per worker id
+its groups pushed, tokens generated, busy seconds, joins and leaves)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,22 @@ def training_health(steps: list[StepRecord]) -> dict:
     }
 
 
+def fleet_summary(steps: list[StepRecord]) -> dict:
+    """The rollout workers the learner asked for (`scalerl.fleet`, SCALE_OUT.md sec. 5)
+    over the step records that carry it: the last and largest answer, and the mean
+    learner starvation and generator throttle it was computed from. {} when no record
+    carries it (run folders from before it was recorded)."""
+    sized = [m for m in steps if m.desired_replicas is not None]
+    if not sized:
+        return {}
+    return {
+        "desired_replicas_last": sized[-1].desired_replicas,
+        "desired_replicas_max": max(m.desired_replicas for m in sized),
+        "learner_starvation_mean": sum(m.learner_starvation or 0.0 for m in sized) / len(sized),
+        "generator_throttle_mean": sum(m.generator_throttle or 0.0 for m in sized) / len(sized),
+    }
+
+
 def resume_summary(resumes: list[ResumeRecord]) -> dict:
     """The run's resumes from its checkpoint (resumes.jsonl): how many, the groups
     acknowledged after a checkpoint by steps a crash lost (lost) and those read but never
@@ -146,6 +162,7 @@ def finish_report(
     if fit:
         write_curve_json(run_dir / "curve.json", fit)
     final = evals[-1]
+    steps = read_records(run_dir, StepRecord)
     half = _fit(curve_address, evals[: (len(evals) + 1) // 2], console, final.compute)
     started_unix, wall_s = started
     report = {
@@ -164,7 +181,8 @@ def finish_report(
         "final_compute": evals[-1].compute,
         "fit": fit.to_dict() if fit else None,
         "fit_first_half": half.to_dict() if half else None,
-        "health": training_health(read_records(run_dir, StepRecord)),
+        "health": training_health(steps),
+        "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
         "restarts": dict(restarts),

@@ -5,7 +5,8 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 
 - Bounded: producers wait while the stream holds `capacity` entries, (k + 1) x batch groups
   for PipelineRL-k (ScaleRL paper Sec. 3.1). The length check and XADD run in one Lua script,
-  so concurrent producers can never overshoot.
+  so concurrent producers can never overshoot. The seconds they wait are summed
+  (`push_blocked_seconds`): the generator throttle that sizes the fleet (`scalerl.fleet`).
 - Crash-safe: the learner reads through a consumer group and calls `ack` only after the
   optimizer step that used the entries; `ack` removes them (XACK + XDEL in one MULTI), which
   is also what frees capacity. Entries read but not yet acknowledged still count.
@@ -175,6 +176,7 @@ class ReplayStream:
         self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
         self._recovered: set[str] = set()  # consumers whose old pending entries were replayed
         self.dead_lettered: Counter[str] = Counter()  # by reason, this instance
+        self._push_blocked_s = 0.0  # seconds `push` waited on a full stream, this instance
         self._ensure_group()
 
     @property
@@ -232,18 +234,36 @@ class ReplayStream:
     ) -> str:
         """Append `group`, waiting (polling 5-100 ms) while the stream is at capacity.
 
-        Returns the entry id. Raises TimeoutError after `timeout_s` seconds (None = wait
+        Returns the entry id. The seconds from the first attempt that found the stream
+        full until the call ends (pushed, aborted or timed out) are added to
+        `push_blocked_seconds`. Raises TimeoutError after `timeout_s` seconds (None = wait
         forever), PushAborted as soon as `should_stop()` returns True, TypeError when `group`
         is not a RolloutGroup.
         """
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        entry_id = self.try_push(group)
+        if entry_id is not None:
+            return entry_id
+        blocked_from = time.monotonic()
+        try:
+            return self._push_when_room(group, deadline, timeout_s, should_stop)
+        finally:
+            with self._lock:
+                self._push_blocked_s += time.monotonic() - blocked_from
+
+    def _push_when_room(
+        self,
+        group: rollout_pb2.RolloutGroup,
+        deadline: float | None,
+        timeout_s: float | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> str:
+        """`push`'s wait on a full stream: poll (5-100 ms, doubling) until an attempt
+        succeeds, `should_stop()` or the monotonic `deadline`."""
         sleep_s = _POLL_MIN_S
         while True:
-            entry_id = self.try_push(group)
-            if entry_id is not None:
-                return entry_id
             if should_stop is not None and should_stop():
                 raise PushAborted("push aborted: stop requested while the stream was full")
             if deadline is not None and time.monotonic() >= deadline:
@@ -254,6 +274,17 @@ class ReplayStream:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             time.sleep(sleep_s if remaining is None else min(sleep_s, remaining))
             sleep_s = min(sleep_s * 2, _POLL_MAX_S)
+            entry_id = self.try_push(group)
+            if entry_id is not None:
+                return entry_id
+
+    @property
+    def push_blocked_seconds(self) -> float:
+        """Seconds this instance's `push` calls (all threads together) waited on a full
+        stream, since it was made: what the k bound held its producers back
+        (`scalerl.state.push_blocked` reports it for the fleet's generator throttle)."""
+        with self._lock:
+            return self._push_blocked_s
 
     def read(self, consumer: str, count: int, block_ms: int = 0) -> list[Entry]:
         """Up to `count` (entry_id, group) pairs for `consumer`, in this order:

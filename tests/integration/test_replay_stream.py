@@ -131,6 +131,32 @@ def test_push_times_out_or_aborts_when_full(redis_client: redis.Redis, run_id: s
     assert stream.depth() == 1
 
 
+def test_push_counts_the_seconds_it_waited_on_a_full_stream(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """`push_blocked_seconds` sums the waits of pushes that found the stream full,
+    timed out and aborted ones included; a push with room adds nothing."""
+    stream = ReplayStream(redis_client, run_id, capacity=1)
+    first = stream.push(make_group("a"))
+    assert stream.push_blocked_seconds == 0.0
+    with pytest.raises(TimeoutError):
+        stream.push(make_group("b"), timeout_s=0.1)
+    timed_out = stream.push_blocked_seconds
+    assert 0.1 <= timed_out < 1.0
+    with pytest.raises(PushAborted):
+        stream.push(make_group("b"), should_stop=lambda: True)
+    assert timed_out <= stream.push_blocked_seconds < timed_out + 0.5
+    stream.read("learner-0", count=1)
+    freed = threading.Timer(0.2, lambda: stream.ack([first]))
+    freed.start()
+    started = time.monotonic()
+    stream.push(make_group("c"), timeout_s=5)
+    waited = time.monotonic() - started
+    freed.join()
+    assert 0.2 <= stream.push_blocked_seconds - timed_out <= waited + 0.5
+    assert stream.depth() == 1
+
+
 def test_ack_frees_capacity_and_deletes(redis_client: redis.Redis, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=2)
     first = stream.push(make_group("a"))

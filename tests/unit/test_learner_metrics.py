@@ -145,6 +145,22 @@ def test_a_record_without_counts_adds_none() -> None:
     assert value("scalerl_learner_tokens_total") == 400
 
 
+def test_desired_replicas_gauge_follows_the_records_that_carry_it() -> None:
+    """scalerl_rollout_desired_replicas is the fleet rule's last answer; a record
+    without one (an older writer's) leaves the gauge as it was."""
+    registry = CollectorRegistry()
+    metrics = LearnerMetrics(registry, max_staleness=2)
+    value = registry.get_sample_value
+    metrics.observe_step(RECORD)  # no desired_replicas
+    assert value("scalerl_rollout_desired_replicas") == 0
+    metrics.observe_step(RECORD.model_copy(update={"desired_replicas": 5}))
+    assert value("scalerl_rollout_desired_replicas") == 5
+    metrics.observe_step(RECORD.model_copy(update={"step": 8}))
+    assert value("scalerl_rollout_desired_replicas") == 5
+    metrics.observe_step(RECORD.model_copy(update={"step": 9, "desired_replicas": 3}))
+    assert value("scalerl_rollout_desired_replicas") == 3
+
+
 def _group(gid: str, version: int) -> rollout_pb2.RolloutGroup:
     sample = rollout_pb2.Sample(token_ids=[1], logprobs=[-1.0], policy_versions=[version])
     return rollout_pb2.RolloutGroup(

@@ -15,7 +15,7 @@ from learner_service.records import (
     keep_records_until,
     read_records,
 )
-from scalerl_cli.report import training_health
+from scalerl_cli.report import fleet_summary, training_health
 
 STEP = {
     "step": 3,
@@ -171,6 +171,42 @@ def test_training_health_sums_up_the_step_records() -> None:
         "grad_norm_max": 1.25,
     }
     assert training_health([]) == {}
+
+
+FLEET = {
+    "learner_starvation": 0.75,
+    "generator_throttle": 0.125,
+    "free_admission_slots": 6,
+    "desired_replicas": 3,
+}
+
+
+def test_fleet_fields_round_trip_and_read_as_none_from_older_files(tmp_path) -> None:
+    append_record(tmp_path, StepRecord(**STEP))  # as written before the fleet fields
+    append_record(tmp_path, StepRecord(**(STEP | FLEET | {"step": 4})))
+    old, new = read_records(tmp_path, StepRecord)
+    assert (old.desired_replicas, old.learner_starvation, old.free_admission_slots) == (
+        None,
+        None,
+        None,
+    )
+    assert {key: getattr(new, key) for key in FLEET} == FLEET
+
+
+def test_fleet_summary_takes_the_records_that_carry_an_answer() -> None:
+    steps = [
+        StepRecord(**STEP),
+        StepRecord(**(STEP | FLEET | {"step": 4, "desired_replicas": 5})),
+        StepRecord(**(STEP | FLEET | {"step": 5, "learner_starvation": 0.25})),
+    ]
+    assert fleet_summary(steps) == {
+        "desired_replicas_last": 3,
+        "desired_replicas_max": 5,
+        "learner_starvation_mean": 0.5,
+        "generator_throttle_mean": 0.125,
+    }
+    assert fleet_summary(steps[:1]) == {}
+    assert fleet_summary([]) == {}
 
 
 def test_keep_records_until_cuts_the_crashed_runs_tail(tmp_path) -> None:
