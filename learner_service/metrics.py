@@ -190,6 +190,10 @@ class WorkerStatsCollector:
             "scalerl_worker_busy_seconds_total",
             "Device-seconds the worker had requests in its engine.",
         ),
+        "blocked_seconds": (
+            "scalerl_worker_push_blocked_seconds_total",
+            "Seconds the worker waited on the full replay stream (the k bound).",
+        ),
         "joins": ("scalerl_worker_joins_total", "Times the worker turned READY."),
         "leaves": ("scalerl_worker_leaves_total", "Times the worker left on SIGTERM."),
     }

@@ -308,7 +308,9 @@ def _watch(
                 fleet.reconcile(children)
             for index, child in enumerate(children):
                 code = child.poll()
-                if code is None or (code == 0 and _learner_finishes(learner)):
+                if code is None or (code == 0 and is_worker(child)):
+                    continue  # running, or left (forgotten at the next turn)
+                if code == 0 and _learner_finishes(learner):
                     continue
                 try:
                     children[index] = supervisor.restart(child, code)

@@ -71,9 +71,6 @@ class RunKeys:
         self.worker_stats = run_key(run_id, "worker_stats")
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")
-        # Fleet sizing (hash: worker_id -> seconds its pushes waited on the full replay
-        # stream): the generator throttle of `scalerl.fleet`.
-        self.fleet_blocked_seconds = run_key(run_id, "fleet", "blocked_seconds")
         # The curve service's copy of the run's points and fit metadata.
         self.curve_points = run_key(run_id, "curve", "points")
         self.curve_meta = run_key(run_id, "curve", "meta")

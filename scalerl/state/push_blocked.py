@@ -1,11 +1,12 @@
 """Seconds the rollout workers spent blocked on the full replay stream: the numerator of the
 generator throttle g of `scalerl.fleet` (SCALE_OUT.md sec. 5).
 
-Key: `scalerl:{run_id}:fleet:blocked_seconds` (hash worker_id -> seconds, INCRBYFLOAT).
-A worker's `ReplayStream` sums the seconds its `push` calls waited for capacity
-(`ReplayStream.push_blocked_seconds`); a `PushBlockedReporter` adds what is new of that sum
-to the worker's field once a second, and the learner differences the hash's total over its
-window: g = blocked seconds / (workers x window seconds). The totals only grow (a worker
+Kept as each worker's `blocked_seconds` in the per-worker accounting
+(`scalerl.state.worker_stats`). A worker's `ReplayStream` sums the seconds its `push`
+calls waited for capacity (`ReplayStream.push_blocked_seconds`); a `PushBlockedReporter`
+adds what is new of that sum to the worker's field once a second, and the learner
+differences the workers' total over its window: g = blocked seconds / (workers x window
+seconds). The totals only grow (a worker
 restarted under the same id adds to its field), so a difference never goes negative.
 """
 
@@ -19,8 +20,8 @@ from numbers import Real
 
 import redis
 
-from scalerl.state.keys import RunKeys
 from scalerl.state.registry import _check_worker_id
+from scalerl.state.worker_stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,7 @@ class PushBlockedSeconds:
     """Per-worker seconds spent waiting in `ReplayStream.push` on a full stream, one run."""
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
-        self._client = client
-        self._key = RunKeys(run_id).fleet_blocked_seconds
+        self._stats = WorkerStats(client, run_id)
 
     def add(self, worker_id: str, seconds: float) -> float:
         """Add `seconds` (finite, >= 0) to `worker_id`'s total; returns the new total,
@@ -39,12 +39,11 @@ class PushBlockedSeconds:
         _check_worker_id(worker_id)
         if not (isinstance(seconds, Real) and math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
-        return float(self._client.hincrbyfloat(self._key, worker_id, float(seconds)))
+        return self._stats.add(worker_id, "blocked_seconds", float(seconds))
 
     def by_worker(self) -> dict[str, float]:
         """Seconds per worker id, sorted by id (every worker that ever reported)."""
-        raw = self._client.hgetall(self._key)
-        return {worker.decode(): float(value) for worker, value in sorted(raw.items())}
+        return {w: row["blocked_seconds"] for w, row in self._stats.by_worker().items()}
 
     def total(self) -> float:
         """All workers together, seconds."""

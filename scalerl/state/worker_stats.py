@@ -4,7 +4,8 @@ leaves of every rollout worker of a run, kept after the worker is gone.
 One Redis hash (`RunKeys.worker_stats`) with fields `{worker_id}|{stat}`. `groups_pushed`
 is added by the replay stream's push script in the same step as the entry (so the
 workers' sum is the ledger's `pushed`), `busy_seconds` by `scalerl.compute.ComputeCounters`
-in the same MULTI as the run's compute, the rest by the worker itself.
+in the same MULTI as the run's compute, `blocked_seconds` (waiting on the full stream) by
+`scalerl.state.push_blocked`, the rest by the worker itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import redis
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys
 
-STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "joins", "leaves")
+STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "blocked_seconds", "joins", "leaves")
+_SECONDS = ("busy_seconds", "blocked_seconds")
 UNKNOWN_WORKER = "unknown"  # a group whose worker_id is not a valid one
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # as the registry's
 
@@ -40,16 +42,16 @@ class WorkerStats:
         self._client = client
         self.key = RunKeys(run_id).worker_stats
 
-    def add(self, worker_id: str, stat: str, amount: float = 1) -> None:
-        """Add `amount` (finite, >= 0; seconds for busy_seconds, a count otherwise) to a
-        worker's stat. Raises ValueError for a bad stat or amount."""
+    def add(self, worker_id: str, stat: str, amount: float = 1) -> float:
+        """Add `amount` (finite, >= 0; seconds for the *_seconds stats, a count otherwise)
+        to a worker's stat; returns its new value. Raises ValueError for a bad stat or
+        amount."""
         if not (isinstance(amount, Real) and math.isfinite(amount) and amount >= 0):
             raise ValueError(f"amount must be finite and >= 0, got {amount!r}")
         field = stat_field(worker_id, stat)
-        if stat == "busy_seconds":
-            self._client.hincrbyfloat(self.key, field, float(amount))
-        else:
-            self._client.hincrby(self.key, field, int(amount))
+        if stat in _SECONDS:
+            return float(self._client.hincrbyfloat(self.key, field, float(amount)))
+        return float(self._client.hincrby(self.key, field, int(amount)))
 
     def by_worker(self) -> dict[str, dict[str, float]]:
         """worker_id -> {stat: value} for every worker that ever counted anything, each
@@ -59,5 +61,5 @@ class WorkerStats:
             worker_id, _, stat = text(field).rpartition("|")
             if stat in STATS:
                 row = out.setdefault(worker_id, dict.fromkeys(STATS, 0))
-                row[stat] = float(text(value)) if stat == "busy_seconds" else int(value)
+                row[stat] = float(text(value)) if stat in _SECONDS else int(value)
         return dict(sorted(out.items()))

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
+from scalerl.state.worker_stats import WorkerStats
 
 
 class FlakyBlocked(PushBlockedSeconds):
@@ -27,7 +28,7 @@ class FlakyBlocked(PushBlockedSeconds):
         return super().add(worker_id, seconds)
 
 
-def test_seconds_add_up_per_worker_under_the_fleet_key(
+def test_seconds_add_up_per_worker_in_the_worker_stats(
     redis_client: redis.Redis, run_id: str
 ) -> None:
     blocked = PushBlockedSeconds(redis_client, run_id)
@@ -37,8 +38,8 @@ def test_seconds_add_up_per_worker_under_the_fleet_key(
     assert blocked.add("worker-1", 2.0) == 3.5
     assert blocked.by_worker() == {"worker-0": 0.25, "worker-1": 3.5}
     assert blocked.total() == 3.75
-    key = f"scalerl:{run_id}:fleet:blocked_seconds"
-    assert float(redis_client.hget(key, "worker-1")) == 3.5
+    stats = WorkerStats(redis_client, run_id).by_worker()
+    assert stats["worker-1"]["blocked_seconds"] == 3.5 and stats["worker-1"]["joins"] == 0
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,7 @@ def test_per_worker_accounting_is_exported_by_worker_id() -> None:
                     "groups_pushed": 3,
                     "tokens_generated": 120,
                     "busy_seconds": 2.5,
+                    "blocked_seconds": 0.0,
                     "joins": 1,
                     "leaves": 0,
                 },
@@ -243,6 +244,7 @@ def test_per_worker_accounting_is_exported_by_worker_id() -> None:
                     "groups_pushed": 1,
                     "tokens_generated": 40,
                     "busy_seconds": 0.5,
+                    "blocked_seconds": 4.0,
                     "joins": 1,
                     "leaves": 1,
                 },
@@ -254,3 +256,5 @@ def test_per_worker_accounting_is_exported_by_worker_id() -> None:
     assert value("scalerl_worker_groups_pushed_total", {"worker_id": "rollout-0"}) == 3.0
     assert value("scalerl_worker_leaves_total", {"worker_id": "manual-1"}) == 1.0
     assert value("scalerl_worker_busy_seconds_total", {"worker_id": "rollout-0"}) == 2.5
+    blocked = value("scalerl_worker_push_blocked_seconds_total", {"worker_id": "manual-1"})
+    assert blocked == 4.0
