@@ -2,7 +2,10 @@
 # Prove a GPU machine in one command: the engine contract suite for every engine available
 # in one Python environment (table: engine / passed / failed / skipped / rollout tokens per
 # second), the engine vs learner log-prob agreement and the fp32-head checks on the CUDA
-# device, and the tiny job end to end with `device: auto` (engine and learner on cuda:0).
+# device, the broadcast weight group over NCCL (tests/integration/test_weight_group.py with
+# SCALERL_WEIGHT_GROUP_BACKEND=nccl; NCCL wants one CUDA device per member, so its tests
+# skip on a machine with fewer than 2-4 devices), and the tiny job end to end with
+# `device: auto` (engine and learner on cuda:0).
 #
 #   scripts/gpu_check.sh [PYTHON]
 #
@@ -40,6 +43,14 @@ done
 echo "== log-prob agreement and fp32 head, CPU and CUDA"
 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/unit/test_logprob_agreement.py \
   tests/unit/test_fp32_head.py 2>&1 | tail -n 6
+
+echo "== the broadcast weight group over NCCL"
+if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  SCALERL_WEIGHT_GROUP_BACKEND=nccl TORCH_NCCL_ASYNC_ERROR_HANDLING=2 "$PYTHON" -m pytest -q \
+    -p no:cacheprovider -rs tests/integration/test_weight_group.py 2>&1 | tail -n 8
+else
+  echo "no CUDA device: skipped"
+fi
 
 echo "== the tiny job end to end (device auto)"
 if "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then

@@ -1,6 +1,13 @@
-"""The broadcast weight group over gloo on loopback: the test process is the learner (rank
-0) and spawned processes are the rollout workers. Every worker reports the checksums of
-the weights it holds, computed here independently of the module's own verification."""
+"""The broadcast weight group on loopback: the test process is the learner (rank 0) and
+spawned processes are the rollout workers. Every worker reports the checksums of the
+weights it holds, computed here independently of the module's own verification.
+
+SCALERL_WEIGHT_GROUP_BACKEND picks the backend: gloo (the default, CPU tensors) or nccl
+(the learner's tensors on cuda:0, rank r on cuda:r; run with
+TORCH_NCCL_ASYNC_ERROR_HANDLING=2 as `scalerl.policy.weight_group` says). NCCL refuses two
+members on one device, so with nccl a test needs one visible CUDA device per member and
+is skipped on a machine with fewer. The join-deadline and argument tests use gloo whatever
+the variable says."""
 
 from __future__ import annotations
 
@@ -8,13 +15,14 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from scalerl.policy.weight_group import (
+    BACKENDS,
     ChecksumMismatch,
     EpochFailed,
     LayoutMismatch,
@@ -24,10 +32,15 @@ from scalerl.policy.weight_group import (
 )
 from scalerl.ports import free_port
 
+BACKEND = os.environ.get("SCALERL_WEIGHT_GROUP_BACKEND", "gloo")
+if BACKEND not in BACKENDS:
+    raise ValueError(f"SCALERL_WEIGHT_GROUP_BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
+NCCL = BACKEND == "nccl"
+LEARNER_DEVICE = "cuda:0" if NCCL else "cpu"
 HOST = "127.0.0.1"
-TIMEOUT_S = 10.0  # healthy epochs
-FAULT_TIMEOUT_S = 3.0  # the epoch a worker dies or stalls in
-SLACK_S = 2.0
+TIMEOUT_S = 60.0 if NCCL else 10.0  # healthy epochs (NCCL forms its communicator on join)
+FAULT_TIMEOUT_S = 10.0 if NCCL else 3.0  # the epoch a worker dies or stalls in
+SLACK_S = 5.0 if NCCL else 2.0
 FAULT_AT = "model.layers.0.attn.weight"  # third tensor in sorted order
 REPLY_S = 30.0
 
@@ -46,11 +59,30 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def sent(seed: int) -> dict[str, torch.Tensor]:
+    """weights(seed) on the learner's device (cuda:0 with nccl), as the learner holds them."""
+    return {name: tensor.to(LEARNER_DEVICE) for name, tensor in weights(seed).items()}
+
+
+def members(count: int) -> Callable[[Callable], Callable]:
+    """Decorate a test whose largest epoch has `count` members. With nccl: marks it `gpu`
+    and skips it unless `count` CUDA devices are visible. With gloo: leaves it as it is."""
+
+    def mark(test: Callable) -> Callable:
+        if not NCCL:
+            return test
+        visible = torch.cuda.device_count()
+        reason = f"nccl needs one CUDA device per member: {count} members, {visible} visible"
+        return pytest.mark.gpu(pytest.mark.skipif(visible < count, reason=reason)(test))
+
+    return mark
+
+
 def digests(state: dict[str, torch.Tensor]) -> Digests:
-    """name -> (dtype, shape, sha256 of the raw bytes)."""
+    """name -> (dtype, shape, sha256 of the raw bytes); tensors on any device."""
     out = {}
     for name, tensor in state.items():
-        raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
         out[name] = (str(tensor.dtype), tuple(tensor.shape), hashlib.sha256(raw).hexdigest())
     return out
 
@@ -85,6 +117,8 @@ def worker_main(name: str, commands: mp.Queue, results: mp.Queue, fault: str | N
                 group, held = WeightGroup(), weights(0)
                 results.put((name, "ready", None))
             elif op == "join":
+                if args[-1] == "nccl":
+                    torch.cuda.set_device(args[1])  # rank r on cuda:r
                 group.join(*args)
                 results.put((name, "joined", None))
             else:
@@ -202,8 +236,8 @@ def form(
     """Epoch `epoch` of the learner and `names` (ranks 1.. in that order)."""
     world_size = len(names) + 1
     for rank, name in enumerate(names, 1):
-        workers.send([name], "join", epoch, rank, world_size, HOST, port, timeout_s)
-    learner.join(epoch, 0, world_size, HOST, port, timeout_s, is_store_server=True)
+        workers.send([name], "join", epoch, rank, world_size, HOST, port, timeout_s, BACKEND)
+    learner.join(epoch, 0, world_size, HOST, port, timeout_s, BACKEND, is_store_server=True)
     assert workers.replies(names) == {name: ("joined", None) for name in names}
     assert learner.epoch == epoch
 
@@ -212,13 +246,14 @@ def received(version: int, state: dict[str, torch.Tensor], names: list[str]) -> 
     return {name: ("received", (version, digests(state))) for name in names}
 
 
+@members(4)
 def test_epochs_of_one_then_three_workers_hold_the_learners_weights(learner, workers) -> None:
     port = free_port()
     assert digests(weights(0)) != digests(weights(1)) != digests(weights(2))
 
     form(learner, workers, port, 1, ["a"])
     workers.send(["a"], "receive")
-    transfer = learner.broadcast(weights(1), version=1)
+    transfer = learner.broadcast(sent(1), version=1)
     assert workers.replies(["a"]) == received(1, weights(1), ["a"])
     assert (transfer.epoch, transfer.version, transfer.tensors) == (1, 1, 5)
     assert transfer.nbytes == sum(t.numel() * t.element_size() for t in weights(1).values())
@@ -226,11 +261,12 @@ def test_epochs_of_one_then_three_workers_hold_the_learners_weights(learner, wor
     form(learner, workers, port, 2, ["a", "b", "c"])
     workers.send(["a", "b", "c"], "receive")
     sends_before = learner.sends
-    learner.broadcast(weights(2), version=2)
+    learner.broadcast(sent(2), version=2)
     assert workers.replies(["a", "b", "c"]) == received(2, weights(2), ["a", "b", "c"])
     assert learner.sends - sends_before == 5  # one send per tensor for three workers
 
 
+@members(4)
 def test_a_worker_killed_mid_broadcast_fails_the_epoch_in_time_and_the_next_forms(
     learner, workers
 ) -> None:
@@ -238,14 +274,14 @@ def test_a_worker_killed_mid_broadcast_fails_the_epoch_in_time_and_the_next_form
     port = free_port()
     form(learner, workers, port, 1, ["a", "b"])
     workers.send(["a", "b"], "receive")
-    learner.broadcast(weights(1), version=1)
+    learner.broadcast(sent(1), version=1)
     assert workers.replies(["a", "b"]) == received(1, weights(1), ["a", "b"])
 
     form(learner, workers, port, 2, ["a", "k", "b"], timeout_s=FAULT_TIMEOUT_S)
     workers.send(["a", "k", "b"], "receive")
     began = time.monotonic()
     with pytest.raises(EpochFailed, match="epoch 2: .* failed on rank 0"):
-        learner.broadcast(weights(2), version=2)
+        learner.broadcast(sent(2), version=2)
     assert time.monotonic() - began < FAULT_TIMEOUT_S + SLACK_S
     workers.processes["k"].join(REPLY_S)
     assert workers.processes["k"].exitcode == -signal.SIGKILL
@@ -256,10 +292,11 @@ def test_a_worker_killed_mid_broadcast_fails_the_epoch_in_time_and_the_next_form
 
     form(learner, workers, port, 3, ["b", "a"])
     workers.send(["a", "b"], "receive")
-    learner.broadcast(weights(3), version=3)
+    learner.broadcast(sent(3), version=3)
     assert workers.replies(["a", "b"]) == received(3, weights(3), ["a", "b"])
 
 
+@members(3)
 def test_a_stalled_worker_fails_the_epoch_at_its_timeout(learner, workers) -> None:
     workers.start(s="stop")
     port = free_port()
@@ -267,29 +304,30 @@ def test_a_stalled_worker_fails_the_epoch_at_its_timeout(learner, workers) -> No
     workers.send(["a", "s"], "receive")
     began = time.monotonic()
     with pytest.raises(EpochFailed, match="timed out"):
-        learner.broadcast(weights(1), version=1)
+        learner.broadcast(sent(1), version=1)
     assert FAULT_TIMEOUT_S - 0.5 < time.monotonic() - began < FAULT_TIMEOUT_S + SLACK_S
     kind, (message, elapsed, held) = workers.replies(["a"])["a"]
     assert kind == "EpochFailed" and elapsed < FAULT_TIMEOUT_S + SLACK_S
     assert held == digests(weights(0))
     with pytest.raises(EpochFailed, match="epoch 1"):  # the epoch stays failed
-        learner.broadcast(weights(1), version=1)
+        learner.broadcast(sent(1), version=1)
     workers.processes["s"].kill()
 
 
+@members(2)
 def test_a_corrupted_tensor_is_rejected_by_name_and_the_previous_weights_stay(
     learner, workers
 ) -> None:
     port = free_port()
     form(learner, workers, port, 1, ["a"])
     workers.send(["a"], "receive")
-    learner.broadcast(weights(1), version=1)
+    learner.broadcast(sent(1), version=1)
     assert workers.replies(["a"]) == received(1, weights(1), ["a"])
 
     learner.corrupt = "model.norm.weight"
     workers.send(["a"], "receive")
     with pytest.raises(ChecksumMismatch) as info:
-        learner.broadcast(weights(2), version=2)
+        learner.broadcast(sent(2), version=2)
     assert info.value.tensors == ("model.norm.weight",)
     assert "'model.norm.weight' by 1 receiver(s)" in str(info.value)
     kind, (message, _, held) = workers.replies(["a"])["a"]
@@ -299,14 +337,15 @@ def test_a_corrupted_tensor_is_rejected_by_name_and_the_previous_weights_stay(
 
     learner.corrupt = None  # the group is still in step: the next version goes through
     workers.send(["a"], "receive")
-    learner.broadcast(weights(3), version=3)
+    learner.broadcast(sent(3), version=3)
     assert workers.replies(["a"]) == received(3, weights(3), ["a"])
 
 
+@members(2)
 def test_a_template_that_differs_is_refused_before_any_tensor_moves(learner, workers) -> None:
     port = free_port()
     form(learner, workers, port, 1, ["a"])
-    wrong = weights(1) | {"model.norm.weight": torch.zeros(17)}
+    wrong = sent(1) | {"model.norm.weight": torch.zeros(17, device=LEARNER_DEVICE)}
     workers.send(["a"], "receive")
     with pytest.raises(LayoutMismatch, match="the template of 1 receiver"):
         learner.broadcast(wrong, version=1)
