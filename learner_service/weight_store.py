@@ -4,6 +4,8 @@ versions' safetensors bytes in RAM, served as checksummed chunks by FetchWeights
 The publisher puts a version in before announcing it in Redis, so a worker that reads the
 announcement always finds it; the store then drops all but the newest `keep` versions. A
 fetch in progress keeps the bytes it started with, even once its version is dropped.
+Each chunk's sha256 is computed once, when the version is put, not once per fetch (with N
+workers fetching, hashing per fetch cost the learner N hashes of the whole payload).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class WeightStore:
         self.keep = keep
         self.chunk_bytes = chunk_bytes
         self._held: OrderedDict[int, tuple[rollout_pb2.WeightsHeader, bytes]] = OrderedDict()
+        self._digests: dict[int, list[str]] = {}  # version -> sha256 of chunk i (hex)
         self._lock = threading.Lock()
 
     def put(self, header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
@@ -48,11 +51,18 @@ class WeightStore:
                 f"total_bytes: header says {header.total_bytes}, payload has {len(payload)} "
                 "(must be equal and >= 1)"
             )
+        view, size = memoryview(payload), self.chunk_bytes
+        digests = [
+            hashlib.sha256(view[start : start + size]).hexdigest()
+            for start in range(0, len(payload), size)
+        ]
         with self._lock:
             self._held.pop(header.version, None)
             self._held[header.version] = (header, payload)
+            self._digests[header.version] = digests
             for version in sorted(self._held)[: -self.keep]:
                 del self._held[version]
+                del self._digests[version]
 
     @property
     def versions(self) -> list[int]:
@@ -90,17 +100,19 @@ class WeightStore:
             raise InvalidArgument(
                 "offset", f"must lie in 0..{len(payload) - 1} (total_bytes), got {request.offset}"
             )
-        return self._stream(header, payload, request.offset)
+        with self._lock:
+            digests = self._digests.get(request.version, [])
+        return self._stream(header, payload, request.offset, digests)
 
     def _stream(
-        self, header: rollout_pb2.WeightsHeader, payload: bytes, offset: int
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, offset: int, digests: list[str]
     ) -> Iterator[learner_pb2.FetchWeightsChunk]:
-        view = memoryview(payload)
-        for start in range(offset, len(payload), self.chunk_bytes):
-            data = bytes(view[start : start + self.chunk_bytes])
-            chunk = learner_pb2.FetchWeightsChunk(
-                offset=start, data=data, sha256=hashlib.sha256(data).hexdigest()
-            )
+        view, size = memoryview(payload), self.chunk_bytes
+        for start in range(offset, len(payload), size):
+            data = bytes(view[start : start + size])
+            aligned = start % size == 0 and start // size < len(digests)
+            digest = digests[start // size] if aligned else hashlib.sha256(data).hexdigest()
+            chunk = learner_pb2.FetchWeightsChunk(offset=start, data=data, sha256=digest)
             if start == offset:
                 chunk.header.CopyFrom(header)
             yield chunk

@@ -225,8 +225,8 @@ class CorruptingStore(WeightStore):
         super().__init__(chunk_bytes=CHUNK)
         self.at, self.consistent = at, consistent
 
-    def _stream(self, header, payload, offset) -> Iterator[learner_pb2.FetchWeightsChunk]:
-        for chunk in super()._stream(header, payload, offset):
+    def _stream(self, header, payload, offset, digests) -> Iterator[learner_pb2.FetchWeightsChunk]:
+        for chunk in super()._stream(header, payload, offset, digests):
             if chunk.offset == self.at:
                 data = bytearray(chunk.data)
                 data[7] ^= 0x01
@@ -344,9 +344,9 @@ class BreakingStore(WeightStore):
         super().__init__(chunk_bytes=CHUNK)
         self.offsets: list[int] = []
 
-    def _stream(self, header, payload, offset) -> Iterator[learner_pb2.FetchWeightsChunk]:
+    def _stream(self, header, payload, offset, digests) -> Iterator[learner_pb2.FetchWeightsChunk]:
         self.offsets.append(offset)
-        for i, chunk in enumerate(super()._stream(header, payload, offset)):
+        for i, chunk in enumerate(super()._stream(header, payload, offset, digests)):
             if i == 1 and len(self.offsets) == 1:
                 raise Unavailable("the learner's network went away")
             yield chunk
@@ -381,3 +381,22 @@ def test_the_store_refuses_bad_arguments() -> None:
     with pytest.raises(ValueError, match="total_bytes"):
         store.put(header_of(b"abc", 1), b"ab")
     assert store.versions == []
+
+
+def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """N workers fetching cost the learner no hashing: each chunk's sha256 was taken when
+    the version was put (an unaligned resume offset hashes its chunks on the fly)."""
+    import learner_service.weight_store as weight_store
+
+    store = WeightStore(chunk_bytes=1000)
+    payload = bytes(range(256)) * 20  # 5120 bytes: 6 chunks
+    store.put(header_of(payload, 1), payload)
+    calls = []
+    real = weight_store.hashlib.sha256
+    monkeypatch.setattr(weight_store.hashlib, "sha256", lambda data: calls.append(1) or real(data))
+    for _ in range(3):
+        chunks = list(store.chunks(learner_pb2.FetchWeightsRequest(version=1)))
+        assert [c.sha256 for c in chunks] == [real(c.data).hexdigest() for c in chunks]
+    assert calls == []
+    list(store.chunks(learner_pb2.FetchWeightsRequest(version=1, offset=500)))
+    assert len(calls) == 5  # offsets 500, 1500, ..., 4500
