@@ -79,7 +79,7 @@ class LauncherFleet:
             learner = [i for i, c in enumerate(children) if c.name == "learner"]
             children.insert(learner[0] if learner else len(children), child)
             log.info("%s joins (target %d workers)", child.name, wanted)
-        for child in reversed(staying[wanted:] if wanted < len(staying) else []):
+        for child in reversed(staying[wanted:]):
             self.leaving.add(child.name)
             child.proc.send_signal(signal.SIGTERM)
             log.info("%s asked to leave (target %d workers)", child.name, wanted)

@@ -29,6 +29,17 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+# Rollout worker ids: the registry's keys and the per-worker accounting's fields.
+WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def check_worker_id(worker_id: str) -> str:
+    """Return worker_id unchanged, or raise ValueError naming the allowed pattern."""
+    if not isinstance(worker_id, str) or not WORKER_ID_PATTERN.fullmatch(worker_id):
+        raise ValueError(f"worker_id must match {WORKER_ID_PATTERN.pattern}, got {worker_id!r}")
+    return worker_id
+
+
 # The curve service's index of the runs it holds (not under one run's prefix).
 CURVE_RUNS_KEY = f"{KEY_NAMESPACE}:curve-service:runs"
 

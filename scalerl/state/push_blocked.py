@@ -20,7 +20,7 @@ from numbers import Real
 
 import redis
 
-from scalerl.state.registry import _check_worker_id
+from scalerl.state.keys import check_worker_id
 from scalerl.state.worker_stats import WorkerStats
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class PushBlockedSeconds:
         """Add `seconds` (finite, >= 0) to `worker_id`'s total; returns the new total,
         seconds. Raises ValueError for a worker_id outside [A-Za-z0-9_.:-]{1,128} or a
         negative / non-finite amount."""
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
         if not (isinstance(seconds, Real) and math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
         return self._stats.add(worker_id, "blocked_seconds", float(seconds))
@@ -60,7 +60,7 @@ class PushBlockedReporter:
         self, counters: PushBlockedSeconds, worker_id: str, source: Callable[[], float]
     ) -> None:
         """Raises ValueError for a worker_id outside [A-Za-z0-9_.:-]{1,128}."""
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
         self._counters = counters
         self._worker_id = worker_id
         self._source = source

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,10 +22,9 @@ from numbers import Real
 
 import redis
 
-from scalerl.state.keys import RunKeys
+from scalerl.state.keys import RunKeys, check_worker_id
 
 log = logging.getLogger(__name__)
-_WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 # A worker's states (`WorkerProgress.state`; rollout_service.worker has the diagram).
 SYNCING, READY, LEAVING = "SYNCING", "READY", "LEAVING"
 
@@ -102,7 +100,7 @@ class WorkerRegistry:
         Raises ValueError for a worker_id outside [A-Za-z0-9_.:-]{1,128}, an empty address,
         or a ttl_s that is not a finite number >= 0.001.
         """
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty string (host:port)")
         if not (isinstance(ttl_s, Real) and math.isfinite(ttl_s) and ttl_s >= 0.001):
@@ -153,7 +151,7 @@ class WorkerRegistry:
 
     def remove(self, worker_id: str) -> bool:
         """Deregister (clean shutdown). Returns False when it was not registered."""
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
         return bool(self._client.delete(self._prefix + worker_id))
 
 
@@ -169,8 +167,3 @@ def _parse(value: bytes) -> WorkerInfo:
         known = WorkerProgress.__dataclass_fields__
         progress = WorkerProgress(**{k: v for k, v in progress.items() if k in known})
     return WorkerInfo(data["address"], progress or None)
-
-
-def _check_worker_id(worker_id: str) -> None:
-    if not isinstance(worker_id, str) or not _WORKER_ID_RE.fullmatch(worker_id):
-        raise ValueError(f"worker_id must match {_WORKER_ID_RE.pattern}, got {worker_id!r}")

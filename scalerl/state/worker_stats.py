@@ -11,18 +11,16 @@ in the same MULTI as the run's compute, `blocked_seconds` (waiting on the full s
 from __future__ import annotations
 
 import math
-import re
 from numbers import Real
 
 import redis
 
 from scalerl.state.client import text
-from scalerl.state.keys import RunKeys
+from scalerl.state.keys import WORKER_ID_PATTERN, RunKeys
 
 STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "blocked_seconds", "joins", "leaves")
 _SECONDS = ("busy_seconds", "blocked_seconds")
 UNKNOWN_WORKER = "unknown"  # a group whose worker_id is not a valid one
-_WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # as the registry's
 
 
 def stat_field(worker_id: str, stat: str) -> str:
@@ -30,7 +28,7 @@ def stat_field(worker_id: str, stat: str) -> str:
     Raises ValueError for a stat outside `STATS`."""
     if stat not in STATS:
         raise ValueError(f"stat must be one of {STATS}, got {stat!r}")
-    if not isinstance(worker_id, str) or not _WORKER_ID_RE.fullmatch(worker_id):
+    if not isinstance(worker_id, str) or not WORKER_ID_PATTERN.fullmatch(worker_id):
         worker_id = UNKNOWN_WORKER
     return f"{worker_id}|{stat}"
 
