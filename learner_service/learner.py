@@ -21,6 +21,7 @@ record (`learner_service.records`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.broadcast import WeightBroadcaster
 from learner_service.catch_up import WeightCatchUp
 from learner_service.eval_schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
@@ -48,6 +50,7 @@ from scalerl.config import RunConfig
 from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.policy.models import load_policy
+from scalerl.ports import free_port
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import PromptPool
@@ -91,6 +94,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         dialed = advertise_host or host
         dialed = f"[{dialed}]" if ":" in dialed and not dialed.startswith("[") else dialed
         self.weights_source = f"grpc://{dialed}:{self.port}"
+        self._hosts = (host, advertise_host or host)  # bound, dialed (the broadcast's store)
         self.step = 0
         self.version = 0
         self.r0: float | None = None
@@ -143,6 +147,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             cfg.learner.weight_transport,
             store=self.weights,
             source=self.weights_source,
+            broadcaster=self._broadcaster(),
         )
         self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
         if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
@@ -158,6 +163,22 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._open_ppo_batch()
         self.publisher.publish(self.model, self.version, force_file=True, wait=True)
         self._published = self.version
+
+    def _broadcaster(self) -> WeightBroadcaster | None:
+        """Rank 0 of the weight group with `weight_transport: broadcast`, else None."""
+        cfg = self.config.learner
+        if cfg.weight_transport != "broadcast":
+            return None
+        backend = cfg.broadcast_backend
+        if backend == "auto":
+            backend = "nccl" if str(self.config.device).startswith("cuda") else "gloo"
+        return WeightBroadcaster(
+            self.registry,
+            *self._hosts,
+            port=cfg.broadcast_port or free_port(),
+            backend=backend,
+            timeout_s=cfg.broadcast_timeout_s,
+        )
 
     def _warmup(self) -> None:
         """Supervised warm-up of a fresh model (counted as learner compute)."""
@@ -426,3 +447,8 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
     def close(self) -> None:
         self._closing.set()
         self.server.stop(grace=1)
+        publisher = getattr(self, "publisher", None)  # None when set-up failed early
+        if publisher is not None and publisher.broadcaster is not None:
+            with contextlib.suppress(Exception):  # its error was reported by the run
+                publisher.wait()
+            publisher.broadcaster.close()

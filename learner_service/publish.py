@@ -5,9 +5,11 @@ one machine, a shared volume in a cluster) and sends only the header; `stream` s
 payload itself as chunks of the UpdateWeights stream; `pull` sends nothing: it puts the
 payload in the learner's `WeightStore` (RAM, the newest two versions) and announces the
 learner's FetchWeights address (`WeightsRef.source`), from which every worker fetches the
-version in parallel when it is behind. Every version is announced in Redis, so a worker
-that starts (or restarts) later pulls the latest weights before generating (ARCHITECTURE
-sec. 2).
+version in parallel when it is behind; `broadcast` sends it to every READY worker at once
+over the weight group (`learner_service.broadcast`), then holds and announces it as `pull`
+does, for joiners and for members the broadcast missed. Every version is announced in
+Redis, so a worker that starts (or restarts) later pulls the latest weights before
+generating (ARCHITECTURE sec. 2).
 
 The learner's thread only takes a snapshot (a CPU copy of the state dict in the engines'
 dtype, the LM head in fp32: a memory copy, well under a second for SmolLM2-135M); the
@@ -30,6 +32,7 @@ import grpc
 import torch
 from safetensors.torch import save as save_safetensors
 
+from learner_service.broadcast import Delivery, WeightBroadcaster
 from learner_service.weight_store import WeightStore
 from scalerl.policy.weights import head_names, snapshot_state_dict, weights_requests
 from scalerl.rpc.channel import channel
@@ -39,6 +42,7 @@ from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
+_HELD = ("pull", "broadcast")  # transports whose versions the learner holds for FetchWeights
 
 
 class WeightPublisher:
@@ -46,12 +50,13 @@ class WeightPublisher:
     fp32) to all registered workers, or (`pull`) holds them for the workers' fetches.
 
     weights_dir: where `uri` payloads are written. timeout_s: deadline of one
-    UpdateWeights call (and of `wait_served`), seconds. store and source (`pull` only,
-    both required there, else ValueError): the store FetchWeights serves from and its
-    address, grpc://host:port. `last_seconds`: snapshot, serialization and sends (or
-    the hand-over to the store) of the last completed publish (mostly in the
+    UpdateWeights call (and of `wait_served`), seconds. store and source (`pull` and
+    `broadcast`, both required there, else ValueError): the store FetchWeights serves
+    from and its address, grpc://host:port. broadcaster (`broadcast` only, required
+    there): rank 0 of the weight group. `last_seconds`: snapshot, serialization and sends
+    (or the hand-over to the store) of the last completed publish (mostly in the
     background); `last_snapshot_seconds`: the part on the caller's thread; `failures`:
-    refused or unreachable sends so far.
+    refused or unreachable sends so far; `last_delivery`: what the last broadcast did.
     """
 
     def __init__(
@@ -64,9 +69,12 @@ class WeightPublisher:
         timeout_s: float = 120.0,
         store: WeightStore | None = None,
         source: str = "",
+        broadcaster: WeightBroadcaster | None = None,
     ) -> None:
-        if transport == "pull" and (store is None or not source):
-            raise ValueError("weight_transport pull needs a store and a source address")
+        if transport in _HELD and (store is None or not source):
+            raise ValueError(f"weight_transport {transport} needs a store and a source address")
+        if transport == "broadcast" and broadcaster is None:
+            raise ValueError("weight_transport broadcast needs a broadcaster")
         self.registry = registry
         self.state = state
         self.weights_dir = Path(weights_dir)
@@ -76,6 +84,8 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.store = store
         self.source = source
+        self.broadcaster = broadcaster
+        self.last_delivery = Delivery()
         self.failures = 0
         self.last_seconds = 0.0
         self.last_snapshot_seconds = 0.0
@@ -126,7 +136,7 @@ class WeightPublisher:
         With the push transports `wait` already means that. Returns the addresses still
         behind at the deadline (logged), [] when all serve it. Raises what `wait` raises."""
         self.wait()
-        versions = self.store.versions if self.transport == "pull" and self.store else []
+        versions = self.store.versions if self.transport in _HELD and self.store else []
         if not versions:
             return []
         version, deadline = versions[-1], time.monotonic() + self.timeout_s
@@ -158,6 +168,8 @@ class WeightPublisher:
 
     def _background(self, snapshot: dict, version: int, to_file: bool, start: float) -> None:
         try:
+            if self.transport == "broadcast":  # first: the READY workers get it soonest
+                self._broadcast(snapshot, version)
             payload = save_safetensors(snapshot)
             del snapshot
             sha = hashlib.sha256(payload).hexdigest()
@@ -169,7 +181,7 @@ class WeightPublisher:
                 sha256=sha,
                 uri=uri,
             )
-            if self.transport == "pull":  # held before announced: every reader finds it
+            if self.transport in _HELD:  # held before announced: every reader finds it
                 self.store.put(header, payload)
                 ref = WeightsRef(version, "", sha, len(payload), source=self.source)
                 self.state.set_latest_weights(ref)
@@ -182,6 +194,15 @@ class WeightPublisher:
         except Exception as exc:  # noqa: BLE001 - handed to the learner's thread by wait()
             log.exception("publishing policy version %d failed", version)
             self._error = exc
+
+    def _broadcast(self, snapshot: dict, version: int) -> None:
+        """Broadcast to the READY workers; a failure of the group itself is logged, not
+        raised: the version is still held and announced, and every worker pulls it."""
+        try:
+            self.last_delivery = self.broadcaster.send(snapshot, version)
+        except Exception:  # noqa: BLE001 - the pull path below still delivers the version
+            log.exception("broadcast of policy version %d failed; the workers pull it", version)
+            self.last_delivery = Delivery()
 
     def _write(self, payload: bytes, version: int) -> str:
         path = self.weights_dir / f"policy-v{version}.safetensors"

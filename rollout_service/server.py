@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.engines.api import (
     MAX_TEMPERATURE,
     Chunk,
@@ -22,7 +23,7 @@ from rollout_service.engines.api import (
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.weights import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
-from scalerl.rpc.errors import InvalidArgument
+from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
 from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
@@ -34,7 +35,8 @@ DEFAULT_INFLIGHT_WEIGHT_BYTES = 2 * 1024**3
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    """Generate / Interrupt / UpdateWeights / GetStatus over one engine.
+    """Generate / Interrupt / UpdateWeights / JoinWeightGroup / ReceiveWeights / GetStatus
+    over one engine.
 
     tokenizer: a `scalerl.policy.models.PolicyTokenizer` (for prompt_text and interrupt text).
     default_interrupt_text: forced phrase when a request leaves it empty.
@@ -44,6 +46,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     weights_root: the folder an UpdateWeights `uri` must lie in (None or "": `uri` refused).
     max_inflight_weight_bytes: streamed weight bytes buffered at once, over all concurrent
     UpdateWeights streams; one that does not fit is answered RESOURCE_EXHAUSTED.
+    broadcast: the worker's membership in the weight group (weight transport `broadcast`);
+    None: JoinWeightGroup and ReceiveWeights answer FAILED_PRECONDITION.
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         think_end: str = "",
         weights_root: str | None = None,
         max_inflight_weight_bytes: int = DEFAULT_INFLIGHT_WEIGHT_BYTES,
+        broadcast: BroadcastReceiver | None = None,
     ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
@@ -71,6 +76,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._metrics = metrics
         self._weights_root = weights_root or None
         self._weight_budget = ByteBudget(max_inflight_weight_bytes)
+        self._broadcast = broadcast
 
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
@@ -115,6 +121,30 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self._metrics.weight_update_seconds.observe(seconds)
         log.info("weights of policy version %d applied in %.3fs", version, seconds)
         return rollout_pb2.UpdateWeightsResponse(policy_version=version, seconds=seconds)
+
+    def JoinWeightGroup(
+        self, request: rollout_pb2.JoinWeightGroupRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.JoinWeightGroupResponse:
+        self._broadcast_receiver().join(request)
+        return rollout_pb2.JoinWeightGroupResponse(epoch=request.epoch, rank=request.rank)
+
+    def ReceiveWeights(
+        self, request: rollout_pb2.ReceiveWeightsRequest, context: grpc.ServicerContext
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        if request.version < 0:
+            raise InvalidArgument("version", f"must be >= 0, got {request.version}")
+        version, seconds = self._broadcast_receiver().receive(request.epoch, request.version)
+        if self._metrics is not None:
+            self._metrics.weight_update_seconds.observe(seconds)
+        log.info("broadcast weights of policy version %d applied in %.3fs", version, seconds)
+        return rollout_pb2.UpdateWeightsResponse(policy_version=version, seconds=seconds)
+
+    def _broadcast_receiver(self) -> BroadcastReceiver:
+        if self._broadcast is None:
+            raise FailedPrecondition(
+                "weight_transport: this worker is not configured for 'broadcast'"
+            )
+        return self._broadcast
 
     def GetStatus(
         self, request: rollout_pb2.GetRolloutStatusRequest, context: grpc.ServicerContext

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
+from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
@@ -83,6 +84,7 @@ class RolloutWorker:
         self.server = None
         self.health = None
         self.engine: RolloutEngine | None = None
+        self.broadcast: BroadcastReceiver | None = None  # weight transport `broadcast`
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
         self._startup_version = 0
@@ -99,6 +101,8 @@ class RolloutWorker:
         self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
         self._startup_version = self.engine.policy_version
+        if self.config.learner.weight_transport == "broadcast":
+            self.broadcast = BroadcastReceiver(self.engine)
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -110,6 +114,7 @@ class RolloutWorker:
             think_end=rollout.think_end,
             weights_root=self.config.security.weights_root,
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
+            broadcast=self.broadcast,
         )
         self.server, self.port, self.health = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
@@ -230,8 +235,9 @@ class RolloutWorker:
         ref = self._newer_file()
         if ref is None:
             return False
-        if ref.source:
-            version, seconds = pull_weights(ref, self.engine)
+        if ref.source:  # the broadcast's template is the layout of what was pulled
+            engine = self.broadcast.recording(self.engine) if self.broadcast else self.engine
+            version, seconds = pull_weights(ref, engine)
             log.info(
                 "pulled policy version %d (%d bytes) from %s in %.2fs",
                 version,
@@ -264,8 +270,10 @@ class RolloutWorker:
         It pulls only when it was behind at the previous check too, so the learner's
         regular push (announced just before it is sent) is not loaded twice. With `pull`
         nothing is pushed: every `POLL_S` seconds (at most) a newer announcement is
-        fetched at once. A failure is logged when it differs from the previous one."""
-        pull = self.config.learner.weight_transport == "pull"
+        fetched at once. So with `broadcast`, whose versions are announced only after the
+        broadcast: a member that got one is not behind, one the broadcast missed pulls.
+        A failure is logged when it differs from the previous one."""
+        pull = self.config.learner.weight_transport in ("pull", "broadcast")
         heartbeat = self.config.rollout.heartbeat_s
         period = min(POLL_S, heartbeat) if pull else heartbeat
         behind_before, failed = False, ""
@@ -291,6 +299,8 @@ class RolloutWorker:
             pass
         if self.server is not None:
             self.server.stop(grace=2).wait()
+        if self.broadcast is not None:
+            self.broadcast.close()
         if self.engine is not None:
             self.engine.stop()
 

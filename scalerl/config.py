@@ -224,12 +224,36 @@ class LearnerConfig(_Section):
         description="Also checkpoint when this many minutes passed since the last "
         "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
     )
-    weight_transport: Literal["stream", "uri", "pull"] = Field(
+    weight_transport: Literal["stream", "uri", "pull", "broadcast"] = Field(
         "uri",
         description="How new weights reach the workers: uri = a file on shared storage the "
         "workers load; stream = the learner pushes gRPC chunks to each worker in turn; "
         "pull = the learner holds the newest two versions in RAM and every worker fetches "
-        "the latest itself (FetchWeights, checksummed chunks; no shared disk).",
+        "the latest itself (FetchWeights, checksummed chunks; no shared disk); broadcast = "
+        "one torch.distributed broadcast per tensor to every READY worker (an epoch-numbered "
+        "group, rebuilt when the READY set changes), pull for joiners and for members that "
+        "miss the deadline.",
+    )
+    broadcast_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port of the broadcast group's store, served by the learner "
+        "(weight_transport broadcast; 0 = a free port chosen at start, fine on one machine; "
+        "set it where a firewall or a Service must name it).",
+    )
+    broadcast_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; the "
+        "workers' engines on GPUs too); auto = nccl when the learner's device is CUDA.",
+    )
+    broadcast_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Deadline of the broadcast group's join and of each collective, the "
+        "largest tensor's transfer included (seconds); a member that misses it is dropped "
+        "from the epoch and pulls.",
     )
     batch_timeout_s: float = Field(
         3600.0,

@@ -12,6 +12,7 @@ The points (where they sit is in each caller's code):
 - learner.step.acked      after the acknowledgement, before the step's record is written
 - checkpoint.written      the new checkpoint is complete in `checkpoint.tmp/`, not renamed
 - checkpoint.swapped      the old checkpoint moved to `checkpoint.old/`, the new not in place
+- weight_group.tensor     a broadcast receiver got one more tensor of a version (mid-broadcast)
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from collections import Counter
 CRASH_AT_ENV = "SCALERL_CRASH_AT"
 CRASH_MARKER_ENV = "SCALERL_CRASH_MARKER"
 POINTS = frozenset(
-    {"learner.step.trained", "learner.step.acked", "checkpoint.written", "checkpoint.swapped"}
+    {
+        "learner.step.trained",
+        "learner.step.acked",
+        "checkpoint.written",
+        "checkpoint.swapped",
+        "weight_group.tensor",
+    }
 )
 
 log = logging.getLogger(__name__)

@@ -48,6 +48,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scalerl.crash_points import crash_point
+
 BACKENDS = ("gloo", "nccl")
 ROOT_RANK = 0
 MAX_PORT = 65535
@@ -242,6 +244,7 @@ class WeightGroup:
             raw = torch.empty(spec.nbytes, dtype=torch.uint8, device=self._device)
             self._move_tensor(spec.name, raw)
             received[spec.name] = raw.view(spec.dtype).reshape(spec.shape)
+            crash_point("weight_group.tensor")
         rejected = [
             spec.name
             for spec in specs

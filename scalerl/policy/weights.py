@@ -50,6 +50,33 @@ def snapshot_state_dict(
     the generator must receive it unrounded). `lm_head.weight` is skipped when it shares
     storage with `model.embed_tokens.weight` (tied embeddings). The copy is taken now:
     later optimizer steps do not change it."""
+    return {
+        name: tensor.detach().to("cpu", target, copy=True).contiguous()
+        for name, tensor, target in _wire_tensors(model_or_sd, dtype, keep_fp32)
+    }
+
+
+def wire_layout(
+    model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
+    dtype: torch.dtype | str | None = None,
+    keep_fp32: Collection[str] = (),
+) -> dict[str, torch.Tensor]:
+    """The names, shapes and dtypes `snapshot_state_dict` gives for the same arguments, as
+    tensors on the meta device (no memory): what a receiver of broadcast weights expects
+    (`scalerl.policy.weight_group`'s template)."""
+    return {
+        name: torch.empty(tensor.shape, dtype=target, device="meta")
+        for name, tensor, target in _wire_tensors(model_or_sd, dtype, keep_fp32)
+    }
+
+
+def _wire_tensors(
+    model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
+    dtype: torch.dtype | str | None,
+    keep_fp32: Collection[str],
+) -> Iterator[tuple[str, torch.Tensor, torch.dtype]]:
+    """(name, tensor, dtype on the wire) of every tensor sent: the rule of
+    `snapshot_state_dict`."""
     if isinstance(model_or_sd, torch.nn.Module):
         state = model_or_sd.state_dict()
     else:
@@ -58,14 +85,10 @@ def snapshot_state_dict(
         dtype = getattr(torch, dtype)
     head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
     tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
-    snapshot = {}
     for name, tensor in state.items():
         if tied and name == "lm_head.weight":
             continue
-        target = torch.float32 if name in keep_fp32 else (dtype or tensor.dtype)
-        copy = tensor.detach().to("cpu", target, copy=True)
-        snapshot[name] = copy.contiguous()
-    return snapshot
+        yield name, tensor, torch.float32 if name in keep_fp32 else (dtype or tensor.dtype)
 
 
 def serialize_state_dict(

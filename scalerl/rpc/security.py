@@ -35,6 +35,8 @@ PRIVILEGED_METHODS = frozenset(
         "/scalerl.v1.RolloutService/Generate",
         "/scalerl.v1.RolloutService/Interrupt",
         "/scalerl.v1.RolloutService/UpdateWeights",
+        "/scalerl.v1.RolloutService/JoinWeightGroup",
+        "/scalerl.v1.RolloutService/ReceiveWeights",
         "/scalerl.v1.LearnerService/FetchWeights",
         "/scalerl.v1.CurveService/RecordPoint",
         "/scalerl.v1.CurveService/TrimRun",

@@ -134,6 +134,40 @@ class UpdateWeightsResponse(_message.Message):
     seconds: float
     def __init__(self, policy_version: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
+class JoinWeightGroupRequest(_message.Message):
+    __slots__ = ("epoch", "host", "port", "rank", "world_size", "timeout_s", "backend")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    timeout_s: float
+    backend: str
+    def __init__(self, epoch: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class JoinWeightGroupResponse(_message.Message):
+    __slots__ = ("epoch", "rank")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    rank: int
+    def __init__(self, epoch: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class ReceiveWeightsRequest(_message.Message):
+    __slots__ = ("epoch", "version")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    version: int
+    def __init__(self, epoch: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
 class GetRolloutStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

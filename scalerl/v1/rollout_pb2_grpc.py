@@ -54,6 +54,16 @@ class RolloutServiceStub:
                 request_serializer=scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusResponse.FromString,
                 _registered_method=True)
+        self.JoinWeightGroup = channel.unary_unary(
+                '/scalerl.v1.RolloutService/JoinWeightGroup',
+                request_serializer=scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.ReceiveWeights = channel.unary_unary(
+                '/scalerl.v1.RolloutService/ReceiveWeights',
+                request_serializer=scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -83,6 +93,23 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWeightGroup(self, request, context):
+        """Privileged. Weight transport `broadcast`: join an epoch of the weight group; returns
+        once every member joined (UNAVAILABLE naming the epoch when one did not in time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReceiveWeights(self, request, context):
+        """Privileged. Receive one broadcast version; returns after the swap (UNAVAILABLE when
+        the epoch failed, DATA_LOSS for a checksum mismatch, FAILED_PRECONDITION for a
+        layout mismatch or another epoch). Nothing is staged unless every tensor verified.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +132,16 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusResponse.SerializeToString,
+            ),
+            'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWeightGroup,
+                    request_deserializer=scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.SerializeToString,
+            ),
+            'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveWeights,
+                    request_deserializer=scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +252,60 @@ class RolloutService:
             '/scalerl.v1.RolloutService/GetStatus',
             scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusRequest.SerializeToString,
             scalerl_dot_v1_dot_rollout__pb2.GetRolloutStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.RolloutService/JoinWeightGroup',
+            scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+            scalerl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.RolloutService/ReceiveWeights',
+            scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
+            scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

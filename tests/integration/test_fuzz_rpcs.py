@@ -54,6 +54,8 @@ RPCS = [
     (rollout_pb2, "RolloutService", "Interrupt", "InterruptRequest", False, False),
     (rollout_pb2, "RolloutService", "UpdateWeights", "UpdateWeightsRequest", True, False),
     (rollout_pb2, "RolloutService", "GetStatus", "GetRolloutStatusRequest", False, False),
+    (rollout_pb2, "RolloutService", "JoinWeightGroup", "JoinWeightGroupRequest", False, False),
+    (rollout_pb2, "RolloutService", "ReceiveWeights", "ReceiveWeightsRequest", False, False),
     (curve_pb2, "CurveService", "Fit", "FitRequest", False, False),
     (curve_pb2, "CurveService", "Extrapolate", "ExtrapolateRequest", False, False),
     (curve_pb2, "CurveService", "RecordPoint", "RecordPointRequest", False, False),
@@ -64,7 +66,7 @@ RPCS = [
     (learner_pb2, "LearnerService", "FetchWeights", "FetchWeightsRequest", False, True),
 ]
 # Reply types not named after their request (`...Request` -> `...Response`).
-REPLY_TYPES = {"FetchWeights": "FetchWeightsChunk"}
+REPLY_TYPES = {"FetchWeights": "FetchWeightsChunk", "ReceiveWeights": "UpdateWeightsResponse"}
 IDS = [f"{service}.{method}" for _, service, method, *_ in RPCS]
 
 
@@ -99,6 +101,9 @@ VALID = {
     "TrimRun": curve_pb2.TrimRunRequest(run_id="r1", max_compute=1.0),
     "GetRun": curve_pb2.GetRunRequest(run_id="r1"),
     "FetchWeights": learner_pb2.FetchWeightsRequest(version=1, offset=10),
+    # The fuzzed worker has no weight group (transport uri): FAILED_PRECONDITION after
+    # the checks that come first.
+    "ReceiveWeights": rollout_pb2.ReceiveWeightsRequest(epoch=1, version=2),
     "CompareRuns": curve_pb2.CompareRunsRequest(runs=[_fit_request(), _fit_request(0.9)]),
 }
 

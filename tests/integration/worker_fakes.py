@@ -26,6 +26,7 @@ def make_worker(
     """Worker "w0" at 127.0.0.1:5000 over `engine`, SYNCING, k = 2."""
     worker = object.__new__(RolloutWorker)
     worker.engine = engine
+    worker.broadcast = None
     worker.state = RunState(client, run_id)
     worker.registry = WorkerRegistry(client, run_id)
     worker.stats = WorkerStats(client, run_id)

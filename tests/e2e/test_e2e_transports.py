@@ -1,6 +1,7 @@
-"""End to end with `learner.weight_transport=pull`: no weights file is written; every
-worker fetches each new version from the learner's FetchWeights and trains the tiny job
-through to its end."""
+"""End to end without shared disk: the tiny job trains through to its end with
+`learner.weight_transport=pull` (every worker fetches each new version from the learner's
+FetchWeights) and with `broadcast` (workers pull v0 to join, then the learner's weight
+group broadcasts every version to the READY ones)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 15
 PULLED = re.compile(r"pulled policy version (\d+) \(\d+ bytes\) from grpc://127\.0\.0\.1:\d+")
+BROADCAST = re.compile(r"broadcast weights of policy version (\d+) applied")
+EPOCH = re.compile(r"weight group epoch (\d+) formed: (.*)")
 
 
-def test_tiny_run_with_pull_transport(tmp_path):
+@pytest.mark.parametrize("transport", [pytest.param("pull", marks=pytest.mark.slow), "broadcast"])
+def test_tiny_run_without_shared_disk(tmp_path, transport):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
     args += ["--run-dir", str(run_dir)]
     # A shorter warm-up than the tiny job's: this run checks the transport, not the learning.
     overrides = (
-        "learner.weight_transport=pull",
+        f"learner.weight_transport={transport}",
         f"learner.max_steps={STEPS}",
         "model.warmup_steps=100",
     )
@@ -43,4 +47,11 @@ def test_tiny_run_with_pull_transport(tmp_path):
         log = (run_dir / "logs" / f"{worker}.log").read_text()
         pulled = [int(v) for v in PULLED.findall(log)]
         assert pulled[:1] == [0], f"{worker} did not start on a pulled v0: {log[-2000:]}"
-        assert pulled == sorted(set(pulled)) and pulled[-1] >= STEPS // 2, pulled
+        received = sorted(pulled + [int(v) for v in BROADCAST.findall(log)])
+        assert received == sorted(set(received)) and received[-1] >= STEPS // 2, received
+        if transport == "broadcast":  # after v0 the group delivers (a pull is a fallback)
+            assert len(received) - len(pulled) >= STEPS // 2, (pulled, received)
+    if transport == "broadcast":
+        learner_log = (run_dir / "logs" / "learner.log").read_text()
+        epochs = EPOCH.findall(learner_log)
+        assert epochs and epochs[-1][1] == "rollout-0, rollout-1", epochs
