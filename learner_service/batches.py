@@ -1,7 +1,9 @@
 """The learner's batches from the replay stream: admissible groups in, stale groups
 acknowledged and counted, malformed ones moved to the dead-letter stream, PPO generation
-tickets re-issued when their groups went missing (paper Sec. 3.1 off-policy modes), and
-the per-batch counts of the step record.
+tickets re-issued when their groups went missing (paper Sec. 3.1 off-policy modes: those
+of a worker whose registration expired within seconds, `learner_service.ticket_reclaim`;
+any still missing after `refill_s` as the last resort), and the per-batch counts of the
+step record.
 
 Every wait is bounded: a batch wait ends at the learner's `max_minutes` deadline, or
 when no admissible group arrived for `timeout_s` seconds (every worker gone or wedged);
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from learner_service.group_check import group_problem
 from learner_service.metrics import LearnerMetrics
+from learner_service.ticket_reclaim import TicketReclaimer
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
@@ -29,10 +32,12 @@ class BatchCollector:
     """Reads batches for the one learner consumer of `replay`.
 
     ppo: PPO-off-policy-k mode, where a batch is the k x P groups of generation tickets
-    for one version; when no group arrived for `refill_s` seconds (a worker died with
-    reserved tickets) the missing tickets are issued again. group_size: the run's G
-    (groups of another size are dead-lettered). timeout_s: longest wait without an
-    admissible group, seconds. clock: monotonic seconds.
+    for one version; `reclaimer` (None: none) re-issues the tickets of a worker whose
+    registration expired while the collector waits, and, the last resort, when no group
+    arrived for `refill_s` seconds every missing ticket is issued again (e.g. a worker
+    that still beats but is wedged). group_size: the run's G (groups of another size are
+    dead-lettered). timeout_s: longest wait without an admissible group, seconds. clock:
+    monotonic seconds.
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class BatchCollector:
         timeout_s: float = 3600.0,
         read_block_ms: int = 500,
         clock: Callable[[], float] = time.monotonic,
+        reclaimer: TicketReclaimer | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
@@ -58,6 +64,7 @@ class BatchCollector:
         self.timeout_s = timeout_s
         self.read_block_ms = read_block_ms
         self.clock = clock
+        self.reclaimer = reclaimer
         self.stale_total = 0  # groups dropped as stale, run total (restored on resume)
         self.future_total = 0  # groups from versions above the learner's, run total
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
@@ -115,15 +122,24 @@ class BatchCollector:
                     self.metrics.count_stale_group()
                     self.replay.ack([entry_id], "stale")
             self._count_dead_letters()
-            if self.ppo and self.clock() - last_arrival > self.refill_s:
-                missing = want - len(groups)
-                log.warning("no group for %.0fs: re-issuing %d tickets", self.refill_s, missing)
-                self.state.add_generation_quota(version, missing)
-                last_arrival = self.clock()
+            if self.ppo and self._reissue_tickets(version, want - len(groups), last_arrival):
+                last_arrival = self.clock()  # the refill waits refill_s for these first
         self.wait_seconds = self.clock() - wait_start
         if len(groups) < want:
             return [], []
         return groups, entry_ids
+
+    def _reissue_tickets(self, version: int, missing: int, last_arrival: float) -> bool:
+        """PPO-off-policy-k: re-issue the tickets of workers whose registration expired,
+        or, when no group arrived for `refill_s` seconds, every missing one. True if any
+        tickets were re-issued."""
+        if self.reclaimer is not None and self.reclaimer.check(version) > 0:
+            return True
+        if self.clock() - last_arrival <= self.refill_s:
+            return False
+        log.warning("no group for %.0fs: re-issuing %d tickets", self.refill_s, missing)
+        self.state.add_generation_quota(version, missing)
+        return True
 
     def _give_up_reason(
         self, want: int, have: int, last_admitted: float, deadline: float | None

@@ -41,6 +41,7 @@ from learner_service.publish import WeightPublisher
 from learner_service.records import StepRecord, append_record
 from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
+from learner_service.ticket_reclaim import TicketReclaimer
 from learner_service.timing import LearnerTiming
 from learner_service.trainer import Trainer
 from learner_service.warmup import supervised_warmup
@@ -114,6 +115,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             ppo=self._ppo,
             group_size=config.rollout.group_size,
             timeout_s=config.learner.batch_timeout_s,
+            reclaimer=TicketReclaimer(self.state, self.registry, config.rollout.heartbeat_s)
+            if self._ppo
+            else None,
         )
         self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
         self._closing = threading.Event()

@@ -8,7 +8,9 @@ waits while the stream is at capacity, which is what bounds off-policyness (Pipe
 With PPO-off-policy-k (paper Sec. 3.1) a group is started only with a generation ticket for
 the policy version now serving (`RunState.take_generation_ticket`): the learner hands out
 k x batch_prompts tickets per published version, so one frozen policy generates exactly
-the batch that the learner then splits into k minibatches.
+the batch that the learner then splits into k minibatches. A ticket counts as held by
+this worker until its group is pushed (the push settles it) or the ticket is given back;
+what a dead worker held is re-issued by the learner once its registration expires.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class ActorLoop:
         `leave()` (the worker leaves the fleet: `_leave` within `grace_s` seconds, after
         `on_leave()`)."""
         in_flight: list[_GroupInFlight] = []
+        self._give_back_predecessors_tickets()
         try:
             while not should_stop():
                 if leave is not None and leave():
@@ -160,14 +163,35 @@ class ActorLoop:
         if self.config.learner.off_policy_mode != "ppo":
             return
         for group in groups:
-            self.state.add_generation_quota(group.submitted_version, 1)
+            self.state.give_back_generation_tickets(group.submitted_version, self.worker_id)
+
+    def _give_back_predecessors_tickets(self) -> None:
+        """PPO-off-policy-k: tickets held under this worker id when this process starts
+        were taken by an earlier process under the same id (a worker restarted after a
+        crash), whose groups will never come; they are returned at once, since the
+        registration they would have expired with is this process's now."""
+        if self.config.learner.off_policy_mode != "ppo":
+            return
+        tickets = self.state.generation_tickets()
+        held = tickets.held.get(self.worker_id, 0)
+        if tickets.version is None or held == 0:
+            return
+        returned = self.state.give_back_generation_tickets(tickets.version, self.worker_id, held)
+        if returned:
+            log.warning(
+                "re-issued %d generation tickets of policy version %d that an earlier "
+                "process of worker %s held",
+                returned,
+                tickets.version,
+                self.worker_id,
+            )
 
     def _may_start(self) -> bool:
         """Always under PipelineRL-k; under PPO-off-policy-k only with a ticket for the
         policy version now serving."""
         if self.config.learner.off_policy_mode != "ppo":
             return True
-        return self.state.take_generation_ticket(self.engine.policy_version)
+        return self.state.take_generation_ticket(self.engine.policy_version, self.worker_id)
 
     def _start_group(self) -> _GroupInFlight:
         prompt_id = self.pool.sample(1, self.rng)[0]
@@ -203,9 +227,18 @@ class ActorLoop:
         if not is_admissible(
             learner_version, message.min_policy_version, self.config.learner.off_policy_k
         ):
-            self.groups_dropped_stale += 1  # the learner would drop it anyway
+            # The learner would drop it anyway. Its PPO ticket stays counted as held: the
+            # learner is past the ticket's version, so a newer quota has already replaced
+            # that count and nothing of it can be re-issued.
+            self.groups_dropped_stale += 1
             return
-        self.replay.push(message, timeout_s=timeout_s, should_stop=should_stop)
+        ppo = self.config.learner.off_policy_mode == "ppo"
+        self.replay.push(
+            message,
+            timeout_s=timeout_s,
+            should_stop=should_stop,
+            ticket_version=group.submitted_version if ppo else None,
+        )
         self.groups_pushed += 1
 
 

@@ -73,6 +73,7 @@ class RunKeys:
         self.policy_version = run_key(run_id, "state", "policy_version")
         self.latest_weights = run_key(run_id, "state", "latest_weights")
         self.stop = run_key(run_id, "state", "stop")
+        # PPO-off-policy-k quota (hash: version, remaining, held:{worker_id} -> tickets held).
         self.generation_quota = run_key(run_id, "state", "generation_quota")
         # Worker registry: `workers:{worker_id}` -> JSON (address, progress), heartbeat TTL.
         self.workers_prefix = run_key(run_id, "workers") + ":"
@@ -85,3 +86,8 @@ class RunKeys:
         # The curve service's copy of the run's points and fit metadata.
         self.curve_points = run_key(run_id, "curve", "points")
         self.curve_meta = run_key(run_id, "curve", "meta")
+
+    def worker(self, worker_id: str) -> str:
+        """One worker's registry key, `workers:{worker_id}`. Raises ValueError for a
+        worker_id outside `WORKER_ID_PATTERN`."""
+        return self.workers_prefix + check_worker_id(worker_id)

@@ -86,7 +86,8 @@ class WorkerRegistry:
         if stall_s is not None and not (isinstance(stall_s, Real) and stall_s > 0):
             raise ValueError(f"stall_s must be a number > 0 seconds or None, got {stall_s!r}")
         self._client = client
-        self._prefix = RunKeys(run_id).workers_prefix
+        self._keys = RunKeys(run_id)
+        self._prefix = self._keys.workers_prefix
         self._stall_s = stall_s
         self._clock = clock
         self._stalled_logged: set[str] = set()
@@ -109,7 +110,7 @@ class WorkerRegistry:
         if progress is not None:
             value["progress"] = asdict(progress)
         self._client.set(
-            self._prefix + worker_id, json.dumps(value), px=max(1, round(ttl_s * 1000))
+            self._keys.worker(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000))
         )
 
     def states(self) -> dict[str, WorkerInfo]:
@@ -151,8 +152,7 @@ class WorkerRegistry:
 
     def remove(self, worker_id: str) -> bool:
         """Deregister (clean shutdown). Returns False when it was not registered."""
-        check_worker_id(worker_id)
-        return bool(self._client.delete(self._prefix + worker_id))
+        return bool(self._client.delete(self._keys.worker(worker_id)))
 
 
 def _parse(value: bytes) -> WorkerInfo:

@@ -7,6 +7,9 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
   for PipelineRL-k (ScaleRL paper Sec. 3.1). The length check and XADD run in one Lua script,
   so concurrent producers can never overshoot. The seconds they wait are summed
   (`push_blocked_seconds`): the generator throttle that sizes the fleet (`scalerl.fleet`).
+- PPO-off-policy-k tickets: a group pushed with its generation ticket's version settles
+  that ticket in the push script (`scalerl.state.run_state`), so a worker that dies after
+  the push does not have it re-issued.
 - Crash-safe: the learner reads through a consumer group and calls `ack` only after the
   optimizer step that used the entries; `ack` removes them (XACK + XDEL in one MULTI), which
   is also what frees capacity. Entries read but not yet acknowledged still count.
@@ -39,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
+from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA, held_field
 from scalerl.state.worker_stats import stat_field
 from scalerl.v1 import rollout_pb2
 
@@ -53,16 +57,27 @@ _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.1
 
 # Atomic bounded append, counted in the ledger and in the pushing worker's stats
-# (`scalerl.state.worker_stats`): returns the new entry id, or nil (None) when full.
-_PUSH_LUA = """
+# (`scalerl.state.worker_stats`), and, under PPO-off-policy-k, settling the group's
+# generation ticket (`scalerl.state.run_state`): returns the new entry id, or nil (None)
+# when full. The ticket is settled here, not by the worker after the push returns: a
+# worker killed between the two would leave a pushed group's ticket counted as held, and
+# the learner would re-issue it when the registration expires (one group too many of
+# that version, a group of the next batch displaced). In one script, a group is either
+# in the stream or its ticket is still held, never both.
+_PUSH_LUA = (
+    """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   return false
 end
 local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'pushed', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+"""
+    + SETTLE_PUSHED_TICKET_LUA
+    + """
 return id
 """
+)
 
 # Acknowledge and delete entries, counting in the ledger under ARGV[2] those this call
 # deleted (a repeated call, e.g. a client's retry after a lost reply, counts nothing).
@@ -164,6 +179,7 @@ class ReplayStream:
         self._dead_letter_key = keys.replay_dead_letter
         self._ledger_key = keys.replay_ledger
         self._worker_stats_key = keys.worker_stats
+        self._quota_key = keys.generation_quota
         self._capacity = capacity
         self._group = group
         self._claim_idle_ms = int(claim_idle_ms)
@@ -212,16 +228,25 @@ class ReplayStream:
         ]
         return max(versions, default=None)
 
-    def try_push(self, group: rollout_pb2.RolloutGroup) -> str | None:
-        """One atomic attempt: the new entry id, or None when the stream is full."""
+    def try_push(
+        self, group: rollout_pb2.RolloutGroup, ticket_version: int | None = None
+    ) -> str | None:
+        """One atomic attempt: the new entry id, or None when the stream is full.
+
+        `ticket_version`: the policy version of the PPO-off-policy-k generation ticket
+        `group.worker_id` took for this group (None: no ticket, PipelineRL-k); the push
+        settles it, unless the quota is for another version by now. Raises ValueError for
+        a negative ticket_version or, with one, a malformed worker_id."""
         payload = _serialize(group)
+        ticket = _ticket_args(group.worker_id, ticket_version)
         entry_id = self._push_script(
-            keys=[self._key, self._ledger_key, self._worker_stats_key],
+            keys=[self._key, self._ledger_key, self._worker_stats_key, self._quota_key],
             args=[
                 self._capacity,
                 ENTRY_FIELD,
                 payload,
                 stat_field(group.worker_id, "groups_pushed"),
+                *ticket,
             ],
         )
         return None if entry_id is None else text(entry_id)
@@ -231,24 +256,26 @@ class ReplayStream:
         group: rollout_pb2.RolloutGroup,
         timeout_s: float | None = None,
         should_stop: Callable[[], bool] | None = None,
+        ticket_version: int | None = None,
     ) -> str:
-        """Append `group`, waiting (polling 5-100 ms) while the stream is at capacity.
+        """Append `group`, waiting (polling 5-100 ms) while the stream is at capacity;
+        `ticket_version` as in `try_push`.
 
         Returns the entry id. The seconds from the first attempt that found the stream
         full until the call ends (pushed, aborted or timed out) are added to
         `push_blocked_seconds`. Raises TimeoutError after `timeout_s` seconds (None = wait
         forever), PushAborted as soon as `should_stop()` returns True, TypeError when `group`
-        is not a RolloutGroup.
+        is not a RolloutGroup, ValueError as `try_push`.
         """
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        entry_id = self.try_push(group)
+        entry_id = self.try_push(group, ticket_version)
         if entry_id is not None:
             return entry_id
         blocked_from = time.monotonic()
         try:
-            return self._push_when_room(group, deadline, timeout_s, should_stop)
+            return self._push_when_room(group, deadline, timeout_s, should_stop, ticket_version)
         finally:
             with self._lock:
                 self._push_blocked_s += time.monotonic() - blocked_from
@@ -259,6 +286,7 @@ class ReplayStream:
         deadline: float | None,
         timeout_s: float | None,
         should_stop: Callable[[], bool] | None,
+        ticket_version: int | None,
     ) -> str:
         """`push`'s wait on a full stream: poll (5-100 ms, doubling) until an attempt
         succeeds, `should_stop()` or the monotonic `deadline`."""
@@ -274,7 +302,7 @@ class ReplayStream:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             time.sleep(sleep_s if remaining is None else min(sleep_s, remaining))
             sleep_s = min(sleep_s * 2, _POLL_MAX_S)
-            entry_id = self.try_push(group)
+            entry_id = self.try_push(group, ticket_version)
             if entry_id is not None:
                 return entry_id
 
@@ -492,6 +520,17 @@ def replay_accounting(client: redis.Redis, run_id: str) -> dict[str, int]:
     out = {"pushed": pushed, **dict(sorted(counts.items())), "queued": int(queued)}
     out["unaccounted"] = pushed - sum(counts.values()) - int(queued)
     return out
+
+
+def _ticket_args(worker_id: str, ticket_version: int | None) -> tuple[str, str]:
+    """The push script's ARGV[5:7]: the ticket's version ("" = none) and held field."""
+    if ticket_version is None:
+        return "", ""
+    if isinstance(ticket_version, bool) or not isinstance(ticket_version, int):
+        raise ValueError(f"ticket_version must be an integer >= 0 or None, got {ticket_version!r}")
+    if ticket_version < 0:
+        raise ValueError(f"ticket_version must be an integer >= 0 or None, got {ticket_version}")
+    return str(ticket_version), held_field(worker_id)
 
 
 def _serialize(group: rollout_pb2.RolloutGroup) -> bytes:

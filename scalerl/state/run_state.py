@@ -3,7 +3,15 @@ the PPO-off-policy-k generation quota. ARCHITECTURE sec. 4.
 
 Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash: version,
 uri, sha256, total_bytes, source; a hash written before `source` existed reads as source
-""), `stop`, `generation_quota` (hash: version, remaining; PPO-off-policy-k only).
+""), `stop`, `generation_quota` (hash: version, remaining, and `held:{worker_id}` = the
+tickets of that version a worker took and has neither pushed nor given back;
+PPO-off-policy-k only).
+
+The held counts are what lets the learner re-issue a dead worker's tickets once its
+registration expires (`learner_service.ticket_reclaim`) without re-issuing any ticket
+twice: every change to them is one script together with the change to `remaining`, and
+they live in the quota's own hash, so a new version's quota (which rewrites the hash)
+drops them with the old version.
 """
 
 from __future__ import annotations
@@ -13,25 +21,84 @@ from dataclasses import dataclass
 
 import redis
 
-from scalerl.state.keys import RunKeys
+from scalerl.state.keys import RunKeys, check_worker_id
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
 SOURCE_RE = re.compile(r"^grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 
-# Take one generation ticket for the policy version in ARGV[1]: 1 if the quota is for that
-# version and not used up, else 0. One script, so concurrent workers never overdraw it.
+HELD_PREFIX = "held:"  # quota hash field prefix of a worker's held tickets
+
+# Take one generation ticket for the policy version in ARGV[1], held by the worker whose
+# field is ARGV[2]: 1 if the quota is for that version and not used up, else 0. One
+# script, so concurrent workers never overdraw it and the held count is never behind.
 _TAKE_TICKET_LUA = """
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'remaining') or '0') <= 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'remaining', -1)
+redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
 return 1
 """
-# Add ARGV[2] tickets if the quota is still for version ARGV[1]; returns the new remainder.
+# The last resort's blanket re-issue: add ARGV[2] tickets if the quota is still for
+# version ARGV[1] and forget every held count (those tickets are among the ones added, so
+# a holder whose registration expires later must not have them issued a second time).
+# Returns the new remainder, or -1 when the quota is for another version.
 _ADD_TICKETS_LUA = """
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return -1 end
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(field, 1, #ARGV[3]) == ARGV[3] then redis.call('HDEL', KEYS[1], field) end
+end
 return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[2])
 """
+# Move at most ARGV[3] of the tickets held under field ARGV[2] back into the quota, if it
+# is still for version ARGV[1] and, when KEYS[2] (the worker's registration) is given,
+# that registration has expired. Never more than are held, so a ticket cannot come back
+# twice (given back by a worker and re-issued for it). Returns the number moved.
+_RETURN_HELD_LUA = """
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+if #KEYS > 1 and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[2]) or '0')
+local n = math.min(held, tonumber(ARGV[3]))
+if n <= 0 then return 0 end
+if n == held then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  redis.call('HINCRBY', KEYS[1], ARGV[2], -n)
+end
+redis.call('HINCRBY', KEYS[1], 'remaining', n)
+return n
+"""
+# The Lua that settles one held ticket of a pushed group, for the replay stream's push
+# script (`scalerl.state.replay`): KEYS[4] the quota, ARGV[5] the ticket's version ("" =
+# no ticket), ARGV[6] the worker's held field. Nothing when the quota moved on.
+SETTLE_PUSHED_TICKET_LUA = """
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[4], 'version') == ARGV[5] then
+  local held = tonumber(redis.call('HGET', KEYS[4], ARGV[6]) or '0')
+  if held > 1 then
+    redis.call('HINCRBY', KEYS[4], ARGV[6], -1)
+  elseif held == 1 then
+    redis.call('HDEL', KEYS[4], ARGV[6])
+  end
+end
+"""
+
+
+def held_field(worker_id: str) -> str:
+    """The quota hash field of the tickets `worker_id` holds. Raises ValueError for a
+    worker_id outside `scalerl.state.keys.WORKER_ID_PATTERN`."""
+    return HELD_PREFIX + check_worker_id(worker_id)
+
+
+@dataclass(frozen=True)
+class GenerationTickets:
+    """The PPO-off-policy-k quota as one read sees it: `version` it is for (None before
+    the first quota), `remaining` tickets not yet taken, and `held`: worker_id -> tickets
+    of that version taken and neither pushed nor given back (workers holding none left
+    out)."""
+
+    version: int | None
+    remaining: int
+    held: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -91,8 +158,10 @@ class RunState:
         self._weights = keys.latest_weights
         self._stop = keys.stop
         self._quota = keys.generation_quota
+        self._keys = keys
         self._take_ticket = client.register_script(_TAKE_TICKET_LUA)
         self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
+        self._return_held = client.register_script(_RETURN_HELD_LUA)
 
     def get_policy_version(self) -> int:
         """The learner's current policy version; 0 before the first step."""
@@ -149,27 +218,69 @@ class RunState:
 
     def set_generation_quota(self, version: int, groups: int) -> None:
         """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated
-        with policy `version`, and none with any other. Replaces the previous quota.
+        with policy `version`, and none with any other. Replaces the previous quota and
+        its held counts (one MULTI: no worker sees the new version with old counts).
 
         Raises:
             ValueError: a negative version or a groups count < 0.
         """
         _check_count("version", version)
         _check_count("groups", groups)
-        self._client.hset(self._quota, mapping={"version": version, "remaining": groups})
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self._quota)
+            pipe.hset(self._quota, mapping={"version": version, "remaining": groups})
+            pipe.execute()
 
     def add_generation_quota(self, version: int, groups: int) -> int:
-        """Allow `groups` more groups at `version` (to replace groups lost with a worker).
-        Returns the new remainder, or -1 when the quota is no longer for `version`."""
+        """Allow `groups` more groups at `version`: the learner's last-resort refill when no
+        group arrived for minutes. The held counts are forgotten (the added tickets stand
+        in for them). Returns the new remainder, or -1 when the quota is no longer for
+        `version`. Raises ValueError for a negative version or groups."""
         _check_count("version", version)
         _check_count("groups", groups)
-        return int(self._add_tickets(keys=[self._quota], args=[version, groups]))
+        return int(self._add_tickets(keys=[self._quota], args=[version, groups, HELD_PREFIX]))
 
-    def take_generation_ticket(self, version: int) -> bool:
-        """Reserve one group's generation at `version`; False when the quota is for another
-        version or used up (the worker then waits for new weights)."""
+    def take_generation_ticket(self, version: int, worker_id: str) -> bool:
+        """Reserve one group's generation at `version` for `worker_id` (counted as held
+        by it until the group is pushed or the ticket given back); False when the quota
+        is for another version or used up (the worker then waits for new weights).
+        Raises ValueError for a negative version or a malformed worker_id."""
         _check_count("version", version)
-        return bool(self._take_ticket(keys=[self._quota], args=[version]))
+        return bool(self._take_ticket(keys=[self._quota], args=[version, held_field(worker_id)]))
+
+    def give_back_generation_tickets(self, version: int, worker_id: str, groups: int = 1) -> int:
+        """Return the tickets of `groups` groups at `version` that `worker_id` will not
+        push, so another worker makes them. At most what it holds comes back (a ticket
+        already re-issued for it is not returned twice). Returns the number returned: 0
+        when the quota moved on or it holds none. Raises ValueError as
+        `take_generation_ticket`, or for a negative groups."""
+        _check_count("version", version)
+        _check_count("groups", groups)
+        reply = self._return_held(keys=[self._quota], args=[version, held_field(worker_id), groups])
+        return int(reply)
+
+    def reissue_expired_tickets(self, version: int, worker_id: str) -> int:
+        """Move every ticket `worker_id` holds at `version` back into the quota if its
+        registration (`scalerl.state.registry`) has expired: checked in the same script,
+        so a worker that beats again in between keeps its tickets. Returns the number
+        re-issued (0: alive, none held, or the quota is for another version). Raises
+        ValueError as `take_generation_ticket`."""
+        _check_count("version", version)
+        reply = self._return_held(
+            keys=[self._quota, self._keys.worker(worker_id)],
+            args=[version, held_field(worker_id), _ALL],
+        )
+        return int(reply)
+
+    def generation_tickets(self) -> GenerationTickets:
+        """The quota's version, remainder and held counts, read in one HGETALL."""
+        fields = {k.decode(): int(v) for k, v in self._client.hgetall(self._quota).items()}
+        held = {
+            name.removeprefix(HELD_PREFIX): count
+            for name, count in sorted(fields.items())
+            if name.startswith(HELD_PREFIX) and count > 0
+        }
+        return GenerationTickets(fields.get("version"), fields.get("remaining", 0), held)
 
     def request_stop(self) -> None:
         """Ask every process of the run to finish (workers stop pulling prompts)."""
@@ -182,6 +293,9 @@ class RunState:
     def stop_requested(self) -> bool:
         """True once `request_stop` was called and not cleared."""
         return bool(self._client.exists(self._stop))
+
+
+_ALL = 2**53  # "every held ticket" for `_RETURN_HELD_LUA` (exact as a Lua number)
 
 
 def _check_count(name: str, value: int) -> None:

@@ -12,7 +12,7 @@ import redis
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.run_state import GenerationTickets, RunState, WeightsRef
 
 
 def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
@@ -80,29 +80,50 @@ def test_generation_quota_is_per_version_and_never_overdrawn(
     redis_client: redis.Redis, run_id: str
 ) -> None:
     state = RunState(redis_client, run_id)
-    assert not state.take_generation_ticket(0)  # no quota yet
+    assert not state.take_generation_ticket(0, "w0")  # no quota yet
     state.set_generation_quota(3, 16)
-    assert not state.take_generation_ticket(2)  # another version's worker waits
+    assert not state.take_generation_ticket(2, "w0")  # another version's worker waits
     taken = []
 
-    def worker() -> None:
-        taken.extend(1 for _ in range(10) if state.take_generation_ticket(3))
+    def worker(worker_id: str) -> None:
+        taken.extend(worker_id for _ in range(10) if state.take_generation_ticket(3, worker_id))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(taken) == 16  # 40 attempts, exactly the quota granted
+    tickets = state.generation_tickets()
+    assert tickets.version == 3 and tickets.remaining == 0
+    assert tickets.held == {w: taken.count(w) for w in set(taken)}  # each take counted once
     assert state.add_generation_quota(3, 2) == 2
-    assert state.take_generation_ticket(3) and state.take_generation_ticket(3)
-    assert not state.take_generation_ticket(3)
+    assert state.generation_tickets().held == {}  # the refill stands in for the held ones
+    assert state.take_generation_ticket(3, "w0") and state.take_generation_ticket(3, "w0")
+    assert not state.take_generation_ticket(3, "w0")
     assert state.add_generation_quota(2, 5) == -1  # quota moved on: nothing added
     state.set_generation_quota(4, 1)  # a new version replaces the old quota
-    assert not state.take_generation_ticket(3)
-    assert state.take_generation_ticket(4)
+    assert state.generation_tickets().held == {}  # and its held counts
+    assert not state.take_generation_ticket(3, "w0")
+    assert state.take_generation_ticket(4, "w0")
     with pytest.raises(ValueError, match="groups must be an integer >= 0"):
         state.set_generation_quota(4, -1)
+    with pytest.raises(ValueError, match="worker_id must match"):
+        state.take_generation_ticket(4, "bad id*")
+
+
+def test_tickets_given_back_never_exceed_those_held(redis_client: redis.Redis, run_id: str) -> None:
+    state = RunState(redis_client, run_id)
+    state.set_generation_quota(5, 4)
+    assert state.take_generation_ticket(5, "w0") and state.take_generation_ticket(5, "w0")
+    assert state.give_back_generation_tickets(5, "w0") == 1
+    assert state.generation_tickets() == GenerationTickets(5, 3, {"w0": 1})
+    assert state.give_back_generation_tickets(5, "w0", groups=3) == 1  # held only 1
+    assert state.give_back_generation_tickets(5, "w1") == 0  # held none
+    assert state.give_back_generation_tickets(4, "w0") == 0  # an older version's quota
+    assert state.generation_tickets() == GenerationTickets(5, 4, {})
+    with pytest.raises(ValueError, match="groups must be an integer >= 0"):
+        state.give_back_generation_tickets(5, "w0", groups=-1)
 
 
 def test_compute_counters_sum(redis_client: redis.Redis, run_id: str) -> None:

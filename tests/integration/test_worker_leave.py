@@ -14,7 +14,7 @@ import redis
 from rollout_service import actor as actor_module
 from rollout_service.actor import ActorLoop, _GroupInFlight
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import RunState
+from scalerl.state.run_state import GenerationTickets, RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
 
@@ -105,11 +105,14 @@ def test_what_cannot_finish_in_the_grace_period_is_given_back(
     actor = _actor(redis_client, run_id, engine, "ppo", thinking=5)
     actor.state.set_policy_version(3)
     actor.state.set_generation_quota(3, 4)
-    assert actor.state.take_generation_ticket(3) and actor.state.take_generation_ticket(3)
+    assert actor.state.take_generation_ticket(3, "w0") and actor.state.take_generation_ticket(
+        3, "w0"
+    )
     in_flight = _groups(engine, ["p1", "p2"])
     actor._leave(in_flight, grace_s=0.3, should_stop=lambda: False)
     assert actor.groups_pushed == 1 and [g.prompt_id for g in in_flight] == ["p2"]
-    assert actor.state.add_generation_quota(3, 0) == 3  # 2 left + the one given back
+    # 2 left + the one given back; the pushed group's ticket is settled, none held
+    assert actor.state.generation_tickets() == GenerationTickets(3, 3, {})
 
 
 def test_without_a_thinking_budget_nothing_is_interrupted(
