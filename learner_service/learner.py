@@ -152,6 +152,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             store=self.weights,
             source=self.weights_source,
             broadcaster=self._broadcaster(),
+            on_broadcast=self.metrics.observe_broadcast,
         )
         self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
         if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull

@@ -21,6 +21,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
+from learner_service.broadcast import Delivery
 from learner_service.records import StepRecord
 from scalerl.obs.metrics import service_registry
 
@@ -132,6 +133,27 @@ class LearnerMetrics:
             f"Steps whose truncation rate exceeded {TRUNCATION_WARNING_RATE:.0%}.",
             registry=registry,
         )
+        self.broadcast_epoch = Gauge(
+            "scalerl_weight_broadcast_epoch",
+            "Epoch of the broadcast weight group used for the last version (-1: none).",
+            registry=registry,
+        )
+        self.broadcast_delivered = Gauge(
+            "scalerl_weight_broadcast_delivered_workers",
+            "Workers the last broadcast delivered its version to (the rest pull it).",
+            registry=registry,
+        )
+        self.broadcast_dropped = Counter(
+            "scalerl_weight_broadcast_dropped_total",
+            "Members dropped from the weight group (unreachable, killed, past the deadline).",
+            registry=registry,
+        )
+        self.broadcast_seconds = Histogram(
+            "scalerl_weight_broadcast_seconds",
+            "Wall seconds of one version's broadcast, header to checksum vote (rank 0).",
+            buckets=_STEP_BUCKETS,
+            registry=registry,
+        )
 
     def observe_step(self, record: StepRecord) -> None:
         """Set the per-step gauges from `record` (the desired rollout workers among them),
@@ -159,6 +181,15 @@ class LearnerMetrics:
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
         if record.desired_replicas is not None:
             self.desired_replicas.set(record.desired_replicas)
+
+    def observe_broadcast(self, delivery: Delivery) -> None:
+        """One version's `learner_service.broadcast.Delivery`: its epoch, the workers it
+        reached, the members dropped and (when a transfer ran) its seconds."""
+        self.broadcast_epoch.set(delivery.epoch)
+        self.broadcast_delivered.set(len(delivery.delivered))
+        self.broadcast_dropped.inc(len(delivery.dropped))
+        if delivery.seconds > 0:
+            self.broadcast_seconds.observe(delivery.seconds)
 
     def count_stale_group(self) -> None:
         """One group read from the replay stream and dropped as stale."""

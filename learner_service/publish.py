@@ -25,6 +25,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,7 +54,8 @@ class WeightPublisher:
     UpdateWeights call (and of `wait_served`), seconds. store and source (`pull` and
     `broadcast`, both required there, else ValueError): the store FetchWeights serves
     from and its address, grpc://host:port. broadcaster (`broadcast` only, required
-    there): rank 0 of the weight group. `last_seconds`: snapshot, serialization and sends
+    there): rank 0 of the weight group; on_broadcast: called with each broadcast's
+    Delivery (the learner's metrics). `last_seconds`: snapshot, serialization and sends
     (or the hand-over to the store) of the last completed publish (mostly in the
     background); `last_snapshot_seconds`: the part on the caller's thread; `failures`:
     refused or unreachable sends so far; `last_delivery`: what the last broadcast did.
@@ -70,6 +72,7 @@ class WeightPublisher:
         store: WeightStore | None = None,
         source: str = "",
         broadcaster: WeightBroadcaster | None = None,
+        on_broadcast: Callable[[Delivery], None] | None = None,
     ) -> None:
         if transport in _HELD and (store is None or not source):
             raise ValueError(f"weight_transport {transport} needs a store and a source address")
@@ -85,6 +88,7 @@ class WeightPublisher:
         self.store = store
         self.source = source
         self.broadcaster = broadcaster
+        self.on_broadcast = on_broadcast
         self.last_delivery = Delivery()
         self.failures = 0
         self.last_seconds = 0.0
@@ -203,6 +207,8 @@ class WeightPublisher:
         except Exception:  # noqa: BLE001 - the pull path below still delivers the version
             log.exception("broadcast of policy version %d failed; the workers pull it", version)
             self.last_delivery = Delivery()
+        if self.on_broadcast is not None:
+            self.on_broadcast(self.last_delivery)
 
     def _write(self, payload: bytes, version: int) -> str:
         path = self.weights_dir / f"policy-v{version}.safetensors"

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 K = 2
 MAX_STEPS = 60
+EPOCH = re.compile(r"weight group epoch \d+ formed: (.*)")
 READY_LINE = re.compile(r"ready at policy version (\d+) \(learner at (\d+), k=(\d+)\)")
 
 
@@ -62,10 +63,12 @@ def _ready(log: Path) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.slow
-def test_workers_join_and_leave_a_running_job(tmp_path):
+@pytest.mark.parametrize("transport", ["uri", "broadcast"])
+def test_workers_join_and_leave_a_running_job(tmp_path, transport):
     run_dir = tmp_path / "run"
     args = ["run", "--config", "tiny", "--run-dir", str(run_dir)]
     args += ["--set", "rollout.workers=1", "--set", f"learner.max_steps={MAX_STEPS}"]
+    args += ["--set", f"learner.weight_transport={transport}"]
     launcher = subprocess.Popen(
         [sys.executable, "-m", "scalerl_cli.main", *args],
         cwd=ROOT,
@@ -121,6 +124,10 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
     assert all(0 <= s.staleness_mean and s.staleness_max <= K for s in steps)
     evals = read_records(run_dir, EvalRecord)
     assert evals[-1].pass_rate > evals[0].pass_rate, [e.pass_rate for e in evals]
+    if transport == "broadcast":  # the group grew with the joiners and shrank after
+        epochs = [m.split(", ") for m in EPOCH.findall((logs / "learner.log").read_text())]
+        assert any(set(m) == {"rollout-0", "rollout-1", "manual-0"} for m in epochs), epochs
+        assert epochs[-1] == ["rollout-0"], epochs
 
 
 def _running(run_dir: Path, worker_id: str) -> bool:

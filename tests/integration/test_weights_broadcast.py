@@ -15,8 +15,10 @@ import grpc
 import pytest
 import redis
 import torch
+from prometheus_client import CollectorRegistry
 
 from learner_service.broadcast import WeightBroadcaster
+from learner_service.metrics import LearnerMetrics
 from learner_service.publish import WeightPublisher
 from learner_service.server import LearnerStatus, serve
 from learner_service.weight_store import WeightStore
@@ -66,6 +68,8 @@ class Job:
         self.server, port = serve(LearnerStatus(), security=Security(), weights=self.store)
         self.registry = WorkerRegistry(client, run_id)
         self.state = RunState(client, run_id)
+        self.registry_ = CollectorRegistry()
+        self.metrics = LearnerMetrics(self.registry_)
         self.broadcaster = WeightBroadcaster(
             self.registry, "127.0.0.1", "127.0.0.1", free_port(), "gloo", timeout_s=TIMEOUT_S
         )
@@ -78,6 +82,7 @@ class Job:
             store=self.store,
             source=f"grpc://127.0.0.1:{port}",
             broadcaster=self.broadcaster,
+            on_broadcast=self.metrics.observe_broadcast,
         )
         self.model = Linear()
         self.processes: dict[str, multiprocessing.Process] = {}
@@ -172,6 +177,11 @@ def test_epochs_follow_the_ready_set_and_a_worker_killed_mid_broadcast_is_droppe
     assert (delivery.epoch, delivery.delivered, delivery.dropped) == (3, ["a", "b"], [])
     assert all(job.served(w) == (5, digests) for w in "ab")
     assert job.store.versions == [4, 5]  # joiners and fallbacks pull from here
+    value = job.registry_.get_sample_value
+    assert value("scalerl_weight_broadcast_epoch") == 3
+    assert value("scalerl_weight_broadcast_delivered_workers") == 2
+    assert value("scalerl_weight_broadcast_dropped_total") == 1
+    assert value("scalerl_weight_broadcast_seconds_count") == 5  # v1..v5 went out by broadcast
 
 
 def _rollout_server(broadcast: BroadcastReceiver | None):
