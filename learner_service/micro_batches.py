@@ -34,26 +34,9 @@ def sample_chunks(
     Yields (t0, t1, logp): the chunk's tokens t0..t1 of the batch's flattened [N] arrays
     and their learner log-probs, float32 [t1 - t0] on `settings.device`, with autograd.
     Chunks without a completion token are skipped."""
-    dev, size, offsets = settings.device, max_samples, batch.token_offsets.tolist()
-    for s0 in range(0, batch.num_samples, size):
-        s1 = min(s0 + size, batch.num_samples)
-        t0, t1 = offsets[s0], offsets[s1]
-        if t1 == t0:
-            continue
-        width = int(batch.seq_lens[s0:s1].max())  # drop columns that are padding for all
-        positions = batch.positions[t0:t1].to(dev)
-        start = int(positions.min())  # no log-prob needed before the first completion
-        logp_all = token_logprobs(
-            model,
-            batch.input_ids[s0:s1, :width].to(dev),
-            batch.attention_mask[s0:s1, :width].to(dev),
-            settings.temperature,
-            settings.fp32_lm_head,
-            settings.autocast_bf16,
-            start,
-        )
-        rows = batch.sample_index[t0:t1].to(dev) - s0
-        yield t0, t1, logp_all[rows, positions - start]
+    for span in sample_spans(batch, max_samples):
+        if span_tokens(batch, span):
+            yield span_logprobs(model, batch, span, settings, shared_prefix=False)
 
 
 def group_chunks(
@@ -64,43 +47,111 @@ def group_chunks(
     (`pack_groups(..., sort_by_length=False)`).
 
     Yields (t0, t1, logp) as `sample_chunks` does."""
-    dev = settings.device
-    offsets = batch.token_offsets.tolist()
-    bounds = torch.searchsorted(
-        batch.sample_group, torch.arange(int(batch.sample_group.max()) + 2)
-    ).tolist()
+    for span in group_spans(batch, max_samples):
+        if span_tokens(batch, span):
+            yield span_logprobs(model, batch, span, settings, shared_prefix=True)
+
+
+def sample_spans(batch: PackedBatch, max_samples: int) -> list[tuple[int, int]]:
+    """Micro-batches of at most `max_samples` consecutive samples: (s0, s1) sample ranges."""
+    return [
+        (s0, min(s0 + max_samples, batch.num_samples))
+        for s0 in range(0, batch.num_samples, max_samples)
+    ]
+
+
+def group_spans(batch: PackedBatch, max_samples: int) -> list[tuple[int, int]]:
+    """Micro-batches of whole consecutive groups, as many as fit `max_samples` samples (at
+    least one): (s0, s1) sample ranges."""
+    bounds = group_bounds(batch)
+    return [(bounds[first], bounds[last]) for first, last in micro_batches(bounds, max_samples)]
+
+
+def group_bounds(batch: PackedBatch) -> list[int]:
+    """bounds[g]..bounds[g+1] are the samples of group g (packed group by group)."""
+    groups = int(batch.sample_group.max()) + 2 if batch.num_samples else 1
+    return torch.searchsorted(batch.sample_group, torch.arange(groups)).tolist()
+
+
+def span_tokens(batch: PackedBatch, span: tuple[int, int]) -> int:
+    """Completion tokens of the samples in `span` (entries of the flattened [N] arrays)."""
+    offsets = batch.token_offsets
+    return int(offsets[span[1]] - offsets[span[0]])
+
+
+def span_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    span: tuple[int, int],
+    settings: LogprobSettings,
+    shared_prefix: bool,
+) -> tuple[int, int, torch.Tensor]:
+    """(t0, t1, logp) of the samples `span` = (s0, s1), which hold at least one completion
+    token: per sample, or (`shared_prefix`: `span` is whole groups) each prompt once."""
+    compute = _prefix_chunk if shared_prefix else _sample_chunk
+    t0, t1 = (int(batch.token_offsets[s]) for s in span)
+    return t0, t1, compute(model, batch, span, t0, t1, settings)
+
+
+def _sample_chunk(model, batch, span, t0, t1, settings) -> torch.Tensor:
+    (s0, s1), dev = span, settings.device
+    width = int(batch.seq_lens[s0:s1].max())  # drop columns that are padding for all
+    positions = batch.positions[t0:t1].to(dev)
+    start = int(positions.min())  # no log-prob needed before the first completion
+    logp_all = call_policy(
+        model,
+        token_logprobs,
+        batch.input_ids[s0:s1, :width].to(dev),
+        batch.attention_mask[s0:s1, :width].to(dev),
+        settings.temperature,
+        settings.fp32_lm_head,
+        settings.autocast_bf16,
+        start,
+    )
+    rows = batch.sample_index[t0:t1].to(dev) - s0
+    return logp_all[rows, positions - start]
+
+
+def _prefix_chunk(model, batch, span, t0, t1, settings) -> torch.Tensor:
+    (s0, s1), dev = span, settings.device
+    bounds = group_bounds(batch)
+    starts = [b for b in bounds if s0 <= b < s1]  # first sample of each group
+    sizes = torch.tensor(starts[1:] + [s1]) - torch.tensor(starts)
     prompt_lens = (batch.seq_lens - batch.token_offsets.diff()).tolist()
-    for first, last in micro_batches(bounds, max_samples):
-        s0, s1 = bounds[first], bounds[last]
-        t0, t1 = offsets[s0], offsets[s1]
-        if t1 == t0:
-            continue
-        starts = bounds[first:last]  # first sample of each group (groups are non-empty)
-        sizes = torch.tensor(bounds[first + 1 : last + 1]) - torch.tensor(starts)
-        plens = [prompt_lens[s] for s in starts]
-        pwidth = max(plens)
-        prompt_mask = (torch.arange(pwidth)[None] < torch.tensor(plens)[:, None]).long()
-        prompts = batch.input_ids[starts, :pwidth] * prompt_mask  # completions zeroed
-        owner = torch.repeat_interleave(torch.arange(len(starts)), sizes)
-        plen_of = torch.tensor(plens)[owner]  # [samples] prompt length of each sample
-        width = int((batch.seq_lens[s0:s1] - plen_of).max())
-        cols = plen_of[:, None] + torch.arange(width)[None]
-        comp_ids = batch.input_ids[s0:s1].gather(1, cols.clamp_max(batch.input_ids.shape[1] - 1))
-        comp_mask = (cols < batch.seq_lens[s0:s1, None]).long()
-        logp = prefix_logprobs(
-            model,
-            prompts.to(dev),
-            prompt_mask.to(dev),
-            (comp_ids * comp_mask).to(dev),
-            comp_mask.to(dev),
-            owner.to(dev),
-            settings.temperature,
-            settings.fp32_lm_head,
-            settings.autocast_bf16,
-        )
-        rows = batch.sample_index[t0:t1] - s0
-        token_cols = batch.positions[t0:t1] - (plen_of[rows] - 1)
-        yield t0, t1, logp[rows.to(dev), token_cols.to(dev)]
+    plens = [prompt_lens[s] for s in starts]
+    pwidth = max(plens)
+    prompt_mask = (torch.arange(pwidth)[None] < torch.tensor(plens)[:, None]).long()
+    prompts = batch.input_ids[starts, :pwidth] * prompt_mask  # completions zeroed
+    owner = torch.repeat_interleave(torch.arange(len(starts)), sizes)
+    plen_of = torch.tensor(plens)[owner]  # [samples] prompt length of each sample
+    width = int((batch.seq_lens[s0:s1] - plen_of).max())
+    cols = plen_of[:, None] + torch.arange(width)[None]
+    comp_ids = batch.input_ids[s0:s1].gather(1, cols.clamp_max(batch.input_ids.shape[1] - 1))
+    comp_mask = (cols < batch.seq_lens[s0:s1, None]).long()
+    logp = call_policy(
+        model,
+        prefix_logprobs,
+        prompts.to(dev),
+        prompt_mask.to(dev),
+        (comp_ids * comp_mask).to(dev),
+        comp_mask.to(dev),
+        owner.to(dev),
+        settings.temperature,
+        settings.fp32_lm_head,
+        settings.autocast_bf16,
+    )
+    rows = batch.sample_index[t0:t1] - s0
+    token_cols = batch.positions[t0:t1] - (plen_of[rows] - 1)
+    return logp[rows.to(dev), token_cols.to(dev)]
+
+
+def call_policy(model: torch.nn.Module, compute, *args):
+    """`compute(policy, *args)`: through the module's own call when the policy is wrapped
+    for sharding (`learner_service.sharding.LogprobModule`: FSDP2 gathers the embedding,
+    norm and LM head for the whole computation), else directly on the model."""
+    if getattr(model, "wraps_policy", False):
+        return model(compute, *args)
+    return compute(model, *args)
 
 
 def micro_batches(bounds: list[int], max_samples: int) -> list[tuple[int, int]]:

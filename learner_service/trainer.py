@@ -14,10 +14,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from learner_service import recipe
-from learner_service.micro_batches import LogprobSettings, group_chunks, sample_chunks
+from learner_service.micro_batches import (
+    LogprobSettings,
+    group_spans,
+    sample_spans,
+    span_logprobs,
+    span_tokens,
+)
 from learner_service.packing import PackedBatch, pack_groups
+from learner_service.sharding import assign_spans, shard_policy
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16
 from scalerl.v1 import rollout_pb2
@@ -37,6 +47,10 @@ class Trainer:
             `config.loss_hyperparameters` ("cispo": eps_max; "dapo"/"gspo": eps_low,
             eps_high; "grpo": eps).
         pad_id: padding token id; default the model config's pad_token_id, else 0.
+        mesh: a 1-D device mesh of the learner's ranks (torch.distributed initialised):
+            the model is sharded over it with FSDP2 (`learner_service.sharding`) and
+            every rank, given the same groups, trains its share of the micro-batches;
+            None (the default) is one process holding the whole model.
 
     Raises:
         ValueError: temperature <= 0, or a loss/hyperparameter problem (see
@@ -51,6 +65,7 @@ class Trainer:
         *,
         loss_hyperparameters: Mapping[str, float] | None = None,
         pad_id: int | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -66,13 +81,17 @@ class Trainer:
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        device = next(model.parameters()).device
         # "auto" (not resolved by the entry point): decide for the model's own device.
         self.autocast_bf16 = (
-            native_bf16(str(self.params[0].device))[0]
+            native_bf16(str(device))[0]
             if config.autocast_bf16 == "auto"
             else bool(config.autocast_bf16)
         )
+        self.mesh = mesh
+        # What the micro-batches run: the model, or the FSDP2 root around it.
+        self.module = model if mesh is None else shard_policy(model, mesh)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.lr,
@@ -84,6 +103,16 @@ class Trainer:
     @property
     def device(self) -> torch.device:
         return self.params[0].device
+
+    @property
+    def rank(self) -> int:
+        """This process's rank among the learner's (0 without a mesh)."""
+        return 0 if self.mesh is None else self.mesh.get_local_rank()
+
+    @property
+    def world_size(self) -> int:
+        """The learner's ranks (1 without a mesh)."""
+        return 1 if self.mesh is None else self.mesh.size()
 
     def step(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> dict[str, float]:
         """Filter, then take one optimizer step on the groups (all validated first).
@@ -106,6 +135,30 @@ class Trainer:
             ValueError: no groups, malformed groups (see `pack_groups`), or token ids
                 outside the model's vocabulary; nothing is changed then.
         """
+        prepared = self._prepare(groups)
+        metrics, batch, groups_used = prepared
+        if batch is None:
+            return metrics | _idle_metrics(groups_used=groups_used)
+        return metrics | self._optimize(batch, groups_used=groups_used)
+
+    def gradients(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> float:
+        """Forward and backward of `step` on `groups` without the update: the gradient of
+        the step's loss is left in every parameter's `.grad` (with a mesh: this rank's
+        shard of the summed gradient, a DTensor). Returns the loss (all ranks' sum), 0.0
+        when nothing is left to train on. Raises as `step`."""
+        _, batch, _ = self._prepare(groups)
+        self.optimizer.zero_grad(set_to_none=True)
+        if batch is None or not int(batch.loss_mask.sum()):
+            return 0.0
+        token_adv, weights = self._token_terms(batch)
+        self.module.train()
+        loss, _ = self._accumulate(batch, token_adv, weights)
+        return loss
+
+    def _prepare(
+        self, groups: Iterable[rollout_pb2.RolloutGroup]
+    ) -> tuple[dict[str, float], PackedBatch | None, int]:
+        """(rollout metrics, the batch to train on or None, groups used)."""
         groups = list(groups)
         full = pack_groups(groups, self.pad_id)
         vocab = self.model.lm_head.weight.shape[0]
@@ -127,41 +180,46 @@ class Trainer:
         drop = zero_var if self.config.zero_variance_filter else torch.zeros_like(zero_var)
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]
         if not kept:
-            return metrics | _idle_metrics(groups_used=0)
+            return metrics, None, 0
         # Per-sample micro-batches: sorted by length, so neighbours share little padding.
         # Shared prefix: whole groups, those with similar longest replies side by side
         # (the order of groups changes nothing in the loss).
         shared = self.config.shared_prefix
         if shared:
             kept.sort(key=lambda g: max(len(s.token_ids) for s in g.samples))
-        batch = pack_groups(kept, self.pad_id, sort_by_length=not shared)
-        return metrics | self._optimize(batch, groups_used=len(kept))
+        return metrics, pack_groups(kept, self.pad_id, sort_by_length=not shared), len(kept)
+
+    def _token_terms(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token advantages and aggregation weights, both float [N], computed on the
+        whole batch (paper Sec. 3.2 and 4): the same on every rank."""
+        cfg = self.config
+        advantages = recipe.compute_advantages(
+            batch.rewards, batch.sample_group, cfg.advantage_norm
+        )
+        weights = recipe.aggregation_weights(
+            batch.sample_index, batch.group_index, batch.loss_mask, cfg.aggregation
+        )
+        return advantages[batch.sample_index], weights
 
     def _optimize(self, batch: PackedBatch, groups_used: int) -> dict[str, float]:
         cfg = self.config
         tokens = int(batch.loss_mask.sum())
         if tokens == 0:  # only forced or empty completions: no gradient signal
             return _idle_metrics(groups_used=groups_used, samples=batch.num_samples)
-        advantages = recipe.compute_advantages(
-            batch.rewards, batch.sample_group, cfg.advantage_norm
-        )
-        token_adv = advantages[batch.sample_index]
-        weights = recipe.aggregation_weights(
-            batch.sample_index, batch.group_index, batch.loss_mask, cfg.aggregation
-        )
-        was_training = self.model.training
-        self.model.train()
+        token_adv, weights = self._token_terms(batch)
+        was_training = self.module.training
+        self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         try:
             loss, ratio = self._accumulate(batch, token_adv, weights)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+            grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             stepped = math.isfinite(grad_norm) and math.isfinite(loss)
             if stepped:  # a non-finite gradient would corrupt the weights and AdamW moments
                 self.optimizer.step()
                 self.steps += 1
         finally:
             self.optimizer.zero_grad(set_to_none=True)
-            self.model.train(was_training)
+            self.module.train(was_training)
         return {
             "loss": loss,
             "grad_norm": grad_norm,
@@ -181,16 +239,29 @@ class Trainer:
     ) -> tuple[float, tuple[float, float, float, float]]:
         """Forward/backward over micro-batches (whole groups with `shared_prefix`, else
         `micro_batch_samples` whole samples); gradients add up to the full-batch gradient
-        because the aggregation weights were computed on the batch.
+        because the aggregation weights were computed on the batch. With a mesh each rank
+        takes its share of the micro-batches (`sharding.assign_spans`, balanced by
+        tokens) and runs as many forward/backward passes as the busiest rank, the extra
+        ones on a micro-batch with zero loss weight (FSDP2 gathers parameters in every
+        pass, so all ranks must take the same number); the totals are summed over ranks.
         Returns (loss, (sum of rho, clipped tokens, tokens, max rho))."""
         totals = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss, rho sum, clipped, tokens, rho max
         cfg = self.config
-        chunks = group_chunks if cfg.shared_prefix else sample_chunks
+        shared = cfg.shared_prefix
+        spans = (group_spans if shared else sample_spans)(batch, cfg.micro_batch_samples)
+        spans = [span for span in spans if span_tokens(batch, span)]
         settings = LogprobSettings(
             self.temperature, cfg.fp32_lm_head, self.autocast_bf16, self.device
         )
-        for t0, t1, logp in chunks(self.model, batch, cfg.micro_batch_samples, settings):
-            self._backward(batch, slice(t0, t1), logp, token_adv, weights, totals)
+        share = assign_spans([span_tokens(batch, s) for s in spans], self.world_size)
+        mine = share[self.rank]
+        for i in range(max(len(spans_of) for spans_of in share)):
+            real = i < len(mine)
+            span = spans[mine[i]] if real else spans[0]  # an idle rank's pass counts 0
+            t0, t1, logp = span_logprobs(self.module, batch, span, settings, shared)
+            self._backward(batch, slice(t0, t1), logp, token_adv, weights, totals, real)
+        if self.mesh is not None:
+            totals = _summed_over_ranks(totals, self.mesh)
         loss, rho_sum, clipped, counted, rho_max = totals
         return loss, (rho_sum, clipped, counted, rho_max)
 
@@ -202,9 +273,11 @@ class Trainer:
         token_adv: torch.Tensor,
         weights: torch.Tensor,
         totals: list[float],
+        counted: bool = True,
     ) -> None:
         """The policy loss of tokens `sl` (their learner log-probs `logp`), backward, and
-        the running loss and importance-ratio statistics in `totals`."""
+        the running loss and importance-ratio statistics in `totals`; a pass that is not
+        `counted` (an idle rank's) back-propagates zero and adds nothing."""
         cfg, dev = self.config, self.device
         mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
         loss = recipe.policy_loss(
@@ -219,6 +292,9 @@ class Trainer:
             weights=weights[sl].to(dev),
             **self.hyperparameters,
         )
+        if not counted:
+            (loss * 0.0).backward()
+            return
         loss.backward()
         totals[0] += float(loss.detach())
         low, high = self.ratio_bounds
@@ -265,6 +341,25 @@ class Trainer:
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.model.load_state_dict(given)
         self.steps = int(state.get("steps", 0))
+
+
+def _summed_over_ranks(totals: list[float], mesh: DeviceMesh) -> list[float]:
+    """[loss, rho sum, clipped, tokens] summed and rho max taken over the mesh's ranks."""
+    group = mesh.get_group()
+    device = "cuda" if mesh.device_type == "cuda" else "cpu"
+    sums = torch.tensor(totals[:4], dtype=torch.float64, device=device)
+    peak = torch.tensor([totals[4]], dtype=torch.float64, device=device)
+    dist.all_reduce(sums, group=group)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    return [*sums.tolist(), float(peak)]
+
+
+def _full(value: torch.Tensor) -> float:
+    """A scalar tensor as a float; a DTensor (the grad norm of sharded parameters) is
+    first reduced to its full value."""
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return float(value)
 
 
 def _idle_metrics(groups_used: int, samples: int = 0) -> dict[str, float]:
