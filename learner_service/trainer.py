@@ -15,6 +15,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -30,6 +36,7 @@ from learner_service.packing import PackedBatch, pack_groups
 from learner_service.sharding import assign_spans, shard_policy
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16
+from scalerl.policy.weights import snapshot_state_dict, wire_tensors
 from scalerl.v1 import rollout_pb2
 
 
@@ -306,15 +313,29 @@ class Trainer:
             totals[4] = max(totals[4], stats["ratio_max"])
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpoint: {"model": ..., "optimizer": ..., "steps": int}."""
+        """Checkpoint: {"model": ..., "optimizer": ..., "steps": int}, the same whatever
+        the world size: full tensors by parameter name, the optimizer's state keyed by
+        parameter name (`torch.distributed.checkpoint.state_dict`). With a mesh every rank
+        must call it (the shards are gathered); rank 0 gets the tensors (on the CPU), the
+        others empty sections."""
+        if self.mesh is None:
+            return {
+                "model": self.model.state_dict(),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
+                "steps": self.steps,
+            }
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": _renamed(model_sd, _unwrap),
+            "optimizer": _renamed_optimizer(optim_sd, _unwrap),
             "steps": self.steps,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict()` checkpoint.
+        """Restore a `state_dict()` checkpoint of any world size (or an older one whose
+        optimizer state is keyed by parameter index). With a mesh every rank calls it
+        with the same full `state` (each keeps its shards; no communication).
 
         Raises:
             ValueError: a missing section, or model keys/shapes that do not match; the
@@ -323,24 +344,98 @@ class Trainer:
         for key in ("model", "optimizer"):
             if key not in state:
                 raise ValueError(f"checkpoint is missing {key!r}")
-        own = self.model.state_dict()
-        given = state["model"]
-        if set(own) != set(given):
-            diff = sorted(set(own) ^ set(given))[:5]
-            raise ValueError(f"checkpoint model keys do not match the model (e.g. {diff})")
-        for name, tensor in own.items():
-            if tuple(given[name].shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"checkpoint model[{name!r}] has shape "
-                    f"{list(given[name].shape)}, the model {list(tensor.shape)}"
-                )
-        # Optimizer.load_state_dict validates its groups before changing anything, and the
-        # model load cannot fail after the checks above: no half-applied restore. It keeps
-        # the given state tensors as they are, so copy them: an in-memory checkpoint must
-        # not share AdamW moments with the trainer it came from.
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
-        self.model.load_state_dict(given)
+        _check_model_state(self.model.state_dict(), state["model"])
+        optimizer = _by_name(state["optimizer"], self.model, self.optimizer)
+        # The copies: an in-memory checkpoint must not share AdamW moments with the
+        # trainer it came from.
+        model_sd, optim_sd = dict(state["model"]), copy.deepcopy(optimizer)
+        if self.mesh is None:
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
+            )
+        else:
+            set_state_dict(
+                self.module,
+                self.optimizer,
+                model_state_dict=_renamed(model_sd, _wrap),
+                optim_state_dict=_renamed_optimizer(optim_sd, _wrap),
+                options=StateDictOptions(full_state_dict=True),
+            )
         self.steps = int(state.get("steps", 0))
+
+    def full_snapshot(self, dtype: torch.dtype | str | None, keep_fp32=()) -> dict:
+        """`scalerl.policy.weights.snapshot_state_dict` of the whole model, gathered one
+        tensor at a time (peak extra memory: one full tensor, not the model). With a mesh
+        every rank must call it; rank 0 gets the snapshot, the others {}."""
+        if self.mesh is None:
+            return snapshot_state_dict(self.model, dtype, keep_fp32)
+        keep = self.rank == 0
+        snapshot = {}
+        for name, tensor, target in wire_tensors(self.model, dtype, keep_fp32):
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if keep:
+                snapshot[name] = full.detach().to("cpu", target, copy=True).contiguous()
+            del full
+        return snapshot
+
+
+_PREFIX = "policy."  # the sharding root's name for the policy (`sharding.LogprobModule`)
+
+
+def _unwrap(name: str) -> str:
+    return name.removeprefix(_PREFIX)
+
+
+def _wrap(name: str) -> str:
+    return _PREFIX + name
+
+
+def _renamed(state: Mapping[str, Any], rename) -> dict[str, Any]:
+    return {rename(name): value for name, value in state.items()}
+
+
+def _renamed_optimizer(state: Mapping[str, Any], rename) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter name, with every name renamed."""
+    if not state:
+        return {}
+    groups = [
+        {**group, "params": [rename(name) for name in group["params"]]}
+        for group in state["param_groups"]
+    ]
+    return {"state": _renamed(state["state"], rename), "param_groups": groups}
+
+
+def _by_name(state: Mapping[str, Any], model: torch.nn.Module, optimizer) -> dict[str, Any]:
+    """The optimizer state keyed by parameter name: as given, or converted from the
+    index-keyed `Optimizer.state_dict()` of older checkpoints (same parameter order)."""
+    groups = state.get("param_groups", [])
+    if not groups or all(isinstance(n, str) for g in groups for n in g["params"]):
+        return dict(state)
+    own = optimizer.state_dict()["param_groups"]
+    if len(own) != len(groups) or any(
+        len(a["params"]) != len(b["params"]) for a, b in zip(own, groups, strict=False)
+    ):
+        raise ValueError("checkpoint optimizer groups do not match the model's parameters")
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    index_name = dict(zip((i for g in own for i in g["params"]), names, strict=True))
+    renamed = {
+        "state": {index_name[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [index_name[i] for i in g["params"]]} for g in groups],
+    }
+    return renamed
+
+
+def _check_model_state(own: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> None:
+    """Raise ValueError unless `given` has the model's keys and shapes."""
+    if set(own) != set(given):
+        diff = sorted(set(own) ^ set(given))[:5]
+        raise ValueError(f"checkpoint model keys do not match the model (e.g. {diff})")
+    for name, tensor in own.items():
+        if tuple(given[name].shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"checkpoint model[{name!r}] has shape "
+                f"{list(given[name].shape)}, the model {list(tensor.shape)}"
+            )
 
 
 def _summed_over_ranks(totals: list[float], mesh: DeviceMesh) -> list[float]:

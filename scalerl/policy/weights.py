@@ -52,7 +52,7 @@ def snapshot_state_dict(
     later optimizer steps do not change it."""
     return {
         name: tensor.detach().to("cpu", target, copy=True).contiguous()
-        for name, tensor, target in _wire_tensors(model_or_sd, dtype, keep_fp32)
+        for name, tensor, target in wire_tensors(model_or_sd, dtype, keep_fp32)
     }
 
 
@@ -66,25 +66,27 @@ def wire_layout(
     (`scalerl.policy.weight_group`'s template)."""
     return {
         name: torch.empty(tensor.shape, dtype=target, device="meta")
-        for name, tensor, target in _wire_tensors(model_or_sd, dtype, keep_fp32)
+        for name, tensor, target in wire_tensors(model_or_sd, dtype, keep_fp32)
     }
 
 
-def _wire_tensors(
+def wire_tensors(
     model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
     dtype: torch.dtype | str | None,
     keep_fp32: Collection[str],
 ) -> Iterator[tuple[str, torch.Tensor, torch.dtype]]:
     """(name, tensor, dtype on the wire) of every tensor sent: the rule of
-    `snapshot_state_dict`."""
+    `snapshot_state_dict`. Ties are read off the module (the same Parameter object, also
+    once sharded) or, for a mapping, off shared storage."""
     if isinstance(model_or_sd, torch.nn.Module):
         state = model_or_sd.state_dict()
+        tied = len(head_names(model_or_sd)) == 2
     else:
         state = dict(model_or_sd)
+        head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+        tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
-    tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
     for name, tensor in state.items():
         if tied and name == "lm_head.weight":
             continue

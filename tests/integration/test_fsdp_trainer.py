@@ -1,6 +1,8 @@
-"""The FSDP2 learner step over 2 ranks (real processes, gloo on loopback, the tiny model)
-equals the one-process step on the same batch: same loss, same gradient, for every loss
-and aggregation, per-sample and shared-prefix micro-batches.
+"""The FSDP2 learner over 2 ranks (real processes, gloo on loopback, the tiny model) equals
+the one-process learner: on the same batch the same loss and gradient, for every loss and
+aggregation, per-sample and shared-prefix micro-batches; a checkpoint of 2 ranks resumes
+on 1 and one of 1 on 2, with identical weights; the gathered full weights (what the fleet
+gets) equal the unsharded model's.
 
 Tolerance: float32 throughout; the ranks add their partial gradients in another order
 than one process does, so gradients agree to rtol 1e-5 / atol 1e-7 and losses to rtol
@@ -17,9 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from learner_service.checkpoint import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.policy.weights import head_names, snapshot_state_dict
 from scalerl.ports import free_port
 from scalerl.v1 import rollout_pb2
 
@@ -88,32 +92,60 @@ def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return grads
 
 
-def rank_main(rank: int, port: int, out: str) -> None:
+def stepped(trainer: Trainer) -> Trainer:
+    trainer.step(groups())
+    return trainer
+
+
+def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return trainer.full_snapshot(torch.float32, keep_fp32=head_names(trainer.model))
+
+
+def rank_main(rank: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (WORLD,))
-    results = {}
+    results, folder = {}, Path(folder)
     for case in CASES:
         trainer = Trainer(tiny(), config(*case), temperature=1.0, mesh=mesh)
         loss = trainer.gradients(groups())
         results[case] = (loss, gradients(trainer))
+    # Resume the one-process checkpoint, then one more step.
+    trainer = Trainer(tiny(), config(*CASES[0]), temperature=1.0, mesh=mesh)
+    load_checkpoint(folder / "one", trainer)  # every rank reads it and keeps its shards
+    results["resumed"] = snapshot(trainer)
+    results["resumed_stepped"] = snapshot(stepped(trainer))
+    # A step from scratch, checkpointed by two ranks.
+    trainer = stepped(Trainer(tiny(), config(*CASES[0]), temperature=1.0, mesh=mesh))
     if rank == 0:
-        torch.save(results, out)
+        save_checkpoint(folder / "two", trainer, LearnerState(step=1, policy_version=1))
+    else:
+        trainer.state_dict()  # the gather every rank takes part in
+    results["two"] = snapshot(trainer)
+    if rank == 0:
+        torch.save(results, folder / "ranks.pt")
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> dict:
-    out = Path(tmp_path_factory.mktemp("fsdp")) / "ranks.pt"
-    mp.start_processes(rank_main, args=(free_port(), str(out)), nprocs=WORLD, start_method="spawn")
-    return torch.load(out)
+def two_ranks(tmp_path_factory) -> tuple[dict, Path]:
+    """(what rank 0 saved, the folder with checkpoints "one" (1 process, one step) and
+    "two" (2 ranks, one step))."""
+    torch.set_num_threads(1)
+    folder = Path(tmp_path_factory.mktemp("fsdp"))
+    one = stepped(Trainer(tiny(), config(*CASES[0]), temperature=1.0))
+    save_checkpoint(folder / "one", one, LearnerState(step=1, policy_version=1))
+    mp.start_processes(
+        rank_main, args=(free_port(), str(folder)), nprocs=WORLD, start_method="spawn"
+    )
+    return torch.load(folder / "ranks.pt"), folder
 
 
 def test_two_ranks_give_the_one_process_loss_and_gradient_for_every_recipe(two_ranks) -> None:
-    torch.set_num_threads(1)
+    two_ranks, _ = two_ranks
     for case in CASES:
         trainer = Trainer(tiny(), config(*case), temperature=1.0)
         loss = trainer.gradients(groups())
@@ -124,3 +156,33 @@ def test_two_ranks_give_the_one_process_loss_and_gradient_for_every_recipe(two_r
         assert set(sharded) == set(expected), case
         for name, grad in expected.items():
             torch.testing.assert_close(sharded[name], grad, rtol=1e-5, atol=1e-7, msg=str(case))
+
+
+def test_checkpoints_move_between_world_sizes_with_identical_weights(two_ranks) -> None:
+    results, folder = two_ranks
+    # 1 process -> 2 ranks: the resumed weights are the saved ones, bit for bit.
+    one = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
+    load_checkpoint(folder / "one", one)
+    saved = snapshot(one)
+    assert set(results["resumed"]) == set(saved)
+    for name, tensor in saved.items():
+        assert torch.equal(results["resumed"][name], tensor), name
+    # ... and so is the optimizer state: the next step matches the one process's.
+    expected = snapshot(stepped(one))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(results["resumed_stepped"][name], tensor, rtol=1e-5, atol=1e-6)
+    # 2 ranks -> 1 process: the checkpoint holds exactly the ranks' gathered weights.
+    back = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
+    load_checkpoint(folder / "two", back)
+    for name, tensor in snapshot(back).items():
+        assert torch.equal(results["two"][name], tensor), name
+    assert back.steps == 1
+
+
+def test_the_gathered_full_weights_are_the_unsharded_models(two_ranks) -> None:
+    results, _ = two_ranks
+    reference = stepped(Trainer(tiny(), config(*CASES[0]), temperature=1.0))
+    model = tiny()
+    assert set(results["two"]) == set(snapshot_state_dict(model, torch.float32))  # no tied copy
+    for name, tensor in snapshot(reference).items():
+        torch.testing.assert_close(results["two"][name], tensor, rtol=1e-5, atol=1e-6)
