@@ -32,12 +32,14 @@ import torch
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.broadcast import WeightBroadcaster
 from learner_service.catch_up import WeightCatchUp
+from learner_service.checkpoint import checkpoint_exists
 from learner_service.eval_schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
 from learner_service.learner_checkpoints import CheckpointsMixin
 from learner_service.learner_evals import EvaluationsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.publish import WeightPublisher
+from learner_service.ranks import DrivenTrainer, LearnerRanks
 from learner_service.records import StepRecord, append_record
 from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
@@ -51,6 +53,7 @@ from scalerl.config import RunConfig
 from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.policy.models import load_policy
+from scalerl.policy.weights import snapshot_state_dict
 from scalerl.ports import free_port
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
@@ -76,8 +79,10 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         port: int = 0,
         metrics: LearnerMetrics | None = None,
         advertise_host: str | None = None,
+        ranks: LearnerRanks | None = None,
     ) -> None:
         self.config = config
+        self.ranks = ranks  # rank 0 of a sharded learner (`learner_service.ranks`), or None
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.curve_address = curve_address
@@ -137,12 +142,14 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         torch.set_num_threads(cfg.learner.threads)
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
-        self.model.to(cfg.device if cfg.device != "auto" else "cpu")
+        device = cfg.device if cfg.device != "auto" else "cpu"
+        self.model.to(self.ranks.device if self.ranks else device)
         self.task = build_task(cfg.task)
         self.pool.init(p.prompt_id for p in self.task.train)
-        self.trainer = Trainer(
-            self.model, cfg.learner, cfg.rollout.temperature, pad_id=self.tokenizer.pad_token_id
-        )
+        # The warm-up runs on the whole model before it is sharded; a resume overwrites it.
+        if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
+            self._warmup()
+        self.trainer = self._trainer()
         self.publisher = WeightPublisher(
             self.registry,
             self.state,
@@ -153,14 +160,14 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             source=self.weights_source,
             broadcaster=self._broadcaster(),
             on_broadcast=self.metrics.observe_broadcast,
+            snapshot=self.trainer.snapshot if self.ranks else snapshot_state_dict,
         )
         self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
         if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
             WeightCatchUp(
                 self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
             ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)
-        if not self._resume() and cfg.model.warmup_steps:
-            self._warmup()
+        self._resume()
         if self.step < cfg.learner.max_steps:
             self.state.clear_stop()  # a finished run resumed with new limits goes on
         self.state.set_policy_version(self.version)
@@ -168,6 +175,21 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._open_ppo_batch()
         self.publisher.publish(self.model, self.version, force_file=True, wait=True)
         self._published = self.version
+
+    def _trainer(self) -> Trainer | DrivenTrainer:
+        """The ScaleRL trainer; with ranks, sharded over them (rank 0's weights first sent
+        to every rank) and announcing its collectives (`learner_service.ranks`)."""
+        cfg = self.config
+        if self.ranks is not None:
+            self.ranks.share_weights(self.model)
+        trainer = Trainer(
+            self.model,
+            cfg.learner,
+            cfg.rollout.temperature,
+            pad_id=self.tokenizer.pad_token_id,
+            mesh=self.ranks.mesh if self.ranks else None,
+        )
+        return DrivenTrainer(trainer, self.ranks) if self.ranks else trainer
 
     def _broadcaster(self) -> WeightBroadcaster | None:
         """Rank 0 of the weight group with `weight_transport: broadcast`, else None."""
@@ -452,6 +474,8 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
     def close(self) -> None:
         self._closing.set()
         self.server.stop(grace=1)
+        if isinstance(getattr(self, "trainer", None), DrivenTrainer):
+            self.trainer.stop()  # the other ranks leave
         publisher = getattr(self, "publisher", None)  # None when set-up failed early
         if publisher is not None and publisher.broadcaster is not None:
             with contextlib.suppress(Exception):  # its error was reported by the run

@@ -13,6 +13,7 @@ from learner_service.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from learner_service.ranks import DrivenTrainer
 from learner_service.records import EvalRecord, StepRecord, read_records
 from learner_service.resume import one_timeline, redis_labels, resumed_version
 from scalerl.rpc.curve_client import ZERO_COMPUTE
@@ -34,7 +35,7 @@ class CheckpointsMixin:
         pool_restored = False
         trained_at_checkpoint: int | None = 0  # None: a checkpoint older than the ledger
         if loaded:
-            saved = load_checkpoint(folder, self.trainer)
+            saved = self._load_checkpoint(folder)
             self.step, self.version, self.r0 = saved.step, saved.policy_version, saved.r0
             self.batches.stale_total = saved.counters.pop("groups_stale_total", 0)
             self.batches.future_total = saved.counters.pop("groups_future_total", 0)
@@ -71,6 +72,12 @@ class CheckpointsMixin:
         )
         self._record_kept_points()
         return loaded
+
+    def _load_checkpoint(self, folder):
+        """`load_checkpoint` into the trainer; a sharded learner's ranks all read it."""
+        if isinstance(self.trainer, DrivenTrainer):
+            return self.trainer.load_checkpoint(folder)
+        return load_checkpoint(folder, self.trainer)
 
     def _has_records(self) -> bool:
         return any((self.run_dir / kind.FILE).exists() for kind in (StepRecord, EvalRecord))

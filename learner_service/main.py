@@ -1,8 +1,12 @@
-"""`scalerl-learner`: the learner process. Arguments are parsed before torch is imported."""
+"""`scalerl-learner`: the learner process. Arguments are parsed before torch is imported.
+
+Under torchrun (WORLD_SIZE > 1) every rank runs this entry point: rank 0 is the learner,
+the others follow it (`learner_service.ranks`)."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -48,6 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"scalerl-learner: {exc}", file=sys.stderr)
         return 2
+    from learner_service.ranks import LearnerRanks, follow
+
+    device = config.device if config.device != "auto" else "cpu"
+    command_timeout_s = config.learner.batch_timeout_s + 3600  # a batch, then evaluations
+    ranks = LearnerRanks.from_environment(device, command_timeout_s)
+    if ranks is not None and ranks.rank > 0:  # a follower: no Redis, no server, no metrics
+        # SIGTERM is for rank 0, which finishes the run (its final checkpoint gathers from
+        # every rank) and then announces stop; torchrun's SIGKILL still ends a follower.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            return follow(config, ranks)
+        finally:
+            ranks.close()
     from learner_service.learner import Learner
     from learner_service.metrics import LearnerMetrics
     from scalerl.obs.metrics import serve_metrics, service_registry
@@ -71,11 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         args.port,
         metrics=metrics,
         advertise_host=args.advertise_host,
+        ranks=ranks,
     )
     try:
         return learner.run(stop)
     finally:
         learner.close()
+        if ranks is not None:
+            ranks.close()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ class WeightPublisher:
     `broadcast`, both required there, else ValueError): the store FetchWeights serves
     from and its address, grpc://host:port. broadcaster (`broadcast` only, required
     there): rank 0 of the weight group; on_broadcast: called with each broadcast's
-    Delivery (the learner's metrics). `last_seconds`: snapshot, serialization and sends
+    Delivery (the learner's metrics). snapshot: how the CPU copy is taken
+    (`snapshot_state_dict`'s signature; a sharded learner gathers it across its ranks).
+    `last_seconds`: snapshot, serialization and sends
     (or the hand-over to the store) of the last completed publish (mostly in the
     background); `last_snapshot_seconds`: the part on the caller's thread; `failures`:
     refused or unreachable sends so far; `last_delivery`: what the last broadcast did.
@@ -73,6 +75,7 @@ class WeightPublisher:
         source: str = "",
         broadcaster: WeightBroadcaster | None = None,
         on_broadcast: Callable[[Delivery], None] | None = None,
+        snapshot: Callable[..., dict] = snapshot_state_dict,
     ) -> None:
         if transport in _HELD and (store is None or not source):
             raise ValueError(f"weight_transport {transport} needs a store and a source address")
@@ -89,6 +92,7 @@ class WeightPublisher:
         self.source = source
         self.broadcaster = broadcaster
         self.on_broadcast = on_broadcast
+        self._snapshot = snapshot
         self.last_delivery = Delivery()
         self.failures = 0
         self.last_seconds = 0.0
@@ -113,7 +117,7 @@ class WeightPublisher:
         """
         self.wait()
         start = time.monotonic()
-        snapshot = snapshot_state_dict(model, self.dtype, keep_fp32=head_names(model))
+        snapshot = self._snapshot(model, self.dtype, keep_fp32=head_names(model))
         self.last_snapshot_seconds = time.monotonic() - start
         to_file = self.transport == "uri" or (force_file and self.transport == "stream")
         self._sending = threading.Thread(

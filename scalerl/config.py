@@ -155,6 +155,14 @@ class LearnerConfig(_Section):
     """The ScaleRL update (paper Sec. 4) and the learner's schedule."""
 
     batch_prompts: int = Field(8, ge=1, le=65_536, description="Prompt groups per step.")
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Learner ranks: above 1 the learner runs under torchrun as that many "
+        "processes, parameters, gradients and AdamW state sharded with FSDP2 (gloo on CPU, "
+        "nccl on GPU); `scalerl run` starts them on this machine.",
+    )
     lr: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")

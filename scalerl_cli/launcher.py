@@ -249,10 +249,12 @@ def _start_services(
     fleet = LauncherFleet(config_path, redis_url, config.run_id, logs, services, services_path, env)
     children += fleet.start(config.rollout.workers)
     learner_port, learner_metrics = free_port(), free_port()
+    module, leading = _learner_command(config.learner.world_size)
     learner = start_child(
         "learner",
-        "learner_service.main",
+        module,
         [
+            *leading,
             "--config",
             str(config_path),
             "--redis-url",
@@ -277,6 +279,16 @@ def _start_services(
     children.append(learner)
     services_path.write_text(json.dumps(services, indent=2))
     return curve_address, fleet
+
+
+def _learner_command(world_size: int) -> tuple[str, list[str]]:
+    """(module, its leading arguments) of the learner: the entry point itself, or with
+    several ranks torchrun on this machine starting it once per rank (the learner's own
+    arguments follow). torchrun gives a rank 30 s after SIGTERM before SIGKILL."""
+    if world_size == 1:
+        return "learner_service.main", []
+    torchrun = ["--standalone", f"--nproc-per-node={world_size}", "--max-restarts=0"]
+    return "torch.distributed.run", [*torchrun, "-m", "learner_service.main"]
 
 
 def _watch(

@@ -174,6 +174,7 @@ def finish_report(
             "learner_dtype": precision.learner_dtype,
             "reason": precision.reason,
         },
+        "learner_world_size": config.learner.world_size,
         "evaluations": len(evals),
         "pass_rate_step0": r0,
         "pass_rate_final": evals[-1].pass_rate,

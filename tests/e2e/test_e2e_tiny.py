@@ -100,9 +100,11 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert _processes_of(run_dir) == []
 
 
-def test_a_crashed_worker_is_restarted_and_the_run_completes(tmp_path):
+def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
+    """One run for two things: `learner.world_size=2` (the learner under torchrun, FSDP2
+    over gloo) trains the whole job and learns, and a SIGKILLed worker is restarted."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir)
+    proc = _launch(run_dir, "learner.world_size=2")
     try:
         assert _wait_for(lambda: (run_dir / "metrics.jsonl").exists(), 300), "no step made"
         worker = subprocess.run(
@@ -122,6 +124,12 @@ def test_a_crashed_worker_is_restarted_and_the_run_completes(tmp_path):
     worker_log = (run_dir / "logs" / "rollout-1.log").read_text()
     assert worker_log.count("starting at policy version") == 2  # before and after the kill
     assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
+    assert report["learner_world_size"] == 2
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "learner rank 1 of 2" in learner_log and "rank 1: rank 0 stopped" in learner_log
+    evals = read_records(run_dir, EvalRecord)
+    gained = round((evals[-1].pass_rate - evals[0].pass_rate) * evals[-1].completions)
+    assert gained >= 0.05 * evals[-1].completions, [e.pass_rate for e in evals]
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,29 @@ def test_the_gathered_full_weights_are_the_unsharded_models(two_ranks) -> None:
     assert set(results["two"]) == set(snapshot_state_dict(model, torch.float32))  # no tied copy
     for name, tensor in snapshot(reference).items():
         torch.testing.assert_close(results["two"][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_two_torchrun_nodes_on_loopback_form_one_learner(tmp_path) -> None:
+    """`torchrun --nnodes=2` (one rank per node, c10d rendezvous on loopback) as a
+    cluster's learner pods run it: one learner of world size 2 whose step is the
+    two-rank step (same loss; the same weights as one process within float rounding)."""
+    here = Path(__file__).parent
+    endpoint = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "node.pt"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=learner",
+        "--max-restarts=0", str(here / "learner_node.py"), str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), *sys.path])}
+    nodes = [subprocess.Popen(command, env=env, cwd=here.parents[1]) for _ in range(2)]
+    assert [node.wait(timeout=300) for node in nodes] == [0, 0]
+    result = torch.load(out)
+    one = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
+    loss = one.step(groups())["loss"]
+    assert result["world_size"] == 2
+    assert result["loss"] == pytest.approx(loss, rel=1e-6)
+    expected = snapshot(one)
+    assert set(result["weights"]) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(result["weights"][name], tensor, rtol=1e-5, atol=1e-6)
