@@ -116,6 +116,27 @@ class StepRecord(_Record):
         description="Fraction of tokens whose ratio was truncated (CISPO) or clipped (PPO)."
     )
     stepped: bool = Field(description="Whether the weights were updated (finite gradient).")
+    # The learner's time split and throughput; None in run folders written before.
+    forward_backward_seconds: float | None = Field(
+        default=None, description="Wall seconds of the step's forward and backward passes."
+    )
+    optimizer_seconds: float | None = Field(
+        default=None, description="Wall seconds of gradient clipping and the AdamW step."
+    )
+    learner_tokens_per_second: float | None = Field(
+        default=None,
+        description="Completion tokens trained on per second of forward, backward and update.",
+    )
+    peak_memory_bytes_by_rank: list[int] | None = Field(
+        default=None,
+        description="Peak memory of each learner rank, bytes (CUDA: allocated during the "
+        "step; CPU: the process's peak resident set).",
+    )
+    mfu: float | None = Field(
+        default=None,
+        description="Model FLOPs utilisation, 6 x parameters x forward tokens / seconds / "
+        "device peak; None where the peak is unknown (CPUs).",
+    )
     # Counts behind the fractions above (for Prometheus counters); None in run folders
     # written before they were recorded.
     groups_in_batch: int | None = Field(

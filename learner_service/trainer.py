@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import math
+import resource
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,7 +37,7 @@ from learner_service.micro_batches import (
 from learner_service.packing import PackedBatch, pack_groups
 from learner_service.sharding import assign_spans, shard_policy
 from scalerl.config import LearnerConfig
-from scalerl.policy.hardware import native_bf16
+from scalerl.policy.hardware import native_bf16, peak_flops
 from scalerl.policy.weights import snapshot_state_dict, wire_tensors
 from scalerl.v1 import rollout_pb2
 
@@ -217,8 +219,10 @@ class Trainer:
         was_training = self.module.training
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
+        began = time.perf_counter()
         try:
             loss, ratio = self._accumulate(batch, token_adv, weights)
+            backward_done = time.perf_counter()
             grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             stepped = math.isfinite(grad_norm) and math.isfinite(loss)
             if stepped:  # a non-finite gradient would corrupt the weights and AdamW moments
@@ -227,7 +231,8 @@ class Trainer:
         finally:
             self.optimizer.zero_grad(set_to_none=True)
             self.module.train(was_training)
-        return {
+        ended = time.perf_counter()
+        return self._throughput(batch, tokens, backward_done - began, ended - backward_done) | {
             "loss": loss,
             "grad_norm": grad_norm,
             "tokens": float(tokens),
@@ -240,6 +245,40 @@ class Trainer:
             "tokens_ratio_clipped": float(round(ratio[1])),
             "stepped": float(stepped),
         }
+
+    def _throughput(
+        self, batch: PackedBatch, tokens: int, backward_s: float, optimizer_s: float
+    ) -> dict[str, Any]:
+        """The step's time split, learner throughput, peak memory of every rank and MFU.
+
+        MFU = 6 x parameters x forward tokens / seconds / device peak (the usual dense
+        estimate, attention left out; forward tokens = prompt + completion per sample, an
+        upper bound with shared prefixes), None where the peak is unknown (CPUs)."""
+        seconds = backward_s + optimizer_s
+        peak = peak_flops(str(self.device))
+        parameters = sum(p.numel() for p in self.params)  # DTensor numel is the full size
+        flops = 6.0 * parameters * int(batch.seq_lens.sum())
+        return {
+            "forward_backward_seconds": backward_s,
+            "optimizer_seconds": optimizer_s,
+            "learner_tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "peak_memory_bytes_by_rank": self._peak_memory(),
+            "mfu": flops / seconds / peak if peak and seconds > 0 else None,
+        }
+
+    def _peak_memory(self) -> list[int]:
+        """Peak memory of each rank, bytes: CUDA's allocated peak since the last step (then
+        reset), or on the CPU the process's peak resident set since it started."""
+        if self.device.type == "cuda":
+            peak = int(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        if self.mesh is None:
+            return [peak]
+        peaks: list[Any] = [None] * self.world_size
+        dist.all_gather_object(peaks, peak, group=self.mesh.get_group())
+        return peaks
 
     def _accumulate(
         self, batch: PackedBatch, token_adv: torch.Tensor, weights: torch.Tensor

@@ -153,3 +153,28 @@ def resolved_config(config):
     resolved.rollout.dtype = precision.rollout_dtype
     resolved.learner.autocast_bf16 = precision.autocast_bf16
     return resolved, precision
+
+
+# Dense bf16 peak of accelerators, FLOP/s (vendors' datasheets, without sparsity), by a
+# substring of torch.cuda.get_device_name(); for the learner's MFU.
+PEAK_BF16_FLOPS = {
+    "B200": 2.25e15,
+    "H200": 9.89e14,
+    "H100": 9.89e14,
+    "A100": 3.12e14,
+    "L40S": 3.62e14,
+    "A10G": 1.25e14,
+}
+
+
+def peak_flops(device: str) -> float | None:
+    """The dense bf16 peak (FLOP/s) of `device` when it is a CUDA device in
+    PEAK_BF16_FLOPS, else None (CPUs and unknown GPUs: no MFU is reported)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)

@@ -18,10 +18,10 @@ def main(out: str) -> None:
     torch.set_num_threads(1)
     ranks = LearnerRanks.from_environment("cpu", command_timeout_s=60)
     trainer = Trainer(case.tiny(), case.config(*case.CASES[0]), temperature=1.0, mesh=ranks.mesh)
-    loss = trainer.step(case.groups())["loss"]
+    metrics = trainer.step(case.groups())
     weights = case.snapshot(trainer)
     if ranks.rank == 0:
-        torch.save({"world_size": ranks.world_size, "loss": loss, "weights": weights}, out)
+        torch.save({"world_size": ranks.world_size, "metrics": metrics, "weights": weights}, out)
     ranks.close()
 
 

@@ -209,7 +209,9 @@ def test_two_torchrun_nodes_on_loopback_form_one_learner(tmp_path) -> None:
     one = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
     loss = one.step(groups())["loss"]
     assert result["world_size"] == 2
-    assert result["loss"] == pytest.approx(loss, rel=1e-6)
+    assert result["metrics"]["loss"] == pytest.approx(loss, rel=1e-6)
+    peaks = result["metrics"]["peak_memory_bytes_by_rank"]
+    assert len(peaks) == 2 and all(peak > 10 * 2**20 for peak in peaks)  # each rank's own
     expected = snapshot(one)
     assert set(result["weights"]) == set(expected)
     for name, tensor in expected.items():

@@ -457,3 +457,17 @@ def test_clipped_tokens_are_counted() -> None:
     assert metrics["tokens_ratio_clipped"] == 1
     assert metrics["ratio_clipped_frac"] == 0.25
     assert metrics["ratio_max"] == pytest.approx(math.exp(5.0), rel=1e-4)
+
+
+def test_a_step_reports_its_time_split_throughput_and_peak_memory() -> None:
+    model = tiny()
+    trainer = Trainer(model, config(), temperature=1.0)
+    g = group([5, 6, 7], [sample([8, 9, 10], 1.0), sample([11, 12], 0.0)])
+    metrics = trainer.step([g])
+    assert metrics["stepped"] == 1.0 and metrics["tokens"] == 5.0
+    seconds = metrics["forward_backward_seconds"] + metrics["optimizer_seconds"]
+    assert metrics["forward_backward_seconds"] > 0 and metrics["optimizer_seconds"] > 0
+    assert metrics["learner_tokens_per_second"] == pytest.approx(5.0 / seconds)
+    [peak] = metrics["peak_memory_bytes_by_rank"]
+    assert peak > 10 * 2**20  # this process's resident set, bytes (not KiB)
+    assert metrics["mfu"] is None  # no known peak for a CPU
