@@ -4,8 +4,10 @@
 # second), the engine vs learner log-prob agreement and the fp32-head checks on the CUDA
 # device, the broadcast weight group over NCCL (tests/integration/test_weight_group.py with
 # SCALERL_WEIGHT_GROUP_BACKEND=nccl; NCCL wants one CUDA device per member, so its tests
-# skip on a machine with fewer than 2-4 devices), and the tiny job end to end with
-# `device: auto` (engine and learner on cuda:0).
+# skip on a machine with fewer than 2-4 devices), the FSDP2 learner's equality with one
+# process over NCCL (tests/integration/test_fsdp_trainer.py; 2 ranks on 2 GPUs, one
+# sharded rank on a single GPU), and the tiny job end to end with `device: auto` (engine
+# and learner on cuda:0).
 #
 #   scripts/gpu_check.sh [PYTHON]
 #
@@ -48,6 +50,15 @@ echo "== the broadcast weight group over NCCL"
 if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   SCALERL_WEIGHT_GROUP_BACKEND=nccl TORCH_NCCL_ASYNC_ERROR_HANDLING=2 "$PYTHON" -m pytest -q \
     -p no:cacheprovider -rs tests/integration/test_weight_group.py 2>&1 | tail -n 8
+else
+  echo "no CUDA device: skipped"
+fi
+
+echo "== the FSDP2 learner: 2 ranks (1 with one GPU) equal one process, over NCCL"
+GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [[ "$GPUS" -ge 1 ]]; then
+  SCALERL_FSDP_BACKEND=nccl SCALERL_FSDP_WORLD=$(( GPUS >= 2 ? 2 : 1 )) "$PYTHON" -m pytest -q \
+    -p no:cacheprovider -rs tests/integration/test_fsdp_trainer.py -k "not torchrun" 2>&1 | tail -n 6
 else
   echo "no CUDA device: skipped"
 fi
