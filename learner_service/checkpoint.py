@@ -3,7 +3,11 @@
 Layout of `checkpoint/`: model.safetensors (weights), optimizer.pt (AdamW moments: nested
 state, so torch.save), rng.safetensors (torch's CPU generator state), state.json (step,
 policy version, r0, the run's counters, Python's and NumPy's RNG states) and
-prompt_pool.json (the pool's statistics with its revision stamp).
+prompt_pool.json (the pool's statistics with its revision stamp). A learner of several
+ranks writes `shards/` instead of model.safetensors and optimizer.pt: a
+`torch.distributed.checkpoint` folder in which every rank writes its own shards of model
+and optimizer (nothing is gathered), which any world size loads, one process included;
+its final checkpoint also exports the full weights as model.safetensors, for users.
 
 Atomic replacement: the new checkpoint is written to `checkpoint.tmp/`, every file and the
 folder are fsynced, the old folder is renamed to `checkpoint.old/`, the new one renamed
@@ -29,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from scalerl.crash_points import crash_point
 
 STATE_FILE = "state.json"
+SHARDS = "shards"  # the sharded (DCP) model and optimizer of a learner of several ranks
 
 
 @dataclass
@@ -55,9 +60,11 @@ def checkpoint_exists(folder: Path) -> bool:
     return _complete(Path(folder)) is not None
 
 
-def save_checkpoint(folder: Path, trainer, state: LearnerState) -> Path:
+def save_checkpoint(folder: Path, trainer, state: LearnerState, export: bool = False) -> Path:
     """Write `trainer` (model, optimizer) and `state` to `folder`, replacing an older
-    checkpoint only once the new one is complete and on disk. Returns the folder.
+    checkpoint only once the new one is complete and on disk. Returns the folder. A
+    trainer of several ranks is saved as shards (its other ranks must take part:
+    `learner_service.ranks`); `export` then also writes the full weights.
 
     Raises OSError (disk full, ...): the previous checkpoint is then still loadable."""
     folder = Path(folder)
@@ -65,7 +72,7 @@ def save_checkpoint(folder: Path, trainer, state: LearnerState) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _write_files(tmp, trainer, state)
+        _write_files(tmp, trainer, state, export)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -90,14 +97,13 @@ def load_checkpoint(folder: Path, trainer) -> LearnerState:
     found = _complete(Path(folder))
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint in {folder}")
-    device = str(next(trainer.model.parameters()).device)
-    model_sd = load_file(str(found / "model.safetensors"), device=device)
-    if "lm_head.weight" in trainer.model.state_dict() and "lm_head.weight" not in model_sd:
-        model_sd["lm_head.weight"] = model_sd["model.embed_tokens.weight"]
-    optimizer = torch.load(found / "optimizer.pt", weights_only=True, map_location=device)
     meta = json.loads((found / STATE_FILE).read_text())
     steps = meta.get("trainer_steps", meta["step"])
-    trainer.load_state_dict({"model": model_sd, "optimizer": optimizer, "steps": steps})
+    if (found / SHARDS).is_dir():
+        trainer.load_sharded(found / SHARDS)
+        trainer.steps = steps
+    else:
+        _load_full(found, trainer, steps)
     _restore_rng(found, meta.get("rng", {}))
     pool = json.loads((found / "prompt_pool.json").read_text())
     return LearnerState(
@@ -110,23 +116,39 @@ def load_checkpoint(folder: Path, trainer) -> LearnerState:
     )
 
 
-def _write_files(tmp: Path, trainer, state: LearnerState) -> None:
+def _load_full(found: Path, trainer, steps: int) -> None:
+    """Load model.safetensors and optimizer.pt (a one-process checkpoint)."""
+    device = str(next(trainer.model.parameters()).device)
+    model_sd = load_file(str(found / "model.safetensors"), device=device)
+    if "lm_head.weight" in trainer.model.state_dict() and "lm_head.weight" not in model_sd:
+        model_sd["lm_head.weight"] = model_sd["model.embed_tokens.weight"]
+    optimizer = torch.load(found / "optimizer.pt", weights_only=True, map_location=device)
+    trainer.load_state_dict({"model": model_sd, "optimizer": optimizer, "steps": steps})
+
+
+def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
     """Every file of one checkpoint into `tmp`, each fsynced; state.json last, so a
     folder with state.json is complete."""
-    sd = trainer.state_dict()
-    model_sd = {k: v.detach().contiguous() for k, v in sd["model"].items()}
-    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
-        model_sd.pop("lm_head.weight", None)  # shares storage with the embedding
-    save_file(model_sd, str(tmp / "model.safetensors"))
-    torch.save(sd["optimizer"], tmp / "optimizer.pt")
+    written = ["rng.safetensors", "prompt_pool.json"]
+    if getattr(trainer, "world_size", 1) > 1:
+        trainer.save_sharded(tmp / SHARDS)
+        written += [str(p.relative_to(tmp)) for p in (tmp / SHARDS).rglob("*") if p.is_file()]
+        if export:
+            _save_weights(trainer.full_snapshot(torch.float32), trainer, tmp)
+            written.append("model.safetensors")
+    else:
+        sd = trainer.state_dict()
+        _save_weights(sd["model"], trainer, tmp)
+        torch.save(sd["optimizer"], tmp / "optimizer.pt")
+        written += ["model.safetensors", "optimizer.pt"]
     save_file({"torch_cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     (tmp / "prompt_pool.json").write_text(json.dumps(state.pool))
-    for name in ("model.safetensors", "optimizer.pt", "rng.safetensors", "prompt_pool.json"):
+    for name in written:
         _fsync_file(tmp / name)
     meta = {
         "step": state.step,
         "policy_version": state.policy_version,
-        "trainer_steps": sd["steps"],
+        "trainer_steps": trainer.steps,
         "r0": state.r0,
         "counters": state.counters,
         "compute_hours": state.compute_hours,
@@ -134,6 +156,14 @@ def _write_files(tmp: Path, trainer, state: LearnerState) -> None:
     }
     (tmp / STATE_FILE).write_text(json.dumps(meta))
     _fsync_file(tmp / STATE_FILE)
+
+
+def _save_weights(model_sd: dict, trainer, tmp: Path) -> None:
+    """model.safetensors: the full weights, the tied LM head left out."""
+    weights = {k: v.detach().contiguous() for k, v in model_sd.items()}
+    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)  # shares storage with the embedding
+    save_file(weights, str(tmp / "model.safetensors"))
 
 
 def _rng_state() -> dict[str, Any]:

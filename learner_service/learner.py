@@ -295,7 +295,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
                 self._evaluate(background=False)
         finally:
             checkpoint_start = time.monotonic()
-            self._checkpoint()
+            self._checkpoint(final=True)
             self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
         self.timing.write(self.run_dir / "learner_timing.json", self.compute.by_role())

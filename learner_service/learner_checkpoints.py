@@ -100,9 +100,10 @@ class CheckpointsMixin:
         minutes = (time.monotonic() - self._checkpointed_at) / 60
         return bool(by_steps or (cfg.checkpoint_minutes and minutes >= cfg.checkpoint_minutes))
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, final: bool = False) -> None:
         """Save model, optimizer, RNG states, step, version, r0, the run's counters and
-        the prompt pool atomically (`learner_service.checkpoint`)."""
+        the prompt pool atomically (`learner_service.checkpoint`); the `final` one of a
+        learner of several ranks also exports the full weights."""
         counters = self.counters | {
             "groups_stale_total": self.batches.stale_total,
             "groups_future_total": self.batches.future_total,
@@ -115,7 +116,7 @@ class CheckpointsMixin:
             pool=self.pool.snapshot(),
             compute_hours=self.compute.total_hours(),
         )
-        save_checkpoint(self.run_dir / "checkpoint", self.trainer, state)
+        save_checkpoint(self.run_dir / "checkpoint", self.trainer, state, export=final)
         self._checkpointed_at = time.monotonic()
         self._checkpointed_step = self.step
         log.info("checkpoint at step %d, policy version %d", self.step, self.version)

@@ -10,7 +10,9 @@ and enters the same call. The announcements, in the order rank 0 makes them:
               the same batch and trains its share of the micro-batches
     snapshot  payload: (dtype, names kept fp32); the full weights are gathered one tensor
               at a time for publication (rank 0 keeps them)
-    state     the full state dict is gathered for a checkpoint (rank 0 writes it)
+    save      payload: a folder; every rank writes its shards of model and optimizer
+              there (a checkpoint's `shards/`, torch.distributed.checkpoint)
+    state     the full state dict is gathered (rank 0 gets it)
     load      payload: the checkpoint folder; every rank reads it and keeps its shards
               (so on several nodes the run folder must be shared storage)
     stop      the followers leave
@@ -42,7 +44,7 @@ from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
-COMMANDS = ("step", "snapshot", "state", "load", "stop")
+COMMANDS = ("step", "snapshot", "save", "state", "load", "stop")
 COLLECTIVE_TIMEOUT_S = 600.0  # one collective of the sharded model (a step's gathers)
 
 
@@ -127,8 +129,15 @@ class DrivenTrainer:
     def snapshot(self, model: torch.nn.Module, dtype, keep_fp32=()) -> dict:
         """The publisher's snapshot (`snapshot_state_dict` signature), gathered."""
         del model  # the trainer's own, sharded
+        return self.full_snapshot(dtype, keep_fp32)
+
+    def full_snapshot(self, dtype, keep_fp32=()) -> dict:
         self._ranks.announce("snapshot", (str(dtype).removeprefix("torch."), tuple(keep_fp32)))
         return self._trainer.full_snapshot(dtype, keep_fp32)
+
+    def save_sharded(self, folder: Path) -> None:
+        self._ranks.announce("save", str(folder))
+        self._trainer.save_sharded(folder)
 
     def state_dict(self) -> dict[str, Any]:
         self._ranks.announce("state")
@@ -148,7 +157,7 @@ class DrivenTrainer:
 
 def follow(config: RunConfig, ranks: LearnerRanks) -> int:
     """A follower rank's life: the same model as rank 0, sharded, then every announced
-    collective until `stop`. Returns 0."""
+    collective until `stop` (`serve_commands`). Returns 0."""
     model, tokenizer = load_policy(config.model, seed=config.seed)
     model.to(ranks.device)
     ranks.share_weights(model)
@@ -159,6 +168,11 @@ def follow(config: RunConfig, ranks: LearnerRanks) -> int:
         pad_id=tokenizer.pad_token_id,
         mesh=ranks.mesh,
     )
+    return serve_commands(trainer, ranks)
+
+
+def serve_commands(trainer: Trainer, ranks: LearnerRanks) -> int:
+    """Enter every collective rank 0 announces, until `stop`. Returns 0."""
     while True:
         command, payload = ranks.next_command()
         if command == "step":
@@ -166,6 +180,8 @@ def follow(config: RunConfig, ranks: LearnerRanks) -> int:
         elif command == "snapshot":
             dtype, keep_fp32 = payload
             trainer.full_snapshot(getattr(torch, dtype), keep_fp32)
+        elif command == "save":
+            trainer.save_sharded(Path(payload))
         elif command == "state":
             trainer.state_dict()
         elif command == "load":

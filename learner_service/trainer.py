@@ -13,10 +13,12 @@ import math
 import resource
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -402,6 +404,34 @@ class Trainer:
             )
         self.steps = int(state.get("steps", 0))
 
+    def save_sharded(self, folder: Path) -> None:
+        """Write model and optimizer with `torch.distributed.checkpoint` into `folder`, each
+        rank its own shards (no gather), names as in `state_dict`. With a mesh every rank
+        must call it with the same folder."""
+        dcp.save(self._named_state(), checkpoint_id=str(folder), no_dist=self.mesh is None)
+
+    def load_sharded(self, folder: Path) -> None:
+        """Read a `save_sharded` folder of any world size (DCP reshards it to this one);
+        with a mesh every rank must call it. Raises what DCP raises for a folder that is
+        no checkpoint of this model (the model is then unchanged only if the error came
+        before any tensor was read)."""
+        state = self._named_state()
+        dcp.load(state, checkpoint_id=str(folder), no_dist=self.mesh is None)
+        rename = _wrap if self.mesh is not None else _same
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=_renamed(state["model"], rename),
+            optim_state_dict=_renamed_optimizer(state["optimizer"], rename),
+        )
+
+    def _named_state(self) -> dict[str, Any]:
+        """This rank's (sharded) model and optimizer state, keyed as in `state_dict`."""
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        rename = _unwrap if self.mesh is not None else _same
+        optimizer = _renamed_optimizer(optim_sd, rename)
+        return {"model": _renamed(model_sd, rename), "optimizer": optimizer}
+
     def full_snapshot(self, dtype: torch.dtype | str | None, keep_fp32=()) -> dict:
         """`scalerl.policy.weights.snapshot_state_dict` of the whole model, gathered one
         tensor at a time (peak extra memory: one full tensor, not the model). With a mesh
@@ -427,6 +457,10 @@ def _unwrap(name: str) -> str:
 
 def _wrap(name: str) -> str:
     return _PREFIX + name
+
+
+def _same(name: str) -> str:
+    return name
 
 
 def _renamed(state: Mapping[str, Any], rename) -> dict[str, Any]:

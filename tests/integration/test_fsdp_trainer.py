@@ -24,8 +24,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from learner_service.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+from learner_service.ranks import DrivenTrainer, LearnerRanks, serve_commands
 from learner_service.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
@@ -132,13 +134,21 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     load_checkpoint(folder / "one", trainer)  # every rank reads it and keeps its shards
     results["resumed"] = snapshot(trainer)
     results["resumed_stepped"] = snapshot(stepped(trainer))
-    # A step from scratch, checkpointed by two ranks.
+    # A step from scratch, checkpointed by two ranks as the learner does: rank 0 writes
+    # the checkpoint (shards and the exported weights), rank 1 enters what it announces.
+    ranks = LearnerRanks(mesh, dist.new_group(backend="gloo"), device)
     trainer = stepped(Trainer(tiny().to(device), config(*CASES[0]), temperature=1.0, mesh=mesh))
     if rank == 0:
-        save_checkpoint(folder / "two", trainer, LearnerState(step=1, policy_version=1))
+        driven = DrivenTrainer(trainer, ranks)
+        save_checkpoint(folder / "two", driven, LearnerState(1, 1), export=True)
+        results["two"] = driven.full_snapshot(torch.float32, head_names(trainer.model))
+        driven.stop()
     else:
-        trainer.state_dict()  # the gather every rank takes part in
-    results["two"] = snapshot(trainer)
+        serve_commands(trainer, ranks)
+    # The sharded checkpoint resumed on the same two ranks.
+    again = Trainer(tiny().to(device), config(*CASES[0]), temperature=1.0, mesh=mesh)
+    load_checkpoint(folder / "two", again)
+    results["two_resumed"] = snapshot(again)
     if rank == 0:
         torch.save(results, folder / "ranks.pt")
     dist.destroy_process_group()
@@ -187,12 +197,23 @@ def test_checkpoints_move_between_world_sizes_with_identical_weights(two_ranks) 
         torch.testing.assert_close(
             results["resumed_stepped"][name], tensor, rtol=RTOL, atol=10 * ATOL
         )
-    # 2 ranks -> 1 process: the checkpoint holds exactly the ranks' gathered weights.
+    # 2 ranks -> 1 process: the sharded checkpoint holds exactly the ranks' weights, and
+    # the exported model.safetensors too; 2 ranks -> 2 ranks as well.
+    assert (folder / "two" / "shards" / ".metadata").is_file()
+    assert not (folder / "two" / "optimizer.pt").exists()
     back = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
     load_checkpoint(folder / "two", back)
+    exported = load_file(folder / "two" / "model.safetensors")
     for name, tensor in snapshot(back).items():
         assert torch.equal(results["two"][name], tensor), name
+        assert torch.equal(results["two_resumed"][name], tensor), name
+        assert torch.equal(exported[name], tensor), name
     assert back.steps == 1
+    # ... with its optimizer state: the next step matches the ranks' own next step.
+    expected = snapshot(stepped(back))
+    reference = snapshot(stepped(stepped(Trainer(tiny(), config(*CASES[0]), temperature=1.0))))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(reference[name], tensor, rtol=RTOL, atol=10 * ATOL)
 
 
 def test_the_gathered_full_weights_are_the_unsharded_models(two_ranks) -> None:
