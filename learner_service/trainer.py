@@ -12,6 +12,7 @@ import copy
 import math
 import resource
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -416,7 +417,9 @@ class Trainer:
         no checkpoint of this model (the model is then unchanged only if the error came
         before any tensor was read)."""
         state = self._named_state()
-        dcp.load(state, checkpoint_id=str(folder), no_dist=self.mesh is None)
+        with warnings.catch_warnings():  # one process loading shards is what is meant here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(folder), no_dist=self.mesh is None)
         rename = _wrap if self.mesh is not None else _same
         set_state_dict(
             self.module,
