@@ -125,6 +125,9 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
     assert worker_log.count("starting at policy version") == 2  # before and after the kill
     assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
     assert report["learner_world_size"] == 2
+    checkpoint = run_dir / "checkpoint"  # each rank's shards, and the exported weights
+    assert (checkpoint / "shards" / ".metadata").is_file()
+    assert (checkpoint / "model.safetensors").is_file()
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "learner rank 1 of 2" in learner_log and "rank 1: rank 0 stopped" in learner_log
     evals = read_records(run_dir, EvalRecord)
