@@ -130,7 +130,8 @@ class WeightBroadcaster:
 
     def _form(self, candidates: dict[str, str]) -> list[str]:
         """Form epoch + 1 of the learner and `candidates`; returns the members dropped
-        (all of them when the epoch did not form: `_formed` says which)."""
+        for `rejoin_after_s` (those whose join failed other than ABORTED; `_formed`
+        says whether the epoch formed: if not, nobody gets this version by broadcast)."""
         epoch, world_size = self.epoch + 1, len(candidates) + 1
         requests = {
             worker: rollout_pb2.JoinWeightGroupRequest(
@@ -162,7 +163,7 @@ class WeightBroadcaster:
         self._members = dict(candidates)
         if not self._formed:
             self._drop(failed)
-            return sorted(candidates)
+            return sorted(worker for worker, code in failed.items() if code is not None)
         log.info("weight group epoch %d formed: %s", epoch, ", ".join(candidates))
         return []
 
