@@ -3,7 +3,8 @@
 Tiers are folders and each folder marks its tests: `unit/` (pure, in-process), `integration/`
 (real Redis, gRPC servers or child processes), `contract/` (the engine contract suite, run
 against every engine installed), `e2e/` (the whole system: `scalerl run` on the tiny model;
-also marked `integration`). `pytest -m unit` runs the fast tier alone.
+also marked `integration`), `deploy/` (the Kubernetes manifests, rendered and checked
+without a cluster). `pytest -m unit` runs the fast tier alone.
 
 Tests isolate themselves by run id (every key is prefixed `scalerl:{run_id}:`), never by
 flushing the database, because servers and workers started by other fixtures may be using
@@ -28,6 +29,7 @@ TIER_MARKERS = {
     "integration": ("integration",),
     "contract": ("contract",),
     "e2e": ("e2e", "integration"),
+    "deploy": ("deploy",),
 }
 
 
