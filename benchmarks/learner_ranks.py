@@ -11,7 +11,11 @@ Completion tokens trained per second of:
 Each is the median of --repeats steps after one warm-up step, all in one run; the 2-rank
 line also gives its time split (forward/backward vs optimizer, from the step's metrics).
 
-    python benchmarks/learner_ranks.py [--repeats 3] [--autocast auto|true|false]
+    python benchmarks/learner_ranks.py [--repeats 3] [--autocast auto|true|false] [--groups 8]
+
+`--groups 2` (one micro-batch per rank) shows the sharding's fixed cost per pass: each
+rank gathers every layer's parameters for its forward, again for its backward, and
+reduce-scatters the gradients.
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ import time
 from pathlib import Path
 
 
-def batch(tok):
-    """The benchmark's eight groups (seeded)."""
+def batch(tok, count: int = 8):
+    """The benchmark's `count` groups (seeded)."""
     from scalerl.v1 import rollout_pb2
 
     rng = random.Random(0)
     groups = []
-    for i in range(8):
+    for i in range(count):
         prompt = tok.prompt_ids(f"What is {i}+3?", "Reply with only the final number.")
         samples = []
         for j in range(8):
@@ -92,7 +96,7 @@ def learner_config(autocast):
     return LearnerConfig(autocast_bf16=autocast, lr=1e-9)
 
 
-def two_ranks(rank: int, port: int, repeats: int, autocast, out: str) -> None:
+def two_ranks(rank: int, port: int, repeats: int, autocast, out: str, count: int) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -105,7 +109,7 @@ def two_ranks(rank: int, port: int, repeats: int, autocast, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     model, tok = load_policy(ModelConfig())
-    groups = batch(tok)
+    groups = batch(tok, count)
     mesh = init_device_mesh("cpu", (2,))
     trainer = Trainer(model, learner_config(autocast), 1.0, pad_id=tok.pad_token_id, mesh=mesh)
     metrics = []
@@ -119,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--autocast", default="auto", help="learner.autocast_bf16")
+    parser.add_argument("--groups", type=int, default=8, help="groups of 8 in the batch")
     args = parser.parse_args()
     import torch
     import torch.multiprocessing as mp
@@ -132,11 +137,11 @@ def main() -> None:
     torch.set_num_threads(1)
     autocast = {"true": True, "false": False}.get(args.autocast, "auto")
     model, tok = load_policy(ModelConfig())
-    groups = batch(tok)
+    groups = batch(tok, args.groups)
     tokens = completion_tokens(groups)
     on = native_bf16("cpu")[0] if autocast == "auto" else autocast
     print(f"torch {torch.__version__}, {native_bf16('cpu')[1]}, bf16 autocast {on}")
-    print(f"{tokens} completion tokens, 64 samples, one torch thread per process")
+    print(f"{tokens} completion tokens, {8 * args.groups} samples, one torch thread per process")
     medians = {}
     medians["hf"] = statistics.median(timed(lambda: hf_step(model, groups, 16, on), args.repeats))
     trainer = Trainer(model, learner_config(autocast), 1.0, pad_id=tok.pad_token_id)
@@ -145,7 +150,7 @@ def main() -> None:
         out = str(Path(folder) / "two.pt")
         mp.start_processes(
             two_ranks,
-            args=(free_port(), args.repeats, autocast, out),
+            args=(free_port(), args.repeats, autocast, out, args.groups),
             nprocs=2,
             start_method="spawn",
         )
