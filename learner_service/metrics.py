@@ -48,6 +48,22 @@ _STEP_GAUGES = {
         "scalerl_learner_prompts_eligible",
         "Training prompts still in the pool.",
     ),
+    "learner_tokens_per_second": (
+        "scalerl_learner_tokens_per_second",
+        "Completion tokens trained per second of forward, backward and update (last step).",
+    ),
+    "forward_backward_seconds": (
+        "scalerl_learner_forward_backward_seconds",
+        "Wall seconds of the last step's forward and backward passes.",
+    ),
+    "optimizer_seconds": (
+        "scalerl_learner_optimizer_seconds",
+        "Wall seconds of the last step's gradient clipping and AdamW update.",
+    ),
+    "mfu": (
+        "scalerl_learner_mfu",
+        "Model FLOPs utilisation of the last step (only where the device's peak is known).",
+    ),
 }
 
 
@@ -133,6 +149,13 @@ class LearnerMetrics:
             f"Steps whose truncation rate exceeded {TRUNCATION_WARNING_RATE:.0%}.",
             registry=registry,
         )
+        self.peak_memory = Gauge(
+            "scalerl_learner_peak_memory_bytes",
+            "Peak memory of each learner rank at the last step (CUDA: allocated during the "
+            "step; CPU: the process's peak resident set).",
+            ["rank"],
+            registry=registry,
+        )
         self.broadcast_epoch = Gauge(
             "scalerl_weight_broadcast_epoch",
             "Epoch of the broadcast weight group used for the last version (-1: none).",
@@ -166,7 +189,11 @@ class LearnerMetrics:
         self.step.set(record.step)
         self.policy_version.set(record.policy_version)
         for key, gauge in self.gauges.items():
-            gauge.set(float(getattr(record, key)))
+            value = getattr(record, key)
+            if value is not None:  # recorded only by steps that trained (and the peak known)
+                gauge.set(float(value))
+        for rank, peak in enumerate(record.peak_memory_bytes_by_rank or []):
+            self.peak_memory.labels(str(rank)).set(peak)
         self.step_seconds.observe(record.step_seconds)
         self.batch_wait_seconds.observe(record.batch_wait_seconds)
         for lag, count in enumerate(record.staleness_hist):

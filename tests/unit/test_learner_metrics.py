@@ -258,3 +258,26 @@ def test_per_worker_accounting_is_exported_by_worker_id() -> None:
     assert value("scalerl_worker_busy_seconds_total", {"worker_id": "rollout-0"}) == 2.5
     blocked = value("scalerl_worker_push_blocked_seconds_total", {"worker_id": "manual-1"})
     assert blocked == 4.0
+
+
+def test_the_learner_throughput_and_every_ranks_peak_memory_are_exported() -> None:
+    registry = CollectorRegistry()
+    metrics = LearnerMetrics(registry)
+    value = registry.get_sample_value
+    sharded = RECORD.model_copy(
+        update={
+            "learner_tokens_per_second": 64.0,
+            "forward_backward_seconds": 2.5,
+            "optimizer_seconds": 0.5,
+            "peak_memory_bytes_by_rank": [4 * 2**30, 5 * 2**30],
+        }
+    )
+    metrics.observe_step(sharded)
+    assert value("scalerl_learner_tokens_per_second") == 64.0
+    assert value("scalerl_learner_forward_backward_seconds") == 2.5
+    assert value("scalerl_learner_peak_memory_bytes", {"rank": "1"}) == 5 * 2**30
+    # A step that trained nothing records no throughput: the gauges keep the last value;
+    # MFU is never set on a CPU (no known peak).
+    metrics.observe_step(RECORD)
+    assert value("scalerl_learner_tokens_per_second") == 64.0
+    assert value("scalerl_learner_mfu") == 0.0
