@@ -62,7 +62,7 @@ _STEP_GAUGES = {
     ),
     "mfu": (
         "scalerl_learner_mfu",
-        "Model FLOPs utilisation of the last step (only where the device's peak is known).",
+        "Model FLOPs utilisation of the last step (stays 0 where the device's peak is unknown).",
     ),
 }
 
