@@ -12,8 +12,9 @@ previous default), in one run, and their ratio.
 from __future__ import annotations
 
 import argparse
-import random
 import time
+
+from learner_ranks import batch
 
 
 def main() -> None:
@@ -28,29 +29,10 @@ def main() -> None:
     from scalerl.config import LearnerConfig, ModelConfig
     from scalerl.policy.hardware import native_bf16
     from scalerl.policy.models import load_policy
-    from scalerl.v1 import rollout_pb2
 
     torch.set_num_threads(1)
     model, tok = load_policy(ModelConfig())
-    rng = random.Random(0)
-
-    def group(i: int) -> rollout_pb2.RolloutGroup:
-        prompt = tok.prompt_ids(f"What is {i}+3?", "Reply with only the final number.")
-        samples = []
-        for j in range(8):
-            n = rng.randint(3, 26)
-            samples.append(
-                rollout_pb2.Sample(
-                    token_ids=[rng.randint(100, 40000) for _ in range(n)],
-                    logprobs=[-3.0] * n,
-                    policy_versions=[0] * n,
-                    reward=float(j % 2),
-                    finish_reason=rollout_pb2.FINISH_REASON_STOP,
-                )
-            )
-        return rollout_pb2.RolloutGroup(prompt_token_ids=prompt, samples=samples)
-
-    groups = [group(i) for i in range(8)]
+    groups = batch(tok)  # the same eight groups as benchmarks/learner_ranks.py
     autocast = {"true": True, "false": False}.get(args.autocast, "auto")
     print(
         f"torch {torch.__version__}, {native_bf16('cpu')[1]}, autocast {args.autocast}, "
