@@ -60,6 +60,19 @@ def checkpoint_exists(folder: Path) -> bool:
     return _complete(Path(folder)) is not None
 
 
+def checkpoint_step(folder: Path) -> int | None:
+    """The optimizer step of the complete checkpoint in `folder` (or its `.old`
+    sibling), read from its state.json alone (no tensors loaded); None when there is
+    none. Raises ValueError for a state.json without a step."""
+    found = _complete(Path(folder))
+    if found is None:
+        return None
+    meta = json.loads((found / STATE_FILE).read_text())
+    if "step" not in meta:
+        raise ValueError(f"{found / STATE_FILE}: no 'step'")
+    return int(meta["step"])
+
+
 def save_checkpoint(folder: Path, trainer, state: LearnerState, export: bool = False) -> Path:
     """Write `trainer` (model, optimizer) and `state` to `folder`, replacing an older
     checkpoint only once the new one is complete and on disk. Returns the folder. A

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"scalerl-learner: {exc}", file=sys.stderr)
         return 2
+    if _run_already_finished(args, config):
+        return 0
     from learner_service.ranks import LearnerRanks, follow
 
     device = config.device if config.device != "auto" else "cpu"
@@ -96,6 +98,33 @@ def main(argv: list[str] | None = None) -> int:
         learner.close()
         if ranks is not None:
             ranks.close()
+
+
+def _run_already_finished(args: argparse.Namespace, config) -> bool:
+    """True when the run folder's checkpoint is at `learner.max_steps` or beyond: the
+    run ended, and this start is a restart after it (a StatefulSet restarts a container
+    that exited 0). Nothing is trained, evaluated or written; rank 0 raises the run's stop
+    flag again so restarted workers leave too. A run resumed with a larger max_steps goes
+    on as before."""
+    import logging
+    import os
+
+    from learner_service.checkpoint import checkpoint_step
+
+    step = checkpoint_step(args.run_dir / "checkpoint")
+    if step is None or step < config.learner.max_steps:
+        return False
+    logging.getLogger("scalerl-learner").info(
+        "the run is finished (checkpoint at step %d, max_steps %d): nothing to do",
+        step,
+        config.learner.max_steps,
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        from scalerl.state.client import connect
+        from scalerl.state.run_state import RunState
+
+        RunState(connect(args.redis_url), config.run_id).request_stop()
+    return True
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Tiers are folders and each folder marks its tests: `unit/` (pure, in-process), `
 (real Redis, gRPC servers or child processes), `contract/` (the engine contract suite, run
 against every engine installed), `e2e/` (the whole system: `scalerl run` on the tiny model;
 also marked `integration`), `deploy/` (the Kubernetes manifests, rendered and checked
-without a cluster). `pytest -m unit` runs the fast tier alone.
+without a cluster; the cpu-smoke overlay also run as local processes). `pytest -m unit`
+runs the fast tier alone.
 
 Tests isolate themselves by run id (every key is prefixed `scalerl:{run_id}:`), never by
 flushing the database, because servers and workers started by other fixtures may be using

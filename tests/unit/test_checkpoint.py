@@ -13,6 +13,7 @@ import learner_service.checkpoint as checkpoint
 from learner_service.checkpoint import (
     LearnerState,
     checkpoint_exists,
+    checkpoint_step,
     load_checkpoint,
     save_checkpoint,
 )
@@ -103,3 +104,13 @@ def test_no_checkpoint_raises_file_not_found(tmp_path) -> None:
     assert not checkpoint_exists(tmp_path / "checkpoint")
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "checkpoint", trainer())
+
+
+def test_checkpoint_step_reads_the_step_without_the_tensors(tmp_path) -> None:
+    folder = tmp_path / "checkpoint"
+    assert checkpoint_step(folder) is None
+    save_checkpoint(folder, trainer(), LearnerState(step=40, policy_version=41, pool=POOL))
+    assert checkpoint_step(folder) == 40
+    (folder / "state.json").write_text('{"policy_version": 41}')
+    with pytest.raises(ValueError, match="no 'step'"):
+        checkpoint_step(folder)
