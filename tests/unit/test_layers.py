@@ -29,7 +29,11 @@ TORCH_FREE = (
     "scalerl.rpc.channel",
     "scalerl.obs.logging",
     "scalerl.obs.metrics",
+    "scalerl.verifiers",
+    "scalerl.verifiers.code",
+    "scalerl.verifiers.math_answer",
     "scalerl_cli.main",
+    "scalerl_cli.task_cli",
 )
 
 

@@ -12,6 +12,7 @@ from rollout_service.actor import _GroupInFlight, build_group
 from scalerl import tasks
 from scalerl.policy.models import chat_stop_token_ids
 from scalerl.tasks import AdditionTask, Verdict, verify_last_integer
+from scalerl.verifiers import last_integer
 
 
 @pytest.mark.parametrize(
@@ -49,9 +50,16 @@ def test_verifier_exception_scores_zero_as_parse_failure(monkeypatch) -> None:
     def broken(reply: str, answer: int) -> Verdict:
         raise RuntimeError("verifier bug")
 
-    monkeypatch.setattr(tasks, "verify_last_integer", broken)
+    monkeypatch.setattr(last_integer, "verify_last_integer", broken)
     task = AdditionTask(2, 2, heldout_size=1)
     assert task.score(task.train[0].prompt_id, "4") == Verdict(0.0, True)
+    assert task.verifier.stats.errors == 1 and task.verifier.stats.calls == 1
+
+
+def test_an_unknown_prompt_id_scores_zero() -> None:
+    task = AdditionTask(2, 2, heldout_size=1)
+    verdict = task.score("add-99-99", "198")
+    assert verdict == Verdict(0.0, True) and verdict.failure == "error"
 
 
 class _Done:
@@ -63,7 +71,7 @@ class _Done:
 def test_a_group_with_a_failing_verifier_is_still_built(monkeypatch) -> None:
     """The actor scores every sample; a verifier that raises gives reward 0 and a parse
     failure for that sample, and the group goes on to the learner."""
-    monkeypatch.setattr(tasks, "verify_last_integer", lambda r, a: 1 / 0)
+    monkeypatch.setattr(last_integer, "verify_last_integer", lambda r, a: 1 / 0)
     task = AdditionTask(2, 2, heldout_size=1)
     prompt = task.train[0]
     streams = [
