@@ -173,6 +173,7 @@ def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
     assert [e.step for e in evals] == [0, 4, 8, 12]  # on batch boundaries
 
 
+@pytest.mark.slow  # two tiny runs; the default suite keeps one run per learner shape
 def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = [sys.executable, "-m", "scalerl_cli.main", "sweep", "--config", "tiny"]
