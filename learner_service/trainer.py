@@ -8,6 +8,7 @@ over micro-batches (`learner_service.micro_batches`, log-probs with an fp32 LM h
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import resource
@@ -361,13 +362,13 @@ class Trainer:
         must call it (the shards are gathered); rank 0 gets the tensors (on the CPU), the
         others empty sections."""
         if self.mesh is None:
-            return {
-                "model": self.model.state_dict(),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
-                "steps": self.steps,
-            }
+            with _no_phantom_step(self.optimizer) as fixed:
+                optimizer = fixed(get_optimizer_state_dict(self.model, self.optimizer))
+            return {"model": self.model.state_dict(), "optimizer": optimizer, "steps": self.steps}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
+        with _no_phantom_step(self.optimizer) as fixed:
+            model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
+            optim_sd = fixed(optim_sd)
         return {
             "model": _renamed(model_sd, _unwrap),
             "optimizer": _renamed_optimizer(optim_sd, _unwrap),
@@ -430,7 +431,9 @@ class Trainer:
 
     def _named_state(self) -> dict[str, Any]:
         """This rank's (sharded) model and optimizer state, keyed as in `state_dict`."""
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        with _no_phantom_step(self.optimizer) as fixed:
+            model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+            optim_sd = fixed(optim_sd)
         rename = _unwrap if self.mesh is not None else _same
         optimizer = _renamed_optimizer(optim_sd, rename)
         return {"model": _renamed(model_sd, rename), "optimizer": optimizer}
@@ -449,6 +452,27 @@ class Trainer:
                 snapshot[name] = full.detach().to("cpu", target, copy=True).contiguous()
             del full
         return snapshot
+
+
+@contextlib.contextmanager
+def _no_phantom_step(optimizer: torch.optim.Optimizer):
+    """Undo the step count of the zero-gradient step `torch.distributed.checkpoint.state_dict`
+    takes to create an optimizer's state when it has none yet (before the first update).
+    Zero moments at step 0 are exactly AdamW's fresh state, so the next real update keeps
+    its step-1 bias correction. Yields a function that fixes a returned state dict too."""
+    fresh = not optimizer.state
+
+    def fixed(state: dict) -> dict:
+        for entry in (state.get("state", {}) if fresh else {}).values():
+            if isinstance(entry, dict) and "step" in entry:
+                entry["step"] = torch.zeros_like(torch.as_tensor(entry["step"]))
+        return state
+
+    yield fixed
+    if fresh:
+        for entry in optimizer.state.values():
+            if "step" in entry:
+                entry["step"].zero_() if torch.is_tensor(entry["step"]) else entry.update(step=0)
 
 
 _PREFIX = "policy."  # the sharding root's name for the policy (`sharding.LogprobModule`)

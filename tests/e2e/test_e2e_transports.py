@@ -5,6 +5,7 @@ group broadcasts every version to the READY ones)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -40,8 +41,11 @@ def test_tiny_run_without_shared_disk(tmp_path, transport):
     assert proc.returncode == 0, output[-3000:]
     steps = read_records(run_dir, StepRecord)
     assert [m.step for m in steps] == list(range(1, STEPS + 1))
+    # The version moves with every step that updated the weights (a batch of zero-variance
+    # groups only updates nothing).
     versions = [m.policy_version for m in steps]
-    assert versions == sorted(set(versions)) and versions[-1] >= STEPS - 1, versions
+    assert versions == list(itertools.accumulate(int(m.stepped) for m in steps)), versions
+    assert versions[-1] >= STEPS // 2, versions
     assert all(m.staleness_max <= 2 for m in steps)  # the tiny config's k
     for worker in ("rollout-0", "rollout-1"):
         log = (run_dir / "logs" / f"{worker}.log").read_text()

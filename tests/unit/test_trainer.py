@@ -471,3 +471,14 @@ def test_a_step_reports_its_time_split_throughput_and_peak_memory() -> None:
     [peak] = metrics["peak_memory_bytes_by_rank"]
     assert peak > 10 * 2**20  # this process's resident set, bytes (not KiB)
     assert metrics["mfu"] is None  # no known peak for a CPU
+
+
+def test_a_checkpoint_before_the_first_update_leaves_adamw_as_it_was() -> None:
+    """torch.distributed.checkpoint creates missing optimizer state with a zero-gradient
+    step; its step count must not survive, or every later update's bias correction shifts."""
+    g = group([5, 6, 7], [sample([8, 9, 10], 1.0), sample([11, 12], 0.0)])
+    plain, saved = Trainer(tiny(), config(), 1.0), Trainer(tiny(), config(), 1.0)
+    saved.state_dict()  # the learner checkpoints at step 0, before any update
+    plain.step([g]), saved.step([g])
+    assert all(torch.equal(a, b) for a, b in zip(plain.params, saved.params, strict=True))
+    assert {float(s["step"]) for s in saved.optimizer.state.values()} == {1.0}
