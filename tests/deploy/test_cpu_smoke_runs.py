@@ -103,7 +103,9 @@ def _assert_learned(evals: list[EvalRecord]) -> None:
     rates = [e.pass_rate for e in evals]
     gained = [round((r - rates[0]) * e.completions) for r, e in zip(rates, evals, strict=True)]
     assert gained[-1] >= 0.05 * evals[-1].completions, f"pass rate did not rise: {rates}"
-    assert max(gained[1:]) >= 0.10 * evals[-1].completions, f"pass rate did not rise: {rates}"
+    # The best evaluation 0.08 above step 0: about 3 standard errors of a difference of two
+    # evaluations (480 completions each); 0.10 failed about one run in four on 2 cores.
+    assert max(gained[1:]) >= 0.08 * evals[-1].completions, f"pass rate did not rise: {rates}"
 
 
 def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -> None:

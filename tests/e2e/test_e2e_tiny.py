@@ -71,7 +71,9 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     rates = [e.pass_rate for e in evals]
     gained = [round((r - rates[0]) * e.completions) for r, e in zip(rates, evals, strict=True)]
     assert gained[-1] >= 0.05 * evals[-1].completions, f"pass rate did not rise: {rates}"
-    assert max(gained[1:]) >= 0.10 * evals[-1].completions, f"pass rate did not rise: {rates}"
+    # The best evaluation 0.08 above step 0: about 3 standard errors of a difference of two
+    # evaluations (480 completions each); 0.10 failed about one run in four on 2 cores.
+    assert max(gained[1:]) >= 0.08 * evals[-1].completions, f"pass rate did not rise: {rates}"
     metrics = read_records(run_dir, StepRecord)
     assert [m.step for m in metrics] == list(range(1, len(metrics) + 1))
     assert metrics[-1].policy_version >= 1
