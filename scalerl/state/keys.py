@@ -29,6 +29,19 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+# Task names (`RunConfig.task[i].name`): the prefix of their prompt ids, a label of their
+# metrics and the name of their series on the curve service. Lower case, so a name is one
+# Prometheus label value whatever the user typed.
+TASK_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+def check_task_name(name: str) -> str:
+    """Return name unchanged, or raise ValueError naming the allowed pattern."""
+    if not isinstance(name, str) or not TASK_NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"task name must match {TASK_NAME_PATTERN.pattern}, got {name!r}")
+    return name
+
+
 # Rollout worker ids: the registry's keys and the per-worker accounting's fields.
 WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
