@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scalerl.state.keys import RUN_ID_PATTERN
+from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_PREFIX = "SCALERL_"
@@ -63,19 +63,115 @@ class ModelConfig(_Section):
     )
 
 
-class TaskConfig(_Section):
-    """The task: prompts, splits and the verifier."""
+ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
+TASK_SOURCES = ("additions", "file", "reasoning_gym")
 
-    name: Literal["addition"] = "addition"
-    small_max: int = Field(9, ge=0, le=99, description="Largest single-digit operand.")
-    large_max: int = Field(39, ge=1, le=9999, description="Largest value of the other operand.")
+
+class TaskConfig(_Section):
+    """One task of the run: where its prompts come from, how they are split into training
+    and held-out prompts, how a reply is scored and its share of the training prompts.
+
+    source `additions`: the built-in "What is a+b?" prompts (small_max, large_max).
+    source `file`: a local JSONL or Parquet file, or a Hugging Face `datasets` folder saved
+    with `save_to_disk` (path, format, the *_field names, split fields).
+    source `reasoning_gym`: a seeded procedural generator of the `reasoning-gym` package
+    (dataset, dataset_config, size), scored by that dataset's own scorer.
+    The held-out split is the file's (split_field, or a saved DatasetDict's splits) or else
+    a seeded i.i.d. split of heldout_size prompts sharing no prompt text with training.
+    """
+
+    name: str = Field(
+        "addition",
+        pattern=TASK_NAME_PATTERN.pattern,
+        description="Task name: prefix of its prompt ids, label of its metrics and curve.",
+    )
+    source: Literal["additions", "file", "reasoning_gym"] = Field(
+        "additions", description="Where the prompts come from: additions, file, reasoning_gym."
+    )
+    weight: float = Field(
+        1.0, gt=0, le=1e6, description="Share of training prompts, relative to the other tasks."
+    )
+    verifier: str = Field(
+        "",
+        description="last_integer, math, code or python:MODULE:FUNCTION; empty = the "
+        "source's own (additions: last_integer, reasoning_gym: the dataset's scorer; a "
+        "file source must name one).",
+    )
+    verifier_timeout_s: float | None = Field(
+        None, ge=0.1, le=600, description="Time limit of one check, seconds; None = default."
+    )
     heldout_size: int = Field(
-        200, ge=1, le=100_000, description="Held-out prompts (disjoint from training)."
+        200, ge=1, le=100_000, description="Held-out prompts of a seeded split."
     )
     seed: int = Field(0, description="Seed of the train/held-out split.")
-    system_prompt: str = Field(
-        "Reply with only the final number.", description="System prompt (chat models)."
+    system_prompt: str | None = Field(
+        None,
+        description="System prompt (chat models); None = the source's default (additions: "
+        f"{ADDITIONS_SYSTEM_PROMPT!r}, others: none).",
     )
+    prompt_template: str = Field(
+        "{prompt}",
+        description="The user message made of a text prompt; must contain {prompt}.",
+    )
+    # source: additions
+    small_max: int = Field(9, ge=0, le=99, description="additions: largest one-digit operand.")
+    large_max: int = Field(
+        39, ge=1, le=9999, description="additions: largest value of the other operand."
+    )
+    # source: file
+    path: str = Field("", description="file: a .jsonl/.parquet file or a save_to_disk folder.")
+    format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
+        "auto", description="file: auto = by extension (a folder is a saved `datasets`)."
+    )
+    prompt_field: str = Field(
+        "prompt", description="file: column of the prompt (text, or chat messages)."
+    )
+    answer_field: str = Field(
+        "answer", description="file: column of the reference answer (or the code tests)."
+    )
+    id_field: str = Field("", description="file: column of unique row ids; empty = row number.")
+    split_field: str = Field(
+        "", description="file: column naming each row's split; empty = a seeded split."
+    )
+    train_split: str = Field("train", description="file: split value (or name) of training.")
+    heldout_split: str = Field("test", description="file: split value (or name) held out.")
+    # source: reasoning_gym
+    dataset: str = Field("", description="reasoning_gym: dataset name (e.g. basic_arithmetic).")
+    dataset_config: dict[str, Any] = Field(
+        default_factory=dict, description="reasoning_gym: the dataset's options."
+    )
+    size: int = Field(
+        10_000, ge=2, le=10_000_000, description="reasoning_gym: prompts generated in all."
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> TaskConfig:
+        where = f"task {self.name!r}"
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError(f"{where}: prompt_template must contain {{prompt}}")
+        if self.source == "file":
+            if not self.path:
+                raise ValueError(f"{where}: path is required for source file")
+            if not self.verifier:
+                raise ValueError(
+                    f"{where}: verifier is required for source file (last_integer, math, "
+                    "code or python:MODULE:FUNCTION)"
+                )
+        if self.source == "reasoning_gym" and not self.dataset:
+            raise ValueError(f"{where}: dataset is required for source reasoning_gym")
+        return self
+
+    @property
+    def effective_system_prompt(self) -> str:
+        """The system prompt in use (the source's default when unset)."""
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return ADDITIONS_SYSTEM_PROMPT if self.source == "additions" else ""
+
+
+def _as_task_list(value: Any) -> Any:
+    """`task:` may be one mapping (a run of one task) or a list of them."""
+    return [value] if isinstance(value, dict) else value
 
 
 class RolloutConfig(_Section):
@@ -410,15 +506,29 @@ class RunConfig(BaseSettings):
         "cuda:N (scalerl.policy.hardware).",
     )
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: list[TaskConfig] = Field(
+        default_factory=lambda: [TaskConfig()],
+        min_length=1,
+        max_length=64,
+        description="The run's tasks (one mapping is a list of one).",
+    )
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     fleet: FleetConfig = FleetConfig()
     curve: CurveConfig = CurveConfig()
     security: SecurityConfig = SecurityConfig()
 
+    @field_validator("task", mode="before")
+    @classmethod
+    def _one_or_many_tasks(cls, value: Any) -> Any:
+        return _as_task_list(value)
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        names = [t.name for t in self.task]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"task names must be unique, repeated: {', '.join(repeated)}")
         r = self.rollout
         # The phrase takes at least one token; its exact length needs the tokenizer
         # (scalerl.length_control.check_budgets, run before any process starts).
@@ -437,11 +547,33 @@ class RunConfig(BaseSettings):
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts. The task list is entered by index (`task.0.weight`),
+    by task name (`task.math.weight`) or, when it holds one task, directly
+    (`task.heldout_size`). Raises ValueError when no task matches."""
     keys = dotted.split(".")
     node = data
+    if keys[0] == "task" and len(keys) > 1:
+        tasks = data["task"] = _as_task_list(data.get("task", [{}]))
+        node, keys = _task_entry(tasks, keys[1:])
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
+
+
+def _task_entry(tasks: list[dict[str, Any]], keys: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The task mapping that `keys` (after `task.`) address, and the keys left."""
+    head = keys[0]
+    names = [t.get("name", TaskConfig.model_fields["name"].default) for t in tasks]
+    if head.isdigit() and int(head) < len(tasks) and len(keys) > 1:
+        return tasks[int(head)], keys[1:]
+    if head in names and len(keys) > 1:
+        return tasks[names.index(head)], keys[1:]
+    if len(tasks) == 1 and head in TaskConfig.model_fields:
+        return tasks[0], keys
+    raise ValueError(
+        f"task.{'.'.join(keys)}: name a task by index (0..{len(tasks) - 1}) or name "
+        f"({', '.join(names)}), e.g. task.{names[0]}.{keys[-1]}"
+    )
 
 
 def parse_override(item: str) -> tuple[str, Any]:

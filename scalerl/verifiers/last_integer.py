@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from scalerl.verifiers.base import Verdict, Verifier
+from scalerl.verifiers.base import Verdict, Verifier, answer_part
 
 _INT = re.compile(r"-?\d+")
 
@@ -44,14 +44,23 @@ def integer_answer(answer: Any) -> int:
 
 
 class LastIntegerVerifier(Verifier):
-    """`verify_last_integer` behind the `Verifier` interface (inline: a regex cannot hang)."""
+    """`verify_last_integer` behind the `Verifier` interface (inline: a regex cannot hang).
 
-    def __init__(self) -> None:
+    end_of_thinking: with a marker (e.g. "</think>"), only the answer after it is read and
+    a reply that opened a thinking block and never closed it has no answer; empty (the
+    default) reads the whole reply."""
+
+    def __init__(self, end_of_thinking: str = "") -> None:
         super().__init__("last_integer")
+        self.end_of_thinking = end_of_thinking
 
     def validate_answer(self, answer: Any) -> None:
         integer_answer(answer)
 
     def check(self, completion: str, answer: Any) -> Verdict:
+        answer = integer_answer(answer)
+        reply = answer_part(completion, self.end_of_thinking)
+        if reply is None:
+            return Verdict(0.0, True, expected=str(answer), detail="thinking never ended")
         # Looked up at call time, so a test can replace the rule and see the wrapper's handling.
-        return verify_last_integer(completion, integer_answer(answer))
+        return verify_last_integer(reply, answer)

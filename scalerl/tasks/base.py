@@ -1,0 +1,105 @@
+"""What every task shares: the `Problem` (one prompt with its reference answer) and the
+`Task` (a named prompt set with a training and a held-out split, and its verifier).
+
+A prompt id is `{task name}/{row id}`: unique across the tasks of a run, stable across
+processes (every process builds the same splits from the config), and all the prompt
+pool in Redis holds (`scalerl.state.prompt_pool`); a prompt's text is loaded on demand.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from scalerl.verifiers import Verdict, Verifier
+
+ID_SEPARATOR = "/"
+# Problems each task keeps decoded (a row read again is served from memory).
+PROBLEM_CACHE = 4096
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt of a task.
+
+    prompt_id: `{task}/{row id}`. question: the user message (a text prompt rendered by
+    the task's prompt_template). messages: the row's own chat messages (role/content
+    mappings) when its prompt column holds a conversation, else None. answer: the
+    reference its verifier scores against (an int, a text, the code tests, a
+    reasoning-gym entry).
+    """
+
+    prompt_id: str
+    question: str
+    answer: Any
+    messages: tuple[Mapping[str, str], ...] | None = None
+
+
+def task_of(prompt_id: str) -> str:
+    """The task name of a prompt id (the part before the first '/')."""
+    return prompt_id.split(ID_SEPARATOR, 1)[0]
+
+
+class Task(ABC):
+    """A named prompt set: `train_ids` and `heldout_ids` (disjoint sequences of prompt
+    ids), `problem(prompt_id)` and `score(prompt_id, reply)`.
+
+    Subclasses set `train_ids`, `heldout_ids` and `verifier` in their constructor and
+    implement `load(row_id)`; `source` says where the prompts come from (for `scalerl
+    task inspect`).
+    """
+
+    source: str = ""
+    train_ids: Sequence[str]
+    heldout_ids: Sequence[str]
+    verifier: Verifier
+
+    def __init__(self, name: str, weight: float, system_prompt: str) -> None:
+        self.name = name
+        self.weight = weight
+        self.system_prompt = system_prompt
+        self._cached = lru_cache(maxsize=PROBLEM_CACHE)(self.load)
+
+    @abstractmethod
+    def load(self, row_id: str) -> Problem:
+        """The problem of one row id (the part of the prompt id after '/'); raises
+        KeyError for an id the task does not have."""
+
+    def prompt_id(self, row_id: str) -> str:
+        """The run-wide prompt id of one of this task's rows."""
+        return f"{self.name}{ID_SEPARATOR}{row_id}"
+
+    def problem(self, prompt_id: str) -> Problem:
+        """The problem of a prompt id of this task; raises KeyError for an unknown id."""
+        name, _, row_id = prompt_id.partition(ID_SEPARATOR)
+        if name != self.name or not row_id:
+            raise KeyError(prompt_id)
+        return self._cached(row_id)
+
+    def score(self, prompt_id: str, reply: str) -> Verdict:
+        """The reward of `reply` (its scored part: `scalerl.length_control.scored_ids`) by
+        the task's verifier, in [0, 1]. Never raises: a verifier failure, or an unknown
+        prompt id, scores 0 as a parse failure."""
+        try:
+            problem = self.problem(prompt_id)
+        except KeyError:
+            return Verdict(0.0, True, detail=f"unknown prompt id {prompt_id!r}", failure="error")
+        return self.verifier.score(reply, problem.answer)
+
+    def describe(self) -> dict[str, Any]:
+        """Source and split sizes, for `scalerl task inspect` and the run's report."""
+        return {
+            "task": self.name,
+            "source": self.source,
+            "weight": self.weight,
+            "verifier": self.verifier.name,
+            "train_prompts": len(self.train_ids),
+            "heldout_prompts": len(self.heldout_ids),
+        }
+
+    def close(self) -> None:
+        """Release the verifier's worker processes and any open file."""
+        self.verifier.close()

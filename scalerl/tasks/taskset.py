@@ -1,0 +1,121 @@
+"""The run's tasks: `build_tasks(config)` makes one `Task` per entry of `RunConfig.task`
+and the `TaskSet` routes a prompt id to its task, samples a task by weight and describes
+them all (paper Sec. 5: math and code trained together, each with its own curve)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from scalerl.config import RunConfig, TaskConfig
+from scalerl.tasks.base import Problem, Task, task_of
+from scalerl.verifiers import Verdict, Verifier, build_verifier
+
+
+class TaskSet:
+    """Tasks by name, in config order; `weights` are the tasks' shares of the training
+    prompts, normalised to sum to 1. Raises ValueError for no task or a repeated name."""
+
+    def __init__(self, tasks: list[Task]) -> None:
+        if not tasks:
+            raise ValueError("a run needs at least one task")
+        self.tasks: dict[str, Task] = {}
+        for task in tasks:
+            if task.name in self.tasks:
+                raise ValueError(f"task names must be unique, repeated: {task.name}")
+            self.tasks[task.name] = task
+        total = sum(t.weight for t in tasks)
+        self.weights = {t.name: t.weight / total for t in tasks}
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks.values())
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, name: str) -> Task:
+        return self.tasks[name]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tasks)
+
+    def problem(self, prompt_id: str) -> Problem:
+        """The problem of any task's prompt id; raises KeyError for an unknown one."""
+        task = self.tasks.get(task_of(prompt_id))
+        if task is None:
+            raise KeyError(prompt_id)
+        return task.problem(prompt_id)
+
+    def score(self, prompt_id: str, reply: str) -> Verdict:
+        """`Task.score` of the prompt's task; an id of no task scores 0 (never raises)."""
+        task = self.tasks.get(task_of(prompt_id))
+        if task is None:
+            return Verdict(0.0, True, detail=f"unknown prompt id {prompt_id!r}", failure="error")
+        return task.score(prompt_id, reply)
+
+    def sample_task(self, rng: random.Random) -> Task:
+        """One task drawn with probability equal to its weight."""
+        if len(self.tasks) == 1:
+            return next(iter(self.tasks.values()))
+        names = list(self.weights)
+        return self.tasks[rng.choices(names, weights=[self.weights[n] for n in names])[0]]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """`Task.describe` of every task, with its normalised weight."""
+        return [{**t.describe(), "share": self.weights[t.name]} for t in self]
+
+    def close(self) -> None:
+        for task in self:
+            task.close()
+
+
+def task_verifier(config: TaskConfig, end_of_thinking: str = "") -> Verifier:
+    """The verifier a task's config names (its source's own when unset), with the run's
+    end-of-thinking marker so a reasoning model is scored on its answer part only.
+
+    Raises ValueError for an unknown verifier or bad option (the message names it)."""
+    name = config.verifier or "last_integer"
+    options: dict[str, Any] = {}
+    if end_of_thinking:
+        options["end_of_thinking"] = end_of_thinking
+    try:
+        return build_verifier(name, config.verifier_timeout_s, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task {config.name!r}: verifier: {exc}") from None
+
+
+def build_task(config: TaskConfig, end_of_thinking: str = "") -> Task:
+    """The task one `TaskConfig` describes.
+
+    Raises ValueError (one line naming the task and field) for a missing file or column,
+    a bad split or an unknown dataset; the sources' own loaders say which."""
+    common = {
+        "name": config.name,
+        "weight": config.weight,
+        "system_prompt": config.effective_system_prompt,
+    }
+    if config.source == "additions":
+        from scalerl.tasks.additions import AdditionTask
+
+        return AdditionTask(
+            config.small_max,
+            config.large_max,
+            config.heldout_size,
+            config.seed,
+            verifier=task_verifier(config, end_of_thinking),
+            **common,
+        )
+    if config.source == "file":
+        from scalerl.tasks.files import FileTask
+
+        return FileTask(config, task_verifier(config, end_of_thinking))
+    from scalerl.tasks.generators import ReasoningGymTask
+
+    return ReasoningGymTask(config, end_of_thinking)
+
+
+def build_tasks(config: RunConfig) -> TaskSet:
+    """Every task of the run (`RunConfig.task`), scored with `rollout.think_end`."""
+    return TaskSet([build_task(t, config.rollout.think_end) for t in config.task])
