@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from learner_service.records import EvalRecord, read_records
+from learner_service.records import EvalRecord, read_records, run_evals
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def scalerl_start(run_dir: Path, evals: list[EvalRecord]) -> tuple[float, str]:
 
 def load_scalerl(run_dir: Path) -> tuple[list[Point], str]:
     """The scalerl run's evaluations on its wall clock, and the start time's source."""
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     if not evals:
         raise SystemExit(f"{run_dir}: no evaluations in eval.jsonl")
     started, source = scalerl_start(run_dir, evals)

@@ -137,7 +137,7 @@ def load_job(config_name: str, overrides: list[str]):
     if cfg.model.kind != "smollm2":
         raise SystemExit(f"model.kind {cfg.model.kind!r}: this benchmark trains SmolLM2")
     folder = smollm2_dir(cfg.model.cache_dir)  # converts the GGUF once if not cached yet
-    return cfg, build_task(cfg.task), folder, load_tokenizer(cfg.model)
+    return cfg, build_task(cfg.task[0]), folder, load_tokenizer(cfg.model)
 
 
 def fill_from_config(args: argparse.Namespace, cfg) -> None:
@@ -395,7 +395,7 @@ def main() -> None:
         model=model,
         reward_funcs=make_reward(task),
         args=config,
-        train_dataset=train_dataset(task, cfg.task.system_prompt),
+        train_dataset=train_dataset(task, task.system_prompt),
         processing_class=policy_tok.tokenizer,
         callbacks=[make_callback(evaluator, model, args, record)],
     )

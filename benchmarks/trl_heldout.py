@@ -38,7 +38,7 @@ class HeldoutEvaluator:
         self.batch = args.eval_batch
         self.bf16 = args.dtype == "bfloat16"
         self.jobs = [
-            (p.prompt_id, policy_tok.prompt_ids(p.question, cfg.task.system_prompt))
+            (p.prompt_id, policy_tok.prompt_ids(p.question, task.system_prompt))
             for p in problems
             for _ in range(args.eval_samples)
         ]

@@ -1,32 +1,64 @@
 """Held-out evaluation through the rollout workers' Generate RPC.
 
-The held-out split shares no prompt with training (scalerl.tasks.split_problems). The
-pass rate is the mean reward over `samples` completions of every held-out prompt (the
-paper's mean@k on its i.i.d. held-out split, Sec. 2), generated at the current policy
-version while the learner waits.
+Every task's held-out split shares no prompt with its training split (`scalerl.tasks`).
+A task's pass rate is the mean reward over `samples` completions of each of its held-out
+prompts (the paper's mean@k on its i.i.d. held-out split, Sec. 2), generated at the
+current policy version; the run's pass rate is the mean of the tasks' pass rates
+weighted by task weight (paper Sec. 5 fits math and code each, and their mix).
 """
 
 from __future__ import annotations
 
 import itertools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scalerl.length_control import scored_ids
 from scalerl.rpc.channel import channel
-from scalerl.tasks import AdditionTask
+from scalerl.tasks import TaskSet, task_of
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """pass_rate in [0, 1]; parse_failure_rate in [0, 1]; completions scored; seconds."""
+    """pass_rate and parse_failure_rate in [0, 1]; completions scored; mean_tokens per
+    completion; truncation_rate in [0, 1]. by_task: the same per task (empty in a task's
+    own result); the fields above are then the task-weighted means."""
 
     pass_rate: float
     parse_failure_rate: float
     completions: int
     mean_tokens: float
     truncation_rate: float
+    by_task: dict[str, EvalResult] = field(default_factory=dict)
+
+
+def _task_result(rows: list[tuple[float, bool, int, bool]]) -> EvalResult:
+    n = len(rows)
+    return EvalResult(
+        pass_rate=sum(r[0] for r in rows) / n,
+        parse_failure_rate=sum(r[1] for r in rows) / n,
+        completions=n,
+        mean_tokens=sum(r[2] for r in rows) / n,
+        truncation_rate=sum(r[3] for r in rows) / n,
+    )
+
+
+def weighted_result(by_task: dict[str, EvalResult], weights: dict[str, float]) -> EvalResult:
+    """The run's result: each rate the mean of the tasks' weighted by `weights` (which sum
+    to 1 over the tasks of `by_task`); completions summed."""
+
+    def mean(name: str) -> float:
+        return sum(weights[t] * getattr(r, name) for t, r in by_task.items())
+
+    return EvalResult(
+        pass_rate=mean("pass_rate"),
+        parse_failure_rate=mean("parse_failure_rate"),
+        completions=sum(r.completions for r in by_task.values()),
+        mean_tokens=mean("mean_tokens"),
+        truncation_rate=mean("truncation_rate"),
+        by_task=dict(by_task),
+    )
 
 
 class Evaluator:
@@ -37,9 +69,8 @@ class Evaluator:
 
     def __init__(
         self,
-        task: AdditionTask,
+        tasks: TaskSet,
         tokenizer,
-        system_prompt: str,
         samples: int,
         temperature: float,
         max_new_tokens: int,
@@ -47,7 +78,7 @@ class Evaluator:
         concurrency: int = 32,
         timeout_s: float = 600.0,
     ) -> None:
-        self.task = task
+        self.tasks = tasks
         self.tokenizer = tokenizer
         self.samples = samples
         self.temperature = temperature
@@ -56,12 +87,17 @@ class Evaluator:
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self._prompts = [
-            (p.prompt_id, tokenizer.prompt_ids(p.question, system_prompt)) for p in task.heldout
+            (pid, self._prompt_ids(task, pid)) for task in tasks for pid in task.heldout_ids
         ]
 
+    def _prompt_ids(self, task, prompt_id: str) -> list[int]:
+        problem = task.problem(prompt_id)
+        return self.tokenizer.prompt_ids(problem.messages or problem.question, task.system_prompt)
+
     def evaluate(self, worker_addresses: list[str], seed: int) -> EvalResult:
-        """Run every (prompt, sample) on the workers round-robin. Raises RuntimeError when
-        no worker is registered and grpc.RpcError when a worker fails a request."""
+        """Run every (prompt, sample) of every task on the workers round-robin; the result
+        holds each task's and their weighted mean. Raises RuntimeError when no worker is
+        registered and grpc.RpcError when a worker fails a request."""
         if not worker_addresses:
             raise RuntimeError("no rollout worker registered: cannot evaluate")
         jobs = [
@@ -78,14 +114,11 @@ class Evaluator:
         finally:
             for ch in channels:
                 ch.close()
-        n = len(results)
-        return EvalResult(
-            pass_rate=sum(r[0] for r in results) / n,
-            parse_failure_rate=sum(r[1] for r in results) / n,
-            completions=n,
-            mean_tokens=sum(r[2] for r in results) / n,
-            truncation_rate=sum(r[3] for r in results) / n,
-        )
+        rows: dict[str, list] = {name: [] for name in self.tasks.names}
+        for (prompt_id, _, _), result in zip(jobs, results, strict=True):
+            rows[task_of(prompt_id)].append(result)
+        by_task = {name: _task_result(r) for name, r in rows.items()}
+        return weighted_result(by_task, self.tasks.weights)
 
     def _one(self, stub, job) -> tuple[float, bool, int, bool]:
         prompt_id, prompt_ids, seed = job
@@ -108,7 +141,7 @@ class Evaluator:
             finish = chunk.finish_reason or finish
         # An interrupted reply is scored on its answer after the phrase alone.
         answer = self.tokenizer.decode(scored_ids(tokens, forced))
-        verdict = self.task.score(prompt_id, answer)
+        verdict = self.tasks.score(prompt_id, answer)
         return (
             verdict.reward,
             verdict.parse_failed,

@@ -43,10 +43,11 @@ from learner_service.ranks import DrivenTrainer, LearnerRanks
 from learner_service.records import StepRecord, append_record
 from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
+from learner_service.task_stats import task_step_stats
 from learner_service.ticket_reclaim import TicketReclaimer
 from learner_service.timing import LearnerTiming
 from learner_service.trainer import Trainer
-from learner_service.warmup import supervised_warmup
+from learner_service.warmup import supervised_warmup, warmup_problems
 from learner_service.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
@@ -57,11 +58,11 @@ from scalerl.policy.weights import snapshot_state_dict
 from scalerl.ports import free_port
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
-from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
-from scalerl.tasks import build_task
+from scalerl.tasks import build_tasks
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         run_id = config.run_id
         self.state = RunState(client, run_id)
         self.registry = WorkerRegistry(client, run_id, stall_s=config.rollout.stall_s)
-        self.pool = PromptPool(client, run_id)
+        self.pools = TaskPools(client, run_id, [t.name for t in config.task])
         self.compute = ComputeCounters(client, run_id)
         self.replay = ReplayStream(client, run_id, config.replay_capacity, claim_idle_ms=600_000)
         self.status = LearnerStatus()
@@ -103,7 +104,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._hosts = (host, advertise_host or host)  # bound, dialed (the broadcast's store)
         self.step = 0
         self.version = 0
-        self.r0: float | None = None
+        self.r0_by_task: dict[str, float] = {}  # R0 of each curve series ("": the run's)
         # Run totals (metrics.jsonl); the step's own counts come from the trainer, stale
         # groups from the batch collector.
         self.counters = {
@@ -144,8 +145,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
         device = cfg.device if cfg.device != "auto" else "cpu"
         self.model.to(self.ranks.device if self.ranks else device)
-        self.task = build_task(cfg.task)
-        self.pool.init(p.prompt_id for p in self.task.train)
+        self.tasks = build_tasks(cfg)
+        for task in self.tasks:
+            self.pools[task.name].init(task.train_ids)
         # The warm-up runs on the whole model before it is sharded; a resume overwrites it.
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
             self._warmup()
@@ -214,8 +216,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             loss = supervised_warmup(
                 self.model,
                 self.tokenizer,
-                self.task,
-                cfg.task.system_prompt,
+                warmup_problems(self.tasks),
                 cfg.model.warmup_steps,
                 cfg.model.warmup_lr,
                 seed=cfg.seed,
@@ -438,7 +439,8 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             groups_dead_lettered_total=self.batches.dead_lettered_total,
             groups_future_total=self.batches.future_total,
             **self.counters,
-            prompts_eligible=self.pool.eligible_count(),
+            prompts_eligible=self.pools.eligible_count(),
+            by_task=task_step_stats(groups, self.pools),
             groups_in_batch=len(groups),
             entry_ids=entry_ids,
             samples_by_finish_reason=finish_reason_counts(groups),
@@ -463,9 +465,10 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         cfg = self.config.learner
         for group in groups:
             passes = sum(1 for s in group.samples if s.reward >= 0.5)
+            pool = self.pools.of(group.prompt_id)
             if not cfg.no_positive_resampling:
-                self.pool.record(group.prompt_id, len(group.samples), passes)
-            elif self.pool.record_and_maybe_retire(
+                pool.record(group.prompt_id, len(group.samples), passes)
+            elif pool.record_and_maybe_retire(
                 group.prompt_id, len(group.samples), passes, cfg.npr_threshold, cfg.npr_min_attempts
             ):
                 self.counters["prompts_retired_total"] += 1

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 class CheckpointsMixin:
     """Checkpoint and resume for the Learner (which provides run_dir, config, trainer,
-    pool, replay, state, batches, counters, compute, step, version, r0,
+    pools, replay, state, batches, counters, compute, step, version, r0,
     `_trim_curve` and `_record_curve_point`)."""
 
     def _resume(self) -> bool:
@@ -41,7 +41,7 @@ class CheckpointsMixin:
             self.batches.future_total = saved.counters.pop("groups_future_total", 0)
             self.counters.update(saved.counters)
             trained_at_checkpoint = saved.counters.get("groups_trained_total")
-            pool_restored = self.pool.restore(saved.pool)
+            pool_restored = self.pools.restore(saved.pool)
         checkpoint_version = self.version
         self.version = resumed_version(self.version, redis_labels(self.state, self.replay))
         if not loaded and self.version == checkpoint_version and not self._has_records():
@@ -88,8 +88,10 @@ class CheckpointsMixin:
         there; a curve service that lost its store gets them back)."""
         kept = read_records(self.run_dir, EvalRecord)
         self._trim_curve(max((max(r.compute, ZERO_COMPUTE) for r in kept), default=0.0))
+        for record in kept:  # each series' R0 is its first evaluation
+            self.r0_by_task.setdefault(record.task, record.pass_rate)
         for record in kept:
-            self._record_curve_point(record.compute, record.pass_rate, quiet=True)
+            self._record_curve_point(record.compute, record.pass_rate, quiet=True, task=record.task)
 
     def _checkpoint_due(self) -> bool:
         """Every `checkpoint_every` steps, or `checkpoint_minutes` after the last one."""
@@ -113,7 +115,7 @@ class CheckpointsMixin:
             policy_version=self.version,
             r0=self.r0,
             counters=counters,
-            pool=self.pool.snapshot(),
+            pool=self.pools.snapshot(),
             compute_hours=self.compute.total_hours(),
         )
         save_checkpoint(self.run_dir / "checkpoint", self.trainer, state, export=final)

@@ -36,9 +36,8 @@ class EvaluationsMixin:
             else None
         )
         return Evaluator(
-            self.task,
+            self.tasks,
             self.tokenizer,
-            cfg.task.system_prompt,
             cfg.learner.eval_samples,
             cfg.learner.eval_temperature,
             r.max_new_tokens,
@@ -75,38 +74,61 @@ class EvaluationsMixin:
             return
         self.timing.evaluation(job.seconds, job.waited_s)
         result = job.result
-        if self.r0 is None:
-            self.r0 = result.pass_rate
-        record = self._eval_record(job)
-        append_record(self.run_dir, record)
+        records = self._eval_records(job)
+        for record in records:
+            append_record(self.run_dir, record)
+            self.r0_by_task.setdefault(record.task, record.pass_rate)
         self.status.update(heldout_pass_rate=result.pass_rate)
+        self.metrics.observe_evaluation(records)
         log.info(
-            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)",
+            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)%s",
             job.step,
             result.pass_rate,
             result.completions,
             job.seconds,
-            record.learner_steps_meanwhile,
+            self.step - job.step,
+            "".join(f"; {t} {r.pass_rate:.3f}" for t, r in result.by_task.items())
+            if len(result.by_task) > 1
+            else "",
         )
-        self._record_curve_point(job.compute, result.pass_rate)
+        for record in records:
+            self._record_curve_point(record.compute, record.pass_rate, task=record.task)
         self._publish_if_new()
 
-    def _eval_record(self, job: EvalJob) -> EvalRecord:
-        """The eval.jsonl record of a finished evaluation."""
-        result = job.result
-        return EvalRecord(
-            step=job.step,
-            policy_version=job.version,
-            compute=job.compute,
-            pass_rate=result.pass_rate,
-            parse_failure_rate=result.parse_failure_rate,
-            completions=result.completions,
-            mean_tokens=result.mean_tokens,
-            truncation_rate=result.truncation_rate,
-            seconds=job.seconds,
-            learner_steps_meanwhile=self.step - job.step,
-            time=time.time(),
-        )
+    @property
+    def r0(self) -> float | None:
+        """The run's pass rate before training (its first evaluation), or None."""
+        return self.r0_by_task.get("")
+
+    @r0.setter
+    def r0(self, value: float | None) -> None:
+        if value is None:
+            self.r0_by_task.pop("", None)
+        else:
+            self.r0_by_task[""] = value
+
+    def _eval_records(self, job: EvalJob) -> list[EvalRecord]:
+        """The eval.jsonl records of a finished evaluation: one per task, then the run's
+        (task "", the task-weighted mean)."""
+        parts = [*job.result.by_task.items(), ("", job.result)]
+        now = time.time()
+        return [
+            EvalRecord(
+                step=job.step,
+                policy_version=job.version,
+                compute=job.compute,
+                task=task,
+                pass_rate=result.pass_rate,
+                parse_failure_rate=result.parse_failure_rate,
+                completions=result.completions,
+                mean_tokens=result.mean_tokens,
+                truncation_rate=result.truncation_rate,
+                seconds=job.seconds,
+                learner_steps_meanwhile=self.step - job.step,
+                time=now,
+            )
+            for task, result in parts
+        ]
 
     def _trim_curve(self, max_compute: float) -> None:
         """Remove the run's points above `max_compute` (accelerator-hours) from the curve
@@ -124,17 +146,24 @@ class EvaluationsMixin:
         if trimmed.points_removed:
             log.info("removed %d discarded evaluations from the curve", trimmed.points_removed)
 
-    def _record_curve_point(self, compute: float, pass_rate: float, quiet: bool = False) -> None:
-        """Record the evaluation on the curve service, which refits the run's curve; the
-        launcher writes curve.json from the service at the end of the run. quiet: do not
-        log the refit (points recorded again on resume). A curve service that is down (its
-        supervisor restarts it) is waited for up to 30 s: the point is idempotent there."""
+    def _record_curve_point(
+        self, compute: float, pass_rate: float, quiet: bool = False, task: str = ""
+    ) -> None:
+        """Record the evaluation on the curve service, which refits the run's curve (the
+        series of `task`; "" = the run's weighted total); the launcher writes curve.json
+        from the service at the end of the run. quiet: do not log the refit (points
+        recorded again on resume). A curve service that is down (its supervisor restarts
+        it) is waited for up to 30 s: the point is idempotent there."""
         if not self.curve_address:
             return
         try:
             with CurveClient(self.curve_address, timeout_s=30, wait_for_ready=True) as client:
                 recorded = client.record_point(
-                    self.config.run_id, max(compute, ZERO_COMPUTE), pass_rate, self.r0
+                    self.config.run_id,
+                    max(compute, ZERO_COMPUTE),
+                    pass_rate,
+                    self.r0_by_task.get(task),
+                    task=task,
                 )
         except ServiceError as exc:
             log.warning("curve service: %s %s", exc.status, exc)
@@ -142,7 +171,8 @@ class EvaluationsMixin:
         if recorded.fit is not None and not quiet:
             fit = recorded.fit
             log.info(
-                "curve fit on %d points: A=%.3f B=%.2f C_mid=%.3g",
+                "curve fit%s on %d points: A=%.3f B=%.2f C_mid=%.3g",
+                f" of task {task}" if task else "",
                 fit.points_used,
                 fit.a,
                 fit.b,

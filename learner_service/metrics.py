@@ -22,11 +22,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
 from learner_service.broadcast import Delivery
-from learner_service.records import StepRecord
+from learner_service.records import EvalRecord, StepRecord
 from scalerl.obs.metrics import service_registry
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
 TRUNCATION_WARNING_RATE = 0.10
+# The `task` label of the run's own series (task names start with a letter or digit).
+RUN_LABEL = "_all"
 _STEP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 # StepRecord field -> gauge name and help text, set after every optimizer step. Only
@@ -171,6 +173,34 @@ class LearnerMetrics:
             "Members dropped from the weight group (unreachable, killed, past the deadline).",
             registry=registry,
         )
+        # Per task (paper Sec. 5: each domain its own curve); the run's own pass rate has
+        # the label task="_all" (RUN_LABEL).
+        self.heldout_pass_rate = Gauge(
+            "scalerl_heldout_pass_rate",
+            "Pass rate of the last held-out evaluation, per task (task=_all: the run's, "
+            "the task-weighted mean).",
+            ["task"],
+            registry=registry,
+        )
+        self.task_groups = Counter(
+            "scalerl_task_groups",
+            "Groups trained on, per task and outcome (used, zero_variance).",
+            ["task", "outcome"],
+            registry=registry,
+        )
+        self.task_mean_reward = Gauge(
+            "scalerl_task_mean_reward",
+            "Mean reward of the task's samples in the last batch that had any.",
+            ["task"],
+            registry=registry,
+        )
+        self.task_prompts = Gauge(
+            "scalerl_task_prompts",
+            "The task's training prompts by state (eligible, retired by No-Positive-"
+            "Resampling).",
+            ["task", "state"],
+            registry=registry,
+        )
         self.broadcast_seconds = Histogram(
             "scalerl_weight_broadcast_seconds",
             "Wall seconds of one version's broadcast, header to checksum vote (rank 0).",
@@ -208,6 +238,17 @@ class LearnerMetrics:
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
         if record.desired_replicas is not None:
             self.desired_replicas.set(record.desired_replicas)
+        for task, stats in (record.by_task or {}).items():
+            self.task_groups.labels(task, "zero_variance").inc(stats.groups_zero_variance)
+            self.task_groups.labels(task, "used").inc(stats.groups - stats.groups_zero_variance)
+            self.task_mean_reward.labels(task).set(stats.mean_reward)
+            self.task_prompts.labels(task, "eligible").set(stats.prompts_eligible)
+            self.task_prompts.labels(task, "retired").set(stats.prompts_retired)
+
+    def observe_evaluation(self, records: list[EvalRecord]) -> None:
+        """The pass rate of each record of one evaluation (a task's, or the run's: _all)."""
+        for record in records:
+            self.heldout_pass_rate.labels(record.task or RUN_LABEL).set(record.pass_rate)
 
     def observe_broadcast(self, delivery: Delivery) -> None:
         """One version's `learner_service.broadcast.Delivery`: its epoch, the workers it

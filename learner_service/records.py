@@ -29,6 +29,22 @@ class _Record(BaseModel):
     FILE: ClassVar[str]
 
 
+class TaskStepStats(BaseModel):
+    """One task's part of a step's batch (StepRecord.by_task), and its prompt pool after
+    the step (No-Positive-Resampling, Sec. 3.2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    groups: int = Field(description="Groups of the task in the batch.")
+    mean_reward: float = Field(description="Mean reward over the task's samples.")
+    groups_zero_variance: int = Field(description="The task's groups with all rewards equal.")
+    zero_variance_frac: float = Field(description="groups_zero_variance / groups.")
+    parse_failure_rate: float = Field(description="The task's samples with no parsed answer.")
+    truncation_rate: float = Field(description="The task's samples that hit the length limit.")
+    prompts_eligible: int = Field(description="The task's training prompts still in its pool.")
+    prompts_retired: int = Field(description="The task's prompts retired by NPR so far.")
+
+
 class StepRecord(_Record):
     """One optimizer step of the learner (a line of metrics.jsonl).
 
@@ -175,17 +191,27 @@ class StepRecord(_Record):
         default=None,
         description="Rollout workers the learner asks for (scalerl_rollout_desired_replicas).",
     )
+    by_task: dict[str, TaskStepStats] | None = Field(
+        default=None,
+        description="The batch's statistics per task (tasks without a group in the batch "
+        "are left out); None in run folders written before runs had several tasks.",
+    )
 
 
 class EvalRecord(_Record):
-    """One held-out evaluation (a line of eval.jsonl): a point of the run's curve, at the
-    step, policy version and compute of the evaluation's start."""
+    """One held-out evaluation of one task, or of the run (a line of eval.jsonl): a point
+    of that curve series, at the step, policy version and compute of the evaluation's
+    start. An evaluation writes a record per task, then the run's (task "", the mean of
+    the tasks' weighted by task weight); `run_evals` picks the run's."""
 
     FILE: ClassVar[str] = "eval.jsonl"
 
     step: int = Field(description="Optimizer steps taken when the evaluation started.")
     policy_version: int = Field(description="Policy version that generated every completion.")
     compute: float = Field(description="Run compute at the start, accelerator-hours.")
+    task: str = Field(
+        "", description='The task evaluated; "" = the run (task-weighted mean of its tasks).'
+    )
     pass_rate: float = Field(description="Mean reward over the held-out completions, [0, 1].")
     parse_failure_rate: float = Field(
         description="Fraction of completions with no parseable answer."
@@ -229,6 +255,20 @@ class ResumeRecord(_Record):
 
 
 R = TypeVar("R", bound=_Record)
+
+
+def run_evals(records: list[EvalRecord]) -> list[EvalRecord]:
+    """The run's own evaluation records (task ""), in order: its curve."""
+    return [r for r in records if r.task == ""]
+
+
+def evals_by_task(records: list[EvalRecord]) -> dict[str, list[EvalRecord]]:
+    """Each task's evaluation records, in order, by task name (the run's left out)."""
+    series: dict[str, list[EvalRecord]] = {}
+    for record in records:
+        if record.task:
+            series.setdefault(record.task, []).append(record)
+    return series
 
 
 def append_record(run_dir: Path, record: _Record) -> None:

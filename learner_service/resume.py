@@ -31,6 +31,7 @@ from learner_service.records import (
     StepRecord,
     append_record,
     keep_records_until,
+    run_evals,
 )
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
@@ -72,7 +73,7 @@ def one_timeline(
         checkpoint_version=checkpoint_version,
         policy_version=version,
         steps_discarded=len(steps),
-        evals_discarded=len(evals),
+        evals_discarded=len(run_evals(evals)),
         groups_lost=groups_lost,
         groups_replayed=groups_replayed,
         pool_restored=pool_restored,

@@ -7,14 +7,28 @@ import random
 
 import torch
 
-from scalerl.tasks import AdditionTask
+from scalerl.tasks import AdditionTask, Problem, TaskSet
+
+
+def warmup_problems(tasks: TaskSet) -> list[tuple[Problem, str]]:
+    """The training problems of the run's additions tasks, each with its task's system
+    prompt: what the warm-up teaches (their answers are plain integers). Raises
+    ValueError when the run has no additions task."""
+    found = [
+        (problem, task.system_prompt)
+        for task in tasks
+        if isinstance(task, AdditionTask)
+        for problem in task.train
+    ]
+    if not found:
+        raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
+    return found
 
 
 def supervised_warmup(
     model: torch.nn.Module,
     tokenizer,
-    task: AdditionTask,
-    system_prompt: str,
+    problems: list[tuple[Problem, str]],
     steps: int,
     lr: float,
     batch: int = 32,
@@ -22,7 +36,8 @@ def supervised_warmup(
     distractor_rate: float = 0.0,
 ) -> float:
     """`steps` AdamW steps of next-token cross-entropy on the completion
-    "{answer}<eos>" of random training prompts (never held-out ones), the learning rate
+    "{answer}<eos>" of random training `problems` (with their system prompts; never
+    held-out ones: `warmup_problems`), the learning rate
     decaying linearly from `lr` to 0 so the last weights are settled. With
     `distractor_rate` > 0 that fraction of targets is "{answer} {digit}<eos>": the model
     then often appends a stray number, which the last-integer verifier scores 0, so RL has
@@ -37,7 +52,7 @@ def supervised_warmup(
     model.train()
     for _ in range(steps):
         rows, targets = [], []
-        for problem in rng.choices(task.train, k=batch):
+        for problem, system_prompt in rng.choices(problems, k=batch):
             prompt = tokenizer.prompt_ids(problem.question, system_prompt)
             text = str(problem.answer)
             if rng.random() < distractor_rate:

@@ -1,7 +1,9 @@
 """The actor loop of a rollout worker (ARCHITECTURE sec. 2).
 
-Pull a prompt from the pool, generate its group of G completions on the local engine,
-score each with the task's verifier, and push the `RolloutGroup` to the replay stream.
+Draw a task by weight and a prompt from its pool, generate the group of G completions on
+the local engine, score each with the task's verifier (on the verifiers' threads, so a
+slow check such as a sandboxed program does not hold up generation), and push the
+`RolloutGroup` to the replay stream.
 Several groups are kept in flight so the engine's continuous batching stays full; pushing
 waits while the stream is at capacity, which is what bounds off-policyness (PipelineRL-k).
 
@@ -19,6 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from rollout_service.engines.api import (
@@ -30,11 +33,12 @@ from rollout_service.engines.api import (
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.staleness import is_admissible
-from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.replay import PushAborted, ReplayStream
 from scalerl.state.run_state import RunState
-from scalerl.tasks import AdditionTask
+from scalerl.tasks import TaskSet, task_of
 from scalerl.v1 import rollout_pb2
+from scalerl.verifiers import Verdict, VerifierPool
 
 log = logging.getLogger(__name__)
 
@@ -46,25 +50,29 @@ class _GroupInFlight:
     streams: list[GenerationStream]
     submitted_version: int
     started: float = field(default_factory=time.monotonic)
+    verdicts: list[Future[Verdict]] | None = None  # set once generation has finished
 
     def done(self) -> bool:
         return all(s.finished.is_set() for s in self.streams)
+
+    def scored(self) -> bool:
+        return self.verdicts is not None and all(v.done() for v in self.verdicts)
 
 
 class ActorLoop:
     """Generates, scores and pushes groups until `should_stop()` is true.
 
     engine: the worker's `RolloutEngine`; tokenizer: `scalerl.policy.models.PolicyTokenizer`;
-    task: the run's task (train split and verifier). Counters `groups_pushed` and
-    `groups_dropped_stale` are for metrics.
+    tasks: the run's tasks (splits, weights, verifiers); pools: their prompt pools.
+    Counters `groups_pushed` and `groups_dropped_stale` are for metrics.
     """
 
     def __init__(
         self,
         engine: RolloutEngine,
         tokenizer,
-        task: AdditionTask,
-        pool: PromptPool,
+        tasks: TaskSet,
+        pools: TaskPools,
         replay: ReplayStream,
         state: RunState,
         config: RunConfig,
@@ -72,8 +80,9 @@ class ActorLoop:
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.task = task
-        self.pool = pool
+        self.tasks = tasks
+        self.pools = pools
+        self.scorers = {task.name: VerifierPool(task.verifier) for task in tasks}
         self.replay = replay
         self.state = state
         self.config = config
@@ -111,7 +120,7 @@ class ActorLoop:
                     if not self._may_start():
                         break
                     in_flight.append(self._start_group())
-                finished = [g for g in in_flight if g.done()]
+                finished = self._scored(in_flight)
                 if not finished:
                     if in_flight:
                         in_flight[0].streams[-1].finished.wait(0.05)
@@ -127,6 +136,8 @@ class ActorLoop:
             for group in in_flight:
                 for stream in group.streams:
                     stream.cancel()
+            for scorer in self.scorers.values():
+                scorer.close()
 
     def _leave(
         self, in_flight: list[_GroupInFlight], grace_s: float, should_stop: Callable[[], bool]
@@ -144,7 +155,7 @@ class ActorLoop:
                         self.engine.interrupt(stream.request_id, TRUNCATE)
         pushed = 0
         while in_flight and time.monotonic() < deadline:
-            finished = [g for g in in_flight if g.done()]
+            finished = self._scored(in_flight)
             if not finished:
                 in_flight[0].streams[-1].finished.wait(0.05)
                 continue
@@ -193,10 +204,31 @@ class ActorLoop:
             return True
         return self.state.take_generation_ticket(self.engine.policy_version, self.worker_id)
 
+    def _scored(self, in_flight: list[_GroupInFlight]) -> list[_GroupInFlight]:
+        """Start scoring the groups whose generation finished; return those scored."""
+        for group in in_flight:
+            if group.verdicts is None and group.done():
+                group.verdicts = self._submit_scoring(group)
+        return [g for g in in_flight if g.scored()]
+
+    def _submit_scoring(self, group: _GroupInFlight) -> list[Future[Verdict]]:
+        """One verification per sample on the task's verifier pool; an unknown prompt id
+        (a pool that outlived its task's config) scores 0 as an error."""
+        answers = [scored_text(stream, self.tokenizer) for stream in group.streams]
+        try:
+            problem = self.tasks.problem(group.prompt_id)
+        except KeyError:
+            return [_done(self.tasks.score(group.prompt_id, a)) for a in answers]
+        scorer = self.scorers[task_of(group.prompt_id)]
+        return [scorer.submit(answer, problem.answer) for answer in answers]
+
     def _start_group(self) -> _GroupInFlight:
-        prompt_id = self.pool.sample(1, self.rng)[0]
-        problem = self.task.problem(prompt_id)
-        prompt_ids = self.tokenizer.prompt_ids(problem.question, self.config.task.system_prompt)
+        task = self.tasks.sample_task(self.rng)
+        prompt_id = self.pools[task.name].sample(1, self.rng)[0]
+        problem = task.problem(prompt_id)
+        prompt_ids = self.tokenizer.prompt_ids(
+            problem.messages or problem.question, task.system_prompt
+        )
         rollout = self.config.rollout
         version = self.engine.policy_version
         streams = []
@@ -222,7 +254,10 @@ class ActorLoop:
         should_stop: Callable[[], bool],
         timeout_s: float | None = None,
     ) -> None:
-        message = build_group(group, self.task, self.tokenizer, self.worker_id)
+        if group.verdicts is None:  # leaving: a group whose generation just finished
+            group.verdicts = self._submit_scoring(group)
+        verdicts = [future.result() for future in group.verdicts]  # never raise
+        message = build_group(group, verdicts, self.worker_id)
         learner_version = self.state.get_policy_version()
         if not is_admissible(
             learner_version, message.min_policy_version, self.config.learner.off_policy_k
@@ -242,17 +277,27 @@ class ActorLoop:
         self.groups_pushed += 1
 
 
+def scored_text(stream: GenerationStream, tokenizer) -> str:
+    """The text a finished stream is scored on: the decoded completion, only its answer
+    after the forced phrase when it was interrupted (`scalerl.length_control`)."""
+    done = stream.result()
+    return tokenizer.decode(scored_ids(done.token_ids, done.forced))
+
+
+def _done(verdict: Verdict) -> Future[Verdict]:
+    future: Future[Verdict] = Future()
+    future.set_result(verdict)
+    return future
+
+
 def build_group(
-    group: _GroupInFlight, task: AdditionTask, tokenizer, worker_id: str
+    group: _GroupInFlight, verdicts: list[Verdict], worker_id: str
 ) -> rollout_pb2.RolloutGroup:
-    """Join the G finished streams into a scored `RolloutGroup` (reward by the task's
-    verifier on the decoded completion, only its answer after the forced phrase when it
-    was interrupted: `scalerl.length_control`; min/max policy version over every token)."""
+    """Join the G finished streams and their verdicts (in stream order) into a scored
+    `RolloutGroup` (min/max policy version over every token)."""
     samples, versions = [], []
-    for stream in group.streams:
+    for stream, verdict in zip(group.streams, verdicts, strict=True):
         done = stream.result()
-        answer = tokenizer.decode(scored_ids(done.token_ids, done.forced))
-        verdict = task.score(group.prompt_id, answer)
         samples.append(
             rollout_pb2.Sample(
                 token_ids=done.token_ids,

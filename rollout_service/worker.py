@@ -39,13 +39,13 @@ from scalerl.policy.models import load_policy
 from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
-from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
 from scalerl.state.registry import LEAVING, READY, SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.state.worker_stats import WorkerStats
-from scalerl.tasks import build_task
+from scalerl.tasks import build_tasks
 from scalerl.v1 import rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class RolloutWorker:
         self.state = RunState(self.client, run_id)
         self.registry = WorkerRegistry(self.client, run_id)
         self.compute = ComputeCounters(self.client, run_id)
-        self.pool = PromptPool(self.client, run_id)
+        self.pools = TaskPools(self.client, run_id, [t.name for t in config.task])
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
         self.stats = WorkerStats(self.client, run_id)
         self.push_blocked = PushBlockedSeconds(self.client, run_id)
@@ -137,7 +137,13 @@ class RolloutWorker:
         transport the learner's catch-up pushes it the latest ones). `stop` (SIGTERM) is
         a leave: the groups in flight are finished within `rollout.leave_grace_s` and
         pushed, the rest given back (`ActorLoop.run`)."""
-        task = build_task(self.config.task)
+        tasks = build_tasks(self.config)
+        try:
+            self._run_actor(tasks, stop)
+        finally:
+            tasks.close()
+
+    def _run_actor(self, tasks, stop: threading.Event) -> None:
         self._spawn(self._heartbeat)
         if not self._await_initial_weights(stop):
             return
@@ -145,8 +151,8 @@ class RolloutWorker:
         actor = ActorLoop(
             self.engine,
             self.tokenizer,
-            task,
-            self.pool,
+            tasks,
+            self.pools,
             self.replay,
             self.state,
             self.config,

@@ -48,6 +48,11 @@ class ModelConfig(_Section):
     cache_dir: str | None = Field(
         None, description="Where converted weights are cached; default ~/.cache/scalerl."
     )
+    chat_template: str = Field(
+        "",
+        description="Chat template (Jinja text, or a .jinja/.j2 file) replacing the "
+        "tokenizer's own, e.g. a reasoning model's; empty = the tokenizer's.",
+    )
     tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
     tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
     warmup_steps: int = Field(

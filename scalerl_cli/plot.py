@@ -29,6 +29,7 @@ def plot_fit(
     ylabel: str = "reward",
     ylim: tuple[float, float] | None = None,
     log_compute: bool = True,
+    series: Sequence[tuple[str, Sequence[float], Sequence[float], FitSummary | None]] = (),
 ) -> Path:
     """Write a PNG of points (compute [N] > 0, reward [N]) and `fit` to `out`; returns out.
 
@@ -36,6 +37,8 @@ def plot_fit(
     values the curve is drawn at; without one the curve spans the points' compute range
     extended 2x. window: the fit window (lo, hi) shaded grey. title: None = the fitted
     parameters. log_compute: a log compute axis (a linear one shows a compute-0 point).
+    series: more (label, compute, reward, fit) curves drawn in their own colours, e.g.
+    the tasks of a multi-task run beside the run's own curve.
     Raises OSError when `out` cannot be written.
     """
     import matplotlib
@@ -63,6 +66,8 @@ def plot_fit(
                     xs, lower, upper, color="tab:blue", alpha=0.2, label="bootstrap band"
                 )
             ax.axhline(fit.a, color="tab:red", linestyle="--", linewidth=1, label="asymptote A")
+        for i, (label, xs_, ys_, fit_) in enumerate(series):
+            _draw_series(ax, label, xs_, ys_, fit_, f"C{i + 1}")
         if window is not None:
             ax.axvspan(*window, color="grey", alpha=0.1, label="fit window")
         if log_compute:
@@ -81,3 +86,16 @@ def plot_fit(
     finally:
         plt.close(fig)
     return out
+
+
+def _draw_series(ax, label: str, compute, reward, fit: FitSummary | None, color: str) -> None:
+    """One more series: its points and, when fitted, its sigmoid (Eq. 1) to 2x its compute."""
+    import numpy as np
+
+    from curve_service.sigmoid import sigmoid
+
+    ax.scatter(compute, reward, s=10, color=color, label=label, zorder=3)
+    if fit is not None and len(compute):
+        hi = max(compute)
+        xs = np.geomspace(max(min(compute), 1e-6 * hi), EXTEND * hi, CURVE_SAMPLES)
+        ax.plot(xs, sigmoid(xs, fit.a, fit.b, fit.c_mid, fit.r0), color=color, linewidth=1)

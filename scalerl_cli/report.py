@@ -1,8 +1,9 @@
 """The run's end products, written by the launcher once the learner has finished:
 curve.json and plot.png from one fit of every evaluation, and report.json (the
-extrapolation check, training health, the rollout workers the learner asked for, time
-profile, resumes, restarts, the group accounting of the replay ledger, and per worker id
-its groups pushed, tokens generated, busy seconds, joins and leaves)."""
+extrapolation check, training health, per task its curve fit and health, the rollout
+workers the learner asked for, time profile, resumes, restarts, the group accounting of
+the replay ledger, and per worker id its groups pushed, tokens generated, busy seconds,
+joins and leaves)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
+from learner_service.records import (
+    EvalRecord,
+    ResumeRecord,
+    StepRecord,
+    evals_by_task,
+    read_records,
+    run_evals,
+)
 from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
 from scalerl.rpc.curve_client import (
@@ -77,6 +85,50 @@ def training_health(steps: list[StepRecord]) -> dict:
         "grad_norm_mean": sum(m.grad_norm for m in stepped) / len(stepped),
         "grad_norm_max": max(m.grad_norm for m in stepped),
     }
+
+
+def task_health(steps: list[StepRecord], task: str) -> dict:
+    """One task's training health from the steps whose batch held its groups
+    (`StepRecord.by_task`): groups trained, mean reward of the first and last such step,
+    mean zero-variance fraction and parse-failure rate, prompts eligible and retired by
+    No-Positive-Resampling at the end. {} when no step records it."""
+    parts = [m.by_task[task] for m in steps if m.by_task and task in m.by_task]
+    if not parts:
+        return {}
+    return {
+        "steps_with_groups": len(parts),
+        "groups": sum(p.groups for p in parts),
+        "mean_reward_first": parts[0].mean_reward,
+        "mean_reward_last": parts[-1].mean_reward,
+        "zero_variance_frac_mean": sum(p.zero_variance_frac for p in parts) / len(parts),
+        "parse_failure_rate_mean": sum(p.parse_failure_rate for p in parts) / len(parts),
+        "prompts_eligible": parts[-1].prompts_eligible,
+        "prompts_retired": parts[-1].prompts_retired,
+    }
+
+
+def task_reports(
+    config: RunConfig,
+    by_task: dict[str, list[EvalRecord]],
+    fits: dict[str, FitSummary | None],
+    steps: list[StepRecord],
+) -> dict[str, dict]:
+    """Per task of the run: its source, weight, pass rate at the first and last
+    evaluation, curve fit (paper Eq. 1 on the task's own series, Sec. 5) and health."""
+    out = {}
+    for task in config.task:
+        evals = by_task.get(task.name, [])
+        fit = fits.get(task.name)
+        out[task.name] = {
+            "source": task.source,
+            "weight": task.weight,
+            "evaluations": len(evals),
+            "pass_rate_step0": evals[0].pass_rate if evals else None,
+            "pass_rate_final": evals[-1].pass_rate if evals else None,
+            "fit": fit.to_dict() if fit else None,
+            "health": task_health(steps, task.name),
+        }
+    return out
 
 
 def fleet_summary(steps: list[StepRecord]) -> dict:
@@ -154,9 +206,12 @@ def finish_report(
     the run goes, the curve service holds the live fit (GetRun, its /metrics gauges).
     addresses: (curve service gRPC address, Redis URL)."""
     curve_address, redis_url = addresses
-    evals = read_records(run_dir, EvalRecord)
+    records = read_records(run_dir, EvalRecord)
+    evals = run_evals(records)
     if not evals:
         return
+    by_task = evals_by_task(records)
+    task_fits = {t: _fit(curve_address, e, console) for t, e in by_task.items()}
     r0 = evals[0].pass_rate
     fit = _fit(curve_address, evals, console)
     if fit:
@@ -183,6 +238,7 @@ def finish_report(
         "fit": fit.to_dict() if fit else None,
         "fit_first_half": half.to_dict() if half else None,
         "health": training_health(steps),
+        "tasks": task_reports(config, by_task, task_fits, steps),
         "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
@@ -213,9 +269,21 @@ def finish_report(
         ylabel="held-out pass rate",
         ylim=(0.0, 1.0),
         log_compute=False,  # the step-0 evaluation sits at compute 0
+        series=[
+            (task, [e.compute for e in e_], [e.pass_rate for e in e_], task_fits.get(task))
+            for task, e_ in by_task.items()
+            if len(by_task) > 1
+        ],
     )
     console.print(
         f"held-out pass rate {r0:.3f} -> {evals[-1].pass_rate:.3f} over "
         f"{evals[-1].step} steps in {wall_s / 60:.1f} min"
         + (f"; fit A={fit.a:.3f} B={fit.b:.2f} C_mid={fit.c_mid:.3g}" if fit else "")
     )
+    if len(by_task) > 1:
+        for task, task_evals in by_task.items():
+            task_fit = task_fits.get(task)
+            console.print(
+                f"  task {task}: {task_evals[0].pass_rate:.3f} -> {task_evals[-1].pass_rate:.3f}"
+                + (f"; fit A={task_fit.a:.3f} B={task_fit.b:.2f}" if task_fit else "")
+            )

@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from learner_service.records import EvalRecord, read_records
+from learner_service.records import EvalRecord, read_records, run_evals
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
@@ -140,7 +140,9 @@ def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
 def compare(variants: list[Variant], sweep_dir: Path) -> dict:
     """Fit every finished variant's held-out curve and compare them on a curve service
     started for the purpose. Prints the table; returns what sweep.json holds."""
-    evals = {v.label: read_records(sweep_dir / _slug(v.label), EvalRecord) for v in variants}
+    evals = {
+        v.label: run_evals(read_records(sweep_dir / _slug(v.label), EvalRecord)) for v in variants
+    }
     fittable = [v for v in variants if len(evals[v.label]) >= MIN_POINTS]
     result = None
     if len(fittable) >= 2:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,15 @@ class PolicyTokenizer:
     stop_token_ids: frozenset[int]
     pad_token_id: int
 
-    def prompt_ids(self, question: str, system_prompt: str) -> list[int]:
-        """Token ids of the full prompt (chat template with generation prompt for chat
-        models; `Q:{question}\\nA:` for the tiny model)."""
+    def prompt_ids(
+        self, question: str | Sequence[Mapping[str, str]], system_prompt: str
+    ) -> list[int]:
+        """Token ids of the full prompt: for chat models the chat template with the
+        generation prompt over the system prompt and the user message `question` (or,
+        when `question` is a conversation, its messages, after the system prompt unless
+        it has its own); `Q:{question}\\nA:` for the tiny model."""
+        if not isinstance(question, str):
+            return self._conversation_ids(list(question), system_prompt)
         if self.chat:
             messages = [
                 {"role": "system", "content": system_prompt},
@@ -66,6 +73,17 @@ class PolicyTokenizer:
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
         return self.tokenizer.encode(f"Q:{question.removeprefix('What is ')}\nA:")
+
+    def _conversation_ids(self, messages: list[Mapping[str, str]], system_prompt: str) -> list[int]:
+        if not self.chat:
+            users = [m["content"] for m in messages if m.get("role") == "user"]
+            return self.prompt_ids(users[-1] if users else "", system_prompt)
+        if system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
         if self.chat:
@@ -165,7 +183,8 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
         else smollm2_dir(model_config.cache_dir)
     )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return model.eval(), _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder))
+    tokenizer = _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder), model_config)
+    return model.eval(), tokenizer
 
 
 def load_tokenizer(model_config) -> PolicyTokenizer:
@@ -181,10 +200,28 @@ def load_tokenizer(model_config) -> PolicyTokenizer:
         if model_config.kind == "path"
         else smollm2_dir(model_config.cache_dir)
     )
-    return _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder))
+    return _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder), model_config)
 
 
-def _hf_policy_tokenizer(hf_tok) -> PolicyTokenizer:
+def chat_template(model_config) -> str | None:
+    """`model.chat_template`: None when unset (the tokenizer's own), else the Jinja text,
+    read from the file when it names one (a path ending in .jinja or .j2). Raises
+    ValueError naming the field for a file that does not exist."""
+    value = getattr(model_config, "chat_template", "")
+    if not value:
+        return None
+    if value.endswith((".jinja", ".j2")):
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(f"model.chat_template: no such file {value}")
+        return path.read_text()
+    return value
+
+
+def _hf_policy_tokenizer(hf_tok, model_config=None) -> PolicyTokenizer:
+    template = chat_template(model_config) if model_config is not None else None
+    if template is not None:
+        hf_tok.chat_template = template  # a reasoning model's template, e.g. with <think>
     pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
     return PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad)
 

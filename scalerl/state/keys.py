@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 KEY_NAMESPACE = "scalerl"
 # The same rule as `RunConfig.run_id` and the curve service's run ids; it also keeps glob
@@ -57,6 +58,30 @@ def check_worker_id(worker_id: str) -> str:
 CURVE_RUNS_KEY = f"{KEY_NAMESPACE}:curve-service:runs"
 
 
+# A prompt id is `{task name}/{row id}` (`scalerl.tasks`): the pool of its task holds it.
+PROMPT_ID_SEPARATOR = "/"
+
+
+def task_of(prompt_id: str) -> str:
+    """The task name of a prompt id (the part before the first '/')."""
+    return prompt_id.split(PROMPT_ID_SEPARATOR, 1)[0]
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    """The keys of one task's prompt pool: eligible / retired id sets, attempts and passes
+    hashes, the init marker, the set being filled before it becomes `eligible`, and the
+    revision (+1 on every recorded outcome or retirement: the snapshot guard)."""
+
+    eligible: str
+    retired: str
+    attempts: str
+    passes: str
+    initialized: str
+    loading: str
+    revision: str
+
+
 class RunKeys:
     """Every Redis key of one run, by name: the whole schema of ARCHITECTURE sec. 4.
 
@@ -74,14 +99,6 @@ class RunKeys:
         self.replay_dead_letter = run_key(run_id, "replay", "dead_letter")
         # Ledger (hash): groups pushed, and every group that left the stream by outcome.
         self.replay_ledger = run_key(run_id, "replay", "ledger")
-        # Prompt pool: eligible / retired id sets, attempts and passes hashes, init marker.
-        self.pool_eligible = run_key(run_id, "pool", "eligible")
-        self.pool_retired = run_key(run_id, "pool", "retired")
-        self.pool_attempts = run_key(run_id, "pool", "attempts")
-        self.pool_passes = run_key(run_id, "pool", "passes")
-        self.pool_initialized = run_key(run_id, "pool", "initialized")
-        # Revision of the pool: +1 on every recorded outcome or retirement (snapshot guard).
-        self.pool_revision = run_key(run_id, "pool", "revision")
         # Run state.
         self.policy_version = run_key(run_id, "state", "policy_version")
         self.latest_weights = run_key(run_id, "state", "latest_weights")
@@ -96,6 +113,8 @@ class RunKeys:
         self.worker_stats = run_key(run_id, "worker_stats")
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")
+        # Prompt pools, one per task: `pool_keys(task)`.
+        self.pool_prefix = run_key(run_id, "pool") + ":"
         # The curve service's copy of the run's points and fit metadata.
         self.curve_points = run_key(run_id, "curve", "points")
         self.curve_meta = run_key(run_id, "curve", "meta")
@@ -104,3 +123,10 @@ class RunKeys:
         """One worker's registry key, `workers:{worker_id}`. Raises ValueError for a
         worker_id outside `WORKER_ID_PATTERN`."""
         return self.workers_prefix + check_worker_id(worker_id)
+
+    def pool_keys(self, task: str) -> PoolKeys:
+        """The prompt pool keys of one task, `scalerl:{run_id}:pool:{task}:...`. Raises
+        ValueError for a name outside `TASK_NAME_PATTERN`."""
+        check_task_name(task)
+        parts = ("eligible", "retired", "attempts", "passes", "initialized", "loading", "revision")
+        return PoolKeys(*(f"{self.pool_prefix}{task}:{part}" for part in parts))

@@ -1,9 +1,10 @@
-"""The prompt pool: training prompt ids still eligible, their pass statistics, and
-No-Positive-Resampling (ScaleRL paper Sec. 3.2; ARCHITECTURE sec. 4-5).
+"""The prompt pools: per task, the training prompt ids still eligible, their pass
+statistics, and No-Positive-Resampling (ScaleRL paper Sec. 3.2; ARCHITECTURE sec. 4-5).
 
-Keys under `scalerl:{run_id}:pool:` — `eligible` (set), `retired` (set), `attempts` and
-`passes` (hashes prompt id -> cumulative count), `initialized` (flag), `revision` (+1 on
-every recorded outcome or retirement: a checkpoint's snapshot never overwrites a newer pool).
+Keys under `scalerl:{run_id}:pool:{task}:` — `eligible` (set), `retired` (set), `attempts`
+and `passes` (hashes prompt id -> cumulative count), `initialized` (flag), `revision` (+1
+on every recorded outcome or retirement: a checkpoint's snapshot never overwrites a newer
+pool). The pools hold prompt ids only; the texts stay in the task's source (`scalerl.tasks`).
 
 No-Positive-Resampling: once a prompt's historical pass rate passes/attempts reaches the
 threshold (0.9 in the paper) after at least `min_attempts` attempts, it leaves the pool for
@@ -21,19 +22,23 @@ from typing import Any
 import redis
 
 from scalerl.state.client import text
-from scalerl.state.keys import RunKeys
+from scalerl.state.keys import RunKeys, task_of
 
-# Fill the pool only if it was never initialised (idempotent across learner restarts).
+# Ids are added to `loading` in chunks (a million ids do not fit one call), then this
+# makes them the pool unless it was ever initialised (idempotent across learner restarts).
 _INIT_LUA = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('DEL', KEYS[3])
   return 0
 end
-for i = 1, #ARGV do
-  redis.call('SADD', KEYS[1], ARGV[i])
-end
+redis.call('RENAME', KEYS[3], KEYS[1])
 redis.call('SET', KEYS[2], '1')
 return 1
 """
+INIT_CHUNK = 10_000
+# Up to this many eligible ids a seeded sample is drawn here from the sorted ids
+# (reproducible); above, Redis draws it (SRANDMEMBER), so sampling stays O(1) in the pool.
+SEEDED_SAMPLE_LIMIT = 10_000
 
 # Move one prompt from eligible to retired unless it is the last eligible one.
 _RETIRE_LUA = """
@@ -66,17 +71,22 @@ return {a, p, retired}
 
 
 class PromptPool:
-    """Eligible prompt ids of one run, with cumulative attempts/passes per prompt."""
+    """Eligible prompt ids of one task of a run, with cumulative attempts/passes per prompt.
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    Raises ValueError for a run_id or task name outside their patterns (`scalerl.state.keys`).
+    """
+
+    def __init__(self, client: redis.Redis, run_id: str, task: str) -> None:
         self._client = client
-        keys = RunKeys(run_id)
-        self._eligible = keys.pool_eligible
-        self._retired = keys.pool_retired
-        self._attempts = keys.pool_attempts
-        self._passes = keys.pool_passes
-        self._initialized = keys.pool_initialized
-        self._revision = keys.pool_revision
+        self.task = task
+        keys = RunKeys(run_id).pool_keys(task)
+        self._eligible = keys.eligible
+        self._retired = keys.retired
+        self._attempts = keys.attempts
+        self._passes = keys.passes
+        self._initialized = keys.initialized
+        self._loading = keys.loading
+        self._revision = keys.revision
         self._init_script = client.register_script(_INIT_LUA)
         self._retire_script = client.register_script(_RETIRE_LUA)
         self._record_retire_script = client.register_script(_RECORD_RETIRE_LUA)
@@ -85,25 +95,38 @@ class PromptPool:
         """Fill the pool with `prompt_ids` unless it was ever initialised before.
 
         Returns True when it filled the pool, False when it was already initialised (a
-        restarted learner must not resurrect retired prompts). Raises ValueError for an
-        empty list or an empty id.
+        restarted learner must not resurrect retired prompts). The ids are sent in chunks of
+        INIT_CHUNK and become the pool at once (one Lua script), so an interrupted init
+        leaves no half pool. Raises ValueError for an empty list or an empty id.
         """
-        ids = [_check_id(prompt_id) for prompt_id in prompt_ids]
-        if not ids:
-            raise ValueError("prompt_ids must contain at least one id")
-        filled = self._init_script(keys=[self._eligible, self._initialized], args=ids)
-        return bool(filled)
+        if self._client.exists(self._initialized):
+            return False
+        self._client.delete(self._loading)  # what an interrupted earlier init left
+        added = 0
+        chunk: list[str] = []
+        for prompt_id in prompt_ids:
+            chunk.append(_check_id(prompt_id))
+            if len(chunk) == INIT_CHUNK:
+                added += self._client.sadd(self._loading, *chunk)
+                chunk = []
+        if chunk:
+            added += self._client.sadd(self._loading, *chunk)
+        if not added:
+            raise ValueError(f"prompt_ids of task {self.task!r} must contain at least one id")
+        keys = [self._eligible, self._initialized, self._loading]
+        return bool(self._init_script(keys=keys, args=[]))
 
     def sample(self, count: int, rng: random.Random | None = None) -> list[str]:
         """Up to `count` distinct eligible ids (fewer when the pool is smaller).
 
-        Without `rng` the server picks (SRANDMEMBER). With `rng` the choice is made here from
+        Without `rng`, or for a pool above SEEDED_SAMPLE_LIMIT ids, the server picks
+        (SRANDMEMBER, O(count)). With `rng` and a smaller pool the choice is made here from
         the sorted eligible ids, so it is reproducible for a given seed and pool. Raises
         ValueError for count < 1.
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        if rng is None:
+        if rng is None or self.eligible_count() > SEEDED_SAMPLE_LIMIT:
             return [text(m) for m in self._client.srandmember(self._eligible, count)]
         members = sorted(text(m) for m in self._client.smembers(self._eligible))
         return rng.sample(members, min(count, len(members)))
@@ -209,9 +232,7 @@ class PromptPool:
         passes > attempts, an id both eligible and retired).
         """
         eligible, retired, attempts, passes, initialized = _validate_snapshot(snapshot)
-        revision = snapshot.get("revision", 0)
-        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
-            raise ValueError(f"snapshot.revision must be an integer >= 0, got {revision!r}")
+        revision = _snapshot_revision(snapshot)
         keys = [self._eligible, self._retired, self._attempts, self._passes, self._initialized]
         with self._client.pipeline(transaction=True) as pipe:
             pipe.watch(self._revision, self._initialized)
@@ -236,6 +257,52 @@ class PromptPool:
         return True
 
 
+class TaskPools:
+    """The prompt pools of a run, one `PromptPool` per task, in the run's task order.
+
+    Raises ValueError for no task or a name outside `TASK_NAME_PATTERN`."""
+
+    def __init__(self, client: redis.Redis, run_id: str, tasks: Iterable[str]) -> None:
+        self.pools = {name: PromptPool(client, run_id, name) for name in tasks}
+        if not self.pools:
+            raise ValueError("a run needs at least one task's prompt pool")
+
+    def __getitem__(self, task: str) -> PromptPool:
+        return self.pools[task]
+
+    def of(self, prompt_id: str) -> PromptPool:
+        """The pool of the prompt's task; raises KeyError for a task the run does not have."""
+        return self.pools[task_of(prompt_id)]
+
+    def eligible_count(self) -> int:
+        """Prompts that may still be sampled, over every task."""
+        return sum(pool.eligible_count() for pool in self.pools.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """{"tasks": {task: `PromptPool.snapshot()`}}, JSON-serialisable, for checkpoints."""
+        return {"tasks": {name: pool.snapshot() for name, pool in self.pools.items()}}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> bool:
+        """`PromptPool.restore` of each task's part of a `snapshot()`; True when any pool was
+        replaced. Every part is validated before any is written, so bad input changes
+        nothing. Raises ValueError naming the field: not a mapping of tasks, a task the
+        run does not have, or a bad pool snapshot. A task the snapshot lacks (added to the
+        run's config since) keeps its pool."""
+        tasks = snapshot.get("tasks") if isinstance(snapshot, Mapping) else None
+        if not isinstance(tasks, Mapping):
+            raise ValueError(
+                "snapshot.tasks must map task names to pool snapshots (a checkpoint written "
+                "before runs had several tasks cannot restore its prompt pool)"
+            )
+        unknown = sorted(set(tasks) - set(self.pools))
+        if unknown:
+            raise ValueError(f"snapshot.tasks has tasks this run does not: {', '.join(unknown)}")
+        for part in tasks.values():
+            _validate_snapshot(part)
+            _snapshot_revision(part)
+        return any([self.pools[name].restore(part) for name, part in tasks.items()])
+
+
 def _validate_snapshot(
     snapshot: Mapping[str, Any],
 ) -> tuple[list[str], list[str], dict[str, int], dict[str, int], bool]:
@@ -255,6 +322,13 @@ def _validate_snapshot(
         if value > attempts.get(prompt_id, 0):
             raise ValueError(f"snapshot.passes[{prompt_id!r}] = {value} exceeds its attempts")
     return eligible, retired, attempts, passes, bool(snapshot["initialized"])
+
+
+def _snapshot_revision(snapshot: Mapping[str, Any]) -> int:
+    revision = snapshot.get("revision", 0)
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+        raise ValueError(f"snapshot.revision must be an integer >= 0, got {revision!r}")
+    return revision
 
 
 def _id_list(value: Any, name: str) -> list[str]:

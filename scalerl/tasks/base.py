@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from scalerl.state.keys import PROMPT_ID_SEPARATOR, task_of
 from scalerl.verifiers import Verdict, Verifier
 
-ID_SEPARATOR = "/"
+__all__ = ["ID_SEPARATOR", "PROBLEM_CACHE", "Problem", "Task", "task_of"]
+
+ID_SEPARATOR = PROMPT_ID_SEPARATOR
 # Problems each task keeps decoded (a row read again is served from memory).
 PROBLEM_CACHE = 4096
 
@@ -36,11 +39,6 @@ class Problem:
     question: str
     answer: Any
     messages: tuple[Mapping[str, str], ...] | None = None
-
-
-def task_of(prompt_id: str) -> str:
-    """The task name of a prompt id (the part before the first '/')."""
-    return prompt_id.split(ID_SEPARATOR, 1)[0]
 
 
 class Task(ABC):

@@ -23,7 +23,7 @@ import pytest
 from deploy_manifests import DEPLOY, KubectlMissing, render
 from local_pods import LOOPBACK, LocalProcess, local_processes, stop_all
 
-from learner_service.records import EvalRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.config import load_config
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry
@@ -146,7 +146,7 @@ def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -
         assert learner.poll() == 0, _logs(processes)
         run_s = time.monotonic() - started
         # The learner recorded every evaluation on the curve service (curve:50053).
-        evals = read_records(run_dir, EvalRecord)
+        evals = run_evals(read_records(run_dir, EvalRecord))
         assert _curve_points(curve, config.run_id) == len(evals)
 
         # The kubelet restarts the learner that exited 0: a finished run stays as it was.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 from scalerl.crash_points import CRASH_AT_ENV, CRASH_MARKER_ENV
 
 pytestmark = pytest.mark.integration
@@ -118,7 +118,7 @@ def _check_accounting(run_dir: Path) -> dict:
     assert groups["trained"] == len(trained), groups
     resumes = read_records(run_dir, ResumeRecord)
     assert groups.get("lost", 0) == sum(r.groups_lost for r in resumes), (groups, resumes)
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     at = [e.step for e in evals]  # every 5 steps (PPO: at the next batch boundary), the end
     assert at == sorted(set(at)) and at[0] == 0 and at[-1] == MAX_STEPS and len(at) == 6, at
     learner_log = (run_dir / "logs" / "learner.log").read_text()

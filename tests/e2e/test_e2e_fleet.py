@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.ports import free_port
 from scalerl.rpc.security import TOKEN_ENV
 
@@ -122,7 +122,7 @@ def test_workers_join_and_leave_a_running_job(tmp_path, transport):
     steps = read_records(run_dir, StepRecord)
     assert [s.step for s in steps] == list(range(1, MAX_STEPS + 1))
     assert all(0 <= s.staleness_mean and s.staleness_max <= K for s in steps)
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     assert evals[-1].pass_rate > evals[0].pass_rate, [e.pass_rate for e in evals]
     if transport == "broadcast":  # the group grew with the joiners and shrank after
         epochs = [m.split(", ") for m in EPOCH.findall((logs / "learner.log").read_text())]

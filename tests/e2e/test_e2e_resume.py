@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def _check_one_timeline(run_dir: Path, max_steps: int) -> list[StepRecord]:
     for s in steps:
         assert 0 <= s.staleness_mean and s.staleness_max <= K, s
         assert len(s.staleness_hist) == K + 1 and sum(s.staleness_hist) == s.groups_in_batch
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     assert [e.step for e in evals] == sorted({e.step for e in evals})
     assert [e.policy_version for e in evals] == sorted(e.policy_version for e in evals)
     return steps
@@ -73,7 +73,7 @@ def test_a_finished_run_resumed_with_more_steps_continues(tmp_path):
     assert code == 0, output[-3000:]
     steps = _check_one_timeline(run_dir, 20)
     assert steps[10].policy_version > first.policy_version  # above the finished run's
-    assert [e.step for e in read_records(run_dir, EvalRecord)] == [0, 5, 10, 15, 20]
+    assert [e.step for e in run_evals(read_records(run_dir, EvalRecord))] == [0, 5, 10, 15, 20]
     (resume,) = read_records(run_dir, ResumeRecord)
     assert resume.step == 10 and resume.steps_discarded == 0
     log = _learner_log(run_dir)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner_service.records import EvalRecord, StepRecord, read_records
+from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     proc = _launch(run_dir)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
-    evals = read_records(run_dir, EvalRecord)  # every line has every field, or it raises
+    evals = run_evals(read_records(run_dir, EvalRecord))  # every line has every field, or it raises
     assert len(evals) >= 4
     assert [e.compute for e in evals] == sorted(e.compute for e in evals)
     # 30 held-out prompts x 16 samples: a standard error of about 0.02 per evaluation. Gains
@@ -132,7 +132,7 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
     assert (checkpoint / "model.safetensors").is_file()
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "learner rank 1 of 2" in learner_log and "rank 1: rank 0 stopped" in learner_log
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     gained = round((evals[-1].pass_rate - evals[0].pass_rate) * evals[-1].completions)
     assert gained >= 0.05 * evals[-1].completions, [e.pass_rate for e in evals]
 
@@ -171,7 +171,7 @@ def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
     first = [m for m in metrics if m.step % 2 == 1]
     assert all(m.staleness_hist[0] == 8 for m in first)
     assert all(abs(m.ratio_mean - 1.0) <= 1e-4 for m in first if m.stepped)
-    evals = read_records(run_dir, EvalRecord)
+    evals = run_evals(read_records(run_dir, EvalRecord))
     assert [e.step for e in evals] == [0, 4, 8, 12]  # on batch boundaries
 
 

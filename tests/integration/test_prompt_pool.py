@@ -15,7 +15,7 @@ from scalerl.state.prompt_pool import PromptPool
 def test_pool_init_is_idempotent_and_samples_eligible(
     redis_client: redis.Redis, run_id: str
 ) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     ids = [f"p{i}" for i in range(5)]
     assert pool.init(ids) is True
     assert pool.retire("p0") is True
@@ -27,11 +27,11 @@ def test_pool_init_is_idempotent_and_samples_eligible(
     assert seeded == pool.sample(2, rng=random.Random(0))
     assert seeded == random.Random(0).sample(["p1", "p2", "p3", "p4"], 2)
     with pytest.raises(ValueError, match="prompt_ids"):
-        PromptPool(redis_client, run_id + "x").init([])
+        PromptPool(redis_client, run_id + "x", "math").init([])
 
 
 def test_pool_record_accumulates(redis_client: redis.Redis, run_id: str) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     assert pool.record("p0", 4, 3) == (4, 3)
     assert pool.record("p0", 4, 2) == (8, 5)
     assert pool.stats("p0") == (8, 5)
@@ -42,7 +42,7 @@ def test_pool_record_accumulates(redis_client: redis.Redis, run_id: str) -> None
 
 
 def test_npr_retirement_at_pass_rate_0_9(redis_client: redis.Redis, run_id: str) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b", "c", "d", "keep"])
     npr = {"threshold": 0.9, "min_attempts": 8}
     assert pool.record_and_maybe_retire("a", 10, 9, **npr) is True  # 9/10 = 0.9 retires
@@ -61,7 +61,7 @@ def test_npr_retirement_at_pass_rate_0_9(redis_client: redis.Redis, run_id: str)
 
 
 def test_last_eligible_prompt_is_never_retired(redis_client: redis.Redis, run_id: str) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     pool.init(["x", "y"])
     assert pool.retire("x") is True
     assert pool.retire("y") is False
@@ -71,7 +71,7 @@ def test_last_eligible_prompt_is_never_retired(redis_client: redis.Redis, run_id
 
 
 def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b", "c"])
     pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
     pool.record("b", 4, 1)
@@ -84,7 +84,7 @@ def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
         "passes": {"a": 10, "b": 1},
         "revision": 2,
     }
-    copy = PromptPool(redis_client, run_id + "-copy")
+    copy = PromptPool(redis_client, run_id + "-copy", "math")
     copy.init(["zzz"])
     copy.restore(snap)
     assert copy.snapshot() == snap
@@ -104,7 +104,7 @@ def test_an_older_snapshot_never_overwrites_a_newer_pool(
     """A learner resumed from a checkpoint taken before a prompt was retired by
     No-Positive-Resampling: Redis holds the newer pool, which stays (the prompt stays
     retired)."""
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b", "c"])
     pool.record("b", 4, 1)
     checkpointed = pool.snapshot()
@@ -117,11 +117,11 @@ def test_an_older_snapshot_never_overwrites_a_newer_pool(
 
 
 def test_a_snapshot_refills_a_pool_redis_lost(redis_client: redis.Redis, run_id: str) -> None:
-    pool = PromptPool(redis_client, run_id)
+    pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b"])
     pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
     snap = pool.snapshot()
-    fresh = PromptPool(redis_client, run_id + "-lost")
+    fresh = PromptPool(redis_client, run_id + "-lost", "math")
     fresh.init(["a", "b"])  # a Redis that lost its data: the learner's init refills it
     assert fresh.restore(snap) is True
     assert fresh.snapshot() == snap and fresh.retired_count() == 1

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from learner_service.evaluate import Evaluator
-from rollout_service.actor import _GroupInFlight, build_group
+from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from rollout_service.engines.api import (
     INTERRUPTED,
     LENGTH,
@@ -27,7 +27,7 @@ from rollout_service.server import RolloutServicer
 from scalerl.config import ModelConfig, RolloutConfig, load_config
 from scalerl.length_control import check_budgets, forced_ids, scored_ids
 from scalerl.policy.models import CharTokenizer, load_policy, load_tokenizer
-from scalerl.tasks import AdditionTask
+from scalerl.tasks import AdditionTask, TaskSet
 from scalerl.v1 import rollout_pb2
 
 torch.set_num_threads(1)
@@ -124,7 +124,8 @@ def test_interrupted_sample_with_its_number_only_in_the_thinking_scores_zero():
         _Done(_completion("answers-right", f"{wrong} ", f" {right}", interrupted=True)),
         _Done(_completion("never-interrupted", f"{right}", "", interrupted=False)),
     ]
-    group = build_group(_GroupInFlight(problem.prompt_id, [3], streams, 0), task, tokenizer, "w")
+    verdicts = [task.score(problem.prompt_id, scored_text(s, tokenizer)) for s in streams]
+    group = build_group(_GroupInFlight(problem.prompt_id, [3], streams, 0), verdicts, "w")
     rewards = [s.reward for s in group.samples]
     assert rewards == [0.0, 0.0, 1.0, 1.0]
     assert [s.parse_failed for s in group.samples] == [True, False, False, False]
@@ -146,7 +147,7 @@ def test_evaluation_scores_an_interrupted_reply_on_its_answer_alone():
             ),
         ]
 
-    evaluator = Evaluator(task, tok, "", samples=1, temperature=1.0, max_new_tokens=12)
+    evaluator = Evaluator(TaskSet([task]), tok, samples=1, temperature=1.0, max_new_tokens=12)
     job = (problem.prompt_id, [3], 0)
     stub = types.SimpleNamespace(Generate=lambda request, timeout: iter(reply("?")))
     reward, parse_failed, tokens, truncated = evaluator._one(stub, job)

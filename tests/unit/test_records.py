@@ -12,8 +12,10 @@ from learner_service.records import (
     EvalRecord,
     StepRecord,
     append_record,
+    evals_by_task,
     keep_records_until,
     read_records,
+    run_evals,
 )
 from scalerl_cli.report import fleet_summary, training_health
 
@@ -60,6 +62,7 @@ EVAL = {
     "step": 5,
     "policy_version": 5,
     "compute": 0.02,
+    "task": "math",
     "pass_rate": 0.4375,
     "parse_failure_rate": 0.0625,
     "completions": 480,
@@ -221,3 +224,20 @@ def test_keep_records_until_cuts_the_crashed_runs_tail(tmp_path) -> None:
     assert [r.step for r in read_records(tmp_path, StepRecord)] == [3, 4, 5]
     assert keep_records_until(tmp_path, StepRecord, 9) == []
     assert keep_records_until(tmp_path, EvalRecord, 0) == []  # no file: nothing to cut
+
+
+def test_an_evaluation_of_several_tasks_reads_back_as_the_run_and_each_task(tmp_path) -> None:
+    """eval.jsonl holds a record per task and the run's (task ""); lines written before
+    runs had several tasks have no task and are the run's."""
+    for step, rates in ((0, (0.2, 0.4, 0.3)), (5, (0.5, 0.7, 0.6))):
+        for task, rate in zip(("math", "code", ""), rates, strict=True):
+            fields = EVAL | {"step": step, "task": task, "pass_rate": rate}
+            append_record(tmp_path, EvalRecord(**fields))
+    old = {k: v for k, v in EVAL.items() if k != "task"} | {"step": 10, "pass_rate": 0.65}
+    with open(tmp_path / "eval.jsonl", "a") as handle:
+        handle.write(json.dumps(old) + "\n")
+    records = read_records(tmp_path, EvalRecord)
+    assert [(r.step, r.pass_rate) for r in run_evals(records)] == [(0, 0.3), (5, 0.6), (10, 0.65)]
+    by_task = evals_by_task(records)
+    assert list(by_task) == ["math", "code"]
+    assert [r.pass_rate for r in by_task["code"]] == [0.4, 0.7]

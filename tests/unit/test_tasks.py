@@ -3,16 +3,18 @@ and that a verifier failure scores 0 without stopping anything."""
 
 from __future__ import annotations
 
+import random
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from rollout_service.actor import _GroupInFlight, build_group
+from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from scalerl import tasks
+from scalerl.config import TaskConfig, load_config
 from scalerl.policy.models import chat_stop_token_ids
-from scalerl.tasks import AdditionTask, Verdict, verify_last_integer
-from scalerl.verifiers import last_integer
+from scalerl.tasks import AdditionTask, TaskSet, Verdict, build_task, verify_last_integer
+from scalerl.verifiers import VerifierPool, last_integer
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,8 @@ def test_split_is_disjoint_and_seeded() -> None:
     train = {p.prompt_id for p in task.train}
     heldout = {p.prompt_id for p in task.heldout}
     assert len(heldout) == 200 and not train & heldout
-    assert len(train) + len(heldout) == len(tasks.addition_problems(9, 39))
+    assert len(train) + len(heldout) == len(tasks.addition_pairs(9, 39))
+    assert all(pid.startswith("addition/add-") for pid in train | heldout)
     assert [p.prompt_id for p in AdditionTask(9, 39, 200, 0).heldout] == [
         p.prompt_id for p in task.heldout
     ]
@@ -58,7 +61,7 @@ def test_verifier_exception_scores_zero_as_parse_failure(monkeypatch) -> None:
 
 def test_an_unknown_prompt_id_scores_zero() -> None:
     task = AdditionTask(2, 2, heldout_size=1)
-    verdict = task.score("add-99-99", "198")
+    verdict = task.score("addition/add-99-99", "198")
     assert verdict == Verdict(0.0, True) and verdict.failure == "error"
 
 
@@ -80,7 +83,10 @@ def test_a_group_with_a_failing_verifier_is_still_built(monkeypatch) -> None:
     ]
     tokenizer = SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
     inflight = _GroupInFlight(prompt.prompt_id, [1, 2], streams, 0, time.monotonic())
-    group = build_group(inflight, task, tokenizer, "w0")
+    with VerifierPool(task.verifier) as pool:  # the actor's scoring path
+        texts = [scored_text(stream, tokenizer) for stream in streams]
+        verdicts = [pool.submit(text, prompt.answer).result() for text in texts]
+    group = build_group(inflight, verdicts, "w0")
     assert [s.reward for s in group.samples] == [0.0, 0.0]
     assert [s.parse_failed for s in group.samples] == [True, True]
 
@@ -99,3 +105,68 @@ def test_end_of_turn_and_eos_both_stop_a_chat_model() -> None:
             return 0
 
     assert chat_stop_token_ids(PlainTokenizer()) == frozenset({2})
+
+
+# ----- the run's tasks: config, routing, sampling by weight ----------------------------------
+
+
+def _two_tasks() -> TaskSet:
+    small = TaskConfig(name="small", large_max=9, heldout_size=20, weight=3.0)
+    wide = TaskConfig(name="wide", small_max=3, large_max=30, heldout_size=10, seed=1)
+    return TaskSet([build_task(small), build_task(wide)])
+
+
+def test_a_task_set_routes_prompt_ids_to_their_task_and_samples_by_weight() -> None:
+    taskset = _two_tasks()
+    assert taskset.weights == {"small": 0.75, "wide": 0.25}
+    small, wide = taskset["small"], taskset["wide"]
+    assert len(small.heldout_ids) == 20 and len(wide.heldout_ids) == 10
+    assert all(pid.startswith("small/") for pid in small.train_ids)
+    problem = wide.problem(wide.train_ids[0])
+    a, b = (int(x) for x in problem.question.removeprefix("What is ").rstrip("?").split("+"))
+    assert taskset.score(problem.prompt_id, str(a + b)).reward == 1.0
+    assert taskset.score("other/add-1-1", "2") == Verdict(0.0, True)
+    rng = random.Random(0)
+    draws = [taskset.sample_task(rng).name for _ in range(4000)]
+    # 3:1 weights: 3000 expected, binomial standard deviation ~27.
+    assert abs(draws.count("small") - 3000) < 120
+
+
+def test_one_task_mapping_and_a_list_of_tasks_both_load() -> None:
+    one = load_config("tiny")
+    assert [t.name for t in one.task] == ["addition"] and one.task[0].large_max == 9
+    two = load_config(
+        "tiny",
+        [
+            "task=[{name: small, large_max: 9}, {name: wide, large_max: 30, weight: 2}]",
+            "task.wide.heldout_size=7",
+            "task.0.seed=5",
+        ],
+    )
+    assert [(t.name, t.weight, t.heldout_size, t.seed) for t in two.task] == [
+        ("small", 1.0, 200, 5),
+        ("wide", 2.0, 7, 0),
+    ]
+    with pytest.raises(ValueError, match="task.weight: name a task by index"):
+        load_config("tiny", ["task=[{name: a}, {name: b}]", "task.weight=2"])
+    with pytest.raises(ValueError, match="task names must be unique, repeated: a"):
+        load_config("tiny", ["task=[{name: a}, {name: a}]"])
+    with pytest.raises(ValueError, match="name"):
+        load_config("tiny", ["task.name=Math!"])
+    with pytest.raises(ValueError, match="path is required for source file"):
+        TaskConfig(name="m", source="file", verifier="math")
+    with pytest.raises(ValueError, match="verifier is required for source file"):
+        TaskConfig(name="m", source="file", path="x.jsonl")
+
+
+def test_a_reasoning_model_is_scored_on_its_answer_after_the_end_of_thinking() -> None:
+    task = build_task(TaskConfig(large_max=9, heldout_size=5), end_of_thinking="</think>")
+    problem = task.problem(task.train_ids[0])
+    right, wrong = str(problem.answer), str(problem.answer + 1)
+    assert task.score(problem.prompt_id, f"<think>maybe {wrong}</think> {right}").reward == 1.0
+    assert task.score(problem.prompt_id, f"<think>so {right}</think> {wrong}").reward == 0.0
+    # Thinking that never ended has no answer, whatever numbers it holds.
+    assert task.score(problem.prompt_id, f"<think>{right}") == Verdict(0.0, True)
+    # Without the marker configured the whole reply is read (the additions default).
+    plain = build_task(TaskConfig(large_max=9, heldout_size=5))
+    assert plain.score(problem.prompt_id, f"<think>{right}").reward == 1.0
