@@ -2,8 +2,8 @@
 
 The server's one error interceptor (`scalerl.rpc.server.make_server`) turns them into
 status codes, so the core raises them without knowing about gRPC: bad input is
-INVALID_ARGUMENT, an unknown run NOT_FOUND, a run without a fit FAILED_PRECONDITION and a
-full store RESOURCE_EXHAUSTED.
+INVALID_ARGUMENT, an unknown run or an unknown task series of a run NOT_FOUND, a run without
+a fit FAILED_PRECONDITION and a full store RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -17,11 +17,28 @@ class CurveInputError(InvalidArgument):
 
 
 class UnknownRunError(NotFound):
-    """No run with this id has been recorded."""
+    """No run with this id has been recorded (in any series); `task` is the series asked
+    for, named in the message when it is not the total ""."""
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run_id: no run named {run_id!r}")
+    def __init__(self, run_id: str, task: str = "") -> None:
+        asked = f" (asked for task {task!r})" if task else ""
+        super().__init__(f"run_id: no run named {run_id!r}{asked}")
         self.run_id = run_id
+        self.task = task
+
+
+class UnknownTaskError(NotFound):
+    """The run exists but holds no series `task`; `known` are the names of the series it
+    holds, sorted ("" is the run's total)."""
+
+    def __init__(self, run_id: str, task: str, known: tuple[str, ...]) -> None:
+        names = ", ".join("'' (the total)" if name == "" else repr(name) for name in known)
+        super().__init__(
+            f"task: run {run_id!r} has no series {task!r}; its series: {names or 'none'}"
+        )
+        self.run_id = run_id
+        self.task = task
+        self.known = known
 
 
 class NoFitError(FailedPrecondition):

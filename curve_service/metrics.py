@@ -26,7 +26,7 @@ _FIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 
 class CurveMetrics:
-    """Fit counters and timings, per-run fitted parameters, and build info."""
+    """Fit counters and timings, fitted parameters per series of a run, and build info."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or service_registry("curve", device="cpu", dtype="float64")
@@ -43,34 +43,41 @@ class CurveMetrics:
             buckets=_FIT_BUCKETS,
             registry=reg,
         )
+        # Per series of a run: label task is the task's name, "" for the run's total.
+        series = ["run_id", "task"]
         self.asymptote = Gauge(
             "scalerl_curve_asymptote",
-            "Fitted A (asymptotic reward) of a run.",
-            ["run_id"],
+            'Fitted A (asymptotic reward) of a run\'s series (task "" = its total).',
+            series,
             registry=reg,
         )
         self.exponent = Gauge(
             "scalerl_curve_exponent",
-            "Fitted B (scaling exponent) of a run.",
-            ["run_id"],
+            'Fitted B (scaling exponent) of a run\'s series (task "" = its total).',
+            series,
             registry=reg,
         )
         self.midpoint = Gauge(
             "scalerl_curve_midpoint",
-            "Fitted C_mid of a run, in the run's compute unit (accelerator-hours by default).",
-            ["run_id"],
+            "Fitted C_mid of a run's series (task \"\" = its total), in the run's compute "
+            "unit (accelerator-hours by default).",
+            series,
             registry=reg,
         )
         self.predicted = Gauge(
             "scalerl_curve_predicted_reward",
-            "Reward a run's fit predicts at a target compute (paper Eq. 1); the label "
-            "target_compute is in the run's compute unit.",
-            ["run_id", "target_compute"],
+            "Reward a run's series' fit predicts at a target compute (paper Eq. 1); the "
+            "label target_compute is in the run's compute unit.",
+            [*series, "target_compute"],
             registry=reg,
         )
-        self._targets: dict[str, str] = {}  # run_id -> label of its predicted-reward series
+        # (run_id, task) -> label of its predicted-reward series
+        self._targets: dict[tuple[str, str], str] = {}
         self.points = Gauge(
-            "scalerl_curve_points", "Eval points recorded for a run.", ["run_id"], registry=reg
+            "scalerl_curve_points",
+            'Eval points recorded for a run\'s series (task "" = its total).',
+            series,
+            registry=reg,
         )
         for status in FIT_STATUSES:
             self.fits.labels(status=status)  # export every status from the start, at 0
@@ -83,29 +90,36 @@ class CurveMetrics:
         self.fit_seconds.observe(seconds)
 
     def set_run(
-        self, run_id: str, points: int, fit: FitResult | None, target: float | None = None
+        self,
+        run_id: str,
+        points: int,
+        fit: FitResult | None,
+        target: float | None = None,
+        task: str = "",
     ) -> None:
-        """Publish a run's point count and, when it has one, its fitted A, B, C_mid and the
-        predicted reward at `target` compute (None = 10x the run's largest compute)."""
-        self.points.labels(run_id=run_id).set(points)
-        old = self._targets.pop(run_id, None)
+        """Publish the point count of series `task` of a run ("" = its total) and, when it
+        has one, its fitted A, B, C_mid and the predicted reward at `target` compute (None =
+        10x the series' largest compute)."""
+        labels = {"run_id": run_id, "task": task}
+        self.points.labels(**labels).set(points)
+        old = self._targets.pop((run_id, task), None)
         if old is not None:
-            self.predicted.remove(run_id, old)
+            self.predicted.remove(run_id, task, old)
         if fit is None:
             for gauge in (self.asymptote, self.exponent, self.midpoint):
                 try:
-                    gauge.remove(run_id)
+                    gauge.remove(run_id, task)
                 except KeyError:
-                    pass  # the run never had a fit
+                    pass  # the series never had a fit
             return
-        self.asymptote.labels(run_id=run_id).set(fit.a)
-        self.exponent.labels(run_id=run_id).set(fit.b)
-        self.midpoint.labels(run_id=run_id).set(fit.c_mid)
+        self.asymptote.labels(**labels).set(fit.a)
+        self.exponent.labels(**labels).set(fit.b)
+        self.midpoint.labels(**labels).set(fit.c_mid)
         compute = target if target is not None else 10.0 * float(fit.compute.max())
         label = f"{compute:g}"
         reward = sigmoid(compute, fit.a, fit.b, fit.c_mid, fit.r0)
-        self.predicted.labels(run_id=run_id, target_compute=label).set(float(reward))
-        self._targets[run_id] = label
+        self.predicted.labels(**labels, target_compute=label).set(float(reward))
+        self._targets[(run_id, task)] = label
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format, as served at /metrics."""

@@ -1,16 +1,25 @@
 """`RunStore` in Redis, so recorded runs survive a restart of the curve service.
 
-Keys (ARCHITECTURE.md sec. 4 schema `scalerl:{run_id}:...`):
-  scalerl:{run_id}:curve:points  hash, repr(compute) -> repr(reward) (repr round-trips floats)
-  scalerl:{run_id}:curve:meta    hash, r0 ("" = unset) and revision
-  scalerl:curve-service:runs     set of recorded run ids (bounds the number of runs)
+Keys (ARCHITECTURE.md sec. 4 schema `scalerl:{run_id}:...`, every one built here through
+`scalerl.state.keys.run_key`):
+  scalerl:{run_id}:curve:points              series "" (the run's total): hash,
+                                             repr(compute) -> repr(reward) (repr round-trips)
+  scalerl:{run_id}:curve:meta                hash, its r0 ("" = unset) and revision
+  scalerl:{run_id}:curve:task:{task}:points  series `task`: the same two hashes
+  scalerl:{run_id}:curve:task:{task}:meta
+  scalerl:{run_id}:curve:tasks               set of the run's task names (bounds them)
+  scalerl:curve-service:runs                 set of recorded run ids (bounds the number of runs)
 
-Writes are optimistic transactions (WATCH / MULTI): the new run is computed from what
+The total keeps the layout of the runs recorded before runs had tasks, so those still load;
+a task's hashes sit under `curve:task:{task}:`, and neither a task name nor a run id holds a
+`:`, so no two series (nor the task set) share a key.
+
+Writes are optimistic transactions (WATCH / MULTI): the new series is computed from what
 Redis holds and written as a whole, or retried when another writer got there first, so
-several replicas can share runs and a rejected call changes nothing (a trim deletes its
-points and bumps the revision in one transaction, so a concurrent record lands either
-before it, and is trimmed if above the bound, or after it). Fits are derived
-data: each process caches its own, keyed by the run revision it was made from.
+several replicas can share runs and a rejected call changes nothing (a trim deletes the
+points of every series and bumps their revisions in one transaction, so a concurrent record
+lands either before it, and is trimmed if above the bound, or after it). Fits are derived
+data: each process caches its own, keyed by the series revision it was made from.
 """
 
 from __future__ import annotations
@@ -19,55 +28,76 @@ import threading
 
 import redis
 
-from curve_service.errors import StoreFullError, UnknownRunError
+from curve_service.errors import StoreFullError, UnknownRunError, UnknownTaskError
 from curve_service.fit import FitResult
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from curve_service.store import (
     MAX_RUNS,
+    MAX_TASKS,
+    TOTAL,
     RunSnapshot,
     _trimmed,
     _with_point,
+    check_series_room,
     validate_max_compute,
     validate_run_id,
+    validate_task,
 )
 from scalerl.state.client import text
-from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
+from scalerl.state.keys import CURVE_RUNS_KEY, run_key
 
 RUNS_KEY = CURVE_RUNS_KEY
 
 
-def _keys(run_id: str) -> tuple[str, str]:
-    keys = RunKeys(run_id)
-    return keys.curve_points, keys.curve_meta
+def _keys(run_id: str, task: str) -> tuple[str, str]:
+    """(points hash, meta hash) of series `task` of the run."""
+    if task == TOTAL:
+        # The layout of runs recorded before tasks (`RunKeys.curve_points`, `.curve_meta`).
+        return run_key(run_id, "curve", "points"), run_key(run_id, "curve", "meta")
+    return (
+        run_key(run_id, "curve", "task", task, "points"),
+        run_key(run_id, "curve", "task", task, "meta"),
+    )
+
+
+def _tasks_key(run_id: str) -> str:
+    return run_key(run_id, "curve", "tasks")
 
 
 class RedisRunStore:
     """`RunStore` backed by a Redis client (bytes or str responses both work)."""
 
     def __init__(
-        self, client: redis.Redis, max_runs: int = MAX_RUNS, max_points: int = MAX_POINTS
+        self,
+        client: redis.Redis,
+        max_runs: int = MAX_RUNS,
+        max_points: int = MAX_POINTS,
+        max_tasks: int = MAX_TASKS,
     ) -> None:
         self._redis = client
         self._max_runs = max_runs
         self._max_points = max_points
-        self._fits: dict[str, tuple[int, FitResult | None]] = {}
+        self._max_tasks = max_tasks
+        self._fits: dict[tuple[str, str], tuple[int, FitResult | None]] = {}
         self._lock = threading.Lock()
 
-    def record(self, run_id: str, compute: float, reward: float, r0: float | None) -> RunSnapshot:
+    def record(
+        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+    ) -> RunSnapshot:
         validate_run_id(run_id)
+        validate_task(task)
         c, r = validate_point(compute, reward)
         r0_value = None if r0 is None else validate_r0(r0)
-        points_key, meta_key = _keys(run_id)
+        points_key, meta_key = _keys(run_id, task)
+        tasks_key = _tasks_key(run_id)
         with self._redis.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(points_key, meta_key, RUNS_KEY)
-                    old = _load(pipe, run_id)
-                    if old is None and pipe.scard(RUNS_KEY) >= self._max_runs:
-                        raise StoreFullError(
-                            f"the store already holds the maximum {self._max_runs} runs"
-                        )
-                    base = old or RunSnapshot(run_id, (), None, 0)
+                    pipe.watch(points_key, meta_key, tasks_key, RUNS_KEY)
+                    old = _load(pipe, run_id, task)
+                    if old is None:
+                        self._check_room(pipe, run_id, task)
+                    base = old or RunSnapshot(run_id, (), None, 0, task=task)
                     new = _with_point(base, c, r, r0_value, self._max_points)
                     if new is base and old is not None:
                         pipe.unwatch()
@@ -77,65 +107,106 @@ class RedisRunStore:
                     r0_text = "" if new.r0 is None else repr(new.r0)
                     pipe.hset(meta_key, mapping={"r0": r0_text, "revision": new.revision})
                     pipe.sadd(RUNS_KEY, run_id)
+                    if task != TOTAL:
+                        pipe.sadd(tasks_key, task)
                     pipe.execute()
                     return new
                 except redis.WatchError:
                     continue  # another writer changed the run; recompute from its state
 
-    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
+    def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
         validate_run_id(run_id)
         bound = validate_max_compute(max_compute)
-        points_key, meta_key = _keys(run_id)
         with self._redis.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(points_key, meta_key)
-                    old = _load(pipe, run_id)
-                    if old is None:
+                    pipe.watch(_tasks_key(run_id), *_keys(run_id, TOTAL))
+                    names = _series_names(pipe, run_id)
+                    if not names:
                         raise UnknownRunError(run_id)
-                    new = _trimmed(old, bound)
-                    if new is old:
+                    keys = {task: _keys(run_id, task) for task in names}
+                    pipe.watch(*(key for task in names for key in keys[task]))
+                    old = {task: _load(pipe, run_id, task) for task in names}
+                    old = {task: snap for task, snap in old.items() if snap is not None}
+                    new = {task: _trimmed(snap, bound) for task, snap in old.items()}
+                    changed = [task for task in new if new[task] is not old[task]]
+                    if not changed:
                         pipe.unwatch()
-                        return self._with_fit(new), 0  # nothing above the bound
+                        return {t: self._with_fit(s) for t, s in old.items()}, 0
                     # The fields exactly as stored (record writes repr(compute)).
-                    doomed = [k for k in pipe.hkeys(points_key) if float(text(k)) > bound]
+                    doomed = {
+                        task: [k for k in pipe.hkeys(keys[task][0]) if float(text(k)) > bound]
+                        for task in changed
+                    }
                     pipe.multi()
-                    pipe.hdel(points_key, *doomed)
-                    pipe.hset(meta_key, "revision", new.revision)
+                    for task in changed:
+                        pipe.hdel(keys[task][0], *doomed[task])
+                        pipe.hset(keys[task][1], "revision", new[task].revision)
                     pipe.execute()
-                    return new, len(old.points) - len(new.points)
+                    removed = sum(len(old[t].points) - len(new[t].points) for t in changed)
+                    kept = {
+                        t: new[t] if t in changed else self._with_fit(s) for t, s in old.items()
+                    }
+                    return kept, removed
                 except redis.WatchError:
                     continue  # another writer changed the run; recompute from its state
 
-    def get(self, run_id: str) -> RunSnapshot:
-        snap = _load(self._redis, run_id)
+    def get(self, run_id: str, task: str = TOTAL) -> RunSnapshot:
+        validate_run_id(run_id)
+        validate_task(task)
+        snap = _load(self._redis, run_id, task)
         if snap is None:
-            raise UnknownRunError(run_id)
+            names = _series_names(self._redis, run_id)
+            if not names:
+                raise UnknownRunError(run_id, task)
+            raise UnknownTaskError(run_id, task, names)
         return self._with_fit(snap)
 
-    def set_fit(self, run_id: str, revision: int, fit: FitResult | None) -> bool:
-        snap = self.get(run_id)
+    def series(self, run_id: str) -> tuple[str, ...]:
+        validate_run_id(run_id)
+        names = _series_names(self._redis, run_id)
+        if not names:
+            raise UnknownRunError(run_id)
+        return names
+
+    def set_fit(self, run_id: str, revision: int, fit: FitResult | None, task: str = TOTAL) -> bool:
+        snap = self.get(run_id, task)
         if snap.revision != revision:
             return False
         with self._lock:
-            self._fits[run_id] = (revision, fit)
+            self._fits[(run_id, task)] = (revision, fit)
         return True
+
+    def _check_room(self, pipe: redis.client.Pipeline, run_id: str, task: str) -> None:
+        """Refuse a new series that would exceed MAX_RUNS (a new run) or MAX_TASKS."""
+        is_new_run = not pipe.sismember(RUNS_KEY, run_id)
+        if is_new_run and pipe.scard(RUNS_KEY) >= self._max_runs:
+            raise StoreFullError(f"the store already holds the maximum {self._max_runs} runs")
+        check_series_room(run_id, task, pipe.scard(_tasks_key(run_id)), self._max_tasks)
 
     def _with_fit(self, snap: RunSnapshot) -> RunSnapshot:
         with self._lock:
-            cached = self._fits.get(snap.run_id)
+            cached = self._fits.get((snap.run_id, snap.task))
         if cached is None or cached[0] != snap.revision:
             return snap
-        return RunSnapshot(snap.run_id, snap.points, snap.r0, snap.revision, cached[1])
+        return RunSnapshot(snap.run_id, snap.points, snap.r0, snap.revision, cached[1], snap.task)
 
 
-def _load(client: redis.Redis, run_id: str) -> RunSnapshot | None:
-    """The run as Redis holds it, without a fit; None when it was never recorded."""
-    points_key, meta_key = _keys(run_id)
+def _series_names(client: redis.Redis, run_id: str) -> tuple[str, ...]:
+    """The names of the run's series as Redis holds them, sorted; () for an unknown run."""
+    names = sorted(text(name) for name in client.smembers(_tasks_key(run_id)))
+    if client.exists(_keys(run_id, TOTAL)[1]):
+        names.insert(0, TOTAL)
+    return tuple(names)
+
+
+def _load(client: redis.Redis, run_id: str, task: str) -> RunSnapshot | None:
+    """Series `task` as Redis holds it, without a fit; None when it was never recorded."""
+    points_key, meta_key = _keys(run_id, task)
     meta = {text(k): text(v) for k, v in client.hgetall(meta_key).items()}
     if not meta:
         return None
     raw = client.hgetall(points_key)
     points = tuple(sorted((float(text(k)), float(text(v))) for k, v in raw.items()))
     r0 = float(meta["r0"]) if meta.get("r0") else None
-    return RunSnapshot(run_id, points, r0, int(meta["revision"]))
+    return RunSnapshot(run_id, points, r0, int(meta["revision"]), task=task)

@@ -9,6 +9,10 @@ re-raised with the field named as in the request (`compute[3]` -> `points[3].com
 2,000 resamples, 100,000 prediction targets, one of params or run_id); every other range
 has one check, in the core (`points`, `sigmoid`, `uncertainty`, `compare`), which the
 server calls before the work it guards (a million points are refused before conversion).
+
+A recorded run holds series (`curve_service.store`): its total "" and one per task. Every
+run RPC takes the series' `task` ("" by default, so single-task clients never name one);
+Fit and CompareRuns fit a recorded series when a FitRequest names a run_id.
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from curve_service.metrics import CurveMetrics
 from curve_service.points import MAX_POINTS, MIN_POINTS, check_compute, check_max_points
 from curve_service.power_law import fit_power_law, predict_power_law
 from curve_service.sigmoid import SigmoidParams, sigmoid, validate_params
-from curve_service.store import MemoryRunStore, RunSnapshot, RunStore, validate_run_id
+from curve_service.store import (
+    TOTAL,
+    MemoryRunStore,
+    RunSnapshot,
+    RunStore,
+    series_name,
+    validate_run_id,
+    validate_task,
+)
 from curve_service.uncertainty import (
     DEFAULT_LEVEL,
     bootstrap_params,
@@ -79,8 +91,8 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         self.store = store or MemoryRunStore()
         self.metrics = metrics or CurveMetrics()
         self.target_compute = target_compute
-        # Bootstrap samples per run, keyed by the run revision they were drawn for.
-        self._bands: dict[str, tuple[int, np.ndarray]] = {}
+        # Bootstrap samples per (run_id, task) series, with the revision they were drawn for.
+        self._bands: dict[tuple[str, str], tuple[int, np.ndarray]] = {}
         self._bands_lock = threading.Lock()
 
     def Fit(self, request: curve_pb2.FitRequest, context: Any) -> curve_pb2.FitResponse:
@@ -115,6 +127,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         has_params, run_id = request.HasField("params"), request.run_id
         if has_params == bool(run_id):
             raise CurveInputError("params", "give exactly one of params or run_id")
+        task = _run_task(request)
         if not 1 <= len(request.compute) <= MAX_POINTS:
             raise CurveInputError(
                 "compute", f"give 1..{MAX_POINTS} values, got {len(request.compute)}"
@@ -126,7 +139,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             reward = sigmoid(check_compute(compute), params.a, params.b, params.c_mid, params.r0)
             lower = upper = reward  # explicit parameters carry no uncertainty
         else:
-            fit, samples = self._run_band(validate_run_id(run_id))
+            fit, samples = self._run_band(validate_run_id(run_id), task)
             reward, lower, upper = prediction_band(fit, samples, compute, DEFAULT_LEVEL)
         predictions = _predictions(compute, reward, lower, upper)
         return curve_pb2.ExtrapolateResponse(predictions=predictions)
@@ -137,7 +150,8 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         if not request.HasField("point"):
             raise CurveInputError("point", "required")
         r0 = request.r0 if request.HasField("r0") else None
-        snap = self.store.record(request.run_id, request.point.compute, request.point.reward, r0)
+        point = request.point
+        snap = self.store.record(request.run_id, point.compute, point.reward, r0, request.task)
         fit = self._published_fit(snap)
         reply = curve_pb2.RecordPointResponse(points=len(snap.points))
         if fit is not None:
@@ -147,19 +161,27 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
     def TrimRun(self, request: curve_pb2.TrimRunRequest, context: Any) -> curve_pb2.TrimRunResponse:
         if not request.HasField("max_compute"):
             raise CurveInputError("max_compute", "required (0 removes every point)")
-        snap, removed = self.store.trim(request.run_id, request.max_compute)
-        fit = self._published_fit(snap)
-        reply = curve_pb2.TrimRunResponse(points_removed=removed, points=len(snap.points))
-        if fit is not None:
-            reply.fit.CopyFrom(fit_to_proto(fit))
+        series, removed = self.store.trim(request.run_id, request.max_compute)
+        # Every series is republished: a resumed learner discarded the evaluations of all
+        # of its tasks, and their gauges must not keep the discarded points' fits.
+        fits = {task: self._published_fit(snap) for task, snap in series.items()}
+        total = series.get(TOTAL)
+        points = len(total.points) if total is not None else 0
+        reply = curve_pb2.TrimRunResponse(points_removed=removed, points=points)
+        if fits.get(TOTAL) is not None:
+            reply.fit.CopyFrom(fit_to_proto(fits[TOTAL]))
         return reply
 
     def GetRun(self, request: curve_pb2.GetRunRequest, context: Any) -> curve_pb2.GetRunResponse:
-        snap = self.store.get(validate_run_id(request.run_id))
+        run_id, task = validate_run_id(request.run_id), validate_task(request.task)
+        snap = self.store.get(run_id, task)
+        tasks = [name for name in self.store.series(run_id) if name != TOTAL]
         fit = self._stored_fit(snap)
         reply = curve_pb2.GetRunResponse(
             run_id=snap.run_id,
             points=[curve_pb2.CurvePoint(compute=c, reward=r) for c, r in snap.points],
+            task=snap.task,
+            tasks=tasks,
         )
         if fit is not None:
             reply.fit.CopyFrom(fit_to_proto(fit))
@@ -168,7 +190,11 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
     # --- request conversion -----------------------------------------------------------
 
     def _fit_from_request(self, request: curve_pb2.FitRequest) -> FitResult:
-        """The sigmoid fit a FitRequest asks for, input errors named as in the request."""
+        """The sigmoid fit a FitRequest asks for, input errors named as in the request:
+        of its points, or of a recorded series when it names a run_id."""
+        if request.run_id:
+            return self._fit_recorded(request)
+        _run_task(request)  # a task without run_id is refused
         check_max_points(len(request.points))  # before converting a million points
         series = [p.series for p in request.points]
         with _request_fields(_points_field):
@@ -176,11 +202,32 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
                 [p.compute for p in request.points],
                 [p.reward for p in request.points],
                 r0=request.r0 if request.HasField("r0") else None,
-                min_compute=request.min_compute if request.HasField("min_compute") else None,
-                max_compute=request.max_compute if request.HasField("max_compute") else None,
-                grid=PAPER_GRID if request.method.paper_grid else None,
                 series=series if any(series) else None,
+                **_fit_options(request),
             )
+
+    def _fit_recorded(self, request: curve_pb2.FitRequest) -> FitResult:
+        """The fit of series request.task of run request.run_id with the request's r0
+        (default: the series' recorded R0) and window. Raises CurveInputError("points")
+        when the request also carries points, UnknownRunError / UnknownTaskError,
+        NoFitError for a series with fewer than MIN_POINTS points."""
+        if request.points:
+            raise CurveInputError(
+                "points", f"must be empty with run_id (got {len(request.points)} points)"
+            )
+        run_id, task = validate_run_id(request.run_id), _run_task(request)
+        snap = self.store.get(run_id, task)
+        if len(snap.points) < MIN_POINTS:
+            raise NoFitError(
+                f"run_id: {series_name(run_id, task)} has {len(snap.points)} points; a fit "
+                f"needs at least {MIN_POINTS}"
+            )
+        return self._fit(
+            [c for c, _ in snap.points],
+            [r for _, r in snap.points],
+            r0=request.r0 if request.HasField("r0") else snap.r0,
+            **_fit_options(request),
+        )
 
     def _fit_reply(
         self, request: curve_pb2.FitRequest, fit: FitResult | None = None
@@ -243,43 +290,68 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             # Every change clears the stored fit, so None means "refit"; an identical retry
             # (or a trim with nothing to remove) of a fitted run returns the stored fit.
             fit = self._refresh(snap)
-        self.metrics.set_run(snap.run_id, len(snap.points), fit, self.target_compute)
+        self.metrics.set_run(
+            snap.run_id, len(snap.points), fit, self.target_compute, task=snap.task
+        )
         return fit
 
     def _refresh(self, snap: RunSnapshot) -> FitResult | None:
-        """Refit a run's whole history; a failure is logged and leaves the run unfitted."""
+        """Refit a series' whole history; a failure is logged and leaves it unfitted."""
         compute = [c for c, _ in snap.points]
         reward = [r for _, r in snap.points]
         try:
             fit = self._fit(compute, reward, r0=snap.r0)
         except Exception as exc:  # a bad fit must not fail the write (it is stored)
-            log.warning("fit of run %s (revision %d) failed: %s", snap.run_id, snap.revision, exc)
+            name = series_name(snap.run_id, snap.task)
+            log.warning("fit of %s (revision %d) failed: %s", name, snap.revision, exc)
             fit = None
-        if not self.store.set_fit(snap.run_id, snap.revision, fit):
-            return self.store.get(snap.run_id).fit  # a newer point landed meanwhile
+        if not self.store.set_fit(snap.run_id, snap.revision, fit, snap.task):
+            return self.store.get(snap.run_id, snap.task).fit  # a newer point landed meanwhile
         return fit
 
-    def _run_band(self, run_id: str) -> tuple[FitResult, np.ndarray]:
-        """The run's fit and its bootstrap samples (drawn once per run revision)."""
-        snap = self.store.get(run_id)
+    def _run_band(self, run_id: str, task: str) -> tuple[FitResult, np.ndarray]:
+        """A series' fit and its bootstrap samples (drawn once per series revision)."""
+        snap = self.store.get(run_id, task)
         fit = self._stored_fit(snap)
         if fit is None:
-            raise NoFitError(f"run_id: run {run_id!r} has no fit yet ({len(snap.points)} points)")
+            raise NoFitError(
+                f"run_id: {series_name(run_id, task)} has no fit yet ({len(snap.points)} points)"
+            )
         with self._bands_lock:
-            cached = self._bands.get(run_id)
+            cached = self._bands.get((run_id, task))
         if cached is not None and cached[0] == snap.revision:
             return fit, cached[1]
         samples = bootstrap_params(fit, n_resamples=BAND_RESAMPLES, seed=0)
         with self._bands_lock:
-            self._bands[run_id] = (snap.revision, samples)
+            self._bands[(run_id, task)] = (snap.revision, samples)
         return fit, samples
 
     def _stored_fit(self, snap: RunSnapshot) -> FitResult | None:
-        """The run's fit; refitted when the store has none for this revision (after a
+        """The series' fit; refitted when the store has none for this revision (after a
         restart a persistent store holds the points but not the derived fit)."""
         if snap.fit is None and len(snap.points) >= MIN_POINTS:
             return self._refresh(snap)
         return snap.fit
+
+
+def _run_task(request: Any) -> str:
+    """The request's task, checked: a series name, and set only with run_id. Raises
+    CurveInputError("task")."""
+    task = validate_task(request.task)
+    if task and not request.run_id:
+        raise CurveInputError(
+            "task", f"names a series of a run: set it only with run_id, got {task!r}"
+        )
+    return task
+
+
+def _fit_options(request: curve_pb2.FitRequest) -> dict[str, Any]:
+    """The fit window and grid of a FitRequest, as fit_sigmoid's keyword arguments."""
+    return {
+        "min_compute": request.min_compute if request.HasField("min_compute") else None,
+        "max_compute": request.max_compute if request.HasField("max_compute") else None,
+        "grid": PAPER_GRID if request.method.paper_grid else None,
+    }
 
 
 def fit_to_proto(fit: FitResult) -> curve_pb2.FitResponse:

@@ -1,9 +1,13 @@
 """Per-run point history for the curve service, behind a small interface.
 
-A run is a sequence of eval points (compute, reward), an optional fixed R0 and the latest
-fit of those points. `RunStore` is the interface; `MemoryRunStore` is the thread-safe
-in-process backend. A Redis backend (keys `scalerl:{run_id}:curve:*`, ARCHITECTURE.md
-sec. 4) implements the same methods so several curve service replicas share runs.
+A run holds one or more series: its total "" (the reward over all of its tasks, the only
+series of a single-task run) and one per task (`scalerl.state.keys.TASK_NAME_PATTERN`,
+paper Sec. 5 fits A and B per domain). A series is a sequence of eval points (compute,
+reward), an optional fixed R0 and the latest fit of those points; series are independent
+(their own points, R0, revision and fit). `RunStore` is the interface; `MemoryRunStore` is
+the thread-safe in-process backend. A Redis backend (keys `scalerl:{run_id}:curve:*`,
+ARCHITECTURE.md sec. 4) implements the same methods so several curve service replicas share
+runs.
 
 Every write validates first and then applies as a whole, so a rejected call changes nothing.
 """
@@ -16,21 +20,29 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from curve_service.errors import CurveInputError, StoreFullError, UnknownRunError
+from curve_service.errors import (
+    CurveInputError,
+    StoreFullError,
+    UnknownRunError,
+    UnknownTaskError,
+)
 from curve_service.fit import FitResult
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
-from scalerl.state.keys import RUN_ID_PATTERN
+from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
 
 MAX_RUNS = 1_000
+TOTAL = ""  # the series of a run's total over its tasks (what a single-task run records)
+MAX_TASKS = 64  # task series per run besides its total, so at most 65 series
 
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """An immutable view of one run.
+    """An immutable view of one series of a run.
 
     points: ((compute, reward), ...) sorted by compute ascending; r0: the fixed R0 or None
     (then the reward at the lowest compute is used); revision: increments whenever points
-    or r0 change, so a fit made from an older snapshot can be recognised as stale.
+    or r0 change, so a fit made from an older snapshot can be recognised as stale; task:
+    the series' name ("" = the run's total).
     """
 
     run_id: str
@@ -38,41 +50,55 @@ class RunSnapshot:
     r0: float | None
     revision: int
     fit: FitResult | None = None
+    task: str = TOTAL
 
 
 class RunStore(Protocol):
-    """Storage of runs' points and latest fits; implementations must be thread-safe."""
+    """Storage of runs' series: points and latest fits; implementations must be
+    thread-safe. `task` names a series of the run ("" = its total)."""
 
-    def record(self, run_id: str, compute: float, reward: float, r0: float | None) -> RunSnapshot:
-        """Add one point (and R0 if given); returns the run after the write.
+    def record(
+        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+    ) -> RunSnapshot:
+        """Add one point (and R0 if given) to series `task`; returns the series after the
+        write.
 
         Re-recording an identical point is a no-op (retries are safe). Raises
-        CurveInputError for a bad run_id, point or r0, a point at an already recorded
-        compute with a different reward, an r0 that differs from the run's, or a run that
-        already holds MAX_POINTS points; StoreFullError when a new run would exceed
-        MAX_RUNS.
+        CurveInputError for a bad run_id, task, point or r0, a point at an already recorded
+        compute with a different reward, an r0 that differs from the series', a series that
+        already holds MAX_POINTS points, or a new task series of a run that already holds
+        MAX_TASKS of them; StoreFullError when a new run would exceed MAX_RUNS.
         """
         ...
 
-    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
-        """Remove the run's points with compute > max_compute (same unit as the points);
-        returns (the run after the write, the number of points removed).
+    def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
+        """Remove the points with compute > max_compute (same unit as the points) from
+        EVERY series of the run; returns ({task: the series after the write} for each
+        series, the number of points removed over all of them).
 
-        R0 is kept. Nothing above the bound is a no-op (same revision, fit kept); otherwise
-        the revision increments and the fit is cleared, as after a record. Raises
-        CurveInputError for a bad run_id or a max_compute that is not finite and >= 0,
-        UnknownRunError for a run never recorded.
+        R0 is kept. A series with nothing above the bound is unchanged (same revision, fit
+        kept); a trimmed one gets a new revision and loses its fit, as after a record.
+        Raises CurveInputError for a bad run_id or a max_compute that is not finite and
+        >= 0, UnknownRunError for a run never recorded.
         """
         ...
 
-    def get(self, run_id: str) -> RunSnapshot:
-        """The run; raises UnknownRunError if it was never recorded."""
+    def get(self, run_id: str, task: str = TOTAL) -> RunSnapshot:
+        """Series `task` of the run. Raises CurveInputError for a bad run_id or task,
+        UnknownRunError for a run never recorded, UnknownTaskError for a run without that
+        series."""
         ...
 
-    def set_fit(self, run_id: str, revision: int, fit: FitResult | None) -> bool:
-        """Store `fit` (None clears it) as the run's fit if the run is still at `revision`.
+    def series(self, run_id: str) -> tuple[str, ...]:
+        """The names of the run's series, sorted ("" first when it has its total). Raises
+        CurveInputError for a bad run_id, UnknownRunError for a run never recorded."""
+        ...
 
-        Returns False, storing nothing, when the run changed since; raises UnknownRunError.
+    def set_fit(self, run_id: str, revision: int, fit: FitResult | None, task: str = TOTAL) -> bool:
+        """Store `fit` (None clears it) as series `task`'s fit if it is still at `revision`.
+
+        Returns False, storing nothing, when the series changed since; raises
+        UnknownRunError or UnknownTaskError.
         """
         ...
 
@@ -86,6 +112,17 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def validate_task(task: str) -> str:
+    """Returns task; raises CurveInputError("task") unless it is "" (the run's total) or
+    matches TASK_NAME_PATTERN."""
+    if task != TOTAL and not TASK_NAME_PATTERN.fullmatch(task):
+        raise CurveInputError(
+            "task",
+            f"must be '' (the run's total) or match {TASK_NAME_PATTERN.pattern}, got {task!r}",
+        )
+    return task
+
+
 def validate_max_compute(max_compute: float) -> float:
     """max_compute as a float; raises CurveInputError("max_compute") unless finite and >= 0."""
     value = float(max_compute)
@@ -94,63 +131,101 @@ def validate_max_compute(max_compute: float) -> float:
     return value
 
 
-class MemoryRunStore:
-    """In-process `RunStore`: one lock around a dict of immutable snapshots."""
+def check_series_room(run_id: str, task: str, tasks_held: int, max_tasks: int) -> None:
+    """Raises CurveInputError("task") when a new series `task` would take run `run_id`,
+    which holds `tasks_held` task series, past `max_tasks` (the total "" always fits)."""
+    if task != TOTAL and tasks_held >= max_tasks:
+        raise CurveInputError(
+            "task",
+            f"run {run_id!r} already holds {tasks_held} task series, the most a run may hold "
+            f"({max_tasks} tasks and the total: {max_tasks + 1} series); got new task {task!r}",
+        )
 
-    def __init__(self, max_runs: int = MAX_RUNS, max_points: int = MAX_POINTS) -> None:
-        self._runs: dict[str, RunSnapshot] = {}
+
+class MemoryRunStore:
+    """In-process `RunStore`: one lock around run_id -> {task: immutable snapshot}."""
+
+    def __init__(
+        self, max_runs: int = MAX_RUNS, max_points: int = MAX_POINTS, max_tasks: int = MAX_TASKS
+    ) -> None:
+        self._runs: dict[str, dict[str, RunSnapshot]] = {}
         self._lock = threading.Lock()
         self._max_runs = max_runs
         self._max_points = max_points
+        self._max_tasks = max_tasks
 
-    def record(self, run_id: str, compute: float, reward: float, r0: float | None) -> RunSnapshot:
+    def record(
+        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+    ) -> RunSnapshot:
         validate_run_id(run_id)
+        validate_task(task)
         c, r = validate_point(compute, reward)
         r0_value = None if r0 is None else validate_r0(r0)
         with self._lock:
-            old = self._runs.get(run_id)
-            if old is None and len(self._runs) >= self._max_runs:
+            run = self._runs.get(run_id)
+            if run is None and len(self._runs) >= self._max_runs:
                 raise StoreFullError(f"the store already holds the maximum {self._max_runs} runs")
-            old = old or RunSnapshot(run_id, (), None, 0)
+            run = run or {}
+            old = run.get(task)
+            if old is None:
+                held = sum(1 for name in run if name != TOTAL)
+                check_series_room(run_id, task, held, self._max_tasks)
+                old = RunSnapshot(run_id, (), None, 0, task=task)
             new = _with_point(old, c, r, r0_value, self._max_points)
-            self._runs[run_id] = new
+            self._runs[run_id] = {**run, task: new}
             return new
 
-    def trim(self, run_id: str, max_compute: float) -> tuple[RunSnapshot, int]:
+    def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
         validate_run_id(run_id)
         bound = validate_max_compute(max_compute)
         with self._lock:
             old = self._runs.get(run_id)
             if old is None:
                 raise UnknownRunError(run_id)
-            new = _trimmed(old, bound)
+            new = {task: _trimmed(snap, bound) for task, snap in old.items()}
             self._runs[run_id] = new
-            return new, len(old.points) - len(new.points)
+        removed = sum(len(old[task].points) - len(new[task].points) for task in old)
+        return dict(new), removed
 
-    def get(self, run_id: str) -> RunSnapshot:
+    def get(self, run_id: str, task: str = TOTAL) -> RunSnapshot:
+        validate_run_id(run_id)
+        validate_task(task)
         with self._lock:
-            snap = self._runs.get(run_id)
-        if snap is None:
+            return self._series(run_id, task)
+
+    def series(self, run_id: str) -> tuple[str, ...]:
+        validate_run_id(run_id)
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:
             raise UnknownRunError(run_id)
-        return snap
+        return tuple(sorted(run))
 
-    def set_fit(self, run_id: str, revision: int, fit: FitResult | None) -> bool:
+    def set_fit(self, run_id: str, revision: int, fit: FitResult | None, task: str = TOTAL) -> bool:
         with self._lock:
-            snap = self._runs.get(run_id)
-            if snap is None:
-                raise UnknownRunError(run_id)
+            snap = self._series(run_id, task)
             if snap.revision != revision:
                 return False
-            self._runs[run_id] = replace(snap, fit=fit)
+            self._runs[run_id] = {**self._runs[run_id], task: replace(snap, fit=fit)}
             return True
+
+    def _series(self, run_id: str, task: str) -> RunSnapshot:
+        """Series `task` of the run; the caller holds the lock."""
+        run = self._runs.get(run_id)
+        if run is None:
+            raise UnknownRunError(run_id, task)
+        snap = run.get(task)
+        if snap is None:
+            raise UnknownTaskError(run_id, task, tuple(sorted(run)))
+        return snap
 
 
 def _with_point(
     run: RunSnapshot, compute: float, reward: float, r0: float | None, max_points: int
 ) -> RunSnapshot:
-    """The run with one more point and r0 applied; raises CurveInputError on conflicts."""
+    """The series with one more point and r0 applied; raises CurveInputError on conflicts."""
     if r0 is not None and run.r0 is not None and r0 != run.r0:
-        raise CurveInputError("r0", f"run {run.run_id!r} has r0={run.r0:g}; got {r0:g}")
+        raise CurveInputError("r0", f"{_name(run)} has r0={run.r0:g}; got {r0:g}")
     new_r0 = run.r0 if r0 is None else r0
     computes = [p[0] for p in run.points]
     i = bisect.bisect_left(computes, compute)
@@ -158,21 +233,30 @@ def _with_point(
         if run.points[i][1] != reward:
             raise CurveInputError(
                 "point.compute",
-                f"run {run.run_id!r} already has compute={compute:g} with reward "
+                f"{_name(run)} already has compute={compute:g} with reward "
                 f"{run.points[i][1]:g}; got reward {reward:g}",
             )
         if new_r0 == run.r0:
             return run  # an identical retry changes nothing
         return replace(run, r0=new_r0, revision=run.revision + 1, fit=None)
     if len(run.points) >= max_points:
-        raise CurveInputError("point", f"run {run.run_id!r} already holds {max_points} points")
+        raise CurveInputError("point", f"{_name(run)} already holds {max_points} points")
     points = run.points[:i] + ((compute, reward),) + run.points[i:]
     return replace(run, points=points, r0=new_r0, revision=run.revision + 1, fit=None)
 
 
 def _trimmed(run: RunSnapshot, max_compute: float) -> RunSnapshot:
-    """The run without its points above max_compute; the run itself when there are none."""
+    """The series without its points above max_compute; itself when there are none."""
     keep = bisect.bisect_right([p[0] for p in run.points], max_compute)
     if keep == len(run.points):
         return run  # nothing above the bound: same revision, fit kept
     return replace(run, points=run.points[:keep], revision=run.revision + 1, fit=None)
+
+
+def series_name(run_id: str, task: str) -> str:
+    """How messages name a series: "run 'r1'" for the total, "run 'r1' task 'math'"."""
+    return f"run {run_id!r}" + (f" task {task!r}" if task else "")
+
+
+def _name(run: RunSnapshot) -> str:
+    return series_name(run.run_id, run.task)

@@ -4,10 +4,12 @@
 only place a FitRequest is built. `FitSummary` is a fitted curve of paper Eq. 1,
 R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), made from a FitResponse, with ONE dict form
 (`FIT_KEYS`), the form `curve.json` and run reports hold (`write_curve_json`).
-`CurveClient` calls the service and returns these typed values; a failed call raises the
-domain error of its status (`scalerl.rpc.errors`): InvalidArgument (with the request's
-field), NotFound, FailedPrecondition, ResourceExhausted, Unavailable, ...; a status
-without a domain error (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`.
+`CurveClient` calls the service and returns these typed values (`RecordedPoint`,
+`TrimmedRun`, `RecordedRun`); a failed call raises the domain error of its status
+(`scalerl.rpc.errors`): InvalidArgument (with the request's field), NotFound,
+FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without a domain error
+(INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`. A run's calls take the series' `task`
+("" = the run's total, the only series of a single-task run).
 
 Ground floor: grpc and the generated messages only, no numpy, no torch.
 """
@@ -355,9 +357,27 @@ class RecordedPoint:
 
 
 @dataclass(frozen=True)
+class RecordedRun:
+    """GetRun's answer: one series of a recorded run.
+
+    task: the series read ("" = the run's total); points: ((compute, reward), ...) compute
+    ascending, in the unit they were recorded in; fit: its fit (None while it has fewer than
+    4 points or its fit failed); tasks: the names of the run's task series other than "",
+    sorted.
+    """
+
+    run_id: str
+    task: str
+    points: tuple[tuple[float, float], ...]
+    fit: FitSummary | None
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TrimmedRun:
-    """TrimRun's answer: how many points were removed, how many the run still holds, and its
-    refreshed fit (None while the run has fewer than 4 points or its fit failed)."""
+    """TrimRun's answer: how many points were removed over every series of the run, how
+    many its total series "" still holds, and the total's refreshed fit (None while it has
+    fewer than 4 points or its fit failed)."""
 
     points_removed: int
     points: int
@@ -411,13 +431,21 @@ class CurveClient:
         return Comparison.from_proto(self._call("CompareRuns", request), self.compute_unit)
 
     def record_point(
-        self, run_id: str, compute: float, reward: float, r0: float | None = None
+        self,
+        run_id: str,
+        compute: float,
+        reward: float,
+        r0: float | None = None,
+        task: str = "",
     ) -> RecordedPoint:
-        """Add one (compute, reward) point to run `run_id` (an identical retry is a no-op)
-        and return the run's refreshed fit. Raises InvalidArgument (a bad point, or one
-        conflicting with the run's) or ResourceExhausted (the store is full)."""
+        """Add one (compute, reward) point to series `task` of run `run_id` ("" = the run's
+        total; compute > 0 in the run's unit, reward in [-1, 1]; an identical retry is a
+        no-op) and return that series' refreshed fit. r0: the series' fixed R0. Raises
+        InvalidArgument (a bad point, one conflicting with the series', a task outside
+        `scalerl.state.keys.TASK_NAME_PATTERN`, or a 65th task series of the run) or
+        ResourceExhausted (the store is full)."""
         request = curve_pb2.RecordPointRequest(
-            run_id=run_id, point=curve_pb2.CurvePoint(compute=compute, reward=reward)
+            run_id=run_id, point=curve_pb2.CurvePoint(compute=compute, reward=reward), task=task
         )
         if r0 is not None:
             request.r0 = r0
@@ -426,16 +454,69 @@ class CurveClient:
         return RecordedPoint(points=reply.points, fit=fit)
 
     def trim_run(self, run_id: str, max_compute: float) -> TrimmedRun:
-        """Remove run `run_id`'s points with compute > max_compute, in the unit the points
-        were recorded in (e.g. the compute of the checkpoint a resumed learner went back
-        to; 0 removes every point), keep its R0, and return the refreshed fit. Nothing
-        above the bound changes nothing (points_removed 0). Needs the run's token. Raises
+        """Remove the points with compute > max_compute from EVERY series of run `run_id`
+        (its total and each task), in the unit the points were recorded in (e.g. the
+        compute of the checkpoint a resumed learner went back to; 0 removes every point),
+        keep their R0, and return the total's refreshed fit. Nothing above the bound
+        changes nothing (points_removed 0). Needs the run's token. Raises
         InvalidArgument (`run_id`, or `max_compute` not finite and >= 0), NotFound (no
         such run) or Unauthenticated (no or a wrong token)."""
         request = curve_pb2.TrimRunRequest(run_id=run_id, max_compute=max_compute)
         reply = self._call("TrimRun", request)
         fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
         return TrimmedRun(points_removed=reply.points_removed, points=reply.points, fit=fit)
+
+    def get_run(self, run_id: str, task: str = "") -> RecordedRun:
+        """Series `task` of run `run_id` ("" = the run's total): its points, its fit and
+        the names of the run's task series. Raises InvalidArgument (`run_id`, or a `task`
+        outside `scalerl.state.keys.TASK_NAME_PATTERN`) or NotFound (no such run, or no
+        such series of it; the message lists the run's series)."""
+        reply = self._call("GetRun", curve_pb2.GetRunRequest(run_id=run_id, task=task))
+        fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
+        return RecordedRun(
+            run_id=reply.run_id,
+            task=reply.task,
+            points=tuple((p.compute, p.reward) for p in reply.points),
+            fit=fit,
+            tasks=tuple(reply.tasks),
+        )
+
+    def fit_run(
+        self,
+        run_id: str,
+        task: str = "",
+        *,
+        r0: float | None = None,
+        min_compute: float | None = None,
+        max_compute: float | None = None,
+        bootstrap_resamples: int = 0,
+        seed: int = 0,
+        level: float = 0.0,
+        paper_grid: bool = False,
+        power_law: bool = False,
+        predict_compute: Sequence[float] = (),
+    ) -> FitSummary:
+        """Fit paper Eq. 1 to the recorded points of series `task` of run `run_id` ("" =
+        the run's total), with `FitSpec`'s options (r0 None = the series' recorded R0). The
+        same as `fit` of those points. Raises InvalidArgument (`run_id`, `task`, an option
+        out of range), NotFound (no such run or series) or FailedPrecondition (the series
+        has fewer than 4 points)."""
+        spec = FitSpec(
+            compute=(),
+            reward=(),
+            r0=r0,
+            min_compute=min_compute,
+            max_compute=max_compute,
+            bootstrap_resamples=bootstrap_resamples,
+            seed=seed,
+            level=level,
+            paper_grid=paper_grid,
+            power_law=power_law,
+            predict_compute=predict_compute,
+        )
+        request = spec.to_proto()
+        request.run_id, request.task = run_id, task
+        return FitSummary.from_proto(self._call("Fit", request), self.compute_unit)
 
     def _call(self, method: str, request: Any) -> Any:
         try:

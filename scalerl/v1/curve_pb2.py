@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scalerl/v1/curve.proto\x12\nscalerl.v1\"=\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0e\n\x06series\x18\x03 \x01(\t\">\n\x0b\x43urveParams\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x62\x18\x02 \x01(\x01\x12\r\n\x05\x63_mid\x18\x03 \x01(\x01\x12\n\n\x02r0\x18\x04 \x01(\x01\"\xe0\x01\n\nFitRequest\x12&\n\x06points\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bmin_compute\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bmax_compute\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12%\n\x06method\x18\x05 \x01(\x0b\x32\x15.scalerl.v1.FitMethod\x12\x17\n\x0fpredict_compute\x18\x06 \x03(\x01\x42\x05\n\x03_r0B\x0e\n\x0c_min_computeB\x0e\n\x0c_max_compute\"l\n\tFitMethod\x12\x1b\n\x13\x62ootstrap_resamples\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05level\x18\x03 \x01(\x01\x12\x12\n\npaper_grid\x18\x04 \x01(\x08\x12\x11\n\tpower_law\x18\x05 \x01(\x08\"(\n\x08Interval\x12\r\n\x05lower\x18\x01 \x01(\x01\x12\r\n\x05upper\x18\x02 \x01(\x01\"\x99\x01\n\x0eParamIntervals\x12\x1f\n\x01\x61\x18\x01 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\x1f\n\x01\x62\x18\x02 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12#\n\x05\x63_mid\x18\x03 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\r\n\x05level\x18\x04 \x01(\x01\x12\x11\n\tresamples\x18\x05 \x01(\r\"\x87\x01\n\x07\x46itGrid\x12\r\n\x05\x61_min\x18\x01 \x01(\x01\x12\r\n\x05\x61_max\x18\x02 \x01(\x01\x12\x0e\n\x06\x61_step\x18\x03 \x01(\x01\x12\x11\n\tc_mid_min\x18\x04 \x01(\x01\x12\x11\n\tc_mid_max\x18\x05 \x01(\x01\x12\x13\n\x0b\x63_mid_count\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\";\n\x0bPowerLawFit\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x64\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x0b\n\x03sse\x18\x04 \x01(\x01\"\xcc\x02\n\x0b\x46itResponse\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0b\n\x03sse\x18\x02 \x01(\x01\x12\x13\n\x0bpoints_used\x18\x03 \x01(\r\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12-\n\tintervals\x18\x05 \x01(\x0b\x32\x1a.scalerl.v1.ParamIntervals\x12!\n\x04grid\x18\x06 \x01(\x0b\x32\x13.scalerl.v1.FitGrid\x12+\n\x0bpredictions\x18\x07 \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12*\n\tpower_law\x18\x08 \x01(\x0b\x32\x17.scalerl.v1.PowerLawFit\x12\x35\n\x15power_law_predictions\x18\t \x03(\x0b\x32\x16.scalerl.v1.Prediction\"K\n\nPrediction\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\r\n\x05lower\x18\x03 \x01(\x01\x12\r\n\x05upper\x18\x04 \x01(\x01\"^\n\x12\x45xtrapolateRequest\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ompute\x18\x03 \x03(\x01\"B\n\x13\x45xtrapolateResponse\x12+\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.Prediction\"c\n\x12RecordPointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05point\x18\x02 \x01(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x05\n\x03_r0\"K\n\x13RecordPointResponse\x12\x0e\n\x06points\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"J\n\x0eTrimRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x0bmax_compute\x18\x02 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_max_compute\"_\n\x0fTrimRunResponse\x12\x16\n\x0epoints_removed\x18\x01 \x01(\r\x12\x0e\n\x06points\x18\x02 \x01(\r\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"n\n\x0eGetRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x06points\x18\x02 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"L\n\x12\x43ompareRunsRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.FitRequest\x12\x10\n\x08\x61_margin\x18\x02 \x01(\x01\"\xb6\x01\n\rRunComparison\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x1a\n\rb_at_shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63_mid_at_shared_a\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_b_at_shared_aB\x14\n\x12_c_mid_at_shared_a\"\x95\x01\n\x13\x43ompareRunsResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.scalerl.v1.RunComparison\x12\x0c\n\x04\x62\x65st\x18\x02 \x01(\r\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x15\n\x08shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07summary\x18\x05 \x01(\tB\x0b\n\t_shared_a2\xbb\x03\n\x0c\x43urveService\x12\x36\n\x03\x46it\x12\x16.scalerl.v1.FitRequest\x1a\x17.scalerl.v1.FitResponse\x12N\n\x0b\x45xtrapolate\x12\x1e.scalerl.v1.ExtrapolateRequest\x1a\x1f.scalerl.v1.ExtrapolateResponse\x12N\n\x0bRecordPoint\x12\x1e.scalerl.v1.RecordPointRequest\x1a\x1f.scalerl.v1.RecordPointResponse\x12\x42\n\x07TrimRun\x12\x1a.scalerl.v1.TrimRunRequest\x1a\x1b.scalerl.v1.TrimRunResponse\x12?\n\x06GetRun\x12\x19.scalerl.v1.GetRunRequest\x1a\x1a.scalerl.v1.GetRunResponse\x12N\n\x0b\x43ompareRuns\x12\x1e.scalerl.v1.CompareRunsRequest\x1a\x1f.scalerl.v1.CompareRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scalerl/v1/curve.proto\x12\nscalerl.v1\"=\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0e\n\x06series\x18\x03 \x01(\t\">\n\x0b\x43urveParams\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x62\x18\x02 \x01(\x01\x12\r\n\x05\x63_mid\x18\x03 \x01(\x01\x12\n\n\x02r0\x18\x04 \x01(\x01\"\xfe\x01\n\nFitRequest\x12&\n\x06points\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bmin_compute\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bmax_compute\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12%\n\x06method\x18\x05 \x01(\x0b\x32\x15.scalerl.v1.FitMethod\x12\x17\n\x0fpredict_compute\x18\x06 \x03(\x01\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\tB\x05\n\x03_r0B\x0e\n\x0c_min_computeB\x0e\n\x0c_max_compute\"l\n\tFitMethod\x12\x1b\n\x13\x62ootstrap_resamples\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05level\x18\x03 \x01(\x01\x12\x12\n\npaper_grid\x18\x04 \x01(\x08\x12\x11\n\tpower_law\x18\x05 \x01(\x08\"(\n\x08Interval\x12\r\n\x05lower\x18\x01 \x01(\x01\x12\r\n\x05upper\x18\x02 \x01(\x01\"\x99\x01\n\x0eParamIntervals\x12\x1f\n\x01\x61\x18\x01 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\x1f\n\x01\x62\x18\x02 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12#\n\x05\x63_mid\x18\x03 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\r\n\x05level\x18\x04 \x01(\x01\x12\x11\n\tresamples\x18\x05 \x01(\r\"\x87\x01\n\x07\x46itGrid\x12\r\n\x05\x61_min\x18\x01 \x01(\x01\x12\r\n\x05\x61_max\x18\x02 \x01(\x01\x12\x0e\n\x06\x61_step\x18\x03 \x01(\x01\x12\x11\n\tc_mid_min\x18\x04 \x01(\x01\x12\x11\n\tc_mid_max\x18\x05 \x01(\x01\x12\x13\n\x0b\x63_mid_count\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\";\n\x0bPowerLawFit\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x64\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x0b\n\x03sse\x18\x04 \x01(\x01\"\xcc\x02\n\x0b\x46itResponse\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0b\n\x03sse\x18\x02 \x01(\x01\x12\x13\n\x0bpoints_used\x18\x03 \x01(\r\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12-\n\tintervals\x18\x05 \x01(\x0b\x32\x1a.scalerl.v1.ParamIntervals\x12!\n\x04grid\x18\x06 \x01(\x0b\x32\x13.scalerl.v1.FitGrid\x12+\n\x0bpredictions\x18\x07 \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12*\n\tpower_law\x18\x08 \x01(\x0b\x32\x17.scalerl.v1.PowerLawFit\x12\x35\n\x15power_law_predictions\x18\t \x03(\x0b\x32\x16.scalerl.v1.Prediction\"K\n\nPrediction\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\r\n\x05lower\x18\x03 \x01(\x01\x12\r\n\x05upper\x18\x04 \x01(\x01\"l\n\x12\x45xtrapolateRequest\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ompute\x18\x03 \x03(\x01\x12\x0c\n\x04task\x18\x04 \x01(\t\"B\n\x13\x45xtrapolateResponse\x12+\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.Prediction\"q\n\x12RecordPointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05point\x18\x02 \x01(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04task\x18\x04 \x01(\tB\x05\n\x03_r0\"K\n\x13RecordPointResponse\x12\x0e\n\x06points\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"J\n\x0eTrimRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x0bmax_compute\x18\x02 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_max_compute\"_\n\x0fTrimRunResponse\x12\x16\n\x0epoints_removed\x18\x01 \x01(\r\x12\x0e\n\x06points\x18\x02 \x01(\r\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"-\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\"\x8b\x01\n\x0eGetRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x06points\x18\x02 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\r\n\x05tasks\x18\x05 \x03(\t\"L\n\x12\x43ompareRunsRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.FitRequest\x12\x10\n\x08\x61_margin\x18\x02 \x01(\x01\"\xb6\x01\n\rRunComparison\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x1a\n\rb_at_shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63_mid_at_shared_a\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_b_at_shared_aB\x14\n\x12_c_mid_at_shared_a\"\x95\x01\n\x13\x43ompareRunsResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.scalerl.v1.RunComparison\x12\x0c\n\x04\x62\x65st\x18\x02 \x01(\r\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x15\n\x08shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07summary\x18\x05 \x01(\tB\x0b\n\t_shared_a2\xbb\x03\n\x0c\x43urveService\x12\x36\n\x03\x46it\x12\x16.scalerl.v1.FitRequest\x1a\x17.scalerl.v1.FitResponse\x12N\n\x0b\x45xtrapolate\x12\x1e.scalerl.v1.ExtrapolateRequest\x1a\x1f.scalerl.v1.ExtrapolateResponse\x12N\n\x0bRecordPoint\x12\x1e.scalerl.v1.RecordPointRequest\x1a\x1f.scalerl.v1.RecordPointResponse\x12\x42\n\x07TrimRun\x12\x1a.scalerl.v1.TrimRunRequest\x1a\x1b.scalerl.v1.TrimRunResponse\x12?\n\x06GetRun\x12\x19.scalerl.v1.GetRunRequest\x1a\x1a.scalerl.v1.GetRunResponse\x12N\n\x0b\x43ompareRuns\x12\x1e.scalerl.v1.CompareRunsRequest\x1a\x1f.scalerl.v1.CompareRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,43 +36,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CURVEPARAMS']._serialized_start=101
   _globals['_CURVEPARAMS']._serialized_end=163
   _globals['_FITREQUEST']._serialized_start=166
-  _globals['_FITREQUEST']._serialized_end=390
-  _globals['_FITMETHOD']._serialized_start=392
-  _globals['_FITMETHOD']._serialized_end=500
-  _globals['_INTERVAL']._serialized_start=502
-  _globals['_INTERVAL']._serialized_end=542
-  _globals['_PARAMINTERVALS']._serialized_start=545
-  _globals['_PARAMINTERVALS']._serialized_end=698
-  _globals['_FITGRID']._serialized_start=701
-  _globals['_FITGRID']._serialized_end=836
-  _globals['_POWERLAWFIT']._serialized_start=838
-  _globals['_POWERLAWFIT']._serialized_end=897
-  _globals['_FITRESPONSE']._serialized_start=900
-  _globals['_FITRESPONSE']._serialized_end=1232
-  _globals['_PREDICTION']._serialized_start=1234
-  _globals['_PREDICTION']._serialized_end=1309
-  _globals['_EXTRAPOLATEREQUEST']._serialized_start=1311
-  _globals['_EXTRAPOLATEREQUEST']._serialized_end=1405
-  _globals['_EXTRAPOLATERESPONSE']._serialized_start=1407
-  _globals['_EXTRAPOLATERESPONSE']._serialized_end=1473
-  _globals['_RECORDPOINTREQUEST']._serialized_start=1475
-  _globals['_RECORDPOINTREQUEST']._serialized_end=1574
-  _globals['_RECORDPOINTRESPONSE']._serialized_start=1576
-  _globals['_RECORDPOINTRESPONSE']._serialized_end=1651
-  _globals['_TRIMRUNREQUEST']._serialized_start=1653
-  _globals['_TRIMRUNREQUEST']._serialized_end=1727
-  _globals['_TRIMRUNRESPONSE']._serialized_start=1729
-  _globals['_TRIMRUNRESPONSE']._serialized_end=1824
-  _globals['_GETRUNREQUEST']._serialized_start=1826
-  _globals['_GETRUNREQUEST']._serialized_end=1857
-  _globals['_GETRUNRESPONSE']._serialized_start=1859
-  _globals['_GETRUNRESPONSE']._serialized_end=1969
-  _globals['_COMPARERUNSREQUEST']._serialized_start=1971
-  _globals['_COMPARERUNSREQUEST']._serialized_end=2047
-  _globals['_RUNCOMPARISON']._serialized_start=2050
-  _globals['_RUNCOMPARISON']._serialized_end=2232
-  _globals['_COMPARERUNSRESPONSE']._serialized_start=2235
-  _globals['_COMPARERUNSRESPONSE']._serialized_end=2384
-  _globals['_CURVESERVICE']._serialized_start=2387
-  _globals['_CURVESERVICE']._serialized_end=2830
+  _globals['_FITREQUEST']._serialized_end=420
+  _globals['_FITMETHOD']._serialized_start=422
+  _globals['_FITMETHOD']._serialized_end=530
+  _globals['_INTERVAL']._serialized_start=532
+  _globals['_INTERVAL']._serialized_end=572
+  _globals['_PARAMINTERVALS']._serialized_start=575
+  _globals['_PARAMINTERVALS']._serialized_end=728
+  _globals['_FITGRID']._serialized_start=731
+  _globals['_FITGRID']._serialized_end=866
+  _globals['_POWERLAWFIT']._serialized_start=868
+  _globals['_POWERLAWFIT']._serialized_end=927
+  _globals['_FITRESPONSE']._serialized_start=930
+  _globals['_FITRESPONSE']._serialized_end=1262
+  _globals['_PREDICTION']._serialized_start=1264
+  _globals['_PREDICTION']._serialized_end=1339
+  _globals['_EXTRAPOLATEREQUEST']._serialized_start=1341
+  _globals['_EXTRAPOLATEREQUEST']._serialized_end=1449
+  _globals['_EXTRAPOLATERESPONSE']._serialized_start=1451
+  _globals['_EXTRAPOLATERESPONSE']._serialized_end=1517
+  _globals['_RECORDPOINTREQUEST']._serialized_start=1519
+  _globals['_RECORDPOINTREQUEST']._serialized_end=1632
+  _globals['_RECORDPOINTRESPONSE']._serialized_start=1634
+  _globals['_RECORDPOINTRESPONSE']._serialized_end=1709
+  _globals['_TRIMRUNREQUEST']._serialized_start=1711
+  _globals['_TRIMRUNREQUEST']._serialized_end=1785
+  _globals['_TRIMRUNRESPONSE']._serialized_start=1787
+  _globals['_TRIMRUNRESPONSE']._serialized_end=1882
+  _globals['_GETRUNREQUEST']._serialized_start=1884
+  _globals['_GETRUNREQUEST']._serialized_end=1929
+  _globals['_GETRUNRESPONSE']._serialized_start=1932
+  _globals['_GETRUNRESPONSE']._serialized_end=2071
+  _globals['_COMPARERUNSREQUEST']._serialized_start=2073
+  _globals['_COMPARERUNSREQUEST']._serialized_end=2149
+  _globals['_RUNCOMPARISON']._serialized_start=2152
+  _globals['_RUNCOMPARISON']._serialized_end=2334
+  _globals['_COMPARERUNSRESPONSE']._serialized_start=2337
+  _globals['_COMPARERUNSRESPONSE']._serialized_end=2486
+  _globals['_CURVESERVICE']._serialized_start=2489
+  _globals['_CURVESERVICE']._serialized_end=2932
 # @@protoc_insertion_point(module_scope)

@@ -29,20 +29,24 @@ class CurveParams(_message.Message):
     def __init__(self, a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ...) -> None: ...
 
 class FitRequest(_message.Message):
-    __slots__ = ("points", "r0", "min_compute", "max_compute", "method", "predict_compute")
+    __slots__ = ("points", "r0", "min_compute", "max_compute", "method", "predict_compute", "run_id", "task")
     POINTS_FIELD_NUMBER: _ClassVar[int]
     R0_FIELD_NUMBER: _ClassVar[int]
     MIN_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     MAX_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PREDICT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     points: _containers.RepeatedCompositeFieldContainer[CurvePoint]
     r0: float
     min_compute: float
     max_compute: float
     method: FitMethod
     predict_compute: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ...) -> None: ...
+    run_id: str
+    task: str
+    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ..., run_id: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
 
 class FitMethod(_message.Message):
     __slots__ = ("bootstrap_resamples", "seed", "level", "paper_grid", "power_law")
@@ -145,14 +149,16 @@ class Prediction(_message.Message):
     def __init__(self, compute: _Optional[float] = ..., reward: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
 
 class ExtrapolateRequest(_message.Message):
-    __slots__ = ("params", "run_id", "compute")
+    __slots__ = ("params", "run_id", "compute", "task")
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     params: CurveParams
     run_id: str
     compute: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., run_id: _Optional[str] = ..., compute: _Optional[_Iterable[float]] = ...) -> None: ...
+    task: str
+    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., run_id: _Optional[str] = ..., compute: _Optional[_Iterable[float]] = ..., task: _Optional[str] = ...) -> None: ...
 
 class ExtrapolateResponse(_message.Message):
     __slots__ = ("predictions",)
@@ -161,14 +167,16 @@ class ExtrapolateResponse(_message.Message):
     def __init__(self, predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ...) -> None: ...
 
 class RecordPointRequest(_message.Message):
-    __slots__ = ("run_id", "point", "r0")
+    __slots__ = ("run_id", "point", "r0", "task")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POINT_FIELD_NUMBER: _ClassVar[int]
     R0_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     point: CurvePoint
     r0: float
-    def __init__(self, run_id: _Optional[str] = ..., point: _Optional[_Union[CurvePoint, _Mapping]] = ..., r0: _Optional[float] = ...) -> None: ...
+    task: str
+    def __init__(self, run_id: _Optional[str] = ..., point: _Optional[_Union[CurvePoint, _Mapping]] = ..., r0: _Optional[float] = ..., task: _Optional[str] = ...) -> None: ...
 
 class RecordPointResponse(_message.Message):
     __slots__ = ("points", "fit")
@@ -197,20 +205,26 @@ class TrimRunResponse(_message.Message):
     def __init__(self, points_removed: _Optional[int] = ..., points: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "task")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    task: str
+    def __init__(self, run_id: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
-    __slots__ = ("run_id", "points", "fit")
+    __slots__ = ("run_id", "points", "fit", "task", "tasks")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     points: _containers.RepeatedCompositeFieldContainer[CurvePoint]
     fit: FitResponse
-    def __init__(self, run_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ...) -> None: ...
+    task: str
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., task: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CompareRunsRequest(_message.Message):
     __slots__ = ("runs", "a_margin")

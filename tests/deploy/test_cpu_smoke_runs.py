@@ -87,11 +87,13 @@ def _fingerprint(run_dir: Path) -> dict[str, str]:
 
 
 def _curve_points(curve: LocalProcess, run_id: str) -> float:
-    """scalerl_curve_points of `run_id` on the curve pod's metrics port (9103)."""
+    """scalerl_curve_points of `run_id`'s total series on the curve pod's metrics port
+    (9103)."""
     url = f"http://{LOOPBACK}:{curve.ports[9103]}/metrics"
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
-    found = re.search(rf'^scalerl_curve_points\{{run_id="{run_id}"\}} (\S+)$', text, re.M)
+    series = rf'run_id="{run_id}",task=""'
+    found = re.search(rf"^scalerl_curve_points\{{{series}\}} (\S+)$", text, re.M)
     assert found, f"no scalerl_curve_points for {run_id}"
     return float(found.group(1))
 

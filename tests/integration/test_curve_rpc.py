@@ -193,21 +193,24 @@ def test_trim_removes_exactly_the_points_above_the_bound(store: RunStore, run_id
     fit = fit_sigmoid([c for c, _ in snap.points], [r for _, r in snap.points], r0=0.1)
     assert store.set_fit(run_id, 5, fit) is True
     # Nothing above the bound: a no-op, same revision, the fit kept.
-    kept, removed = store.trim(run_id, 16.0)
+    series, removed = store.trim(run_id, 16.0)
+    kept = series[""]
     assert (removed, kept.revision) == (0, 5) and kept.fit is fit
     assert kept.points == snap.points
     # A point at exactly max_compute stays.
-    trimmed, removed = store.trim(run_id, 4.0)
+    series, removed = store.trim(run_id, 4.0)
+    trimmed = series[""]
     assert removed == 2
     assert [c for c, _ in trimmed.points] == [1.0, 2.0, 4.0]
     assert trimmed.points == snap.points[:3]
     assert (trimmed.r0, trimmed.revision, trimmed.fit) == (0.1, 6, None)
     got = store.get(run_id)
     assert (got.points, got.r0, got.revision, got.fit) == (snap.points[:3], 0.1, 6, None)
-    assert store.trim(run_id, 5.0) == (got, 0)  # still nothing above 5: no new revision
+    assert store.trim(run_id, 5.0) == ({"": got}, 0)  # nothing above 5: no new revision
     # The resumed timeline may record a different reward at a trimmed compute.
     assert store.record(run_id, 8.0, 0.5, None).points[-1] == (8.0, 0.5)
-    emptied, removed = store.trim(run_id, 0.0)
+    series, removed = store.trim(run_id, 0.0)
+    emptied = series[""]
     assert (emptied.points, emptied.r0, emptied.revision, removed) == ((), 0.1, 8, 4)
     assert store.get(run_id) == emptied
     assert store.record(run_id, 1.0, 0.3, 0.1).revision == 9  # the run lives on, R0 kept

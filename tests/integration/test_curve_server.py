@@ -177,10 +177,11 @@ def test_record_points_then_get_run(service) -> None:
     assert got == pytest.approx((0.8, 1.5, 0.1, 0.1), rel=1e-5)
 
     registry = servicer.metrics.registry
-    assert registry.get_sample_value("scalerl_curve_asymptote", {"run_id": "cpu-run.1"}) == (
+    total = {"run_id": "cpu-run.1", "task": ""}  # the run's total series
+    assert registry.get_sample_value("scalerl_curve_asymptote", total) == (
         pytest.approx(0.8, rel=1e-5)
     )
-    assert registry.get_sample_value("scalerl_curve_points", {"run_id": "cpu-run.1"}) == 8
+    assert registry.get_sample_value("scalerl_curve_points", total) == 8
 
 
 def test_record_point_retry_is_idempotent_and_conflicts_are_rejected(stub) -> None:
@@ -237,8 +238,8 @@ def _trim(stub, run_id: str, max_compute: float) -> curve_pb2.TrimRunResponse:
     return stub.TrimRun(request, timeout=TIMEOUT_S)
 
 
-def _gauge(servicer: CurveServicer, name: str, run_id: str) -> float | None:
-    return servicer.metrics.registry.get_sample_value(name, {"run_id": run_id})
+def _gauge(servicer: CurveServicer, name: str, run_id: str, task: str = "") -> float | None:
+    return servicer.metrics.registry.get_sample_value(name, {"run_id": run_id, "task": task})
 
 
 def test_trim_run_drops_the_points_above_and_refits(service) -> None:
