@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from rollout_service.engines.api import (
     TRUNCATE,
+    Completion,
     GenerationRequest,
     GenerationStream,
     RolloutEngine,
@@ -50,7 +51,10 @@ class _GroupInFlight:
     streams: list[GenerationStream]
     submitted_version: int
     started: float = field(default_factory=time.monotonic)
-    verdicts: list[Future[Verdict]] | None = None  # set once generation has finished
+    # Set once generation has finished: each stream's Completion (a stream is read once)
+    # and the futures of their verdicts.
+    completions: list[Completion] = field(default_factory=list)
+    verdicts: list[Future[Verdict]] | None = None
 
     def done(self) -> bool:
         return all(s.finished.is_set() for s in self.streams)
@@ -214,7 +218,8 @@ class ActorLoop:
     def _submit_scoring(self, group: _GroupInFlight) -> list[Future[Verdict]]:
         """One verification per sample on the task's verifier pool; an unknown prompt id
         (a pool that outlived its task's config) scores 0 as an error."""
-        answers = [scored_text(stream, self.tokenizer) for stream in group.streams]
+        group.completions = [stream.result() for stream in group.streams]
+        answers = [scored_text(done, self.tokenizer) for done in group.completions]
         try:
             problem = self.tasks.problem(group.prompt_id)
         except KeyError:
@@ -257,7 +262,7 @@ class ActorLoop:
         if group.verdicts is None:  # leaving: a group whose generation just finished
             group.verdicts = self._submit_scoring(group)
         verdicts = [future.result() for future in group.verdicts]  # never raise
-        message = build_group(group, verdicts, self.worker_id)
+        message = build_group(group, group.completions, verdicts, self.worker_id)
         learner_version = self.state.get_policy_version()
         if not is_admissible(
             learner_version, message.min_policy_version, self.config.learner.off_policy_k
@@ -277,10 +282,9 @@ class ActorLoop:
         self.groups_pushed += 1
 
 
-def scored_text(stream: GenerationStream, tokenizer) -> str:
-    """The text a finished stream is scored on: the decoded completion, only its answer
-    after the forced phrase when it was interrupted (`scalerl.length_control`)."""
-    done = stream.result()
+def scored_text(done: Completion, tokenizer) -> str:
+    """The text a finished completion is scored on: the decoded completion, only its
+    answer after the forced phrase when it was interrupted (`scalerl.length_control`)."""
     return tokenizer.decode(scored_ids(done.token_ids, done.forced))
 
 
@@ -291,13 +295,12 @@ def _done(verdict: Verdict) -> Future[Verdict]:
 
 
 def build_group(
-    group: _GroupInFlight, verdicts: list[Verdict], worker_id: str
+    group: _GroupInFlight, completions: list[Completion], verdicts: list[Verdict], worker_id: str
 ) -> rollout_pb2.RolloutGroup:
-    """Join the G finished streams and their verdicts (in stream order) into a scored
-    `RolloutGroup` (min/max policy version over every token)."""
+    """Join the G completions of the group's streams and their verdicts (in stream order)
+    into a scored `RolloutGroup` (min/max policy version over every token)."""
     samples, versions = [], []
-    for stream, verdict in zip(group.streams, verdicts, strict=True):
-        done = stream.result()
+    for done, verdict in zip(completions, verdicts, strict=True):
         samples.append(
             rollout_pb2.Sample(
                 token_ids=done.token_ids,

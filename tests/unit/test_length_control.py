@@ -124,8 +124,10 @@ def test_interrupted_sample_with_its_number_only_in_the_thinking_scores_zero():
         _Done(_completion("answers-right", f"{wrong} ", f" {right}", interrupted=True)),
         _Done(_completion("never-interrupted", f"{right}", "", interrupted=False)),
     ]
-    verdicts = [task.score(problem.prompt_id, scored_text(s, tokenizer)) for s in streams]
-    group = build_group(_GroupInFlight(problem.prompt_id, [3], streams, 0), verdicts, "w")
+    completions = [s.result() for s in streams]
+    verdicts = [task.score(problem.prompt_id, scored_text(d, tokenizer)) for d in completions]
+    inflight = _GroupInFlight(problem.prompt_id, [3], streams, 0)
+    group = build_group(inflight, completions, verdicts, "w")
     rewards = [s.reward for s in group.samples]
     assert rewards == [0.0, 0.0, 1.0, 1.0]
     assert [s.parse_failed for s in group.samples] == [True, False, False, False]

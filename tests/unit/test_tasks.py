@@ -84,9 +84,10 @@ def test_a_group_with_a_failing_verifier_is_still_built(monkeypatch) -> None:
     tokenizer = SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
     inflight = _GroupInFlight(prompt.prompt_id, [1, 2], streams, 0, time.monotonic())
     with VerifierPool(task.verifier) as pool:  # the actor's scoring path
-        texts = [scored_text(stream, tokenizer) for stream in streams]
+        completions = [stream.result() for stream in streams]
+        texts = [scored_text(done, tokenizer) for done in completions]
         verdicts = [pool.submit(text, prompt.answer).result() for text in texts]
-    group = build_group(inflight, verdicts, "w0")
+    group = build_group(inflight, completions, verdicts, "w0")
     assert [s.reward for s in group.samples] == [0.0, 0.0]
     assert [s.parse_failed for s in group.samples] == [True, True]
 
