@@ -176,9 +176,9 @@ class LearnerMetrics:
         # Per task (paper Sec. 5: each domain its own curve); the run's own pass rate has
         # the label task="_all" (RUN_LABEL).
         self.heldout_pass_rate = Gauge(
-            "scalerl_heldout_pass_rate",
-            "Pass rate of the last held-out evaluation, per task (task=_all: the run's, "
-            "the task-weighted mean).",
+            "scalerl_heldout_mean_reward",
+            "Mean reward (pass rate) of the last held-out evaluation, per task (task=_all: "
+            "the run's, the task-weighted mean).",
             ["task"],
             registry=registry,
         )
