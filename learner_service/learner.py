@@ -53,6 +53,7 @@ from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
+from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.ports import free_port
@@ -146,6 +147,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         device = cfg.device if cfg.device != "auto" else "cpu"
         self.model.to(self.ranks.device if self.ranks else device)
         self.tasks = build_tasks(cfg)
+        register_verifier_metrics(self.metrics.registry, self.tasks)  # the evaluations'
         for task in self.tasks:
             self.pools[task.name].init(task.train_ids)
         # The warm-up runs on the whole model before it is sharded; a resume overwrites it.

@@ -196,8 +196,7 @@ class LearnerMetrics:
         )
         self.task_prompts = Gauge(
             "scalerl_task_prompts",
-            "The task's training prompts by state (eligible, retired by No-Positive-"
-            "Resampling).",
+            "The task's training prompts by state (eligible, retired by No-Positive-Resampling).",
             ["task", "state"],
             registry=registry,
         )

@@ -35,6 +35,7 @@ from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
+from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
@@ -138,9 +139,11 @@ class RolloutWorker:
         a leave: the groups in flight are finished within `rollout.leave_grace_s` and
         pushed, the rest given back (`ActorLoop.run`)."""
         tasks = build_tasks(self.config)
+        collector = register_verifier_metrics(self.metrics.registry, tasks)
         try:
             self._run_actor(tasks, stop)
         finally:
+            self.metrics.registry.unregister(collector)
             tasks.close()
 
     def _run_actor(self, tasks, stop: threading.Event) -> None:

@@ -124,7 +124,11 @@ class TaskConfig(_Section):
         39, ge=1, le=9999, description="additions: largest value of the other operand."
     )
     # source: file
-    path: str = Field("", description="file: a .jsonl/.parquet file or a save_to_disk folder.")
+    path: str = Field(
+        "",
+        description="file: a .jsonl/.parquet file or a save_to_disk folder; relative paths "
+        "in a config file are relative to its folder.",
+    )
     format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
         "auto", description="file: auto = by extension (a folder is a saved `datasets`)."
     )
@@ -534,6 +538,8 @@ class RunConfig(BaseSettings):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"task names must be unique, repeated: {', '.join(repeated)}")
+        if self.model.warmup_steps and not any(t.source == "additions" for t in self.task):
+            raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
         r = self.rollout
         # The phrase takes at least one token; its exact length needs the tokenizer
         # (scalerl.length_control.check_budgets, run before any process starts).
@@ -630,12 +636,24 @@ def load_config(
     """
     from scalerl.recipes import recipe_overrides
 
-    data = yaml.safe_load(resolve_config_path(name_or_path).read_text()) or {}
+    path = resolve_config_path(name_or_path)
+    data = _relative_to(yaml.safe_load(path.read_text()) or {}, path.parent)
     layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
     for item in layers:
         key, value = parse_override(item)
         _set_dotted(data, resolve_key(key), value)
     return RunConfig(**data)
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A config file's task paths, when relative, are relative to the file's folder (so an
+    example config finds its data from any working directory); overrides are not."""
+    tasks = data.get("task")
+    for task in tasks if isinstance(tasks, list) else [tasks] if isinstance(tasks, dict) else []:
+        if isinstance(task, dict) and isinstance(task.get("path"), str) and task["path"]:
+            if not Path(task["path"]).is_absolute():
+                task["path"] = str((folder / task["path"]).resolve())
+    return data
 
 
 def resolve_key(key: str) -> str:

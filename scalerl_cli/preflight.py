@@ -2,10 +2,12 @@
 anything, in a process of its own.
 
 It converts the embedded model once (so no two children race to do it), resolves device
-and precision for this machine (`scalerl.policy.hardware`) and checks the length-control budgets
-with the model's tokenizer (`scalerl.length_control`). Run apart because it imports torch
-and the tokenizers, which start threads: the launcher forks its children with a
-`preexec_fn`, which is unsafe in a process with threads, and stays torch-free.
+and precision for this machine (`scalerl.policy.hardware`), checks the length-control budgets
+with the model's tokenizer (`scalerl.length_control`) and builds every task (a missing file
+or column, an unknown dataset or verifier is one line here, not a crash in a service). Run
+apart because it imports torch and the tokenizers, which start threads: the launcher forks
+its children with a `preexec_fn`, which is unsafe in a process with threads, and stays
+torch-free.
 
 Prints one JSON object on stdout: {"config": the resolved config, "precision": the
 `scalerl.policy.hardware.Precision` fields}. Bad input: one line on stderr, exit code 2.
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl.length_control import check_budgets
     from scalerl.policy.hardware import resolved_config
     from scalerl.policy.models import load_tokenizer, smollm2_dir
+    from scalerl.tasks import build_tasks
 
     config = RunConfig(**yaml.safe_load(open(args[0])))
     try:
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             smollm2_dir(config.model.cache_dir)
         resolved, precision = resolved_config(config)
         check_budgets(resolved.rollout, load_tokenizer(resolved.model).encode)
+        build_tasks(resolved).close()
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

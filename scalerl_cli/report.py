@@ -25,6 +25,7 @@ from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
 from scalerl.rpc.curve_client import (
     RUN_COMPUTE_UNIT,
+    RUN_RESAMPLES,
     CurveClient,
     FitSpec,
     FitSummary,
@@ -54,6 +55,23 @@ def _fit(
     except ServiceError as exc:
         console.print(f"[yellow]curve fit on {len(evals)} points refused:[/] {escape(str(exc))}")
         return None
+
+
+def _task_series(
+    curve_address: str, run_id: str, task: str, console: Console
+) -> tuple[FitSummary | None, int]:
+    """One task's curve as the curve service recorded it during the run: the fit of its
+    series (Fit with run_id and task: R0 = its first evaluation, RUN_RESAMPLES seeded
+    bootstrap resamples, as `FitSpec.from_evals`) and the points GetRun holds. (None, 0)
+    when the service does not have it; said on `console`."""
+    try:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=RUN_COMPUTE_UNIT) as client:
+            points = len(client.get_run(run_id, task).points)
+            fit = client.fit_run(run_id, task, bootstrap_resamples=RUN_RESAMPLES, seed=0)
+    except ServiceError as exc:
+        console.print(f"[yellow]curve of task {task} unavailable:[/] {escape(str(exc))}")
+        return None, 0
+    return fit, points
 
 
 def training_health(steps: list[StepRecord]) -> dict:
@@ -110,15 +128,16 @@ def task_health(steps: list[StepRecord], task: str) -> dict:
 def task_reports(
     config: RunConfig,
     by_task: dict[str, list[EvalRecord]],
-    fits: dict[str, FitSummary | None],
+    series: dict[str, tuple[FitSummary | None, int]],
     steps: list[StepRecord],
 ) -> dict[str, dict]:
     """Per task of the run: its source, weight, pass rate at the first and last
-    evaluation, curve fit (paper Eq. 1 on the task's own series, Sec. 5) and health."""
+    evaluation, the curve service's fit of its series (paper Eq. 1 on the task's own
+    points, Sec. 5) and the points it holds, and the task's training health."""
     out = {}
     for task in config.task:
         evals = by_task.get(task.name, [])
-        fit = fits.get(task.name)
+        fit, points = series.get(task.name, (None, 0))
         out[task.name] = {
             "source": task.source,
             "weight": task.weight,
@@ -126,6 +145,7 @@ def task_reports(
             "pass_rate_step0": evals[0].pass_rate if evals else None,
             "pass_rate_final": evals[-1].pass_rate if evals else None,
             "fit": fit.to_dict() if fit else None,
+            "curve_points": points,
             "health": task_health(steps, task.name),
         }
     return out
@@ -211,7 +231,8 @@ def finish_report(
     if not evals:
         return
     by_task = evals_by_task(records)
-    task_fits = {t: _fit(curve_address, e, console) for t, e in by_task.items()}
+    series = {t: _task_series(curve_address, config.run_id, t, console) for t in by_task}
+    task_fits = {t: fit for t, (fit, _) in series.items()}
     r0 = evals[0].pass_rate
     fit = _fit(curve_address, evals, console)
     if fit:
@@ -238,7 +259,7 @@ def finish_report(
         "fit": fit.to_dict() if fit else None,
         "fit_first_half": half.to_dict() if half else None,
         "health": training_health(steps),
-        "tasks": task_reports(config, by_task, task_fits, steps),
+        "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),

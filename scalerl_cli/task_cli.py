@@ -1,4 +1,9 @@
-"""`scalerl task score --verifier NAME --answer A --completion TEXT [--json]`: the reward a
+"""`scalerl task inspect [--config C] [--set K=V] [--show N] [--template] [--json]`: per task
+of a run config, its source, verifier, weight, the prompt counts of the training and
+held-out splits and a few rendered prompts (with `--template`, exactly as the model sees
+them, through its chat template).
+
+`scalerl task score --verifier NAME --answer A --completion TEXT [--json]`: the reward a
 verifier gives one completion, and why (what was extracted and compared with what).
 
 It builds the verifier with `scalerl.verifiers.build_verifier` and scores with
@@ -45,10 +50,145 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "program's wall time). Default: the verifier's, as in training.",
     )
     score.add_argument("--json", action="store_true", help="Print one JSON object.")
+    inspect = task_sub.add_parser(
+        "inspect",
+        help="Show each task of a config: source, split sizes, a few prompts.",
+        description="Build every task of the config as a run would (nothing is trained) "
+        "and print its source, verifier, weight, training and held-out prompt counts and "
+        "a few rendered prompts.",
+    )
+    inspect.add_argument(
+        "--config", default="default", help="Built-in config (default, tiny) or a YAML file."
+    )
+    inspect.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config field, e.g. --set task.0.heldout_size=100 (repeatable).",
+    )
+    inspect.add_argument(
+        "--show", type=int, default=3, help="Training prompts shown per task (0..50; default 3)."
+    )
+    inspect.add_argument(
+        "--template",
+        action="store_true",
+        help="Render prompts through the model's chat template (loads its tokenizer).",
+    )
+    inspect.add_argument("--json", action="store_true", help="Print one JSON object.")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `scalerl task <command>`; the exit code (2 for bad input)."""
+    if args.task_command == "inspect":
+        return inspect_main(args)
+    return score_main(args)
+
+
+def inspect_main(args: argparse.Namespace) -> int:
+    """`scalerl task inspect`: 0, or 2 after one line for a bad config or task."""
+    from scalerl.entrypoint import config_error, load_config_or_none
+    from scalerl.tasks import build_tasks
+
+    if not 0 <= args.show <= 50:
+        print(f"scalerl task inspect: --show must be in [0, 50], got {args.show}", file=sys.stderr)
+        return 2
+    config = load_config_or_none("scalerl task inspect", args.config, args.set)
+    if config is None:
+        return 2
+    try:
+        tasks = build_tasks(config)
+        render = _renderer(config) if args.template else _plain
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"scalerl task inspect: {config_error(exc)}", file=sys.stderr)
+        return 2
+    try:
+        described = [
+            {**about, "prompts": _shown(tasks[about["task"]], args.show, render)}
+            for about in tasks.describe()
+        ]
+    finally:
+        tasks.close()
+    if args.json:
+        print(json.dumps({"config": args.config, "tasks": described}, default=str))
+    else:
+        print("\n\n".join(_inspect_text(about) for about in described))
+    return 0
+
+
+def _shown(task, count: int, render) -> list[dict]:
+    """The first `count` training prompts of `task`, rendered, with their answers."""
+    shown = []
+    for prompt_id in list(task.train_ids[:count]):
+        problem = task.problem(prompt_id)
+        shown.append(
+            {
+                "prompt_id": prompt_id,
+                "prompt": render(problem, task.system_prompt),
+                "answer": problem.answer,
+            }
+        )
+    return shown
+
+
+def _plain(problem, system_prompt: str) -> str:
+    messages = list(problem.messages or [{"role": "user", "content": problem.question}])
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return "\n".join(f"[{m.get('role', '?')}] {m.get('content', '')}" for m in messages)
+
+
+def _renderer(config):
+    """Prompts as the model sees them: its tokenizer's chat template (`model.chat_template`
+    when set), decoded back to text. Raises FileNotFoundError when the model is absent."""
+    from scalerl.policy.models import load_tokenizer, smollm2_dir
+
+    if config.model.kind == "smollm2":
+        smollm2_dir(config.model.cache_dir)  # converts the embedded model once
+    tokenizer = load_tokenizer(config.model)
+
+    def render(problem, system_prompt: str) -> str:
+        ids = tokenizer.prompt_ids(problem.messages or problem.question, system_prompt)
+        return tokenizer.tokenizer.decode(ids)
+
+    return render
+
+
+def _inspect_text(about: dict) -> str:
+    lines = [
+        f"task {about['task']}  (weight {about['weight']:g}, {100 * about['share']:.0f}% of "
+        "training prompts)",
+        f"  source:   {about['source']}",
+        f"  verifier: {about['verifier']}",
+        f"  prompts:  {about['train_prompts']} training, {about['heldout_prompts']} held out",
+    ]
+    extra = {k: v for k, v in about.items() if k not in _SHOWN_KEYS}
+    lines += [f"  {key}: {value}" for key, value in extra.items()]
+    for item in about["prompts"]:
+        lines.append(f"  --- {item['prompt_id']}  (answer: {_short(item['answer'])})")
+        lines += [f"    {line}" for line in item["prompt"].splitlines()]
+    return "\n".join(lines)
+
+
+_SHOWN_KEYS = {
+    "task",
+    "weight",
+    "share",
+    "source",
+    "verifier",
+    "train_prompts",
+    "heldout_prompts",
+    "prompts",
+}
+
+
+def _short(value, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def score_main(args: argparse.Namespace) -> int:
+    """`scalerl task score`: 0, or 2 after one line for bad input."""
     from scalerl.entrypoint import config_error
     from scalerl.verifiers import build_verifier
 

@@ -34,8 +34,7 @@ def split_problems(
     """
     if not 0 < heldout_size < len(problems):
         raise ValueError(
-            f"task.heldout_size must be in [1, {len(problems) - 1}] for this task, "
-            f"got {heldout_size}"
+            f"heldout_size must be in [1, {len(problems) - 1}] for this task, got {heldout_size}"
         )
     order = list(problems)
     random.Random(seed).shuffle(order)
@@ -64,7 +63,10 @@ class AdditionTask(Task):
             Problem(self.prompt_id(f"add-{a}-{b}"), f"What is {a}+{b}?", a + b)
             for a, b in addition_pairs(small_max, large_max)
         ]
-        self.train, self.heldout = split_problems(problems, heldout_size, seed)
+        try:
+            self.train, self.heldout = split_problems(problems, heldout_size, seed)
+        except ValueError as exc:
+            raise ValueError(f"task {name!r}: {exc}") from None
         self.train_ids = [p.prompt_id for p in self.train]
         self.heldout_ids = [p.prompt_id for p in self.heldout]
         self._by_row = {p.prompt_id.partition("/")[2]: p for p in problems}

@@ -9,7 +9,7 @@ import random
 import pytest
 import redis
 
-from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.prompt_pool import PromptPool, TaskPools
 
 
 def test_pool_init_is_idempotent_and_samples_eligible(
@@ -125,3 +125,67 @@ def test_a_snapshot_refills_a_pool_redis_lost(redis_client: redis.Redis, run_id:
     fresh.init(["a", "b"])  # a Redis that lost its data: the learner's init refills it
     assert fresh.restore(snap) is True
     assert fresh.snapshot() == snap and fresh.retired_count() == 1
+
+
+def test_a_pool_of_many_ids_is_filled_in_chunks_and_sampled_by_redis(
+    redis_client: redis.Redis, run_id: str, monkeypatch
+) -> None:
+    """25,000 ids go in three chunks (INIT_CHUNK = 10,000) and become the pool at once;
+    above SEEDED_SAMPLE_LIMIT a sample no longer reads every id."""
+    pool = PromptPool(redis_client, run_id, "big")
+    ids = [f"big/{i}" for i in range(25_000)]
+    calls = []
+    real_sadd = redis_client.sadd
+    monkeypatch.setattr(
+        redis_client, "sadd", lambda key, *m: calls.append(len(m)) or real_sadd(key, *m)
+    )
+    assert pool.init(iter(ids)) is True
+    assert calls == [10_000, 10_000, 5_000]
+    assert pool.eligible_count() == 25_000
+    monkeypatch.setattr(redis_client, "smembers", lambda key: pytest.fail("read every id"))
+    drawn = pool.sample(4, rng=random.Random(0))
+    assert len(set(drawn)) == 4 and set(drawn) <= set(ids)
+
+
+def test_an_interrupted_init_leaves_no_half_pool(redis_client: redis.Redis, run_id: str) -> None:
+    pool = PromptPool(redis_client, run_id, "math")
+    with pytest.raises(ValueError, match="prompt_id must be a non-empty string"):
+        pool.init(["a", "b", ""])
+    assert pool.eligible_count() == 0 and pool.init(["c"]) is True
+    assert pool.sample(5) == ["c"]
+
+
+def test_each_task_has_its_own_pool_and_one_snapshot_holds_them_all(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    pools = TaskPools(redis_client, run_id, ["math", "code"])
+    pools["math"].init(["math/1", "math/2"])
+    pools["code"].init(["code/1", "code/2", "code/3"])
+    assert pools.of("code/2") is pools["code"] and pools.eligible_count() == 5
+    assert pools.of("math/1").record_and_maybe_retire("math/1", 8, 8, 0.9, 8) is True
+    assert (pools["math"].retired_count(), pools["code"].retired_count()) == (1, 0)
+    assert sorted(pools["math"].sample(10)) == ["math/2"]
+    with pytest.raises(KeyError):
+        pools.of("bio/1")
+    saved = pools.snapshot()
+    assert set(saved["tasks"]) == {"math", "code"} and saved["tasks"]["math"]["retired"] == [
+        "math/1"
+    ]
+    fresh = TaskPools(redis_client, run_id + "-lost", ["math", "code"])
+    assert fresh.restore(json.loads(json.dumps(saved))) is True
+    assert fresh.snapshot() == saved
+    # Bad input changes nothing: a task the run lacks, an old flat snapshot, a bad part.
+    other = TaskPools(redis_client, run_id + "-other", ["math", "code"])
+    with pytest.raises(ValueError, match="snapshot.tasks has tasks this run does not: bio"):
+        other.restore({"tasks": {**saved["tasks"], "bio": saved["tasks"]["math"]}})
+    with pytest.raises(ValueError, match="snapshot.tasks must map task names"):
+        other.restore(saved["tasks"]["math"])
+    broken = {
+        "tasks": {
+            "math": saved["tasks"]["math"],
+            "code": {**saved["tasks"]["code"], "revision": -1},
+        }
+    }
+    with pytest.raises(ValueError, match="snapshot.revision"):
+        other.restore(broken)
+    assert other.eligible_count() == 0

@@ -104,9 +104,10 @@ def test_run_keys_name_the_whole_schema() -> None:
     from scalerl.state.keys import CURVE_RUNS_KEY, RunKeys
 
     keys = RunKeys("r1")
-    assert (keys.replay, keys.pool_eligible, keys.policy_version, keys.workers_prefix) == (
+    pool = keys.pool_keys("math")
+    assert (keys.replay, pool.eligible, keys.policy_version, keys.workers_prefix) == (
         "scalerl:r1:replay",
-        "scalerl:r1:pool:eligible",
+        "scalerl:r1:pool:math:eligible",
         "scalerl:r1:state:policy_version",
         "scalerl:r1:workers:",
     )
@@ -117,3 +118,5 @@ def test_run_keys_name_the_whole_schema() -> None:
     )
     with pytest.raises(ValueError, match="run_id must match"):
         RunKeys("a:b")
+    with pytest.raises(ValueError, match="task name must match"):
+        keys.pool_keys("Math*")

@@ -45,7 +45,7 @@ def test_split_is_disjoint_and_seeded() -> None:
     assert [p.prompt_id for p in AdditionTask(9, 39, 200, 0).heldout] == [
         p.prompt_id for p in task.heldout
     ]
-    with pytest.raises(ValueError, match="task.heldout_size must be in"):
+    with pytest.raises(ValueError, match="task .addition.: heldout_size must be in"):
         AdditionTask(1, 1, heldout_size=4)
 
 
