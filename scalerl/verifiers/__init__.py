@@ -1,7 +1,8 @@
 """Verifiers: the reward of a completion against a row's reference answer, in [0, 1].
 
 `build_verifier(name)` gives `last_integer`, `math` (math-verify), `code` (a sandboxed run
-against the row's tests, partial credit) or `python:MODULE:FUNCTION`; `Verifier.score`
+against the row's tests, partial credit), `python:MODULE:FUNCTION` or
+`reasoning_gym:DATASET` (that dataset's own scorer); `Verifier.score`
 never raises and counts failures; `VerifierPool` scores off the caller's thread. Torch-free.
 """
 

@@ -1,4 +1,5 @@
-"""Verifiers by name: `last_integer`, `math`, `code`, and `python:MODULE:FUNCTION`."""
+"""Verifiers by name: `last_integer`, `math`, `code`, `python:MODULE:FUNCTION` and
+`reasoning_gym:DATASET`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from scalerl.verifiers.base import Verifier
 from scalerl.verifiers.custom import PREFIX, PythonVerifier
 from scalerl.verifiers.last_integer import LastIntegerVerifier
 
+# The verifiers with a fixed name; `python:MODULE:FUNCTION` (a user's function) and
+# `reasoning_gym:DATASET` (a reasoning-gym dataset's scorer) name one of a family.
 VERIFIER_NAMES = ("last_integer", "math", "code")
+REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
 def build_verifier(name: str, timeout_s: float | None = None, **options: Any) -> Verifier:
@@ -19,9 +23,11 @@ def build_verifier(name: str, timeout_s: float | None = None, **options: Any) ->
     `math` and `python:` the check, `code` the program's wall time (its CPU time capped at
     the same); `last_integer` cannot hang and ignores it. options go to the constructor:
     `math` (workers, memory_bytes, end_of_thinking), `code` (limits: a `SandboxLimits`,
-    end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking).
-    Raises ValueError for an unknown name, a bad option value or a python: function that
-    does not import; TypeError for an option the verifier does not take.
+    end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
+    `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
+    workers, memory_bytes; its reference answer is the item, or the answer text alone).
+    Raises ValueError for an unknown name or dataset, a bad option value or a python:
+    function that does not import; TypeError for an option the verifier does not take.
     """
     if timeout_s is not None and not 0.1 <= timeout_s <= 600:
         raise ValueError(f"timeout_s must be in [0.1, 600] seconds, got {timeout_s}")
@@ -39,9 +45,14 @@ def build_verifier(name: str, timeout_s: float | None = None, **options: Any) ->
         return CodeVerifier(**options)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))
+    if name.startswith(REASONING_GYM_PREFIX):
+        from scalerl.verifiers.reasoning_gym import ReasoningGymVerifier
+
+        dataset = name[len(REASONING_GYM_PREFIX) :]
+        return ReasoningGymVerifier(dataset, **_with_timeout(options, timeout_s))
     raise ValueError(
-        f"verifier must be one of {', '.join(VERIFIER_NAMES)} or python:MODULE:FUNCTION, "
-        f"got {name!r}"
+        f"verifier must be one of {', '.join(VERIFIER_NAMES)}, python:MODULE:FUNCTION or "
+        f"reasoning_gym:DATASET, got {name!r}"
     )
 
 

@@ -32,6 +32,10 @@ TORCH_FREE = (
     "scalerl.verifiers",
     "scalerl.verifiers.code",
     "scalerl.verifiers.math_answer",
+    "scalerl.verifiers.reasoning_gym",
+    "scalerl.tasks.files",
+    "scalerl.tasks.generators",
+    "scalerl.tasks.split",
     "scalerl_cli.main",
     "scalerl_cli.task_cli",
 )

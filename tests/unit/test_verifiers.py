@@ -120,7 +120,11 @@ def test_last_integer_refuses_a_non_integer_answer() -> None:
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("nope", "verifier must be one of last_integer, math, code or python:MODULE:FUNCTION"),
+        (
+            "nope",
+            "verifier must be one of last_integer, math, code, python:MODULE:FUNCTION or "
+            "reasoning_gym:DATASET, got 'nope'",
+        ),
         ("python:os", "verifier must be python:MODULE:FUNCTION, got 'python:os'"),
         ("python:no_such_module_x:f", "module no_such_module_x does not import"),
         ("python:os:no_such_function", "os has no function no_such_function"),
