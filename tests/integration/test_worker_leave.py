@@ -57,7 +57,8 @@ def _groups(engine: FakeEngine, names: list[str], version: int = 3) -> list[_Gro
 def _actor(client: redis.Redis, run_id: str, engine: FakeEngine, mode: str, thinking: int):
     actor = object.__new__(ActorLoop)  # what the leave path uses: no model, no task
     actor.engine, actor.worker_id = engine, "w0"
-    actor.task = actor.tokenizer = None
+    actor.tasks = actor.pools = actor.tokenizer = None
+    actor._submit_scoring = lambda group: []  # no verifier: the groups below score nothing
     actor.replay = ReplayStream(client, run_id, capacity=16)
     actor.state = RunState(client, run_id)
     actor.config = SimpleNamespace(
@@ -70,7 +71,7 @@ def _actor(client: redis.Redis, run_id: str, engine: FakeEngine, mode: str, thin
 
 @pytest.fixture(autouse=True)
 def _plain_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    def build_group(group, task, tokenizer, worker_id):
+    def build_group(group, completions, verdicts, worker_id):
         return rollout_pb2.RolloutGroup(
             group_id=group.prompt_id,
             prompt_id=group.prompt_id,
