@@ -98,9 +98,9 @@ class TaskConfig(_Section):
     )
     verifier: str = Field(
         "",
-        description="last_integer, math, code or python:MODULE:FUNCTION; empty = the "
-        "source's own (additions: last_integer, reasoning_gym: the dataset's scorer; a "
-        "file source must name one).",
+        description="last_integer, math, code, reasoning_gym:DATASET or "
+        "python:MODULE:FUNCTION; empty = the source's own (additions: last_integer, "
+        "reasoning_gym: the dataset's scorer; a file source must name one).",
     )
     verifier_timeout_s: float | None = Field(
         None, ge=0.1, le=600, description="Time limit of one check, seconds; None = default."

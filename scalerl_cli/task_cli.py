@@ -33,13 +33,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument(
         "--verifier",
         required=True,
-        help="last_integer, math, code or python:MODULE:FUNCTION.",
+        help="last_integer, math, code, reasoning_gym:DATASET or python:MODULE:FUNCTION.",
     )
     score.add_argument(
         "--answer",
         required=True,
         help="Reference answer: an integer (last_integer), LaTeX or plain math (math), the "
-        'tests as JSON (code: ["assert f(1) == 2"] or {"inputs": [...], "outputs": [...]}).',
+        'tests as JSON (code: ["assert f(1) == 2"] or {"inputs": [...], "outputs": [...]}), '
+        "a reasoning-gym item as JSON or its plain answer (reasoning_gym:DATASET).",
     )
     score.add_argument("--completion", required=True, help="The completion text ('-': stdin).")
     score.add_argument(
