@@ -15,9 +15,9 @@ from functools import lru_cache
 from typing import Any
 
 from scalerl.state.keys import PROMPT_ID_SEPARATOR, task_of
-from scalerl.verifiers import Verdict, Verifier
+from scalerl.verifiers import Verdict, Verifier, build_verifier
 
-__all__ = ["ID_SEPARATOR", "PROBLEM_CACHE", "Problem", "Task", "task_of"]
+__all__ = ["ID_SEPARATOR", "PROBLEM_CACHE", "Problem", "Task", "task_of", "task_verifier"]
 
 ID_SEPARATOR = PROMPT_ID_SEPARATOR
 # Problems each task keeps decoded (a row read again is served from memory).
@@ -101,3 +101,24 @@ class Task(ABC):
     def close(self) -> None:
         """Release the verifier's worker processes and any open file."""
         self.verifier.close()
+
+
+def task_verifier(
+    config,
+    end_of_thinking: str = "",
+    default: str = "last_integer",
+    options: dict[str, Any] | None = None,
+) -> Verifier:
+    """The verifier a task's config (`scalerl.config.TaskConfig`) names, `default` (its
+    source's own) when unset, with `options` and the run's end-of-thinking marker, so a
+    reasoning model is scored on its answer part only.
+
+    Raises ValueError for an unknown verifier or bad option (the message names the task)."""
+    name = config.verifier or default
+    options = dict(options or {})
+    if end_of_thinking:
+        options["end_of_thinking"] = end_of_thinking
+    try:
+        return build_verifier(name, config.verifier_timeout_s, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task {config.name!r}: verifier: {exc}") from None

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from scalerl.config import TaskConfig
-from scalerl.tasks.base import PROBLEM_CACHE, Problem, Task
+from scalerl.tasks.base import PROBLEM_CACHE, Problem, Task, task_verifier
 from scalerl.tasks.files import render
 from scalerl.tasks.ids import Complement, PromptIds
 from scalerl.tasks.split import seeded_order, text_digest
-from scalerl.verifiers import Verifier, build_verifier
+from scalerl.verifiers import Verifier
 from scalerl.verifiers.reasoning_gym import PREFIX, make_dataset
 
 # Items the held-out walk may draw per held-out prompt (plus WALK_SLACK) before it gives
@@ -94,18 +94,8 @@ def task_scorer(config: TaskConfig, end_of_thinking: str = "") -> Verifier:
     with the dataset_config) unless the config names another, which then gets the item
     (question, answer, metadata) as the reference answer."""
     own = f"{PREFIX}{config.dataset}"
-    name = config.verifier or own
-    if not name.startswith(PREFIX):
-        from scalerl.tasks.taskset import task_verifier
-
-        return task_verifier(config, end_of_thinking)
-    options: dict[str, Any] = {"dataset_config": config.dataset_config} if name == own else {}
-    if end_of_thinking:
-        options["end_of_thinking"] = end_of_thinking
-    try:
-        return build_verifier(name, config.verifier_timeout_s, **options)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"task {config.name!r}: verifier: {exc}") from None
+    options = {"dataset_config": config.dataset_config} if config.verifier in ("", own) else {}
+    return task_verifier(config, end_of_thinking, default=own, options=options)
 
 
 class ReasoningGymTask(Task):

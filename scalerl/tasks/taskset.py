@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from scalerl.config import RunConfig, TaskConfig
-from scalerl.tasks.base import Problem, Task, task_of
-from scalerl.verifiers import Verdict, Verifier, build_verifier
+from scalerl.tasks.base import Problem, Task, task_of, task_verifier
+from scalerl.verifiers import Verdict
 
 
 class TaskSet:
@@ -69,21 +69,6 @@ class TaskSet:
     def close(self) -> None:
         for task in self:
             task.close()
-
-
-def task_verifier(config: TaskConfig, end_of_thinking: str = "") -> Verifier:
-    """The verifier a task's config names (its source's own when unset), with the run's
-    end-of-thinking marker so a reasoning model is scored on its answer part only.
-
-    Raises ValueError for an unknown verifier or bad option (the message names it)."""
-    name = config.verifier or "last_integer"
-    options: dict[str, Any] = {}
-    if end_of_thinking:
-        options["end_of_thinking"] = end_of_thinking
-    try:
-        return build_verifier(name, config.verifier_timeout_s, **options)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"task {config.name!r}: verifier: {exc}") from None
 
 
 def build_task(config: TaskConfig, end_of_thinking: str = "") -> Task:

@@ -24,6 +24,8 @@ from verifier_cases import (
     write_outside,
 )
 
+from scalerl.config import TaskConfig
+from scalerl.tasks import build_task
 from scalerl.verifiers import build_verifier
 from scalerl.verifiers.sandbox import SandboxLimits, run_program
 from scalerl_cli.main import main
@@ -122,3 +124,49 @@ def test_the_command_prints_the_reward_and_why() -> None:
         "expected: 0.5",
         "why: equivalent (math-verify)",
     ]
+
+
+def test_the_cli_agrees_with_the_tasks_of_a_run(tmp_path: Path, capsys) -> None:
+    """The reward a run's task gives a completion (`Task.score`: its verifier built from
+    the task config) is the CLI's for the same verifier and reference: a math row of a
+    JSONL file and a reasoning-gym item (its JSON as --answer)."""
+    data = tmp_path / "rows.jsonl"
+    rows = [{"q": "What is 1/2 + 1/4?", "a": "\\frac{3}{4}"}, {"q": "What is 2+2?", "a": "4"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    math_config = TaskConfig(
+        name="m", source="file", path=str(data), prompt_field="q", answer_field="a"
+    )
+    gym_config = TaskConfig(name="g", source="reasoning_gym", dataset="basic_arithmetic")
+    tasks = [
+        (
+            build_task(math_config.model_copy(update={"verifier": "math", "heldout_size": 1})),
+            "math",
+        ),
+        (
+            build_task(gym_config.model_copy(update={"size": 20, "heldout_size": 5})),
+            "reasoning_gym:basic_arithmetic",
+        ),
+    ]
+    try:
+        for task, verifier in tasks:
+            problem = task.problem(task.train_ids[0])
+            gym = not isinstance(problem.answer, str)
+            answer = json.dumps(problem.answer) if gym else problem.answer
+            right = str(problem.answer["answer"]) if gym else problem.answer
+            completions = [right, "no idea", f"<think>{right}</think> 12345"]
+            rewards = [
+                _agrees_with_task(task, problem, verifier, answer, c, capsys) for c in completions
+            ]
+            assert rewards[0] == 1.0 and rewards[2] == 0.0, (verifier, rewards)
+    finally:
+        for task, _ in tasks:
+            task.close()
+
+
+def _agrees_with_task(task, problem, verifier: str, answer: str, completion: str, capsys) -> float:
+    trained = task.score(problem.prompt_id, completion)
+    argv = ["task", "score", "--verifier", verifier, "--answer", answer]
+    assert main([*argv, "--completion", completion, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["reward"], shown["parse_failed"]) == (trained.reward, trained.parse_failed)
+    return trained.reward

@@ -11,8 +11,8 @@ import pytest
 
 from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from scalerl import tasks
-from scalerl.config import TaskConfig, load_config
-from scalerl.policy.models import chat_stop_token_ids
+from scalerl.config import ModelConfig, TaskConfig, load_config
+from scalerl.policy.models import PolicyTokenizer, chat_stop_token_ids, chat_template
 from scalerl.tasks import AdditionTask, TaskSet, Verdict, build_task, verify_last_integer
 from scalerl.verifiers import VerifierPool, last_integer
 
@@ -171,3 +171,53 @@ def test_a_reasoning_model_is_scored_on_its_answer_after_the_end_of_thinking() -
     # Without the marker configured the whole reply is read (the additions default).
     plain = build_task(TaskConfig(large_max=9, heldout_size=5))
     assert plain.score(problem.prompt_id, f"<think>{right}").reward == 1.0
+
+
+class _TemplateTokenizer:
+    """Stands in for a Hugging Face tokenizer: renders the messages it is given."""
+
+    chat_template = "the tokenizer's own"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+def test_chat_prompts_take_the_system_prompt_unless_the_conversation_has_one() -> None:
+    tok = PolicyTokenizer(_TemplateTokenizer(), True, frozenset({0}), 0)
+    decode = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    assert decode(tok.prompt_ids("What is 2+2?", "Be brief.")) == (
+        "system:Be brief.|user:What is 2+2?|assistant:"
+    )
+    conversation = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "2+2?"},
+    ]
+    assert decode(tok.prompt_ids(conversation, "Be brief.")).startswith("system:Be brief.|user:hi")
+    own = [{"role": "system", "content": "Think."}, {"role": "user", "content": "2+2?"}]
+    assert decode(tok.prompt_ids(own, "Be brief.")) == "system:Think.|user:2+2?|assistant:"
+
+
+def test_a_chat_template_comes_from_the_model_config(tmp_path) -> None:
+    template = tmp_path / "think.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}<think>")
+    config = ModelConfig(chat_template=str(template))
+    assert chat_template(config) == template.read_text()
+    assert chat_template(ModelConfig(chat_template="{{ messages }}")) == "{{ messages }}"
+    assert chat_template(ModelConfig()) is None
+    hf = _TemplateTokenizer()
+    _hf_policy_tokenizer_for_test(hf, config)
+    assert hf.chat_template == template.read_text()
+    with pytest.raises(ValueError, match="model.chat_template: no such file"):
+        chat_template(ModelConfig(chat_template=str(tmp_path / "missing.jinja")))
+
+
+def _hf_policy_tokenizer_for_test(hf, config):
+    from scalerl.policy import models
+
+    hf.eos_token_id, hf.unk_token_id, hf.pad_token_id = 2, 0, None
+    hf.convert_tokens_to_ids = lambda token: 0
+    return models._hf_policy_tokenizer(hf, config)
