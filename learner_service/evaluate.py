@@ -10,6 +10,7 @@ weighted by task weight (paper Sec. 5 fits math and code each, and their mix).
 from __future__ import annotations
 
 import itertools
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -23,7 +24,8 @@ from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 class EvalResult:
     """pass_rate and parse_failure_rate in [0, 1]; completions scored; mean_tokens per
     completion; truncation_rate in [0, 1]. by_task: the same per task (empty in a task's
-    own result); the fields above are then the task-weighted means."""
+    own result); the fields above are then the task-weighted means. stderr: the pass rate's
+    standard error (`prompt_stderr`; None for fewer than 2 prompts)."""
 
     pass_rate: float
     parse_failure_rate: float
@@ -31,26 +33,50 @@ class EvalResult:
     mean_tokens: float
     truncation_rate: float
     by_task: dict[str, EvalResult] = field(default_factory=dict)
+    stderr: float | None = None
 
 
-def _task_result(rows: list[tuple[float, bool, int, bool]]) -> EvalResult:
+def prompt_stderr(rewards_by_prompt: dict[str, list[float]]) -> float | None:
+    """Standard error of the pass rate (the mean over prompts of each prompt's mean
+    reward): sd of the per-prompt means (ddof 1) / sqrt(prompts). It counts the spread
+    between prompts, which binomial noise over all completions understates when prompts
+    differ in difficulty (mean@k of the paper, Sec. 2). None for fewer than 2 prompts."""
+    means = [sum(r) / len(r) for r in rewards_by_prompt.values() if r]
+    n = len(means)
+    if n < 2:
+        return None
+    mean = sum(means) / n
+    variance = sum((m - mean) ** 2 for m in means) / (n - 1)
+    return math.sqrt(variance / n)
+
+
+def _task_result(rows: list[tuple[str, tuple[float, bool, int, bool]]]) -> EvalResult:
     n = len(rows)
+    by_prompt: dict[str, list[float]] = {}
+    for prompt_id, row in rows:
+        by_prompt.setdefault(prompt_id, []).append(row[0])
     return EvalResult(
-        pass_rate=sum(r[0] for r in rows) / n,
-        parse_failure_rate=sum(r[1] for r in rows) / n,
+        pass_rate=sum(r[0] for _, r in rows) / n,
+        parse_failure_rate=sum(r[1] for _, r in rows) / n,
         completions=n,
-        mean_tokens=sum(r[2] for r in rows) / n,
-        truncation_rate=sum(r[3] for r in rows) / n,
+        mean_tokens=sum(r[2] for _, r in rows) / n,
+        truncation_rate=sum(r[3] for _, r in rows) / n,
+        stderr=prompt_stderr(by_prompt),
     )
 
 
 def weighted_result(by_task: dict[str, EvalResult], weights: dict[str, float]) -> EvalResult:
     """The run's result: each rate the mean of the tasks' weighted by `weights` (which sum
-    to 1 over the tasks of `by_task`); completions summed."""
+    to 1 over the tasks of `by_task`); completions summed; the standard error
+    sqrt(sum (w_t se_t)^2) of independent tasks (None unless every task has one)."""
 
     def mean(name: str) -> float:
         return sum(weights[t] * getattr(r, name) for t, r in by_task.items())
 
+    errors = [r.stderr for r in by_task.values()]
+    stderr = None
+    if all(e is not None for e in errors):  # independent tasks: variances add, weighted
+        stderr = math.sqrt(sum((weights[t] * r.stderr) ** 2 for t, r in by_task.items()))
     return EvalResult(
         pass_rate=mean("pass_rate"),
         parse_failure_rate=mean("parse_failure_rate"),
@@ -58,6 +84,7 @@ def weighted_result(by_task: dict[str, EvalResult], weights: dict[str, float]) -
         mean_tokens=mean("mean_tokens"),
         truncation_rate=mean("truncation_rate"),
         by_task=dict(by_task),
+        stderr=stderr,
     )
 
 
@@ -116,7 +143,7 @@ class Evaluator:
                 ch.close()
         rows: dict[str, list] = {name: [] for name in self.tasks.names}
         for (prompt_id, _, _), result in zip(jobs, results, strict=True):
-            rows[task_of(prompt_id)].append(result)
+            rows[task_of(prompt_id)].append((prompt_id, result))
         by_task = {name: _task_result(r) for name, r in rows.items()}
         return weighted_result(by_task, self.tasks.weights)
 
