@@ -1,0 +1,63 @@
+"""`scalerl task inspect`: per task of a config, its source, split sizes and a few
+prompts; a config whose task cannot be built is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from scalerl_cli.main import main
+
+
+def test_inspect_shows_every_task_with_its_split_and_prompts(tmp_path, capsys) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(30))
+    )
+    tasks = (
+        "[{name: add, large_max: 9, heldout_size: 30},"
+        f" {{name: sums, source: file, path: '{rows}', prompt_field: q, answer_field: a,"
+        " verifier: math, heldout_size: 5, weight: 3, system_prompt: 'Be brief.'}]"
+    )
+    assert (
+        main(
+            [
+                "task",
+                "inspect",
+                "--config",
+                "tiny",
+                "--set",
+                f"task={tasks}",
+                "--show",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    shown = json.loads(capsys.readouterr().out)
+    add, sums = shown["tasks"]
+    assert (add["task"], add["train_prompts"], add["heldout_prompts"]) == ("add", 70, 30)
+    assert (sums["task"], sums["train_prompts"], sums["heldout_prompts"]) == ("sums", 25, 5)
+    assert (add["share"], sums["share"]) == (0.25, 0.75)
+    assert sums["verifier"] == "math" and sums["source"].startswith("file ")
+    first = sums["prompts"][0]
+    assert (
+        first["prompt"]
+        == f"[system] Be brief.\n[user] What is {first['answer'] and int(first['answer']) - 1} + 1?"
+    )
+    assert len(add["prompts"]) == 2 and add["prompts"][0]["prompt_id"].startswith("add/")
+
+    assert main(["task", "inspect", "--config", "tiny", "--set", f"task={tasks}"]) == 0
+    text = capsys.readouterr().out
+    assert "task sums  (weight 3, 75% of training prompts)" in text
+    assert "prompts:  25 training, 5 held out" in text
+
+
+def test_a_task_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    missing = tmp_path / "nope.jsonl"
+    task = f"{{name: m, source: file, path: '{missing}', verifier: math}}"
+    assert main(["task", "inspect", "--config", "default", "--set", f"task={task}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("scalerl task inspect: task 'm': path"), err
+    assert main(["task", "inspect", "--config", "tiny", "--show", "99"]) == 2
+    assert "--show must be in [0, 50]" in capsys.readouterr().err
