@@ -18,20 +18,8 @@ def test_inspect_shows_every_task_with_its_split_and_prompts(tmp_path, capsys) -
         f" {{name: sums, source: file, path: '{rows}', prompt_field: q, answer_field: a,"
         " verifier: math, heldout_size: 5, weight: 3, system_prompt: 'Be brief.'}]"
     )
-    assert (
-        main(
-            [
-                "task",
-                "inspect",
-                "--config",
-                "tiny",
-                "--set",
-                f"task={tasks}",
-                "--show",
-                "2",
-                "--json",
-            ]
-        )
+    n = int(first["answer"]) - 1
+    assert first["prompt"] == f"[system] Be brief.\n[user] What is {n} + 1?"
         == 0
     )
     shown = json.loads(capsys.readouterr().out)
