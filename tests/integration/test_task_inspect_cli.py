@@ -8,34 +8,31 @@ import json
 from scalerl_cli.main import main
 
 
-def test_inspect_shows_every_task_with_its_split_and_prompts(tmp_path, capsys) -> None:
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(
-        "".join(json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(30))
-    )
-    tasks = (
+def _tasks(rows) -> str:
+    return (
         "[{name: add, large_max: 9, heldout_size: 30},"
         f" {{name: sums, source: file, path: '{rows}', prompt_field: q, answer_field: a,"
         " verifier: math, heldout_size: 5, weight: 3, system_prompt: 'Be brief.'}]"
     )
-    n = int(first["answer"]) - 1
-    assert first["prompt"] == f"[system] Be brief.\n[user] What is {n} + 1?"
-        == 0
-    )
-    shown = json.loads(capsys.readouterr().out)
-    add, sums = shown["tasks"]
+
+
+def test_inspect_shows_every_task_with_its_split_and_prompts(tmp_path, capsys) -> None:
+    rows = tmp_path / "rows.jsonl"
+    lines = [json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(30)]
+    rows.write_text("".join(lines))
+    argv = ["task", "inspect", "--config", "tiny", "--set", f"task={_tasks(rows)}"]
+    assert main([*argv, "--show", "2", "--json"]) == 0
+    add, sums = json.loads(capsys.readouterr().out)["tasks"]
     assert (add["task"], add["train_prompts"], add["heldout_prompts"]) == ("add", 70, 30)
     assert (sums["task"], sums["train_prompts"], sums["heldout_prompts"]) == ("sums", 25, 5)
     assert (add["share"], sums["share"]) == (0.25, 0.75)
     assert sums["verifier"] == "math" and sums["source"].startswith("file ")
     first = sums["prompts"][0]
-    assert (
-        first["prompt"]
-        == f"[system] Be brief.\n[user] What is {first['answer'] and int(first['answer']) - 1} + 1?"
-    )
+    n = int(first["answer"]) - 1
+    assert first["prompt"] == f"[system] Be brief.\n[user] What is {n} + 1?"
     assert len(add["prompts"]) == 2 and add["prompts"][0]["prompt_id"].startswith("add/")
 
-    assert main(["task", "inspect", "--config", "tiny", "--set", f"task={tasks}"]) == 0
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "task sums  (weight 3, 75% of training prompts)" in text
     assert "prompts:  25 training, 5 held out" in text
