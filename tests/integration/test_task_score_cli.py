@@ -134,18 +134,20 @@ def test_the_cli_agrees_with_the_tasks_of_a_run(tmp_path: Path, capsys) -> None:
     rows = [{"q": "What is 1/2 + 1/4?", "a": "\\frac{3}{4}"}, {"q": "What is 2+2?", "a": "4"}]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     math_config = TaskConfig(
-        name="m", source="file", path=str(data), prompt_field="q", answer_field="a"
+        name="m",
+        source="file",
+        path=str(data),
+        prompt_field="q",
+        answer_field="a",
+        verifier="math",
+        heldout_size=1,
     )
-    gym_config = TaskConfig(name="g", source="reasoning_gym", dataset="basic_arithmetic")
+    gym_config = TaskConfig(
+        name="g", source="reasoning_gym", dataset="basic_arithmetic", size=20, heldout_size=5
+    )
     tasks = [
-        (
-            build_task(math_config.model_copy(update={"verifier": "math", "heldout_size": 1})),
-            "math",
-        ),
-        (
-            build_task(gym_config.model_copy(update={"size": 20, "heldout_size": 5})),
-            "reasoning_gym:basic_arithmetic",
-        ),
+        (build_task(math_config), "math"),
+        (build_task(gym_config), "reasoning_gym:basic_arithmetic"),
     ]
     try:
         for task, verifier in tasks:
