@@ -13,6 +13,10 @@ server calls before the work it guards (a million points are refused before conv
 A recorded run holds series (`curve_service.store`): its total "" and one per task. Every
 run RPC takes the series' `task` ("" by default, so single-task clients never name one);
 Fit and CompareRuns fit a recorded series when a FitRequest names a run_id.
+
+Every fit reply carries its stability check (`curve_service.stability`); a stored fit's
+is computed once per fit and kept beside it. CompareRuns adds the early verdict
+(`curve_service.verdict`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from curve_service.metrics import CurveMetrics
 from curve_service.points import MAX_POINTS, MIN_POINTS, check_compute, check_max_points
 from curve_service.power_law import fit_power_law, predict_power_law
 from curve_service.sigmoid import SigmoidParams, sigmoid, validate_params
+from curve_service.stability import Stability, check_target, extrapolation_stability
 from curve_service.store import (
     TOTAL,
     MemoryRunStore,
@@ -52,6 +57,7 @@ from curve_service.uncertainty import (
     param_intervals,
     prediction_band,
 )
+from curve_service.verdict import early_verdict
 from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
@@ -93,6 +99,9 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         self.target_compute = target_compute
         # Bootstrap samples per (run_id, task) series, with the revision they were drawn for.
         self._bands: dict[tuple[str, str], tuple[int, np.ndarray]] = {}
+        # The stability of each series' stored fit, with that fit: GetRun (polled by the
+        # launcher every second) must not refit three times per call.
+        self._stabilities: dict[tuple[str, str], tuple[FitResult, Stability]] = {}
         self._bands_lock = threading.Lock()
 
     def Fit(self, request: curve_pb2.FitRequest, context: Any) -> curve_pb2.FitResponse:
@@ -102,23 +111,36 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         self, request: curve_pb2.CompareRunsRequest, context: Any
     ) -> curve_pb2.CompareRunsResponse:
         check_run_count(len(request.runs))
-        replies, fits = [], []
+        replies, fits, samples = [], [], []
         for i, run in enumerate(request.runs):
             with _request_fields(lambda field, i=i: f"runs[{i}].{field}"):
                 fit = self._fit_from_request(run)
-                replies.append(self._fit_reply(run, fit))
+                fit_reply, drawn = self._fit_reply_and_samples(run, fit)
+            replies.append(fit_reply)
             fits.append(fit)
-        result = compare_fits(fits, request.a_margin or DEFAULT_A_MARGIN)
+            samples.append(drawn)
+        margin = request.a_margin or DEFAULT_A_MARGIN
+        result = compare_fits(fits, margin)
+        seeds = [int(run.method.seed) for run in request.runs]
+        grids = [_fit_options(run)["grid"] for run in request.runs]
+        early = early_verdict(fits, result, samples, seeds, margin, grids)
         reply = curve_pb2.CompareRunsResponse(
-            best=result.best, decided_by=result.decided_by, summary=result.summary
+            best=result.best,
+            decided_by=result.decided_by,
+            summary=result.summary,
+            early_verdict=early.line,
         )
         if result.shared_a is not None:
             reply.shared_a = result.shared_a
+        if early.stable_from is not None:
+            reply.verdict_stable_from_compute = early.stable_from
         rank = {run: k + 1 for k, run in enumerate(result.ranking)}
         for i, fit_reply in enumerate(replies):
-            entry = reply.runs.add(index=i, fit=fit_reply, rank=rank[i])
+            entry = reply.runs.add(index=i, fit=fit_reply, rank=rank[i], p_best_a=early.p_best_a[i])
             if i in result.refits:
                 entry.b_at_shared_a, entry.c_mid_at_shared_a = result.refits[i]
+            if i in early.p_best_b:
+                entry.p_best_b = early.p_best_b[i]
         return reply
 
     def Extrapolate(
@@ -155,7 +177,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         fit = self._published_fit(snap)
         reply = curve_pb2.RecordPointResponse(points=len(snap.points))
         if fit is not None:
-            reply.fit.CopyFrom(fit_to_proto(fit))
+            reply.fit.CopyFrom(self._stored_reply(snap, fit))
         return reply
 
     def TrimRun(self, request: curve_pb2.TrimRunRequest, context: Any) -> curve_pb2.TrimRunResponse:
@@ -169,7 +191,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         points = len(total.points) if total is not None else 0
         reply = curve_pb2.TrimRunResponse(points_removed=removed, points=points)
         if fits.get(TOTAL) is not None:
-            reply.fit.CopyFrom(fit_to_proto(fits[TOTAL]))
+            reply.fit.CopyFrom(self._stored_reply(total, fits[TOTAL]))
         return reply
 
     def GetRun(self, request: curve_pb2.GetRunRequest, context: Any) -> curve_pb2.GetRunResponse:
@@ -184,7 +206,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             tasks=tasks,
         )
         if fit is not None:
-            reply.fit.CopyFrom(fit_to_proto(fit))
+            reply.fit.CopyFrom(self._stored_reply(snap, fit))
         return reply
 
     # --- request conversion -----------------------------------------------------------
@@ -233,7 +255,15 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         self, request: curve_pb2.FitRequest, fit: FitResult | None = None
     ) -> curve_pb2.FitResponse:
         """Fit (or take `fit`, already made from this request), bootstrap intervals and
-        bands, power law. The method and targets are checked before any fit work."""
+        bands, stability, power law. The method and targets are checked before any fit
+        work."""
+        return self._fit_reply_and_samples(request, fit)[0]
+
+    def _fit_reply_and_samples(
+        self, request: curve_pb2.FitRequest, fit: FitResult | None = None
+    ) -> tuple[curve_pb2.FitResponse, np.ndarray | None]:
+        """`_fit_reply` and the bootstrap samples [S, 3] behind it (None when the request
+        asked for no bootstrap)."""
         method = request.method
         if method.bootstrap_resamples > MAX_RESAMPLES:
             raise CurveInputError(
@@ -245,9 +275,13 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             raise CurveInputError("predict_compute", f"at most {MAX_POINTS} values")
         targets = np.asarray(request.predict_compute, dtype=np.float64)
         check_compute(targets, "predict_compute")
+        target = (
+            check_target(request.target_compute) if request.HasField("target_compute") else None
+        )
         fit = fit or self._fit_from_request(request)
         reply = fit_to_proto(fit)
         reward = lower = upper = sigmoid(targets, fit.a, fit.b, fit.c_mid, fit.r0)
+        samples = None
         if method.bootstrap_resamples:
             samples = bootstrap_params(fit, int(method.bootstrap_resamples), int(method.seed))
             bounds = param_intervals(fit, samples, level)
@@ -258,6 +292,8 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             if targets.size:
                 reward, lower, upper = prediction_band(fit, samples, targets, level)
         reply.predictions.extend(_predictions(targets, reward, lower, upper))
+        stability = extrapolation_stability(fit, target, samples, level)
+        reply.stability.CopyFrom(stability_to_proto(stability))
         if method.power_law:
             law = fit_power_law(fit.compute, fit.reward)
             reply.power_law.CopyFrom(curve_pb2.PowerLawFit(a=law.a, d=law.d, b=law.b, sse=law.sse))
@@ -265,7 +301,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             reply.power_law_predictions.extend(
                 _predictions(targets, law_reward, law_reward, law_reward)
             )
-        return reply
+        return reply, samples
 
     # --- core helpers (no gRPC types) ----------------------------------------------------
 
@@ -326,6 +362,22 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             self._bands[(run_id, task)] = (snap.revision, samples)
         return fit, samples
 
+    def _stored_reply(self, snap: RunSnapshot, fit: FitResult) -> curve_pb2.FitResponse:
+        """fit_to_proto of series `snap`'s stored fit with its stability, as a Fit of its
+        points without a bootstrap or a target would give; computed once per fit."""
+        key = (snap.run_id, snap.task)
+        with self._bands_lock:
+            cached = self._stabilities.get(key)
+        if cached is not None and cached[0] is fit:
+            stability = cached[1]
+        else:
+            stability = extrapolation_stability(fit)
+            with self._bands_lock:
+                self._stabilities[key] = (fit, stability)
+        reply = fit_to_proto(fit)
+        reply.stability.CopyFrom(stability_to_proto(stability))
+        return reply
+
     def _stored_fit(self, snap: RunSnapshot) -> FitResult | None:
         """The series' fit; refitted when the store has none for this revision (after a
         restart a persistent store holds the points but not the derived fit)."""
@@ -371,6 +423,23 @@ def fit_to_proto(fit: FitResult) -> curve_pb2.FitResponse:
             c_mid_count=g.c_mid_count,
             description=g.describe(),
         ),
+    )
+
+
+def stability_to_proto(stability: Stability) -> curve_pb2.Stability:
+    """Stability -> the Stability message (history as Predictions at its target)."""
+    target = stability.target_compute
+    return curve_pb2.Stability(
+        target_compute=target,
+        history=[
+            curve_pb2.Prediction(compute=target, reward=r, lower=lo, upper=hi)
+            for r, lo, hi in stability.history
+        ],
+        moved=stability.moved,
+        band_half_width=stability.band_half_width,
+        ratio=stability.ratio,
+        verdict=stability.verdict,
+        summary=stability.summary,
     )
 
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec, FitSummary
+from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec, FitSummary, RankedRun
 from scalerl.rpc.errors import InvalidArgument, ServiceError
 
 EXIT_BAD_INPUT = 2
@@ -248,6 +248,8 @@ def _fit_text(fit: FitSummary) -> str:
     lines += [
         f"at {q.compute:g}: {q.reward:.4f} [{q.lower:.4f}, {q.upper:.4f}]" for q in fit.predictions
     ]
+    if fit.stability is not None:
+        lines.append(f"stability: {fit.stability.summary}")
     lines += [f"warning: {w}" for w in fit.warnings]
     return "\n".join(lines)
 
@@ -277,10 +279,24 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(compare_json(result, args.points)))
         return 0
     for run in sorted(result.runs, key=lambda r: r.rank):
-        extra = f" B@A={run.b_at_shared_a:.3f}" if run.b_at_shared_a is not None else ""
-        print(f"{run.rank}. {args.points[run.index]}: A={run.fit.a:.4f} B={run.fit.b:.3f}{extra}")
+        print(f"{run.rank}. {args.points[run.index]}: {_run_text(run)}")
     print(result.summary)
+    print(f"early verdict: {result.early_verdict}")
     return 0
+
+
+def _run_text(run: RankedRun) -> str:
+    """A, B (and B at the shared A), the probabilities of the best A (and B), the fit's
+    stability verdict."""
+    text = f"A={run.fit.a:.4f} B={run.fit.b:.3f}"
+    if run.b_at_shared_a is not None:
+        text += f" B@A={run.b_at_shared_a:.3f}"
+    text += f" P(best A)={run.p_best_a:.2f}"
+    if run.p_best_b is not None:
+        text += f" P(best B)={run.p_best_b:.2f}"
+    if run.fit.stability is not None:
+        text += f" fit {run.fit.stability.verdict}"
+    return text
 
 
 def _run_field_message(exc: InvalidArgument, paths: list[Path]) -> str:
@@ -292,12 +308,15 @@ def _run_field_message(exc: InvalidArgument, paths: list[Path]) -> str:
 
 
 def compare_json(result: Comparison, paths: list[Path]) -> dict[str, Any]:
-    """The --json object of `curve compare`: best file, decided_by, shared_A, summary and
-    one entry per run: its file and `RankedRun.to_dict()`."""
+    """The --json object of `curve compare`: best file, decided_by, shared_A, summary,
+    early_verdict, verdict_stable_from_compute and one entry per run: its file and
+    `RankedRun.to_dict()`."""
     return {
         "best": str(paths[result.best]),
         "decided_by": result.decided_by,
         "shared_A": result.shared_a,
         "summary": result.summary,
+        "early_verdict": result.early_verdict,
+        "verdict_stable_from_compute": result.verdict_stable_from_compute,
         "runs": [{"file": str(paths[run.index]), **run.to_dict()} for run in result.runs],
     }

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import grpc
@@ -29,6 +30,8 @@ from scalerl.obs.metrics import serve_metrics, service_registry
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
+from scalerl.rpc.curve_client import CurveClient
+from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.state.client import connect
@@ -123,7 +126,14 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 launcher_metrics=f"127.0.0.1:{metrics_port}",
             )
             learner_address = children[-1].learner_address
-            _watch(children, learner_address, supervisor, redis_server, fleet)
+            _watch(
+                children,
+                learner_address,
+                supervisor,
+                redis_server,
+                fleet,
+                curve=(curve_address, config.run_id),
+            )
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
@@ -297,10 +307,12 @@ def _watch(
     supervisor: Supervisor,
     redis_server: RedisServer | None = None,
     fleet: LauncherFleet | None = None,
+    curve: tuple[str, str] | None = None,
 ) -> None:
-    """Show progress until the learner exits 0. A child that exits otherwise is restarted
-    by `supervisor` (in place in `children`), and so is `redis_server` (on its port, from
-    its append-only file); RunFailed when one crash-loops. The workers follow `fleet`'s
+    """Show progress until the learner exits 0, with the verdict of the run's latest fit
+    when `curve` = (curve service address, run id) is given. A child that exits otherwise
+    is restarted by `supervisor` (in place in `children`), and so is `redis_server` (on its
+    port, from its append-only file); RunFailed when one crash-loops. The workers follow `fleet`'s
     target (`scalerl workers add|remove`); a worker that exits 0 has left the run.
 
     The learner ends a finished run by raising the stop flag in Redis, so workers may exit
@@ -309,9 +321,10 @@ def _watch(
     with (
         Live(console=console, refresh_per_second=2, transient=False) as live,
         LearnerClient(learner_address, timeout_s=2) as learner_client,
+        CurveClient(curve[0], timeout_s=2) if curve else nullcontext() as curve_client,
     ):
         start = time.monotonic()
-        line = ""
+        line = verdict = ""
         while learner.poll() != 0:
             if redis_server is not None:
                 _revive_redis(redis_server, supervisor)
@@ -332,7 +345,9 @@ def _watch(
                     ) from exc
                 if child is learner:
                     learner = children[index]
-            line = _progress_line(learner_client, time.monotonic() - start) or line
+            if curve_client is not None:
+                verdict = _fit_verdict(curve_client, curve[1]) or verdict
+            line = _progress_line(learner_client, time.monotonic() - start, verdict) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
 
@@ -366,7 +381,20 @@ def _learner_finishes(learner: Child, grace_s: float = 120.0) -> bool:
         return False
 
 
-def _progress_line(client: LearnerClient, elapsed_s: float) -> str:
+def _fit_verdict(client: CurveClient, run_id: str) -> str:
+    """ "fit: <verdict>" of the stability check of the run's latest fit (GetRun of its
+    total; the curve service computes it once per fit); "" before the first fit or while
+    the service does not answer."""
+    try:
+        fit = client.get_run(run_id).fit
+    except ServiceError:
+        return ""
+    if fit is None or fit.stability is None:
+        return ""
+    return f"fit: {fit.stability.verdict}"
+
+
+def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "") -> str:
     try:
         s = client.status(wait_for_ready=True)
     except grpc.RpcError:
@@ -378,5 +406,5 @@ def _progress_line(client: LearnerClient, elapsed_s: float) -> str:
     return (
         f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
         f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
-        f"compute {s.compute_hours:.4f} h{workers}"
+        f"compute {s.compute_hours:.4f} h{workers}" + (f"  {fit_verdict}" if fit_verdict else "")
     )

@@ -1,9 +1,9 @@
 """The run's end products, written by the launcher once the learner has finished:
-curve.json and plot.png from one fit of every evaluation, and report.json (the
-extrapolation check, training health, per task its curve fit and health, the rollout
-workers the learner asked for, time profile, resumes, restarts, the group accounting of
-the replay ledger, and per worker id its groups pushed, tokens generated, busy seconds,
-joins and leaves)."""
+curve.json and plot.png from one fit of every evaluation, and report.json (the fit's
+stability verdict, the first-half extrapolation check, training health, per task its
+curve fit and health, the rollout workers the learner asked for, time profile, resumes,
+restarts, the group accounting of the replay ledger, and per worker id its groups pushed,
+tokens generated, busy seconds, joins and leaves)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,43 @@ def _task_series(
         console.print(f"[yellow]curve of task {task} unavailable:[/] {escape(str(exc))}")
         return None, 0
     return fit, points
+
+
+def fit_first_half(
+    curve_address: str, evals: list[EvalRecord], console: Console
+) -> tuple[FitSummary | None, dict | None]:
+    """The fit on the first half of the evaluations (the first ceil(N / 2)), predicting the
+    final evaluation's compute with its 90% band, and `first_half_check` of it against the
+    final evaluation. (None, None) when the service refuses the fit (said on `console`)."""
+    final = evals[-1]
+    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], console, final.compute)
+    return half, first_half_check(half, final)
+
+
+def first_half_check(half: FitSummary | None, final: EvalRecord) -> dict | None:
+    """The run's own leave-future-out check: the fit on the first half of the evaluations
+    (`half`, asked to predict at the final evaluation's compute) against the final
+    evaluation: {predicted, lower, upper, final, covered} (rewards; covered = the final
+    pass rate lies in [lower, upper], the 90% band). None without that fit or its
+    prediction."""
+    if half is None or not half.predictions:
+        return None
+    q = half.predictions[0]
+    return {
+        "predicted": q.reward,
+        "lower": q.lower,
+        "upper": q.upper,
+        "final": final.pass_rate,
+        "covered": q.lower <= final.pass_rate <= q.upper,
+    }
+
+
+def stability_summary(fit: FitSummary | None) -> dict | None:
+    """{verdict, summary} of the fit's stability check (is its extrapolation predictable
+    yet); None without a fit or a check."""
+    if fit is None or fit.stability is None:
+        return None
+    return {"verdict": fit.stability.verdict, "summary": fit.stability.summary}
 
 
 def training_health(steps: list[StepRecord]) -> dict:
@@ -218,8 +255,9 @@ def finish_report(
     restarts: dict[str, int],
     console: Console,
 ) -> None:
-    """curve.json (fit on all evaluations), plot.png, and report.json with the
-    extrapolation check: the fit on the first half of the evaluations predicts the last.
+    """curve.json (fit on all evaluations), plot.png, and report.json with the fit's
+    stability verdict and the extrapolation check (`first_half_check`: the fit on the
+    first half of the evaluations predicts the last, covered by its band or not).
 
     The launcher is curve.json's one writer: it owns the run folder and writes the run's
     end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
@@ -237,9 +275,8 @@ def finish_report(
     fit = _fit(curve_address, evals, console)
     if fit:
         write_curve_json(run_dir / "curve.json", fit)
-    final = evals[-1]
     steps = read_records(run_dir, StepRecord)
-    half = _fit(curve_address, evals[: (len(evals) + 1) // 2], console, final.compute)
+    half, check = fit_first_half(curve_address, evals, console)
     started_unix, wall_s = started
     report = {
         "started_unix": started_unix,
@@ -257,7 +294,9 @@ def finish_report(
         "final_step": evals[-1].step,
         "final_compute": evals[-1].compute,
         "fit": fit.to_dict() if fit else None,
+        "stability": stability_summary(fit),
         "fit_first_half": half.to_dict() if half else None,
+        "first_half_check": check,
         "health": training_health(steps),
         "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
@@ -267,8 +306,6 @@ def finish_report(
         "groups": group_accounting(redis_url, config.run_id),
         "workers": WorkerStats(connect(redis_url), config.run_id).by_worker(),
     }
-    if half and half.predictions:
-        report["predicted_final_from_first_half"] = half.predictions[0].to_dict()
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     if report["groups"]["unaccounted"]:
         console.print(
@@ -301,6 +338,14 @@ def finish_report(
         f"{evals[-1].step} steps in {wall_s / 60:.1f} min"
         + (f"; fit A={fit.a:.3f} B={fit.b:.2f} C_mid={fit.c_mid:.3g}" if fit else "")
     )
+    if check is not None:
+        console.print(
+            f"first-half fit predicted {check['predicted']:.3f} [{check['lower']:.3f}, "
+            f"{check['upper']:.3f}] at the final compute; final {check['final']:.3f}: "
+            + ("covered" if check["covered"] else "[yellow]not covered[/]")
+        )
+    if fit is not None and fit.stability is not None:
+        console.print(f"fit {escape(fit.stability.summary)}")
     if len(by_task) > 1:
         for task, task_evals in by_task.items():
             task_fit = task_fits.get(task)

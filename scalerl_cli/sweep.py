@@ -12,7 +12,9 @@ config field (`learner.loss`, or a bare name such as `loss` that one section own
 runs. The variants run one after another (each owns the machine, as its compute
 accounting assumes), in `<sweep-dir>/<variant>/`; then CompareRuns (paper Sec. 2 and App.
 A.5: the asymptote A decides unless the A values lie within 0.02, then the efficiency B
-at a shared A) ranks them, and `sweep.json` keeps every fit and the verdict.
+at a shared A) ranks them, with each variant's probability of the best A (joint bootstrap
+draws) and the early verdict (since which compute the best variant has held), and
+`sweep.json` keeps every fit and the verdict.
 """
 
 from __future__ import annotations
@@ -166,18 +168,21 @@ def compare(variants: list[Variant], sweep_dir: Path) -> dict:
         rows.append(row)
     verdict = None
     if result is not None:
-        # The service numbers runs by position; name them by variant instead.
-        summary = re.sub(
-            r"\brun (\d+)\b", lambda m: fittable[int(m.group(1))].label, result.summary
-        )
         verdict = {
             "best": fittable[result.best].label,
             "decided_by": result.decided_by,
             "shared_a": result.shared_a,
-            "summary": summary,
+            "summary": _by_label(result.summary, fittable),
+            "early_verdict": _by_label(result.early_verdict, fittable),
+            "verdict_stable_from_compute": result.verdict_stable_from_compute,
         }
     _print_table(rows, verdict)
     return {"variants": rows, "comparison": verdict}
+
+
+def _by_label(text: str, runs: list[Variant]) -> str:
+    """The service numbers runs by position ("run 1"); name them by variant instead."""
+    return re.sub(r"\brun (\d+)\b", lambda m: runs[int(m.group(1))].label, text)
 
 
 def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
@@ -201,7 +206,8 @@ def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
 
 def _print_table(rows: list[dict], verdict: dict | None) -> None:
     table = Table(title="sweep: held-out pass rate fits (R = R0 + (A - R0) / (1 + (C_mid/C)^B))")
-    for name in ("variant", "pass rate", "A [90%]", "B [90%]", "C_mid (h)", "rank"):
+    columns = ("variant", "pass rate", "A [90%]", "B [90%]", "C_mid (h)", "P(best)", "fit", "rank")
+    for name in columns:
         table.add_column(name)
     for r in rows:
         rate = (
@@ -212,9 +218,18 @@ def _print_table(rows: list[dict], verdict: dict | None) -> None:
         if "A" in r:
             a = f"{r['A']:.3f} [{r['A_interval'][0]:.3f}, {r['A_interval'][1]:.3f}]"
             b = f"{r['B']:.2f} [{r['B_interval'][0]:.2f}, {r['B_interval'][1]:.2f}]"
-            table.add_row(r["variant"], rate, a, b, f"{r['C_mid']:.3g}", str(r["rank"]))
+            table.add_row(
+                r["variant"],
+                rate,
+                a,
+                b,
+                f"{r['C_mid']:.3g}",
+                _p_best(r),
+                _fit_verdict(r),
+                str(r["rank"]),
+            )
         else:
-            table.add_row(r["variant"], rate, "-", "-", "-", "-")
+            table.add_row(r["variant"], rate, "-", "-", "-", "-", "-", "-")
     out = Console()
     if not out.is_terminal:
         out = Console(width=160)  # a log file: one line per variant
@@ -225,10 +240,24 @@ def _print_table(rows: list[dict], verdict: dict | None) -> None:
     if verdict:
         out.print(f"best: {verdict['best']} (decided by {verdict['decided_by']})")
         out.print(verdict["summary"])
+        out.print(f"early verdict: {verdict['early_verdict']}")
         if any(r.get("warnings") for r in rows):
             out.print("[yellow]read the verdict with the fit warnings above in mind[/]")
     else:
         out.print(f"no comparison: fewer than two variants with {MIN_POINTS} evaluations")
+
+
+def _p_best(row: dict) -> str:
+    """ "A 0.97" (the probability of the best asymptote), with " B 0.82" for a run within
+    the A margin when B decided."""
+    text = f"A {row['p_best_A']:.2f}"
+    return text + (f" B {row['p_best_B']:.2f}" if row.get("p_best_B") is not None else "")
+
+
+def _fit_verdict(row: dict) -> str:
+    """The stability verdict of the run's fit ("stable", ...), "-" without one."""
+    stability = row.get("stability")
+    return stability["verdict"] if stability else "-"
 
 
 def default_sweep_dir() -> Path:

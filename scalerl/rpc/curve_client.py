@@ -64,9 +64,26 @@ FIT_KEYS = (
     "power_law",
     "power_law_predictions",
     "compute_unit",
+    "stability",
 )
 PREDICTION_KEYS = ("compute", "reward", "lower", "upper")
-RANKED_RUN_KEYS = ("rank", "B_at_shared_A", "C_mid_at_shared_A", *FIT_KEYS)
+STABILITY_KEYS = (
+    "target_compute",
+    "history",
+    "moved",
+    "band_half_width",
+    "ratio",
+    "verdict",
+    "summary",
+)
+RANKED_RUN_KEYS = (
+    "rank",
+    "B_at_shared_A",
+    "C_mid_at_shared_A",
+    "p_best_A",
+    "p_best_B",
+    *FIT_KEYS,
+)
 
 
 class RpcFailed(ServiceError):
@@ -107,6 +124,48 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Stability:
+    """How stable a fit's extrapolation is (FitResponse.stability): its prediction at
+    `target_compute` (the points' unit) from the fit and from refits without the last
+    j = 1..3 evaluations (`history`, the fit's first with its band), the largest move
+    (`moved`, reward), half the fit's band there, their ratio, and the verdict: "too few
+    points", "stable" (ratio <= 0.5), "settling" (<= 1) or "unstable"; `summary` in one
+    line."""
+
+    target_compute: float
+    history: tuple[Prediction, ...]
+    moved: float
+    band_half_width: float
+    ratio: float
+    verdict: str
+    summary: str
+
+    @classmethod
+    def from_proto(cls, s: curve_pb2.Stability) -> Stability:
+        return cls(
+            target_compute=s.target_compute,
+            history=tuple(Prediction.from_proto(q) for q in s.history),
+            moved=s.moved,
+            band_half_width=s.band_half_width,
+            ratio=s.ratio,
+            verdict=s.verdict,
+            summary=s.summary,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the keys `STABILITY_KEYS`; history as `Prediction.to_dict`s."""
+        return {
+            "target_compute": self.target_compute,
+            "history": [q.to_dict() for q in self.history],
+            "moved": self.moved,
+            "band_half_width": self.band_half_width,
+            "ratio": self.ratio,
+            "verdict": self.verdict,
+            "summary": self.summary,
+        }
+
+
+@dataclass(frozen=True)
 class PowerLaw:
     """The power law R = A - D / C^B (paper App. A.4) fitted to the same points; d is in
     reward x compute^B of the points' unit, sse in reward^2."""
@@ -125,7 +184,8 @@ class FitSummary:
     *_interval: central bootstrap intervals (lower, upper) at `interval_level` from
     `interval_resamples` resamples, None without a bootstrap. sse: sum of squared residuals
     over the `points_used` points (reward^2). grid: the (A, C_mid) grid searched, in words.
-    predictions: one per requested compute, in request order.
+    predictions: one per requested compute, in request order. stability: how stable the
+    extrapolation is (None only in a reply from a service that does not report it).
     """
 
     a: float
@@ -145,6 +205,7 @@ class FitSummary:
     power_law: PowerLaw | None = None
     power_law_predictions: tuple[Prediction, ...] = ()
     compute_unit: str | None = None
+    stability: Stability | None = None
 
     @classmethod
     def from_proto(
@@ -174,6 +235,9 @@ class FitSummary:
                 Prediction.from_proto(q) for q in reply.power_law_predictions
             ),
             compute_unit=compute_unit,
+            stability=(
+                Stability.from_proto(reply.stability) if reply.HasField("stability") else None
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,6 +263,7 @@ class FitSummary:
             ),
             "power_law_predictions": [q.to_dict() for q in self.power_law_predictions],
             "compute_unit": self.compute_unit,
+            "stability": self.stability.to_dict() if self.stability is not None else None,
         }
 
 
@@ -229,7 +294,9 @@ class FitSpec:
     the reward at the lowest compute). min_compute, max_compute: fit window. Bootstrap:
     `bootstrap_resamples` (0 = none, at most 2,000) seeded by `seed`, central `level`
     (0 = 0.9). paper_grid: the paper's GPU-hour grid. power_law: also fit App. A.4's power
-    law. predict_compute: compute values to extrapolate to. The service checks every range.
+    law. predict_compute: compute values to extrapolate to. target_compute: where the
+    stability check predicts (None = 2x the largest compute). The service checks every
+    range.
     """
 
     compute: Sequence[float]
@@ -244,6 +311,7 @@ class FitSpec:
     paper_grid: bool = False
     power_law: bool = False
     predict_compute: Sequence[float] = ()
+    target_compute: float | None = None
 
     @classmethod
     def from_evals(cls, evals: Sequence[EvalPoint], **options: Any) -> FitSpec:
@@ -281,7 +349,7 @@ class FitSpec:
             ),
             predict_compute=list(self.predict_compute),
         )
-        for name in ("r0", "min_compute", "max_compute"):
+        for name in ("r0", "min_compute", "max_compute", "target_compute"):
             value = getattr(self, name)
             if value is not None:
                 setattr(request, name, value)
@@ -290,22 +358,28 @@ class FitSpec:
 
 @dataclass(frozen=True)
 class RankedRun:
-    """One run of a comparison: its position in the request, rank (1 = best), fit, and B
-    and C_mid refitted at the shared A (set for runs within the A margin of the best)."""
+    """One run of a comparison: its position in the request, rank (1 = best), fit, B and
+    C_mid refitted at the shared A (set for runs within the A margin of the best), the
+    probability that it has the best A (joint bootstrap draws) and, for the runs within
+    the margin when B decided, that its B is the highest of them."""
 
     index: int
     rank: int
     fit: FitSummary
     b_at_shared_a: float | None = None
     c_mid_at_shared_a: float | None = None
+    p_best_a: float | None = None
+    p_best_b: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly the keys `RANKED_RUN_KEYS`: rank, B_at_shared_A, C_mid_at_shared_A and
-        the fit's `FIT_KEYS`."""
+        """Exactly the keys `RANKED_RUN_KEYS`: rank, B_at_shared_A, C_mid_at_shared_A,
+        p_best_A, p_best_B and the fit's `FIT_KEYS`."""
         return {
             "rank": self.rank,
             "B_at_shared_A": self.b_at_shared_a,
             "C_mid_at_shared_A": self.c_mid_at_shared_a,
+            "p_best_A": self.p_best_a,
+            "p_best_B": self.p_best_b,
             **self.fit.to_dict(),
         }
 
@@ -314,13 +388,17 @@ class RankedRun:
 class Comparison:
     """CompareRuns' verdict (paper Sec. 3 / App. A.7): runs in request order, the index of
     the best, "A" or "B" (what decided), the shared A when B decided, a one-line summary
-    naming runs by index ("run 1")."""
+    naming runs by index ("run 1"); the early verdict: the smallest compute from which the
+    comparison on the points up to it has named the same best run (None when it has not
+    settled before the last point) and one line with the best run's probability."""
 
     runs: tuple[RankedRun, ...]
     best: int
     decided_by: str
     shared_a: float | None
     summary: str
+    verdict_stable_from_compute: float | None = None
+    early_verdict: str = ""
 
     @classmethod
     def from_proto(
@@ -337,6 +415,8 @@ class Comparison:
                     c_mid_at_shared_a=(
                         r.c_mid_at_shared_a if r.HasField("c_mid_at_shared_a") else None
                     ),
+                    p_best_a=r.p_best_a,
+                    p_best_b=r.p_best_b if r.HasField("p_best_b") else None,
                 )
                 for r in runs
             ),
@@ -344,6 +424,12 @@ class Comparison:
             decided_by=reply.decided_by,
             shared_a=reply.shared_a if reply.HasField("shared_a") else None,
             summary=reply.summary,
+            verdict_stable_from_compute=(
+                reply.verdict_stable_from_compute
+                if reply.HasField("verdict_stable_from_compute")
+                else None
+            ),
+            early_verdict=reply.early_verdict,
         )
 
 
@@ -495,6 +581,7 @@ class CurveClient:
         paper_grid: bool = False,
         power_law: bool = False,
         predict_compute: Sequence[float] = (),
+        target_compute: float | None = None,
     ) -> FitSummary:
         """Fit paper Eq. 1 to the recorded points of series `task` of run `run_id` ("" =
         the run's total), with `FitSpec`'s options (r0 None = the series' recorded R0). The
@@ -513,6 +600,7 @@ class CurveClient:
             paper_grid=paper_grid,
             power_law=power_law,
             predict_compute=predict_compute,
+            target_compute=target_compute,
         )
         request = spec.to_proto()
         request.run_id, request.task = run_id, task

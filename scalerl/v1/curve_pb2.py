@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scalerl/v1/curve.proto\x12\nscalerl.v1\"=\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0e\n\x06series\x18\x03 \x01(\t\">\n\x0b\x43urveParams\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x62\x18\x02 \x01(\x01\x12\r\n\x05\x63_mid\x18\x03 \x01(\x01\x12\n\n\x02r0\x18\x04 \x01(\x01\"\xfe\x01\n\nFitRequest\x12&\n\x06points\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bmin_compute\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bmax_compute\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12%\n\x06method\x18\x05 \x01(\x0b\x32\x15.scalerl.v1.FitMethod\x12\x17\n\x0fpredict_compute\x18\x06 \x03(\x01\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\tB\x05\n\x03_r0B\x0e\n\x0c_min_computeB\x0e\n\x0c_max_compute\"l\n\tFitMethod\x12\x1b\n\x13\x62ootstrap_resamples\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05level\x18\x03 \x01(\x01\x12\x12\n\npaper_grid\x18\x04 \x01(\x08\x12\x11\n\tpower_law\x18\x05 \x01(\x08\"(\n\x08Interval\x12\r\n\x05lower\x18\x01 \x01(\x01\x12\r\n\x05upper\x18\x02 \x01(\x01\"\x99\x01\n\x0eParamIntervals\x12\x1f\n\x01\x61\x18\x01 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\x1f\n\x01\x62\x18\x02 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12#\n\x05\x63_mid\x18\x03 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\r\n\x05level\x18\x04 \x01(\x01\x12\x11\n\tresamples\x18\x05 \x01(\r\"\x87\x01\n\x07\x46itGrid\x12\r\n\x05\x61_min\x18\x01 \x01(\x01\x12\r\n\x05\x61_max\x18\x02 \x01(\x01\x12\x0e\n\x06\x61_step\x18\x03 \x01(\x01\x12\x11\n\tc_mid_min\x18\x04 \x01(\x01\x12\x11\n\tc_mid_max\x18\x05 \x01(\x01\x12\x13\n\x0b\x63_mid_count\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\";\n\x0bPowerLawFit\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x64\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x0b\n\x03sse\x18\x04 \x01(\x01\"\xcc\x02\n\x0b\x46itResponse\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0b\n\x03sse\x18\x02 \x01(\x01\x12\x13\n\x0bpoints_used\x18\x03 \x01(\r\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12-\n\tintervals\x18\x05 \x01(\x0b\x32\x1a.scalerl.v1.ParamIntervals\x12!\n\x04grid\x18\x06 \x01(\x0b\x32\x13.scalerl.v1.FitGrid\x12+\n\x0bpredictions\x18\x07 \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12*\n\tpower_law\x18\x08 \x01(\x0b\x32\x17.scalerl.v1.PowerLawFit\x12\x35\n\x15power_law_predictions\x18\t \x03(\x0b\x32\x16.scalerl.v1.Prediction\"K\n\nPrediction\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\r\n\x05lower\x18\x03 \x01(\x01\x12\r\n\x05upper\x18\x04 \x01(\x01\"l\n\x12\x45xtrapolateRequest\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ompute\x18\x03 \x03(\x01\x12\x0c\n\x04task\x18\x04 \x01(\t\"B\n\x13\x45xtrapolateResponse\x12+\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.Prediction\"q\n\x12RecordPointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05point\x18\x02 \x01(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04task\x18\x04 \x01(\tB\x05\n\x03_r0\"K\n\x13RecordPointResponse\x12\x0e\n\x06points\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"J\n\x0eTrimRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x0bmax_compute\x18\x02 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_max_compute\"_\n\x0fTrimRunResponse\x12\x16\n\x0epoints_removed\x18\x01 \x01(\r\x12\x0e\n\x06points\x18\x02 \x01(\r\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"-\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\"\x8b\x01\n\x0eGetRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x06points\x18\x02 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\r\n\x05tasks\x18\x05 \x03(\t\"L\n\x12\x43ompareRunsRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.FitRequest\x12\x10\n\x08\x61_margin\x18\x02 \x01(\x01\"\xb6\x01\n\rRunComparison\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x1a\n\rb_at_shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63_mid_at_shared_a\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_b_at_shared_aB\x14\n\x12_c_mid_at_shared_a\"\x95\x01\n\x13\x43ompareRunsResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.scalerl.v1.RunComparison\x12\x0c\n\x04\x62\x65st\x18\x02 \x01(\r\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x15\n\x08shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07summary\x18\x05 \x01(\tB\x0b\n\t_shared_a2\xbb\x03\n\x0c\x43urveService\x12\x36\n\x03\x46it\x12\x16.scalerl.v1.FitRequest\x1a\x17.scalerl.v1.FitResponse\x12N\n\x0b\x45xtrapolate\x12\x1e.scalerl.v1.ExtrapolateRequest\x1a\x1f.scalerl.v1.ExtrapolateResponse\x12N\n\x0bRecordPoint\x12\x1e.scalerl.v1.RecordPointRequest\x1a\x1f.scalerl.v1.RecordPointResponse\x12\x42\n\x07TrimRun\x12\x1a.scalerl.v1.TrimRunRequest\x1a\x1b.scalerl.v1.TrimRunResponse\x12?\n\x06GetRun\x12\x19.scalerl.v1.GetRunRequest\x1a\x1a.scalerl.v1.GetRunResponse\x12N\n\x0b\x43ompareRuns\x12\x1e.scalerl.v1.CompareRunsRequest\x1a\x1f.scalerl.v1.CompareRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scalerl/v1/curve.proto\x12\nscalerl.v1\"=\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0e\n\x06series\x18\x03 \x01(\t\">\n\x0b\x43urveParams\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x62\x18\x02 \x01(\x01\x12\r\n\x05\x63_mid\x18\x03 \x01(\x01\x12\n\n\x02r0\x18\x04 \x01(\x01\"\xae\x02\n\nFitRequest\x12&\n\x06points\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bmin_compute\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bmax_compute\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12%\n\x06method\x18\x05 \x01(\x0b\x32\x15.scalerl.v1.FitMethod\x12\x17\n\x0fpredict_compute\x18\x06 \x03(\x01\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\x1b\n\x0etarget_compute\x18\t \x01(\x01H\x03\x88\x01\x01\x42\x05\n\x03_r0B\x0e\n\x0c_min_computeB\x0e\n\x0c_max_computeB\x11\n\x0f_target_compute\"l\n\tFitMethod\x12\x1b\n\x13\x62ootstrap_resamples\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05level\x18\x03 \x01(\x01\x12\x12\n\npaper_grid\x18\x04 \x01(\x08\x12\x11\n\tpower_law\x18\x05 \x01(\x08\"(\n\x08Interval\x12\r\n\x05lower\x18\x01 \x01(\x01\x12\r\n\x05upper\x18\x02 \x01(\x01\"\x99\x01\n\x0eParamIntervals\x12\x1f\n\x01\x61\x18\x01 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\x1f\n\x01\x62\x18\x02 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12#\n\x05\x63_mid\x18\x03 \x01(\x0b\x32\x14.scalerl.v1.Interval\x12\r\n\x05level\x18\x04 \x01(\x01\x12\x11\n\tresamples\x18\x05 \x01(\r\"\x87\x01\n\x07\x46itGrid\x12\r\n\x05\x61_min\x18\x01 \x01(\x01\x12\r\n\x05\x61_max\x18\x02 \x01(\x01\x12\x0e\n\x06\x61_step\x18\x03 \x01(\x01\x12\x11\n\tc_mid_min\x18\x04 \x01(\x01\x12\x11\n\tc_mid_max\x18\x05 \x01(\x01\x12\x13\n\x0b\x63_mid_count\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\";\n\x0bPowerLawFit\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x64\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x0b\n\x03sse\x18\x04 \x01(\x01\"\xf6\x02\n\x0b\x46itResponse\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0b\n\x03sse\x18\x02 \x01(\x01\x12\x13\n\x0bpoints_used\x18\x03 \x01(\r\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12-\n\tintervals\x18\x05 \x01(\x0b\x32\x1a.scalerl.v1.ParamIntervals\x12!\n\x04grid\x18\x06 \x01(\x0b\x32\x13.scalerl.v1.FitGrid\x12+\n\x0bpredictions\x18\x07 \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12*\n\tpower_law\x18\x08 \x01(\x0b\x32\x17.scalerl.v1.PowerLawFit\x12\x35\n\x15power_law_predictions\x18\t \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12(\n\tstability\x18\n \x01(\x0b\x32\x15.scalerl.v1.Stability\"\xa5\x01\n\tStability\x12\x16\n\x0etarget_compute\x18\x01 \x01(\x01\x12\'\n\x07history\x18\x02 \x03(\x0b\x32\x16.scalerl.v1.Prediction\x12\r\n\x05moved\x18\x03 \x01(\x01\x12\x17\n\x0f\x62\x61nd_half_width\x18\x04 \x01(\x01\x12\r\n\x05ratio\x18\x05 \x01(\x01\x12\x0f\n\x07verdict\x18\x06 \x01(\t\x12\x0f\n\x07summary\x18\x07 \x01(\t\"K\n\nPrediction\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\r\n\x05lower\x18\x03 \x01(\x01\x12\r\n\x05upper\x18\x04 \x01(\x01\"l\n\x12\x45xtrapolateRequest\x12\'\n\x06params\x18\x01 \x01(\x0b\x32\x17.scalerl.v1.CurveParams\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ompute\x18\x03 \x03(\x01\x12\x0c\n\x04task\x18\x04 \x01(\t\"B\n\x13\x45xtrapolateResponse\x12+\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.Prediction\"q\n\x12RecordPointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05point\x18\x02 \x01(\x0b\x32\x16.scalerl.v1.CurvePoint\x12\x0f\n\x02r0\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04task\x18\x04 \x01(\tB\x05\n\x03_r0\"K\n\x13RecordPointResponse\x12\x0e\n\x06points\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"J\n\x0eTrimRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x0bmax_compute\x18\x02 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_max_compute\"_\n\x0fTrimRunResponse\x12\x16\n\x0epoints_removed\x18\x01 \x01(\r\x12\x0e\n\x06points\x18\x02 \x01(\r\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\"-\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\"\x8b\x01\n\x0eGetRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x06points\x18\x02 \x03(\x0b\x32\x16.scalerl.v1.CurvePoint\x12$\n\x03\x66it\x18\x03 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\r\n\x05tasks\x18\x05 \x03(\t\"L\n\x12\x43ompareRunsRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.scalerl.v1.FitRequest\x12\x10\n\x08\x61_margin\x18\x02 \x01(\x01\"\xec\x01\n\rRunComparison\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x17.scalerl.v1.FitResponse\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x1a\n\rb_at_shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63_mid_at_shared_a\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x08p_best_a\x18\x06 \x01(\x01\x12\x15\n\x08p_best_b\x18\x07 \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_b_at_shared_aB\x14\n\x12_c_mid_at_shared_aB\x0b\n\t_p_best_b\"\xf6\x01\n\x13\x43ompareRunsResponse\x12\'\n\x04runs\x18\x01 \x03(\x0b\x32\x19.scalerl.v1.RunComparison\x12\x0c\n\x04\x62\x65st\x18\x02 \x01(\r\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x15\n\x08shared_a\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12(\n\x1bverdict_stable_from_compute\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\rearly_verdict\x18\x07 \x01(\tB\x0b\n\t_shared_aB\x1e\n\x1c_verdict_stable_from_compute2\xbb\x03\n\x0c\x43urveService\x12\x36\n\x03\x46it\x12\x16.scalerl.v1.FitRequest\x1a\x17.scalerl.v1.FitResponse\x12N\n\x0b\x45xtrapolate\x12\x1e.scalerl.v1.ExtrapolateRequest\x1a\x1f.scalerl.v1.ExtrapolateResponse\x12N\n\x0bRecordPoint\x12\x1e.scalerl.v1.RecordPointRequest\x1a\x1f.scalerl.v1.RecordPointResponse\x12\x42\n\x07TrimRun\x12\x1a.scalerl.v1.TrimRunRequest\x1a\x1b.scalerl.v1.TrimRunResponse\x12?\n\x06GetRun\x12\x19.scalerl.v1.GetRunRequest\x1a\x1a.scalerl.v1.GetRunResponse\x12N\n\x0b\x43ompareRuns\x12\x1e.scalerl.v1.CompareRunsRequest\x1a\x1f.scalerl.v1.CompareRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,43 +36,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CURVEPARAMS']._serialized_start=101
   _globals['_CURVEPARAMS']._serialized_end=163
   _globals['_FITREQUEST']._serialized_start=166
-  _globals['_FITREQUEST']._serialized_end=420
-  _globals['_FITMETHOD']._serialized_start=422
-  _globals['_FITMETHOD']._serialized_end=530
-  _globals['_INTERVAL']._serialized_start=532
-  _globals['_INTERVAL']._serialized_end=572
-  _globals['_PARAMINTERVALS']._serialized_start=575
-  _globals['_PARAMINTERVALS']._serialized_end=728
-  _globals['_FITGRID']._serialized_start=731
-  _globals['_FITGRID']._serialized_end=866
-  _globals['_POWERLAWFIT']._serialized_start=868
-  _globals['_POWERLAWFIT']._serialized_end=927
-  _globals['_FITRESPONSE']._serialized_start=930
-  _globals['_FITRESPONSE']._serialized_end=1262
-  _globals['_PREDICTION']._serialized_start=1264
-  _globals['_PREDICTION']._serialized_end=1339
-  _globals['_EXTRAPOLATEREQUEST']._serialized_start=1341
-  _globals['_EXTRAPOLATEREQUEST']._serialized_end=1449
-  _globals['_EXTRAPOLATERESPONSE']._serialized_start=1451
-  _globals['_EXTRAPOLATERESPONSE']._serialized_end=1517
-  _globals['_RECORDPOINTREQUEST']._serialized_start=1519
-  _globals['_RECORDPOINTREQUEST']._serialized_end=1632
-  _globals['_RECORDPOINTRESPONSE']._serialized_start=1634
-  _globals['_RECORDPOINTRESPONSE']._serialized_end=1709
-  _globals['_TRIMRUNREQUEST']._serialized_start=1711
-  _globals['_TRIMRUNREQUEST']._serialized_end=1785
-  _globals['_TRIMRUNRESPONSE']._serialized_start=1787
-  _globals['_TRIMRUNRESPONSE']._serialized_end=1882
-  _globals['_GETRUNREQUEST']._serialized_start=1884
-  _globals['_GETRUNREQUEST']._serialized_end=1929
-  _globals['_GETRUNRESPONSE']._serialized_start=1932
-  _globals['_GETRUNRESPONSE']._serialized_end=2071
-  _globals['_COMPARERUNSREQUEST']._serialized_start=2073
-  _globals['_COMPARERUNSREQUEST']._serialized_end=2149
-  _globals['_RUNCOMPARISON']._serialized_start=2152
-  _globals['_RUNCOMPARISON']._serialized_end=2334
-  _globals['_COMPARERUNSRESPONSE']._serialized_start=2337
-  _globals['_COMPARERUNSRESPONSE']._serialized_end=2486
-  _globals['_CURVESERVICE']._serialized_start=2489
-  _globals['_CURVESERVICE']._serialized_end=2932
+  _globals['_FITREQUEST']._serialized_end=468
+  _globals['_FITMETHOD']._serialized_start=470
+  _globals['_FITMETHOD']._serialized_end=578
+  _globals['_INTERVAL']._serialized_start=580
+  _globals['_INTERVAL']._serialized_end=620
+  _globals['_PARAMINTERVALS']._serialized_start=623
+  _globals['_PARAMINTERVALS']._serialized_end=776
+  _globals['_FITGRID']._serialized_start=779
+  _globals['_FITGRID']._serialized_end=914
+  _globals['_POWERLAWFIT']._serialized_start=916
+  _globals['_POWERLAWFIT']._serialized_end=975
+  _globals['_FITRESPONSE']._serialized_start=978
+  _globals['_FITRESPONSE']._serialized_end=1352
+  _globals['_STABILITY']._serialized_start=1355
+  _globals['_STABILITY']._serialized_end=1520
+  _globals['_PREDICTION']._serialized_start=1522
+  _globals['_PREDICTION']._serialized_end=1597
+  _globals['_EXTRAPOLATEREQUEST']._serialized_start=1599
+  _globals['_EXTRAPOLATEREQUEST']._serialized_end=1707
+  _globals['_EXTRAPOLATERESPONSE']._serialized_start=1709
+  _globals['_EXTRAPOLATERESPONSE']._serialized_end=1775
+  _globals['_RECORDPOINTREQUEST']._serialized_start=1777
+  _globals['_RECORDPOINTREQUEST']._serialized_end=1890
+  _globals['_RECORDPOINTRESPONSE']._serialized_start=1892
+  _globals['_RECORDPOINTRESPONSE']._serialized_end=1967
+  _globals['_TRIMRUNREQUEST']._serialized_start=1969
+  _globals['_TRIMRUNREQUEST']._serialized_end=2043
+  _globals['_TRIMRUNRESPONSE']._serialized_start=2045
+  _globals['_TRIMRUNRESPONSE']._serialized_end=2140
+  _globals['_GETRUNREQUEST']._serialized_start=2142
+  _globals['_GETRUNREQUEST']._serialized_end=2187
+  _globals['_GETRUNRESPONSE']._serialized_start=2190
+  _globals['_GETRUNRESPONSE']._serialized_end=2329
+  _globals['_COMPARERUNSREQUEST']._serialized_start=2331
+  _globals['_COMPARERUNSREQUEST']._serialized_end=2407
+  _globals['_RUNCOMPARISON']._serialized_start=2410
+  _globals['_RUNCOMPARISON']._serialized_end=2646
+  _globals['_COMPARERUNSRESPONSE']._serialized_start=2649
+  _globals['_COMPARERUNSRESPONSE']._serialized_end=2895
+  _globals['_CURVESERVICE']._serialized_start=2898
+  _globals['_CURVESERVICE']._serialized_end=3341
 # @@protoc_insertion_point(module_scope)

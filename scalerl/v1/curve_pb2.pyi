@@ -29,7 +29,7 @@ class CurveParams(_message.Message):
     def __init__(self, a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ...) -> None: ...
 
 class FitRequest(_message.Message):
-    __slots__ = ("points", "r0", "min_compute", "max_compute", "method", "predict_compute", "run_id", "task")
+    __slots__ = ("points", "r0", "min_compute", "max_compute", "method", "predict_compute", "run_id", "task", "target_compute")
     POINTS_FIELD_NUMBER: _ClassVar[int]
     R0_FIELD_NUMBER: _ClassVar[int]
     MIN_COMPUTE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class FitRequest(_message.Message):
     PREDICT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    TARGET_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     points: _containers.RepeatedCompositeFieldContainer[CurvePoint]
     r0: float
     min_compute: float
@@ -46,7 +47,8 @@ class FitRequest(_message.Message):
     predict_compute: _containers.RepeatedScalarFieldContainer[float]
     run_id: str
     task: str
-    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ..., run_id: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
+    target_compute: float
+    def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ..., run_id: _Optional[str] = ..., task: _Optional[str] = ..., target_compute: _Optional[float] = ...) -> None: ...
 
 class FitMethod(_message.Message):
     __slots__ = ("bootstrap_resamples", "seed", "level", "paper_grid", "power_law")
@@ -115,7 +117,7 @@ class PowerLawFit(_message.Message):
     def __init__(self, a: _Optional[float] = ..., d: _Optional[float] = ..., b: _Optional[float] = ..., sse: _Optional[float] = ...) -> None: ...
 
 class FitResponse(_message.Message):
-    __slots__ = ("params", "sse", "points_used", "warnings", "intervals", "grid", "predictions", "power_law", "power_law_predictions")
+    __slots__ = ("params", "sse", "points_used", "warnings", "intervals", "grid", "predictions", "power_law", "power_law_predictions", "stability")
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SSE_FIELD_NUMBER: _ClassVar[int]
     POINTS_USED_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +127,7 @@ class FitResponse(_message.Message):
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     POWER_LAW_FIELD_NUMBER: _ClassVar[int]
     POWER_LAW_PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
     params: CurveParams
     sse: float
     points_used: int
@@ -134,7 +137,26 @@ class FitResponse(_message.Message):
     predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
     power_law: PowerLawFit
     power_law_predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
-    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., sse: _Optional[float] = ..., points_used: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., intervals: _Optional[_Union[ParamIntervals, _Mapping]] = ..., grid: _Optional[_Union[FitGrid, _Mapping]] = ..., predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., power_law: _Optional[_Union[PowerLawFit, _Mapping]] = ..., power_law_predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ...) -> None: ...
+    stability: Stability
+    def __init__(self, params: _Optional[_Union[CurveParams, _Mapping]] = ..., sse: _Optional[float] = ..., points_used: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., intervals: _Optional[_Union[ParamIntervals, _Mapping]] = ..., grid: _Optional[_Union[FitGrid, _Mapping]] = ..., predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., power_law: _Optional[_Union[PowerLawFit, _Mapping]] = ..., power_law_predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., stability: _Optional[_Union[Stability, _Mapping]] = ...) -> None: ...
+
+class Stability(_message.Message):
+    __slots__ = ("target_compute", "history", "moved", "band_half_width", "ratio", "verdict", "summary")
+    TARGET_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    BAND_HALF_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    target_compute: float
+    history: _containers.RepeatedCompositeFieldContainer[Prediction]
+    moved: float
+    band_half_width: float
+    ratio: float
+    verdict: str
+    summary: str
+    def __init__(self, target_compute: _Optional[float] = ..., history: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., moved: _Optional[float] = ..., band_half_width: _Optional[float] = ..., ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("compute", "reward", "lower", "upper")
@@ -235,29 +257,37 @@ class CompareRunsRequest(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[FitRequest, _Mapping]]] = ..., a_margin: _Optional[float] = ...) -> None: ...
 
 class RunComparison(_message.Message):
-    __slots__ = ("index", "fit", "rank", "b_at_shared_a", "c_mid_at_shared_a")
+    __slots__ = ("index", "fit", "rank", "b_at_shared_a", "c_mid_at_shared_a", "p_best_a", "p_best_b")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     B_AT_SHARED_A_FIELD_NUMBER: _ClassVar[int]
     C_MID_AT_SHARED_A_FIELD_NUMBER: _ClassVar[int]
+    P_BEST_A_FIELD_NUMBER: _ClassVar[int]
+    P_BEST_B_FIELD_NUMBER: _ClassVar[int]
     index: int
     fit: FitResponse
     rank: int
     b_at_shared_a: float
     c_mid_at_shared_a: float
-    def __init__(self, index: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., rank: _Optional[int] = ..., b_at_shared_a: _Optional[float] = ..., c_mid_at_shared_a: _Optional[float] = ...) -> None: ...
+    p_best_a: float
+    p_best_b: float
+    def __init__(self, index: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., rank: _Optional[int] = ..., b_at_shared_a: _Optional[float] = ..., c_mid_at_shared_a: _Optional[float] = ..., p_best_a: _Optional[float] = ..., p_best_b: _Optional[float] = ...) -> None: ...
 
 class CompareRunsResponse(_message.Message):
-    __slots__ = ("runs", "best", "decided_by", "shared_a", "summary")
+    __slots__ = ("runs", "best", "decided_by", "shared_a", "summary", "verdict_stable_from_compute", "early_verdict")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     BEST_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     SHARED_A_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_STABLE_FROM_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    EARLY_VERDICT_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunComparison]
     best: int
     decided_by: str
     shared_a: float
     summary: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ...) -> None: ...
+    verdict_stable_from_compute: float
+    early_verdict: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ..., verdict_stable_from_compute: _Optional[float] = ..., early_verdict: _Optional[str] = ...) -> None: ...

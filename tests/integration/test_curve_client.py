@@ -20,6 +20,7 @@ from scalerl.ports import free_port
 from scalerl.rpc.curve_client import (
     FIT_KEYS,
     RANKED_RUN_KEYS,
+    STABILITY_KEYS,
     ZERO_COMPUTE,
     CurveClient,
     FitSpec,
@@ -55,6 +56,7 @@ DOCUMENTED_KEYS = {
     "power_law",
     "power_law_predictions",
     "compute_unit",
+    "stability",
 }
 
 
@@ -70,6 +72,18 @@ def _full_reply() -> curve_pb2.FitResponse:
         power_law_predictions=[
             curve_pb2.Prediction(compute=5e4, reward=0.74, lower=0.74, upper=0.74)
         ],
+        stability=curve_pb2.Stability(
+            target_compute=1e5,
+            history=[
+                curve_pb2.Prediction(compute=1e5, reward=0.705, lower=0.69, upper=0.72),
+                curve_pb2.Prediction(compute=1e5, reward=0.701, lower=0.701, upper=0.701),
+            ],
+            moved=0.004,
+            band_half_width=0.015,
+            ratio=0.004 / 0.015,
+            verdict="stable",
+            summary="stable: the prediction at C=1e+05 moved 0.004 over the last 1 points",
+        ),
     )
     iv = reply.intervals
     iv.a.CopyFrom(curve_pb2.Interval(lower=0.70, upper=0.72))
@@ -98,6 +112,17 @@ def test_fit_summary_round_trip_keeps_every_field() -> None:
     assert (out["sse"], out["points_used"], out["compute_unit"]) == (2.5e-4, 20, "gpu-hours")
     assert out["warnings"] == ["only 5 points used"]
     assert out["grid"] == "A 0.450..0.800 step 0.005 (71)"
+    assert fit.stability.history[1] == Prediction(1e5, 0.701, 0.701, 0.701)
+    assert set(out["stability"]) == set(STABILITY_KEYS)
+    assert out["stability"]["history"][0] == {
+        "compute": 1e5,
+        "reward": 0.705,
+        "lower": 0.69,
+        "upper": 0.72,
+    }
+    assert (out["stability"]["moved"], out["stability"]["band_half_width"]) == (0.004, 0.015)
+    assert out["stability"]["verdict"] == "stable"
+    assert out["stability"]["target_compute"] == 1e5
     assert json.loads(json.dumps(out)) == out  # plain JSON types only
 
 
@@ -108,12 +133,12 @@ def test_a_fit_without_bootstrap_has_the_same_keys_with_none() -> None:
     assert out["A_interval"] is None and out["interval_level"] is None
     assert out["interval_resamples"] == 0
     assert out["power_law"] is None and out["predictions"] == []
-    assert out["compute_unit"] is None
+    assert out["compute_unit"] is None and out["stability"] is None
 
 
 def test_ranked_run_dict_adds_the_comparison_keys() -> None:
     fit = FitSummary.from_proto(_full_reply())
-    out = RankedRun(index=1, rank=2, fit=fit, b_at_shared_a=1.2).to_dict()
+    out = RankedRun(index=1, rank=2, fit=fit, b_at_shared_a=1.2, p_best_a=0.25).to_dict()
     assert (
         set(out)
         == set(RANKED_RUN_KEYS)
@@ -122,9 +147,12 @@ def test_ranked_run_dict_adds_the_comparison_keys() -> None:
             "rank",
             "B_at_shared_A",
             "C_mid_at_shared_A",
+            "p_best_A",
+            "p_best_B",
         }
     )
     assert (out["rank"], out["B_at_shared_A"], out["C_mid_at_shared_A"]) == (2, 1.2, None)
+    assert (out["p_best_A"], out["p_best_B"]) == (0.25, None)
 
 
 def test_write_curve_json_writes_the_dict_form(tmp_path: Path) -> None:
@@ -139,6 +167,7 @@ def test_write_curve_json_writes_the_dict_form(tmp_path: Path) -> None:
 def test_fit_spec_sets_only_the_options_given() -> None:
     plain = FitSpec(compute=[1.0, 2.0], reward=[0.1, 0.2]).to_proto()
     assert not plain.HasField("r0") and not plain.HasField("min_compute")
+    assert not plain.HasField("target_compute")
     assert [p.series for p in plain.points] == ["", ""]
     spec = FitSpec(
         compute=[1.0, 2.0],
@@ -152,9 +181,11 @@ def test_fit_spec_sets_only_the_options_given() -> None:
         paper_grid=True,
         power_law=True,
         predict_compute=[10.0],
+        target_compute=20.0,
     )
     request = spec.to_proto()
     assert request.HasField("r0") and request.r0 == 0.0
+    assert request.target_compute == 20.0
     assert (request.max_compute, list(request.predict_compute)) == (5.0, [10.0])
     m = request.method
     assert (m.bootstrap_resamples, m.seed, m.level, m.paper_grid, m.power_law) == (
