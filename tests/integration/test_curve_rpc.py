@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from curve_stub import fit_request
 
 from curve_service.errors import CurveInputError, UnknownRunError
 from curve_service.fit import fit_sigmoid
@@ -32,30 +32,10 @@ TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
 COMPUTE = np.geomspace(1.0, 2000.0, 12)
 
 
-@pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    server, port, _ = serve(port=0, servicer=CurveServicer(metrics=CurveMetrics()))
-    yield f"127.0.0.1:{port}"
-    server.stop(None)
-
-
-@pytest.fixture(scope="module")
-def stub(address: str) -> Iterator[curve_pb2_grpc.CurveServiceStub]:
-    with grpc_channel.channel(address) as ch:
-        yield curve_pb2_grpc.CurveServiceStub(ch)
-
-
-def _request(compute, reward, **kw) -> curve_pb2.FitRequest:
-    points = [
-        curve_pb2.CurvePoint(compute=c, reward=r) for c, r in zip(compute, reward, strict=True)
-    ]
-    return curve_pb2.FitRequest(points=points, **kw)
-
-
 def test_fit_returns_grid_intervals_band_and_power_law(stub) -> None:
     reward = predict(TRUTH, COMPUTE) + np.random.default_rng(0).normal(0, 0.01, 12)
     method = curve_pb2.FitMethod(bootstrap_resamples=50, seed=1, power_law=True)
-    request = _request(COMPUTE, reward, r0=0.1, method=method, predict_compute=[1e4, 1e5])
+    request = fit_request(COMPUTE, reward, r0=0.1, method=method, predict_compute=[1e4, 1e5])
     reply = stub.Fit(request, timeout=TIMEOUT_S)
     iv = reply.intervals
     assert (iv.level, iv.resamples) == (0.9, 50)
@@ -73,7 +53,7 @@ def test_fit_returns_grid_intervals_band_and_power_law(stub) -> None:
 
 
 def test_paper_grid_is_reported(stub) -> None:
-    request = _request(
+    request = fit_request(
         COMPUTE * 20, predict(TRUTH, COMPUTE), r0=0.1, method=curve_pb2.FitMethod(paper_grid=True)
     )
     grid = stub.Fit(request, timeout=TIMEOUT_S).grid
@@ -85,8 +65,8 @@ def test_compare_runs_over_grpc(stub) -> None:
     other = predict(SigmoidParams(0.81, 2.5, 100.0, 0.1), COMPUTE)
     request = curve_pb2.CompareRunsRequest(
         runs=[
-            _request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1),
-            _request(COMPUTE, other, r0=0.1),
+            fit_request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1),
+            fit_request(COMPUTE, other, r0=0.1),
         ]
     )
     reply = stub.CompareRuns(request, timeout=TIMEOUT_S)
@@ -94,7 +74,7 @@ def test_compare_runs_over_grpc(stub) -> None:
     assert reply.shared_a == pytest.approx(0.805, abs=1e-6)
     assert [r.rank for r in reply.runs] == [2, 1]
     assert reply.runs[1].b_at_shared_a > reply.runs[0].b_at_shared_a
-    bad = curve_pb2.CompareRunsRequest(runs=[request.runs[0], _request([1.0], [0.1])])
+    bad = curve_pb2.CompareRunsRequest(runs=[request.runs[0], fit_request([1.0], [0.1])])
     with pytest.raises(grpc.RpcError) as err:
         stub.CompareRuns(bad, timeout=TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -107,18 +87,18 @@ _C4 = [1.0, 2.0, 3.0, 4.0]
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
-        (_request([], []), "points: 0 points"),
-        (_request([1.0], [0.1]), "points: 1 points"),
-        (_request(_C4[:3], [0.1, 0.2, 0.3]), "points: 3 points"),
-        (_request(_C4, [0.1, math.inf, 0.3, 0.4]), "points[1].reward: must be finite"),
-        (_request([1.0, 0.0, 3.0, 4.0], [0.1] * 4), "points[1].compute: must be > 0"),
-        (_request([1.0, 2.0, 1.0, 4.0], [0.1] * 4), "points[2].compute: duplicates"),
-        (_request(_C4, [0.1, 0.2, 0.3, -1.5]), "points[3].reward: must be in [-1, 1]"),
+        (fit_request([], []), "points: 0 points"),
+        (fit_request([1.0], [0.1]), "points: 1 points"),
+        (fit_request(_C4[:3], [0.1, 0.2, 0.3]), "points: 3 points"),
+        (fit_request(_C4, [0.1, math.inf, 0.3, 0.4]), "points[1].reward: must be finite"),
+        (fit_request([1.0, 0.0, 3.0, 4.0], [0.1] * 4), "points[1].compute: must be > 0"),
+        (fit_request([1.0, 2.0, 1.0, 4.0], [0.1] * 4), "points[2].compute: duplicates"),
+        (fit_request(_C4, [0.1, 0.2, 0.3, -1.5]), "points[3].reward: must be in [-1, 1]"),
         (
-            _request(_C4, [0.1] * 4, method=curve_pb2.FitMethod(bootstrap_resamples=5000)),
+            fit_request(_C4, [0.1] * 4, method=curve_pb2.FitMethod(bootstrap_resamples=5000)),
             "method.bootstrap_resamples: must be <= 2000",
         ),
-        (_request(_C4, [0.1] * 4, predict_compute=[1.0, math.nan]), "predict_compute[1]"),
+        (fit_request(_C4, [0.1] * 4, predict_compute=[1.0, math.nan]), "predict_compute[1]"),
     ],
 )
 def test_bad_fit_requests_are_invalid_argument(stub, request_, field) -> None:
@@ -136,7 +116,7 @@ def test_a_million_points_are_rejected_and_the_server_stays_up(stub) -> None:
         stub.Fit(request, timeout=TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details() == "points: 1000000 points; at most 100000 allowed"
-    ok = stub.Fit(_request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1), timeout=TIMEOUT_S)
+    ok = stub.Fit(fit_request(COMPUTE, predict(TRUTH, COMPUTE), r0=0.1), timeout=TIMEOUT_S)
     assert ok.params.a == pytest.approx(0.8, rel=1e-6)
 
 

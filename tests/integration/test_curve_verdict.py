@@ -6,23 +6,20 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from curve_stub import fit_request
 from rich.console import Console
 
 from curve_service.fit import fit_sigmoid
-from curve_service.metrics import CurveMetrics
-from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.verdict import stable_from
 from learner_service.records import EvalRecord, append_record, read_records, run_evals
-from scalerl.rpc import channel as grpc_channel
 from scalerl.rpc.curve_client import CurveClient, FitSpec
-from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from scalerl.v1 import curve_pb2
 from scalerl_cli import main as cli
 from scalerl_cli import sweep
 from scalerl_cli.launcher import _fit_verdict
@@ -42,32 +39,12 @@ SLOW = np.where(
 )
 
 
-@pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    server, port, _ = serve(port=0, servicer=CurveServicer(metrics=CurveMetrics()))
-    yield f"127.0.0.1:{port}"
-    server.stop(None)
-
-
-@pytest.fixture(scope="module")
-def stub(address: str) -> Iterator[curve_pb2_grpc.CurveServiceStub]:
-    with grpc_channel.channel(address) as ch:
-        yield curve_pb2_grpc.CurveServiceStub(ch)
-
-
-def _request(compute, reward, **kw) -> curve_pb2.FitRequest:
-    points = [
-        curve_pb2.CurvePoint(compute=c, reward=r) for c, r in zip(compute, reward, strict=True)
-    ]
-    return curve_pb2.FitRequest(points=points, **kw)
-
-
 # --- every fit carries its stability -----------------------------------------------------
 
 
 def test_fit_reports_stability_at_the_target(stub) -> None:
     compute = np.geomspace(1.0, 2000.0, 12)
-    reply = stub.Fit(_request(compute, predict(TRUTH, compute), r0=0.1), timeout=TIMEOUT_S)
+    reply = stub.Fit(fit_request(compute, predict(TRUTH, compute), r0=0.1), timeout=TIMEOUT_S)
     s = reply.stability
     assert (s.target_compute, s.verdict, len(s.history)) == (4000.0, "stable", 4)
     assert all(q.compute == 4000.0 for q in s.history)
@@ -75,7 +52,7 @@ def test_fit_reports_stability_at_the_target(stub) -> None:
     # With a bootstrap and a target, the check's band is the prediction's band there.
     noisy = predict(TRUTH, compute) + np.random.default_rng(0).normal(0.0, 0.01, 12)
     method = curve_pb2.FitMethod(bootstrap_resamples=50, seed=1)
-    request = _request(
+    request = fit_request(
         compute, noisy, r0=0.1, method=method, predict_compute=[500.0], target_compute=500.0
     )
     reply = stub.Fit(request, timeout=TIMEOUT_S)
@@ -87,13 +64,13 @@ def test_fit_reports_stability_at_the_target(stub) -> None:
 
 @pytest.mark.parametrize("bad", [0.0, -2.0, float("nan"), float("inf")])
 def test_a_bad_target_compute_is_invalid_argument(stub, bad: float) -> None:
-    good = _request(COMPUTE, FAST, r0=0.1)
+    good = fit_request(COMPUTE, FAST, r0=0.1)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Fit(_request(COMPUTE, FAST, r0=0.1, target_compute=bad), timeout=TIMEOUT_S)
+        stub.Fit(fit_request(COMPUTE, FAST, r0=0.1, target_compute=bad), timeout=TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("target_compute: must be finite and > 0")
     request = curve_pb2.CompareRunsRequest(
-        runs=[good, _request(COMPUTE, SLOW, r0=0.1, target_compute=bad)]
+        runs=[good, fit_request(COMPUTE, SLOW, r0=0.1, target_compute=bad)]
     )
     with pytest.raises(grpc.RpcError) as err:
         stub.CompareRuns(request, timeout=TIMEOUT_S)
@@ -142,7 +119,7 @@ def test_the_progress_line_shows_the_verdict_of_the_latest_fit(address: str, stu
 
 def test_compare_runs_gives_probabilities_and_when_the_verdict_settled(stub) -> None:
     request = curve_pb2.CompareRunsRequest(
-        runs=[_request(COMPUTE, FAST, r0=0.1), _request(COMPUTE, SLOW, r0=0.1)]
+        runs=[fit_request(COMPUTE, FAST, r0=0.1), fit_request(COMPUTE, SLOW, r0=0.1)]
     )
     reply = stub.CompareRuns(request, timeout=TIMEOUT_S)
     assert (reply.best, reply.decided_by) == (1, "A")
@@ -163,8 +140,8 @@ def test_compare_runs_within_the_margin_gives_b_probabilities(stub) -> None:
     method = curve_pb2.FitMethod(bootstrap_resamples=40, seed=3)
     request = curve_pb2.CompareRunsRequest(
         runs=[
-            _request(COMPUTE, slow, r0=0.1, method=method),
-            _request(COMPUTE, quick, r0=0.1, method=method),
+            fit_request(COMPUTE, slow, r0=0.1, method=method),
+            fit_request(COMPUTE, quick, r0=0.1, method=method),
         ]
     )
     reply = stub.CompareRuns(request, timeout=TIMEOUT_S)
