@@ -119,6 +119,7 @@ class EvaluationsMixin:
                 compute=job.compute,
                 task=task,
                 pass_rate=result.pass_rate,
+                stderr=result.stderr,
                 parse_failure_rate=result.parse_failure_rate,
                 completions=result.completions,
                 mean_tokens=result.mean_tokens,

@@ -213,6 +213,11 @@ class EvalRecord(_Record):
         "", description='The task evaluated; "" = the run (task-weighted mean of its tasks).'
     )
     pass_rate: float = Field(description="Mean reward over the held-out completions, [0, 1].")
+    stderr: float | None = Field(
+        default=None,
+        description="Standard error of pass_rate: the spread of the prompts' mean rewards "
+        "(`learner_service.evaluate.prompt_stderr`); None before it was recorded.",
+    )
     parse_failure_rate: float = Field(
         description="Fraction of completions with no parseable answer."
     )

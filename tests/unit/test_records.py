@@ -63,6 +63,7 @@ EVAL = {
     "policy_version": 5,
     "compute": 0.02,
     "task": "math",
+    "stderr": 0.021,
     "pass_rate": 0.4375,
     "parse_failure_rate": 0.0625,
     "completions": 480,
