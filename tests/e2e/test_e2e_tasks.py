@@ -61,6 +61,10 @@ def test_a_run_of_two_tasks_evaluates_and_fits_each(tmp_path):
         assert (add.completions, sums.completions) == (30 * 16, 20 * 16)  # eval_samples 16
         # The run's pass rate is the task-weighted mean (weights 3:1).
         assert run.pass_rate == pytest.approx(0.75 * add.pass_rate + 0.25 * sums.pass_rate)
+        # Standard errors: the prompts' spread per task, combined by weight for the run.
+        assert add.stderr > 0 and sums.stderr > 0
+        combined = ((0.75 * add.stderr) ** 2 + (0.25 * sums.stderr) ** 2) ** 0.5
+        assert run.stderr == pytest.approx(combined)
 
     steps = read_records(run_dir, StepRecord)
     assert all(step.by_task for step in steps)
