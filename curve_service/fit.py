@@ -22,6 +22,7 @@ from scipy.optimize import least_squares
 from curve_service.diagnostics import fit_warnings
 from curve_service.errors import CurveInputError
 from curve_service.grid import B_MAX, B_MIN, GridSpec, check_grid, default_grid
+from curve_service.noise import fit_weights
 from curve_service.points import REWARD_LIMIT, reward_floor, validate_points, validate_r0
 from curve_service.sigmoid import SigmoidParams, gain_fraction, sigmoid, sigmoid_log
 
@@ -55,6 +56,10 @@ class FitResult:
     compute: NDArray[np.float64] = field(repr=False, compare=False)  # [N] points used
     reward: NDArray[np.float64] = field(repr=False, compare=False)  # [N]
     series: NDArray[np.int64] | None = field(default=None, repr=False, compare=False)  # [N]
+    # [N] each point's standard error (0 = unknown) and the weights of the fit's squared
+    # residuals (`curve_service.noise.fit_weights`; None = unweighted, the paper's fit).
+    stderr: NDArray[np.float64] | None = field(default=None, repr=False, compare=False)
+    weights: NDArray[np.float64] | None = field(default=None, repr=False, compare=False)
 
     @property
     def params(self) -> SigmoidParams:
@@ -73,6 +78,7 @@ def fit_sigmoid(
     max_compute: float | None = None,
     grid: GridSpec | None = None,
     series: Sequence[str] | None = None,
+    stderr: ArrayLike | None = None,
 ) -> FitResult:
     """Fit paper Eq. 1 by the paper's procedure (App. A.5-A.7).
 
@@ -82,18 +88,22 @@ def fit_sigmoid(
     fit window, inclusive. grid: None = `default_grid` of the data; pass `PAPER_GRID` for
     the paper's own grid on GPU-hour data. series: [N] seed labels, so several seeds of one
     recipe are fitted together (one curve through all their points, as the paper pools
-    seeds); `bootstrap_params` then resamples whole seeds.
+    seeds); `bootstrap_params` then resamples whole seeds. stderr: [N] standard error of
+    each reward (0 = unknown): when some point has one, every stage minimises the squared
+    residuals weighted by 1 / stderr^2 (`curve_service.noise.fit_weights`); FitResult.sse
+    stays the unweighted sum.
 
     Returns a FitResult whose warnings (`curve_service.diagnostics`) flag an A or C_mid at
     the grid edge, a window that ends before C_mid, B at its bound, fewer than 6 points, a
     rise then collapse, or negative (+/-1 style) rewards. Raises CurveInputError for
     invalid points, series, window, r0 or grid.
     """
-    pts = validate_points(compute, reward, min_compute, max_compute, series)
+    pts = validate_points(compute, reward, min_compute, max_compute, series, stderr)
     r0_value = pts.lowest_reward if r0 is None else validate_r0(r0)
     grid = check_grid(grid or default_grid(pts.compute, pts.reward, r0_value))
-    start, start_idx = _grid_search(pts.compute, pts.reward, r0_value, grid)
-    best = refine(pts.compute, pts.reward, start, grid)
+    weights = fit_weights(pts.stderr)
+    start, start_idx = _grid_search(pts.compute, pts.reward, r0_value, grid, weights)
+    best = refine(pts.compute, pts.reward, start, grid, weights=weights)
     residual = pts.reward - sigmoid(pts.compute, best.a, best.b, best.c_mid, best.r0)
     return FitResult(
         a=best.a,
@@ -108,6 +118,8 @@ def fit_sigmoid(
         compute=pts.compute,
         reward=pts.reward,
         series=pts.series,
+        stderr=pts.stderr if weights is not None else None,
+        weights=weights,
     )
 
 
@@ -123,8 +135,8 @@ def fit_fixed_a(fit: FitResult, a: float) -> SigmoidParams:
         raise CurveInputError("a", f"must be in [-1, 1] on the side of r0={fit.r0:g}; got {a}")
     g = fit.grid
     line = GridSpec(a, a, g.a_step, g.c_mid_min, g.c_mid_max, g.c_mid_count)
-    start, _ = _grid_search(fit.compute, fit.reward, fit.r0, line)
-    return refine(fit.compute, fit.reward, start, line, fix_a=True)
+    start, _ = _grid_search(fit.compute, fit.reward, fit.r0, line, fit.weights)
+    return refine(fit.compute, fit.reward, start, line, fix_a=True, weights=fit.weights)
 
 
 def best_b(
@@ -133,31 +145,33 @@ def best_b(
     a: NDArray[np.float64],
     log_c_mid: NDArray[np.float64],
     r0: float,
+    weights: NDArray[np.float64] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Least-squares B for every cell at once (the inner step of paper App. A.5).
 
-    log_compute, reward: [N]; a, log_c_mid: [K] grid cells. For fixed A, C_mid, R0 the SSE
+    log_compute, reward: [N]; a, log_c_mid: [K] grid cells; weights [N] weight the squared
+    residuals (None = all 1). For fixed A, C_mid, R0 the SSE
     in reward space is a 1-D function of B: it is evaluated on a log-spaced bracket
     (B_MIN..B_MAX, 40 values) and then narrowed by golden-section search around the best
     bracket value (to ~1e-5 relative). Returns (b [K], sse [K]).
     """
     log_b = np.linspace(math.log(B_MIN), math.log(B_MAX), B_COARSE)
     coarse = np.stack(
-        [_sse(log_compute, reward, a, log_c_mid, r0, np.full_like(a, lb)) for lb in log_b]
+        [_sse(log_compute, reward, a, log_c_mid, r0, weights, np.full_like(a, lb)) for lb in log_b]
     )  # [B_COARSE, K]
     j = coarse.argmin(axis=0)
     lo = log_b[np.maximum(j - 1, 0)]
     hi = log_b[np.minimum(j + 1, B_COARSE - 1)]
     inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
     x1, x2 = hi - inv_phi * (hi - lo), lo + inv_phi * (hi - lo)
-    f1 = _sse(log_compute, reward, a, log_c_mid, r0, x1)
-    f2 = _sse(log_compute, reward, a, log_c_mid, r0, x2)
+    f1 = _sse(log_compute, reward, a, log_c_mid, r0, weights, x1)
+    f2 = _sse(log_compute, reward, a, log_c_mid, r0, weights, x2)
     for _ in range(_GOLDEN_ITERS):
         left = f1 < f2  # minimum lies in [lo, x2]
         hi = np.where(left, x2, hi)
         lo = np.where(left, lo, x1)
         x_new = np.where(left, hi - inv_phi * (hi - lo), lo + inv_phi * (hi - lo))
-        f_new = _sse(log_compute, reward, a, log_c_mid, r0, x_new)
+        f_new = _sse(log_compute, reward, a, log_c_mid, r0, weights, x_new)
         x1, x2, f1, f2 = (
             np.where(left, x_new, x2),
             np.where(left, x1, x_new),
@@ -255,9 +269,10 @@ def _sse(
     a: NDArray[np.float64],
     log_c_mid: NDArray[np.float64],
     r0: float,
+    w: NDArray[np.float64] | None,
     log_b: NDArray[np.float64],
 ) -> NDArray[np.float64]:
-    """SSE [K] of Eq. 1 for K cells over N points, in blocks to bound memory."""
+    """(Weighted) SSE [K] of Eq. 1 for K cells over N points, in blocks to bound memory."""
     k, n = a.size, log_c.size
     block = max(1, _GRID_CHUNK_ELEMS // max(n, 1))
     out = np.empty(k)
@@ -265,27 +280,35 @@ def _sse(
         sl = slice(s, s + block)
         b = np.exp(log_b[sl])[:, None]
         pred = sigmoid_log(log_c[None, :], a[sl, None], b, log_c_mid[sl, None], r0)
-        out[sl] = np.square(y[None, :] - pred).sum(axis=1)
+        sq = np.square(y[None, :] - pred)
+        out[sl] = (sq if w is None else sq * w).sum(axis=1)
     return out
 
 
 def _grid_search(
-    compute: NDArray[np.float64], reward: NDArray[np.float64], r0: float, grid: GridSpec
+    compute: NDArray[np.float64],
+    reward: NDArray[np.float64],
+    r0: float,
+    grid: GridSpec,
+    weights: NDArray[np.float64] | None = None,
 ) -> tuple[SigmoidParams, tuple[int, int]]:
-    """Best grid cell (paper App. A.5) and its (A index, C_mid index)."""
+    """Best grid cell (paper App. A.5) and its (A index, C_mid index); weights [N] weight
+    the squared residuals (None = all 1)."""
+    w = np.ones_like(compute) if weights is None else weights
     if compute.size > _GRID_MAX_POINTS:
         idx = np.unique(np.linspace(0, compute.size - 1, _GRID_MAX_POINTS).round().astype(int))
-        compute, reward = compute[idx], reward[idx]
+        compute, reward, w = compute[idx], reward[idx], w[idx]
     a_vals, c_vals = grid.a_values(), grid.c_mid_values()
     log_c, y = np.log(compute), reward - r0
     log_b = np.linspace(math.log(B_MIN), math.log(B_MAX), _B_LADDER)
-    s1, s2 = _shape_moments(log_c, y, np.log(c_vals), np.exp(log_b))  # [n_c, n_b] each
+    s1, s2 = _shape_moments(log_c, y, w, np.log(c_vals), np.exp(log_b))  # [n_c, n_b] each
     gain = a_vals - r0  # [n_a]
     best_sse, best_cell = math.inf, (0, 0)
     rows = max(1, _GRID_CHUNK_ELEMS // s1.size)
+    yy = float(w @ (y * y))
     for start in range(0, gain.size, rows):
         g = gain[start : start + rows, None, None]
-        sse = float(y @ y) - 2.0 * g * s1[None] + g * g * s2[None]  # [n_a', n_c, n_b]
+        sse = yy - 2.0 * g * s1[None] + g * g * s2[None]  # [n_a', n_c, n_b]
         cell_sse = _parabolic_min(sse)  # [n_a', n_c]: min over B, interpolated in ln B
         k = int(np.argmin(cell_sse))
         if cell_sse.flat[k] < best_sse:
@@ -293,7 +316,7 @@ def _grid_search(
             best_sse, best_cell = float(cell_sse.flat[k]), (int(ia) + start, int(ic))
     ia, ic = best_cell
     # The winning cell's B to full precision (the 1-D least squares of App. A.5).
-    b, _ = best_b(log_c, reward, a_vals[ia : ia + 1], np.log(c_vals[ic : ic + 1]), r0)
+    b, _ = best_b(log_c, reward, a_vals[ia : ia + 1], np.log(c_vals[ic : ic + 1]), r0, w)
     best = SigmoidParams(float(a_vals[ia]), float(b[0]), float(c_vals[ic]), r0)
     return best, best_cell
 
@@ -301,18 +324,20 @@ def _grid_search(
 def _shape_moments(
     log_c: NDArray[np.float64],
     y: NDArray[np.float64],
+    w: NDArray[np.float64],
     log_c_mid: NDArray[np.float64],
     b: NDArray[np.float64],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """sum_n y_n s_n and sum_n s_n^2 [n_c, n_b] over N points, s = `gain_fraction` [c, n_b, N]."""
+    """sum_n w_n y_n s_n and sum_n w_n s_n^2 [n_c, n_b] over N points with weights w [N],
+    s = `gain_fraction` [c, n_b, N]."""
     n_c, n_b, n = log_c_mid.size, b.size, log_c.size
     s1, s2 = np.empty((n_c, n_b)), np.empty((n_c, n_b))
     rows = max(1, _GRID_CHUNK_ELEMS // (n_b * max(n, 1)))
     for start in range(0, n_c, rows):
         sl = slice(start, start + rows)
         shape = gain_fraction(log_c[None, None, :], b[None, :, None], log_c_mid[sl, None, None])
-        s1[sl] = shape @ y
-        s2[sl] = np.einsum("cbn,cbn->cb", shape, shape)
+        s1[sl] = shape @ (w * y)
+        s2[sl] = np.einsum("cbn,cbn,n->cb", shape, shape, w)
     return s1, s2
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from curve_service.errors import CurveInputError
+from curve_service.noise import check_stderr
 
 MIN_POINTS = 4
 MAX_POINTS = 100_000
@@ -34,6 +35,7 @@ class CurvePoints(NamedTuple):
     # Mean over series of each series' reward at its lowest compute, before windowing.
     lowest_reward: float
     series: NDArray[np.int64]  # [N] series (seed) index of each point, 0..S-1
+    stderr: NDArray[np.float64]  # [N] standard error of each reward; 0 = unknown
 
 
 def check_max_points(n: int, name: str = "points") -> int:
@@ -104,16 +106,18 @@ def validate_points(
     min_compute: float | None = None,
     max_compute: float | None = None,
     series: Sequence[str] | None = None,
+    stderr: ArrayLike | None = None,
 ) -> CurvePoints:
     """Check, sort and window (compute, reward) points.
 
     compute, reward: [N] floats; N <= 100,000; compute finite and > 0, no duplicates within
     a series; reward finite in [-1, 1]. series: [N] seed labels (None = one series; at most
-    64 distinct). Unsorted input is sorted by compute. The fit window [min_compute,
-    max_compute] (inclusive, either end optional) must leave >= 4 points.
+    64 distinct). stderr: [N] standard error of each reward (finite in [0, 1]; 0 or None =
+    unknown, `curve_service.noise`). Unsorted input is sorted by compute. The fit window
+    [min_compute, max_compute] (inclusive, either end optional) must leave >= 4 points.
 
     Raises CurveInputError naming the field: "points", "compute[i]", "reward[i]",
-    "series", "min_compute" or "max_compute" (i indexes the input as given).
+    "series", "stderr[i]", "min_compute" or "max_compute" (i indexes the input as given).
     """
     c = np.asarray(compute, dtype=np.float64).reshape(-1)
     r = np.asarray(reward, dtype=np.float64).reshape(-1)
@@ -125,6 +129,7 @@ def validate_points(
     s = _series_codes(series, c.size)
     check_compute(c)
     check_rewards(r)
+    se = np.zeros(c.size) if stderr is None else check_stderr(stderr, c.size)
     order = np.lexsort((c, s))  # by series, then compute: duplicates are neighbours
     same = (np.diff(c[order]) == 0) & (np.diff(s[order]) == 0)
     dup = np.flatnonzero(same)
@@ -143,7 +148,8 @@ def validate_points(
             f"{int(keep.sum())} points in the fit window [{lo:g}, {hi:g}]; need at least "
             f"{MIN_POINTS}",
         )
-    return CurvePoints(c_sorted[keep], r_sorted[keep], lowest, s_sorted[keep])
+    se_sorted = se[order]
+    return CurvePoints(c_sorted[keep], r_sorted[keep], lowest, s_sorted[keep], se_sorted[keep])
 
 
 def check_window(min_c: float | None, max_c: float | None) -> tuple[float, float]:
