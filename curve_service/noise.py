@@ -77,3 +77,24 @@ def fit_weights(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] | Non
         return None
     w = 1.0 / np.square(se)
     return w / w.mean()
+
+
+def point_noise(
+    resid: NDArray[np.float64], stderr: NDArray[np.float64] | None, n_params: int = 3
+) -> NDArray[np.float64]:
+    """Standard deviation [N] of each point's reward around a fitted curve, the noise model
+    of the bootstraps (`curve_service.uncertainty`, `curve_service.power_law`).
+
+    resid: [N] reward - fitted; stderr: [N] the points' standard errors (0 = unknown) or
+    None; n_params: the curve's fitted parameters. With errors (`effective_stderr`): those,
+    times sqrt(max(1, chi^2 / (N - n_params))) where chi^2 = sum (resid / stderr)^2, so
+    residuals that scatter more than the errors explain (a held-out set's prompts are not
+    independent draws, runs drift) widen the noise and never narrow it. Without: the
+    residuals' root mean square sqrt(SSE / (N - n_params)) for every point.
+    """
+    dof = max(resid.size - n_params, 1)
+    se = effective_stderr(stderr)
+    if se is None:
+        return np.full(resid.size, math.sqrt(float(resid @ resid) / dof))
+    chi2 = float(np.sum(np.square(resid / se)))
+    return se * math.sqrt(max(1.0, chi2 / dof))

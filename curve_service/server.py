@@ -51,10 +51,13 @@ from curve_service.store import (
     validate_task,
 )
 from curve_service.uncertainty import (
-    DEFAULT_LEVEL,
+    DEFAULT_BAND,
+    BandSpec,
+    band_spec,
     bootstrap_params,
-    check_level,
+    bootstrap_power_law,
     param_intervals,
+    power_law_band,
     prediction_band,
 )
 from curve_service.verdict import early_verdict
@@ -162,7 +165,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             lower = upper = reward  # explicit parameters carry no uncertainty
         else:
             fit, samples = self._run_band(validate_run_id(run_id), task)
-            reward, lower, upper = prediction_band(fit, samples, compute, DEFAULT_LEVEL)
+            reward, lower, upper = prediction_band(fit, samples, compute, spec=DEFAULT_BAND)
         predictions = _predictions(compute, reward, lower, upper)
         return curve_pb2.ExtrapolateResponse(predictions=predictions)
 
@@ -270,7 +273,8 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
                 "method.bootstrap_resamples",
                 f"must be <= {MAX_RESAMPLES}, got {method.bootstrap_resamples}",
             )
-        level = check_level(method.level or DEFAULT_LEVEL, "method.level")
+        seed_sd = method.seed_sd if method.HasField("seed_sd") else None
+        spec = band_spec(method.band, seed_sd, method.level, prefix="method.")
         if len(request.predict_compute) > MAX_POINTS:
             raise CurveInputError("predict_compute", f"at most {MAX_POINTS} values")
         targets = np.asarray(request.predict_compute, dtype=np.float64)
@@ -282,26 +286,43 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         reply = fit_to_proto(fit)
         reward = lower = upper = sigmoid(targets, fit.a, fit.b, fit.c_mid, fit.r0)
         samples = None
-        if method.bootstrap_resamples:
-            samples = bootstrap_params(fit, int(method.bootstrap_resamples), int(method.seed))
-            bounds = param_intervals(fit, samples, level)
+        resamples, seed = int(method.bootstrap_resamples), int(method.seed)
+        if resamples:
+            samples = bootstrap_params(fit, resamples, seed)
+            bounds = param_intervals(fit, samples, spec.level)
             for name, (lo, hi) in zip(("a", "b", "c_mid"), bounds, strict=True):
                 getattr(reply.intervals, name).CopyFrom(curve_pb2.Interval(lower=lo, upper=hi))
-            reply.intervals.level = level
-            reply.intervals.resamples = int(method.bootstrap_resamples)
+            reply.intervals.level = spec.level
+            reply.intervals.resamples = resamples
             if targets.size:
-                reward, lower, upper = prediction_band(fit, samples, targets, level)
+                reward, lower, upper = prediction_band(fit, samples, targets, spec=spec)
         reply.predictions.extend(_predictions(targets, reward, lower, upper))
-        stability = extrapolation_stability(fit, target, samples, level)
+        stability = extrapolation_stability(fit, target, samples, spec)
         reply.stability.CopyFrom(stability_to_proto(stability))
         if method.power_law:
-            law = fit_power_law(fit.compute, fit.reward)
-            reply.power_law.CopyFrom(curve_pb2.PowerLawFit(a=law.a, d=law.d, b=law.b, sse=law.sse))
-            law_reward = predict_power_law(law, targets) if targets.size else targets
-            reply.power_law_predictions.extend(
-                _predictions(targets, law_reward, law_reward, law_reward)
-            )
+            self._power_law_reply(reply, fit, targets, resamples, seed, spec)
         return reply, samples
+
+    @staticmethod
+    def _power_law_reply(
+        reply: curve_pb2.FitResponse,
+        fit: FitResult,
+        targets: np.ndarray,
+        resamples: int,
+        seed: int,
+        spec: BandSpec,
+    ) -> None:
+        """Fill the power law's fit (App. A.4, weighted as the sigmoid fit) and its
+        predictions at targets [M], with bands from its own bootstrap when one was asked."""
+        law = fit_power_law(fit.compute, fit.reward, fit.weights)
+        reply.power_law.CopyFrom(curve_pb2.PowerLawFit(a=law.a, d=law.d, b=law.b, sse=law.sse))
+        if not targets.size:
+            return
+        law_reward = lower = upper = predict_power_law(law, targets)
+        if resamples:
+            law_samples = bootstrap_power_law(fit, law, resamples, seed)
+            law_reward, lower, upper = power_law_band(fit, law, law_samples, targets, spec)
+        reply.power_law_predictions.extend(_predictions(targets, law_reward, lower, upper))
 
     # --- core helpers (no gRPC types) ----------------------------------------------------
 

@@ -23,7 +23,7 @@ from curve_service.errors import CurveInputError
 from curve_service.fit import FitResult, refine
 from curve_service.points import MAX_COMPUTE, MIN_COMPUTE, MIN_POINTS
 from curve_service.sigmoid import sigmoid
-from curve_service.uncertainty import DEFAULT_LEVEL, bootstrap_params, prediction_band
+from curve_service.uncertainty import DEFAULT_BAND, BandSpec, bootstrap_params, prediction_band
 
 # K: refits after dropping the last 1, 2, 3 evaluations. Three is the recent history a user
 # watches before extending a run (three evaluations are a few percent of its compute), and
@@ -33,11 +33,11 @@ REFITS = 3
 MIN_CHECK_POINTS = MIN_POINTS + 1
 # The default target: the next doubling of the compute spent, the extension a user weighs.
 TARGET_FACTOR = 2.0
-# The band when the request asked for no bootstrap: 16 residual-bootstrap resamples,
-# seeded. They size the 90% band to within about a third of 200 resamples' (which is what
-# the verdict's factor-of-two thresholds need) at ~1.3 ms a resample, so a Fit without a
-# bootstrap stays near its 50 ms budget at 100 points.
-CHECK_RESAMPLES = 16
+# The band when the request asked for no bootstrap: 64 noise-model resamples, seeded,
+# refitted together (`batch.refine_batch`, a few ms in all), so a Fit without a bootstrap
+# stays inside its 50 ms budget at 100 points; they size the 90% band to within about a
+# sixth of 1,000 resamples', well inside the verdict's factor-of-two thresholds.
+CHECK_RESAMPLES = 64
 CHECK_SEED = 0
 # Moves below this much reward are no movement: under the resolution of any held-out
 # evaluation (1,000 prompts x 16 samples: about 0.004 standard error). It keeps noiseless
@@ -93,15 +93,16 @@ def extrapolation_stability(
     fit: FitResult,
     target_compute: float | None = None,
     samples: NDArray[np.float64] | None = None,
-    level: float = DEFAULT_LEVEL,
+    spec: BandSpec = DEFAULT_BAND,
 ) -> Stability:
     """How far `fit`'s prediction at target_compute moved over its last K = 3 evaluations.
 
     target_compute: > 0, the points' unit; None = `default_target` (2x the largest compute
     used). samples: the fit's bootstrap samples [S, 3] (A, B, C_mid) behind its band; None
-    = CHECK_RESAMPLES (16) resamples seeded CHECK_SEED. level: the band's central
-    probability. The evaluations dropped are the last distinct compute values (with
-    several seeds, every seed's point there). Each refit is the fit's continuous
+    = CHECK_RESAMPLES (64) resamples seeded CHECK_SEED. spec: the band the movement is
+    measured against (`uncertainty.BandSpec`: by default a 90% prediction band). The
+    evaluations dropped are the last distinct compute values (with several seeds, every
+    seed's point there). Each refit is the fit's continuous
     refinement (paper App. A.5) started from the fit's parameters within its grid's
     bounds, as the bootstrap resamples are: ~1-2 ms instead of a grid search of ~10 ms,
     and on the tests' curves, windows before C_mid included, the same optimum as a fresh
@@ -109,12 +110,12 @@ def extrapolation_stability(
 
     Verdict: "too few points" below 5 points (no refit keeps 4); else by ratio = moved /
     max(band half-width, BAND_FLOOR): "stable" <= 0.5, "settling" <= 1, "unstable" above.
-    Raises CurveInputError("target_compute" | "level") for a bad target or level.
+    Raises CurveInputError("target_compute") for a bad target.
     """
     target = default_target(fit) if target_compute is None else check_target(target_compute)
     if samples is None:
         samples = bootstrap_params(fit, CHECK_RESAMPLES, CHECK_SEED)
-    center, lower, upper = (float(v[0]) for v in prediction_band(fit, samples, [target], level))
+    center, lower, upper = (float(v[0]) for v in prediction_band(fit, samples, [target], spec=spec))
     half_width = (upper - lower) / 2.0
     refits = _refit_predictions(fit, target)
     history = ((center, lower, upper), *((r, r, r) for r in refits))
@@ -143,6 +144,7 @@ def _refit_predictions(fit: FitResult, target: float) -> list[float]:
         keep = fit.compute < computes[-j] if j < computes.size else fit.compute < 0
         if np.count_nonzero(keep) < MIN_POINTS:
             break
-        p = refine(fit.compute[keep], fit.reward[keep], fit.params, fit.grid)
+        weights = fit.weights[keep] if fit.weights is not None else None
+        p = refine(fit.compute[keep], fit.reward[keep], fit.params, fit.grid, weights=weights)
         out.append(float(sigmoid(target, p.a, p.b, p.c_mid, p.r0)))
     return out

@@ -94,14 +94,17 @@ def early_verdict(
 
 
 def fit_through(fit: FitResult, max_compute: float, grid: GridSpec | None = None) -> FitResult:
-    """The fit of `fit`'s points with compute <= max_compute (its seeds and its R0, so the
-    same request on fewer points); grid: None = the grid adapted to those points (pass
+    """The fit of `fit`'s points with compute <= max_compute (its seeds, standard errors and
+    R0, so the same request on fewer points); grid: None = the grid adapted to those points (pass
     PAPER_GRID when the fit used it). Raises CurveInputError("points") when fewer than 4
     points remain."""
     keep = fit.compute <= max_compute
     seeds = fit.series[keep] if fit.series is not None else None
     labels = [str(s) for s in seeds] if seeds is not None and seeds.max() > 0 else None
-    return fit_sigmoid(fit.compute[keep], fit.reward[keep], r0=fit.r0, grid=grid, series=labels)
+    stderr = fit.stderr[keep] if fit.stderr is not None else None
+    return fit_sigmoid(
+        fit.compute[keep], fit.reward[keep], r0=fit.r0, grid=grid, series=labels, stderr=stderr
+    )
 
 
 def stable_from(

@@ -15,7 +15,7 @@ from curve_service.stability import (
     check_target,
     extrapolation_stability,
 )
-from curve_service.uncertainty import bootstrap_params, prediction_band
+from curve_service.uncertainty import BandSpec, bootstrap_params, prediction_band
 from curve_service.verdict import early_verdict, fit_through, stable_from
 
 TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
@@ -92,8 +92,9 @@ def test_given_samples_and_target_set_the_band() -> None:
     compute = np.geomspace(1.0, 2000.0, 12)
     fit = fit_sigmoid(compute, _noisy(TRUTH, compute, 3), r0=0.1)
     samples = bootstrap_params(fit, 50, seed=7)
-    s = extrapolation_stability(fit, target_compute=500.0, samples=samples, level=0.8)
-    center, lower, upper = prediction_band(fit, samples, [500.0], 0.8)
+    spec = BandSpec(kind="curve", seed_sd=0.01, level=0.8)
+    s = extrapolation_stability(fit, target_compute=500.0, samples=samples, spec=spec)
+    center, lower, upper = prediction_band(fit, samples, [500.0], spec=spec)
     assert s.target_compute == 500.0
     assert s.history[0] == pytest.approx((center[0], lower[0], upper[0]))
     assert s.band_half_width == pytest.approx((upper[0] - lower[0]) / 2)
