@@ -55,6 +55,15 @@ def check_stderr(stderr: ArrayLike, n: int, name: str = "stderr") -> NDArray[np.
     return s
 
 
+def check_stderr_value(value: float, name: str) -> float:
+    """One standard error (reward units; 0 = unknown) as a float; raises
+    CurveInputError(name) unless it is finite in [0, 1]."""
+    v = float(value)
+    if not (math.isfinite(v) and 0.0 <= v <= MAX_STDERR):
+        raise CurveInputError(name, f"must be finite in [0, {MAX_STDERR:g}], got {value}")
+    return v
+
+
 def effective_stderr(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] | None:
     """The standard errors a fit uses [N], or None when no point has one (then the fit is
     unweighted, as the paper's). Unknown (0) values take the median of the known ones, and

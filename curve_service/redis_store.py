@@ -4,15 +4,20 @@ Keys (ARCHITECTURE.md sec. 4 schema `scalerl:{run_id}:...`, every one built here
 `scalerl.state.keys.run_key`):
   scalerl:{run_id}:curve:points              series "" (the run's total): hash,
                                              repr(compute) -> repr(reward) (repr round-trips)
+  scalerl:{run_id}:curve:stderr              hash, repr(compute) -> repr(stderr) of its
+                                             points with a known standard error
   scalerl:{run_id}:curve:meta                hash, its r0 ("" = unset) and revision
-  scalerl:{run_id}:curve:task:{task}:points  series `task`: the same two hashes
+  scalerl:{run_id}:curve:task:{task}:points  series `task`: the same three hashes
+  scalerl:{run_id}:curve:task:{task}:stderr
   scalerl:{run_id}:curve:task:{task}:meta
   scalerl:{run_id}:curve:tasks               set of the run's task names (bounds them)
   scalerl:curve-service:runs                 set of recorded run ids (bounds the number of runs)
 
 The total keeps the layout of the runs recorded before runs had tasks, so those still load;
 a task's hashes sit under `curve:task:{task}:`, and neither a task name nor a run id holds a
-`:`, so no two series (nor the task set) share a key.
+`:`, so no two series (nor the task set) share a key. A point missing from the stderr hash
+has an unknown (0.0) standard error, so series recorded before points had one load too.
+The stderr hash is written in the transaction that writes the point and trimmed with it.
 
 Writes are optimistic transactions (WATCH / MULTI): the new series is computed from what
 Redis holds and written as a whole, or retried when another writer got there first, so
@@ -25,11 +30,13 @@ data: each process caches its own, keyed by the series revision it was made from
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import redis
 
 from curve_service.errors import StoreFullError, UnknownRunError, UnknownTaskError
 from curve_service.fit import FitResult
+from curve_service.noise import check_stderr_value
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from curve_service.store import (
     MAX_RUNS,
@@ -60,6 +67,13 @@ def _keys(run_id: str, task: str) -> tuple[str, str]:
     )
 
 
+def _stderr_key(run_id: str, task: str) -> str:
+    """The stderr hash of series `task` of the run (`RunKeys.curve_stderr` for the total)."""
+    if task == TOTAL:
+        return run_key(run_id, "curve", "stderr")
+    return run_key(run_id, "curve", "task", task, "stderr")
+
+
 def _tasks_key(run_id: str) -> str:
     return run_key(run_id, "curve", "tasks")
 
@@ -82,28 +96,38 @@ class RedisRunStore:
         self._lock = threading.Lock()
 
     def record(
-        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+        self,
+        run_id: str,
+        compute: float,
+        reward: float,
+        r0: float | None,
+        task: str = TOTAL,
+        stderr: float = 0.0,
     ) -> RunSnapshot:
         validate_run_id(run_id)
         validate_task(task)
         c, r = validate_point(compute, reward)
+        se = check_stderr_value(stderr, "point.stderr")
         r0_value = None if r0 is None else validate_r0(r0)
         points_key, meta_key = _keys(run_id, task)
+        stderr_key = _stderr_key(run_id, task)
         tasks_key = _tasks_key(run_id)
         with self._redis.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(points_key, meta_key, tasks_key, RUNS_KEY)
+                    pipe.watch(points_key, stderr_key, meta_key, tasks_key, RUNS_KEY)
                     old = _load(pipe, run_id, task)
                     if old is None:
                         self._check_room(pipe, run_id, task)
                     base = old or RunSnapshot(run_id, (), None, 0, task=task)
-                    new = _with_point(base, c, r, r0_value, self._max_points)
+                    new = _with_point(base, c, r, r0_value, self._max_points, se)
                     if new is base and old is not None:
                         pipe.unwatch()
                         return self._with_fit(new)  # an identical retry changes nothing
                     pipe.multi()
                     pipe.hset(points_key, repr(c), repr(r))
+                    if se:  # accepted: the point's first known stderr, or the same again
+                        pipe.hset(stderr_key, repr(c), repr(se))
                     r0_text = "" if new.r0 is None else repr(new.r0)
                     pipe.hset(meta_key, mapping={"r0": r0_text, "revision": new.revision})
                     pipe.sadd(RUNS_KEY, run_id)
@@ -124,7 +148,9 @@ class RedisRunStore:
                     names = _series_names(pipe, run_id)
                     if not names:
                         raise UnknownRunError(run_id)
-                    keys = {task: _keys(run_id, task) for task in names}
+                    keys = {
+                        task: (*_keys(run_id, task), _stderr_key(run_id, task)) for task in names
+                    }
                     pipe.watch(*(key for task in names for key in keys[task]))
                     old = {task: _load(pipe, run_id, task) for task in names}
                     old = {task: snap for task, snap in old.items() if snap is not None}
@@ -135,12 +161,15 @@ class RedisRunStore:
                         return {t: self._with_fit(s) for t, s in old.items()}, 0
                     # The fields exactly as stored (record writes repr(compute)).
                     doomed = {
-                        task: [k for k in pipe.hkeys(keys[task][0]) if float(text(k)) > bound]
+                        (task, key): [k for k in pipe.hkeys(key) if float(text(k)) > bound]
                         for task in changed
+                        for key in (keys[task][0], keys[task][2])
                     }
                     pipe.multi()
+                    for (_, key), fields in doomed.items():
+                        if fields:  # a series may have no known stderr above the bound
+                            pipe.hdel(key, *fields)
                     for task in changed:
-                        pipe.hdel(keys[task][0], *doomed[task])
                         pipe.hset(keys[task][1], "revision", new[task].revision)
                     pipe.execute()
                     removed = sum(len(old[t].points) - len(new[t].points) for t in changed)
@@ -189,7 +218,7 @@ class RedisRunStore:
             cached = self._fits.get((snap.run_id, snap.task))
         if cached is None or cached[0] != snap.revision:
             return snap
-        return RunSnapshot(snap.run_id, snap.points, snap.r0, snap.revision, cached[1], snap.task)
+        return replace(snap, fit=cached[1])
 
 
 def _series_names(client: redis.Redis, run_id: str) -> tuple[str, ...]:
@@ -201,12 +230,17 @@ def _series_names(client: redis.Redis, run_id: str) -> tuple[str, ...]:
 
 
 def _load(client: redis.Redis, run_id: str, task: str) -> RunSnapshot | None:
-    """Series `task` as Redis holds it, without a fit; None when it was never recorded."""
+    """Series `task` as Redis holds it, without a fit; None when it was never recorded.
+    A point without a stderr field (recorded without one, or before series kept them) gets
+    0.0, unknown."""
     points_key, meta_key = _keys(run_id, task)
     meta = {text(k): text(v) for k, v in client.hgetall(meta_key).items()}
     if not meta:
         return None
     raw = client.hgetall(points_key)
     points = tuple(sorted((float(text(k)), float(text(v))) for k, v in raw.items()))
+    raw_stderr = client.hgetall(_stderr_key(run_id, task))
+    known = {float(text(k)): float(text(v)) for k, v in raw_stderr.items()}
+    stderr = tuple(known.get(c, 0.0) for c, _ in points)
     r0 = float(meta["r0"]) if meta.get("r0") else None
-    return RunSnapshot(run_id, points, r0, int(meta["revision"]), task=task)
+    return RunSnapshot(run_id, points, r0, int(meta["revision"]), task=task, stderr=stderr)

@@ -37,6 +37,7 @@ from curve_service.errors import CurveInputError, NoFitError
 from curve_service.fit import FitResult, fit_sigmoid
 from curve_service.grid import PAPER_GRID
 from curve_service.metrics import CurveMetrics
+from curve_service.noise import binomial_stderr
 from curve_service.points import MAX_POINTS, MIN_POINTS, check_compute, check_max_points
 from curve_service.power_law import fit_power_law, predict_power_law
 from curve_service.sigmoid import SigmoidParams, sigmoid, validate_params
@@ -72,8 +73,15 @@ log = logging.getLogger("scalerl.curve")
 
 
 def _points_field(field: str) -> str:
-    """The core names input arrays compute[i] / reward[i]; FitRequest has points[i].compute."""
-    return re.sub(r"^(compute|reward)\[(\d+)\]$", r"points[\2].\1", field)
+    """The core names input arrays compute[i] / reward[i] / stderr[i]; FitRequest has
+    points[i].compute."""
+    return re.sub(r"^(compute|reward|stderr)\[(\d+)\]$", r"points[\2].\1", field)
+
+
+def _point_stderr(point: curve_pb2.CurvePoint) -> float:
+    """A CurvePoint's standard error: its stderr, else the binomial one of its prompt and
+    sample counts (0.0, unknown, without them). Unchecked: the fit or store checks it."""
+    return point.stderr or binomial_stderr(point.reward, point.prompts, point.samples)
 
 
 @contextmanager
@@ -176,7 +184,14 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             raise CurveInputError("point", "required")
         r0 = request.r0 if request.HasField("r0") else None
         point = request.point
-        snap = self.store.record(request.run_id, point.compute, point.reward, r0, request.task)
+        snap = self.store.record(
+            request.run_id,
+            point.compute,
+            point.reward,
+            r0,
+            request.task,
+            stderr=_point_stderr(point),
+        )
         fit = self._published_fit(snap)
         reply = curve_pb2.RecordPointResponse(points=len(snap.points))
         if fit is not None:
@@ -204,7 +219,10 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         fit = self._stored_fit(snap)
         reply = curve_pb2.GetRunResponse(
             run_id=snap.run_id,
-            points=[curve_pb2.CurvePoint(compute=c, reward=r) for c, r in snap.points],
+            points=[
+                curve_pb2.CurvePoint(compute=c, reward=r, stderr=se)
+                for (c, r), se in zip(snap.points, snap.stderr, strict=True)
+            ],
             task=snap.task,
             tasks=tasks,
         )
@@ -215,27 +233,33 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
     # --- request conversion -----------------------------------------------------------
 
     def _fit_from_request(self, request: curve_pb2.FitRequest) -> FitResult:
-        """The sigmoid fit a FitRequest asks for, input errors named as in the request:
-        of its points, or of a recorded series when it names a run_id."""
+        """The sigmoid fit a FitRequest asks for, input errors named as in the request
+        (`points[2].stderr`): of its points, or of a recorded series when it names a
+        run_id. Weighted by the points' standard errors (a point's stderr, else the
+        binomial one of its prompts and samples) when any has one."""
         if request.run_id:
             return self._fit_recorded(request)
         _run_task(request)  # a task without run_id is refused
         check_max_points(len(request.points))  # before converting a million points
         series = [p.series for p in request.points]
+        stderr = [_point_stderr(p) for p in request.points]
         with _request_fields(_points_field):
             return self._fit(
                 [p.compute for p in request.points],
                 [p.reward for p in request.points],
                 r0=request.r0 if request.HasField("r0") else None,
                 series=series if any(series) else None,
+                # None when no point has a standard error: the paper's unweighted fit.
+                stderr=stderr if any(stderr) else None,
                 **_fit_options(request),
             )
 
     def _fit_recorded(self, request: curve_pb2.FitRequest) -> FitResult:
-        """The fit of series request.task of run request.run_id with the request's r0
-        (default: the series' recorded R0) and window. Raises CurveInputError("points")
-        when the request also carries points, UnknownRunError / UnknownTaskError,
-        NoFitError for a series with fewer than MIN_POINTS points."""
+        """The fit of series request.task of run request.run_id (weighted by its points'
+        recorded standard errors) with the request's r0 (default: the series' recorded R0)
+        and window. Raises CurveInputError("points") when the request also carries points,
+        UnknownRunError / UnknownTaskError, NoFitError for a series with fewer than
+        MIN_POINTS points."""
         if request.points:
             raise CurveInputError(
                 "points", f"must be empty with run_id (got {len(request.points)} points)"
@@ -251,6 +275,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             [c for c, _ in snap.points],
             [r for _, r in snap.points],
             r0=request.r0 if request.HasField("r0") else snap.r0,
+            stderr=snap.known_stderr,
             **_fit_options(request),
         )
 
@@ -353,11 +378,12 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         return fit
 
     def _refresh(self, snap: RunSnapshot) -> FitResult | None:
-        """Refit a series' whole history; a failure is logged and leaves it unfitted."""
+        """Refit a series' whole history (weighted by its points' recorded standard errors);
+        a failure is logged and leaves it unfitted."""
         compute = [c for c, _ in snap.points]
         reward = [r for _, r in snap.points]
         try:
-            fit = self._fit(compute, reward, r0=snap.r0)
+            fit = self._fit(compute, reward, r0=snap.r0, stderr=snap.known_stderr)
         except Exception as exc:  # a bad fit must not fail the write (it is stored)
             name = series_name(snap.run_id, snap.task)
             log.warning("fit of %s (revision %d) failed: %s", name, snap.revision, exc)

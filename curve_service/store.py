@@ -3,11 +3,12 @@
 A run holds one or more series: its total "" (the reward over all of its tasks, the only
 series of a single-task run) and one per task (`scalerl.state.keys.TASK_NAME_PATTERN`,
 paper Sec. 5 fits A and B per domain). A series is a sequence of eval points (compute,
-reward), an optional fixed R0 and the latest fit of those points; series are independent
-(their own points, R0, revision and fit). `RunStore` is the interface; `MemoryRunStore` is
-the thread-safe in-process backend. A Redis backend (keys `scalerl:{run_id}:curve:*`,
-ARCHITECTURE.md sec. 4) implements the same methods so several curve service replicas share
-runs.
+reward) with each point's standard error (0 = unknown; the fit weights by the known ones,
+`curve_service.noise`), an optional fixed R0 and the latest fit of those points; series
+are independent (their own points, R0, revision and fit). `RunStore` is the interface;
+`MemoryRunStore` is the thread-safe in-process backend. A Redis backend (keys
+`scalerl:{run_id}:curve:*`, ARCHITECTURE.md sec. 4) implements the same methods so several
+curve service replicas share runs.
 
 Every write validates first and then applies as a whole, so a rejected call changes nothing.
 """
@@ -27,6 +28,7 @@ from curve_service.errors import (
     UnknownTaskError,
 )
 from curve_service.fit import FitResult
+from curve_service.noise import check_stderr_value
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
 
@@ -40,9 +42,12 @@ class RunSnapshot:
     """An immutable view of one series of a run.
 
     points: ((compute, reward), ...) sorted by compute ascending; r0: the fixed R0 or None
-    (then the reward at the lowest compute is used); revision: increments whenever points
-    or r0 change, so a fit made from an older snapshot can be recognised as stale; task:
-    the series' name ("" = the run's total).
+    (then the reward at the lowest compute is used); revision: increments whenever points,
+    their standard errors or r0 change, so a fit made from an older snapshot can be
+    recognised as stale; task: the series' name ("" = the run's total); stderr: each
+    point's standard error (reward units, 0.0 = unknown), aligned with points. A snapshot
+    built without stderr gets 0.0 for every point, so stderr is () only for an empty
+    series; raises ValueError for a stderr of another length than points.
     """
 
     run_id: str
@@ -51,30 +56,54 @@ class RunSnapshot:
     revision: int
     fit: FitResult | None = None
     task: str = TOTAL
+    stderr: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.stderr and self.points:
+            object.__setattr__(self, "stderr", (0.0,) * len(self.points))
+        if len(self.stderr) != len(self.points):
+            raise ValueError(f"{len(self.stderr)} standard errors for {len(self.points)} points")
+
+    @property
+    def known_stderr(self) -> tuple[float, ...] | None:
+        """stderr for a fit (`fit_sigmoid`'s stderr), or None when no point has one (then
+        the fit is the paper's unweighted one)."""
+        return self.stderr if any(self.stderr) else None
 
 
 class RunStore(Protocol):
-    """Storage of runs' series: points and latest fits; implementations must be
-    thread-safe. `task` names a series of the run ("" = its total)."""
+    """Storage of runs' series: points with their standard errors (`RunSnapshot.stderr`),
+    R0 and latest fits; implementations must be thread-safe. `task` names a series of the
+    run ("" = its total)."""
 
     def record(
-        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+        self,
+        run_id: str,
+        compute: float,
+        reward: float,
+        r0: float | None,
+        task: str = TOTAL,
+        stderr: float = 0.0,
     ) -> RunSnapshot:
         """Add one point (and R0 if given) to series `task`; returns the series after the
-        write.
+        write. stderr: the reward's standard error (reward units, finite in [0, 1]; 0.0 =
+        unknown).
 
-        Re-recording an identical point is a no-op (retries are safe). Raises
-        CurveInputError for a bad run_id, task, point or r0, a point at an already recorded
-        compute with a different reward, an r0 that differs from the series', a series that
-        already holds MAX_POINTS points, or a new task series of a run that already holds
-        MAX_TASKS of them; StoreFullError when a new run would exceed MAX_RUNS.
+        Re-recording an identical point (same compute and reward) is a no-op (retries are
+        safe), except that a known stderr for a point recorded without one is stored (a
+        new revision). Raises CurveInputError for a bad run_id, task, point, stderr
+        ("point.stderr") or r0, a point at an already recorded compute with a different
+        reward ("point.compute") or a different known stderr ("point.stderr"), an r0 that
+        differs from the series', a series that already holds MAX_POINTS points, or a new
+        task series of a run that already holds MAX_TASKS of them; StoreFullError when a
+        new run would exceed MAX_RUNS.
         """
         ...
 
     def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
         """Remove the points with compute > max_compute (same unit as the points) from
-        EVERY series of the run; returns ({task: the series after the write} for each
-        series, the number of points removed over all of them).
+        EVERY series of the run, with their standard errors; returns ({task: the series
+        after the write} for each series, the number of points removed over all of them).
 
         R0 is kept. A series with nothing above the bound is unchanged (same revision, fit
         kept); a trimmed one gets a new revision and loses its fit, as after a record.
@@ -155,11 +184,18 @@ class MemoryRunStore:
         self._max_tasks = max_tasks
 
     def record(
-        self, run_id: str, compute: float, reward: float, r0: float | None, task: str = TOTAL
+        self,
+        run_id: str,
+        compute: float,
+        reward: float,
+        r0: float | None,
+        task: str = TOTAL,
+        stderr: float = 0.0,
     ) -> RunSnapshot:
         validate_run_id(run_id)
         validate_task(task)
         c, r = validate_point(compute, reward)
+        se = check_stderr_value(stderr, "point.stderr")
         r0_value = None if r0 is None else validate_r0(r0)
         with self._lock:
             run = self._runs.get(run_id)
@@ -171,7 +207,7 @@ class MemoryRunStore:
                 held = sum(1 for name in run if name != TOTAL)
                 check_series_room(run_id, task, held, self._max_tasks)
                 old = RunSnapshot(run_id, (), None, 0, task=task)
-            new = _with_point(old, c, r, r0_value, self._max_points)
+            new = _with_point(old, c, r, r0_value, self._max_points, se)
             self._runs[run_id] = {**run, task: new}
             return new
 
@@ -221,9 +257,15 @@ class MemoryRunStore:
 
 
 def _with_point(
-    run: RunSnapshot, compute: float, reward: float, r0: float | None, max_points: int
+    run: RunSnapshot,
+    compute: float,
+    reward: float,
+    r0: float | None,
+    max_points: int,
+    stderr: float = 0.0,
 ) -> RunSnapshot:
-    """The series with one more point and r0 applied; raises CurveInputError on conflicts."""
+    """The series with one more point (its standard error `stderr`, 0.0 = unknown) and r0
+    applied; `run` itself when nothing changes. Raises CurveInputError on conflicts."""
     if r0 is not None and run.r0 is not None and r0 != run.r0:
         raise CurveInputError("r0", f"{_name(run)} has r0={run.r0:g}; got {r0:g}")
     new_r0 = run.r0 if r0 is None else r0
@@ -236,21 +278,43 @@ def _with_point(
                 f"{_name(run)} already has compute={compute:g} with reward "
                 f"{run.points[i][1]:g}; got reward {reward:g}",
             )
-        if new_r0 == run.r0:
+        old = run.stderr[i]
+        if stderr and old and stderr != old:
+            raise CurveInputError(
+                "point.stderr",
+                f"{_name(run)} already has compute={compute:g} with stderr {old:g}; got "
+                f"stderr {stderr:g}",
+            )
+        # A retry may bring the stderr a point was first recorded without (an evaluation
+        # re-recorded on resume from a record that has it); it never forgets a known one.
+        new_stderr = run.stderr
+        if stderr and not old:
+            new_stderr = run.stderr[:i] + (stderr,) + run.stderr[i + 1 :]
+        if new_r0 == run.r0 and new_stderr == run.stderr:
             return run  # an identical retry changes nothing
-        return replace(run, r0=new_r0, revision=run.revision + 1, fit=None)
+        return replace(run, r0=new_r0, stderr=new_stderr, revision=run.revision + 1, fit=None)
     if len(run.points) >= max_points:
         raise CurveInputError("point", f"{_name(run)} already holds {max_points} points")
     points = run.points[:i] + ((compute, reward),) + run.points[i:]
-    return replace(run, points=points, r0=new_r0, revision=run.revision + 1, fit=None)
+    stderrs = run.stderr[:i] + (stderr,) + run.stderr[i:]
+    return replace(
+        run, points=points, stderr=stderrs, r0=new_r0, revision=run.revision + 1, fit=None
+    )
 
 
 def _trimmed(run: RunSnapshot, max_compute: float) -> RunSnapshot:
-    """The series without its points above max_compute; itself when there are none."""
+    """The series without its points (and their standard errors) above max_compute;
+    itself when there are none."""
     keep = bisect.bisect_right([p[0] for p in run.points], max_compute)
     if keep == len(run.points):
         return run  # nothing above the bound: same revision, fit kept
-    return replace(run, points=run.points[:keep], revision=run.revision + 1, fit=None)
+    return replace(
+        run,
+        points=run.points[:keep],
+        stderr=run.stderr[:keep],
+        revision=run.revision + 1,
+        fit=None,
+    )
 
 
 def series_name(run_id: str, task: str) -> str:

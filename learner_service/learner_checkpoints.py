@@ -90,8 +90,8 @@ class CheckpointsMixin:
         self._trim_curve(max((max(r.compute, ZERO_COMPUTE) for r in kept), default=0.0))
         for record in kept:  # each series' R0 is its first evaluation
             self.r0_by_task.setdefault(record.task, record.pass_rate)
-        for record in kept:
-            self._record_curve_point(record.compute, record.pass_rate, quiet=True, task=record.task)
+        for record in kept:  # with its stderr, which a point recorded without one gains
+            self._record_curve_point(record, quiet=True)
 
     def _checkpoint_due(self) -> bool:
         """Every `checkpoint_every` steps, or `checkpoint_minutes` after the last one."""

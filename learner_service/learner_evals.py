@@ -92,7 +92,7 @@ class EvaluationsMixin:
             else "",
         )
         for record in records:
-            self._record_curve_point(record.compute, record.pass_rate, task=record.task)
+            self._record_curve_point(record)
         self._publish_if_new()
 
     @property
@@ -147,24 +147,26 @@ class EvaluationsMixin:
         if trimmed.points_removed:
             log.info("removed %d discarded evaluations from the curve", trimmed.points_removed)
 
-    def _record_curve_point(
-        self, compute: float, pass_rate: float, quiet: bool = False, task: str = ""
-    ) -> None:
+    def _record_curve_point(self, record: EvalRecord, quiet: bool = False) -> None:
         """Record the evaluation on the curve service, which refits the run's curve (the
-        series of `task`; "" = the run's weighted total); the launcher writes curve.json
-        from the service at the end of the run. quiet: do not log the refit (points
-        recorded again on resume). A curve service that is down (its supervisor restarts
-        it) is waited for up to 30 s: the point is idempotent there."""
+        series of `record.task`; "" = the run's weighted total) weighting each point by its
+        standard error (`record.stderr`; None, in records written before they had one, is
+        sent as 0 = unknown); the launcher writes curve.json from the service at the end of
+        the run. quiet: do not log the refit (points recorded again on resume). A curve
+        service that is down (its supervisor restarts it) is waited for up to 30 s: the
+        point is idempotent there."""
         if not self.curve_address:
             return
+        task = record.task
         try:
             with CurveClient(self.curve_address, timeout_s=30, wait_for_ready=True) as client:
                 recorded = client.record_point(
                     self.config.run_id,
-                    max(compute, ZERO_COMPUTE),
-                    pass_rate,
+                    max(record.compute, ZERO_COMPUTE),
+                    record.pass_rate,
                     self.r0_by_task.get(task),
                     task=task,
+                    stderr=record.stderr or 0.0,
                 )
         except ServiceError as exc:
             log.warning("curve service: %s %s", exc.status, exc)

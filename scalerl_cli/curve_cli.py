@@ -5,10 +5,12 @@
     scalerl curve compare A.csv B.csv [...] [--a-margin M] [--json] [--server HOST:PORT]
 
 A CSV has a header with columns `compute` and `reward` (an optional `series` column labels
-seeds fitted together; other columns are ignored). Fits run on a curve service started in
-this process, or on the one at --server; either way through `scalerl.rpc.curve_client`.
-Bad input prints one line naming the field and exits with code 2. No torch import: this
-module loads numpy, scipy and grpc only (matplotlib for --plot).
+seeds fitted together, an optional `stderr` column holds each reward's standard error, an
+empty cell or 0 = unknown, and the fit weights points by it; other columns are ignored).
+Fits run on a curve service started in this process, or on the one at --server; either way
+through `scalerl.rpc.curve_client`. Bad input prints one line naming the field (a CSV's
+file, line and column) and exits with code 2. No torch import: this module loads numpy,
+scipy and grpc only (matplotlib for --plot).
 """
 
 from __future__ import annotations
@@ -43,12 +45,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     curve = sub.add_parser("curve", help="Fit and compare compute-reward curves (paper Eq. 1).")
     verbs = curve.add_subparsers(dest="curve_command", required=True)
     fit = verbs.add_parser("fit", help="Fit the sigmoid to POINTS.csv and extrapolate.")
-    fit.add_argument("points", type=Path, help="CSV with columns compute, reward.")
+    fit.add_argument(
+        "points",
+        type=Path,
+        help="CSV with columns compute, reward (optional: series, and stderr, the reward's "
+        "standard error, empty = unknown, by which the fit weights points).",
+    )
     _common(fit)
     fit.add_argument("--predict", default="", help="Compute values to predict, C1,C2,...")
     fit.add_argument("--plot", type=Path, default=None, help="Write a PNG plot here.")
     compare = verbs.add_parser("compare", help="Rank runs: A first, then B at a shared A.")
-    compare.add_argument("points", type=Path, nargs="+", help="Two or more CSV files.")
+    compare.add_argument(
+        "points",
+        type=Path,
+        nargs="+",
+        help="Two or more CSV files (columns as for `curve fit`).",
+    )
     _common(compare)
     compare.add_argument(
         "--a-margin", type=float, default=0.0, help="A margin (default 0.02, the paper's)."
@@ -105,8 +117,10 @@ def _use_credentials(args: argparse.Namespace) -> None:
 # --- input ---------------------------------------------------------------------------
 
 
-def read_points(path: Path) -> tuple[list[float], list[float], list[str]]:
-    """(compute, reward, series) from a CSV; raises CliInputError naming file, line, column."""
+def read_points(path: Path) -> tuple[list[float], list[float], list[str], list[float]]:
+    """(compute, reward, series, stderr) from a CSV; stderr is [] without a `stderr` column,
+    else one per row (an empty cell = 0.0, unknown). Raises CliInputError naming file,
+    line and column. Ranges are the service's to check (its error names the line too)."""
     try:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
@@ -128,7 +142,17 @@ def read_points(path: Path) -> tuple[list[float], list[float], list[str]]:
                     f"{path} line {line}: {column}: not a number: {row[column]!r}"
                 ) from None
     series = [row.get("series") or "" for row in rows]
-    return compute, reward, series
+    stderr: list[float] = []
+    if "stderr" in columns:
+        for line, row in enumerate(rows, start=2):
+            cell = (row["stderr"] or "").strip()
+            try:
+                stderr.append(float(cell) if cell else 0.0)
+            except ValueError:
+                raise CliInputError(
+                    f"{path} line {line}: stderr: not a number: {row['stderr']!r}"
+                ) from None
+    return compute, reward, series, stderr
 
 
 def _float_list(text: str, name: str) -> list[float]:
@@ -147,11 +171,12 @@ def _spec(path: Path, args: argparse.Namespace, predict: list[float]) -> FitSpec
         raise CliInputError(f"--bootstrap: must be in 0..2000, got {args.bootstrap}")
     if args.seed < 0:
         raise CliInputError(f"--seed: must be >= 0, got {args.seed}")
-    compute, reward, series = read_points(path)
+    compute, reward, series, stderr = read_points(path)
     return FitSpec(
         compute=compute,
         reward=reward,
         series=series,
+        stderr=stderr,
         r0=args.r0,
         min_compute=args.min_compute,
         max_compute=args.max_compute,
@@ -205,7 +230,7 @@ def _fit(args: argparse.Namespace) -> int:
     predict = _float_list(args.predict, "--predict")
     plot_compute: list[float] = []
     if args.plot is not None:
-        compute, _, _ = read_points(args.points)
+        compute = read_points(args.points)[0]
         finite = [c for c in compute if math.isfinite(c) and c > 0]
         if finite:
             lo, hi = min(finite), max(finite + predict)

@@ -283,6 +283,7 @@ class EvalPoint(Protocol):
 
     compute: float  # in RUN_COMPUTE_UNIT
     pass_rate: float  # in [0, 1]
+    stderr: float | None  # pass_rate's standard error; 0 or None = unknown
 
 
 @dataclass(frozen=True)
@@ -290,18 +291,25 @@ class FitSpec:
     """What to fit and how: the content of one FitRequest.
 
     compute, reward: [N] points (compute > 0 in one unit; reward in [-1, 1]); series: [N]
-    seed labels of points fitted together, or empty for one series. r0: fixed R0 (None =
-    the reward at the lowest compute). min_compute, max_compute: fit window. Bootstrap:
+    seed labels of points fitted together, or empty for one series; stderr: [N] standard
+    error of each reward (reward units, finite in [0, 1], 0 = unknown), or empty when none
+    is known: the fit weights squared residuals by 1 / stderr^2 when any point has one
+    (CurvePoint.stderr), else it is the paper's unweighted fit. r0: fixed R0 (None = the
+    reward at the lowest compute). min_compute, max_compute: fit window. Bootstrap:
     `bootstrap_resamples` (0 = none, at most 2,000) seeded by `seed`, central `level`
     (0 = 0.9). paper_grid: the paper's GPU-hour grid. power_law: also fit App. A.4's power
-    law. predict_compute: compute values to extrapolate to. target_compute: where the
-    stability check predicts (None = 2x the largest compute). The service checks every
-    range.
+    law. seed_sd: between-seed standard deviation of A added to bands beyond the fitted
+    compute (reward units, in [0, 0.5]; None = the service's default, 0.02 / 1.645).
+    band: what bands cover, "prediction" (or "", the default), "curve" or "parameter"
+    (FitMethod.band). predict_compute: compute values to extrapolate to. target_compute:
+    where the stability check predicts (None = 2x the largest compute). The service checks
+    every range.
     """
 
     compute: Sequence[float]
     reward: Sequence[float]
     series: Sequence[str] = ()
+    stderr: Sequence[float] = ()
     r0: float | None = None
     min_compute: float | None = None
     max_compute: float | None = None
@@ -310,35 +318,42 @@ class FitSpec:
     level: float = 0.0
     paper_grid: bool = False
     power_law: bool = False
+    seed_sd: float | None = None
+    band: str = ""
     predict_compute: Sequence[float] = ()
     target_compute: float | None = None
 
     @classmethod
     def from_evals(cls, evals: Sequence[EvalPoint], **options: Any) -> FitSpec:
         """The fit of a run's held-out curve from its evaluations (eval.jsonl's
-        `EvalRecord`s, at least one: `compute` in RUN_COMPUTE_UNIT, `pass_rate`), the way run
-        reports fit it: R0 = the first evaluation's pass rate, RUN_RESAMPLES bootstrap
-        resamples seeded 0. A step-0 evaluation's compute of 0 sits at ZERO_COMPUTE.
-        options: any FitSpec field, overriding those."""
+        `EvalRecord`s, at least one: `compute` in RUN_COMPUTE_UNIT, `pass_rate`, `stderr`),
+        the way run reports fit it: R0 = the first evaluation's pass rate, each point
+        weighted by its standard error (None, in records written before they had one, =
+        unknown), RUN_RESAMPLES bootstrap resamples seeded 0. A step-0 evaluation's compute
+        of 0 sits at ZERO_COMPUTE. options: any FitSpec field, overriding those."""
         defaults = {"r0": evals[0].pass_rate, "bootstrap_resamples": RUN_RESAMPLES, "seed": 0}
         return cls(
             compute=[max(e.compute, ZERO_COMPUTE) for e in evals],
             reward=[e.pass_rate for e in evals],
+            stderr=[e.stderr or 0.0 for e in evals],
             **(defaults | options),
         )
 
     def to_proto(self) -> curve_pb2.FitRequest:
-        """The FitRequest; raises ValueError when series is neither empty nor [N]."""
-        series = list(self.series) or [""] * len(self.compute)
-        if not len(self.compute) == len(self.reward) == len(series):
+        """The FitRequest; raises ValueError when series or stderr is neither empty nor
+        [N]."""
+        n = len(self.compute)
+        series = list(self.series) or [""] * n
+        stderr = list(self.stderr) or [0.0] * n
+        if not n == len(self.reward) == len(series) == len(stderr):
             raise ValueError(
-                f"{len(self.compute)} compute values, {len(self.reward)} rewards and "
-                f"{len(series)} series labels"
+                f"{n} compute values, {len(self.reward)} rewards, {len(series)} series "
+                f"labels and {len(stderr)} standard errors"
             )
         request = curve_pb2.FitRequest(
             points=[
-                curve_pb2.CurvePoint(compute=c, reward=r, series=s)
-                for c, r, s in zip(self.compute, self.reward, series, strict=True)
+                curve_pb2.CurvePoint(compute=c, reward=r, series=s, stderr=se)
+                for c, r, s, se in zip(self.compute, self.reward, series, stderr, strict=True)
             ],
             method=curve_pb2.FitMethod(
                 bootstrap_resamples=self.bootstrap_resamples,
@@ -346,9 +361,12 @@ class FitSpec:
                 level=self.level,
                 paper_grid=self.paper_grid,
                 power_law=self.power_law,
+                band=self.band,
             ),
             predict_compute=list(self.predict_compute),
         )
+        if self.seed_sd is not None:
+            request.method.seed_sd = self.seed_sd
         for name in ("r0", "min_compute", "max_compute", "target_compute"):
             value = getattr(self, name)
             if value is not None:
@@ -449,7 +467,8 @@ class RecordedRun:
     task: the series read ("" = the run's total); points: ((compute, reward), ...) compute
     ascending, in the unit they were recorded in; fit: its fit (None while it has fewer than
     4 points or its fit failed); tasks: the names of the run's task series other than "",
-    sorted.
+    sorted; stderr: each point's recorded standard error (reward units, 0.0 = unknown),
+    aligned with points.
     """
 
     run_id: str
@@ -457,6 +476,7 @@ class RecordedRun:
     points: tuple[tuple[float, float], ...]
     fit: FitSummary | None
     tasks: tuple[str, ...]
+    stderr: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -523,16 +543,24 @@ class CurveClient:
         reward: float,
         r0: float | None = None,
         task: str = "",
+        stderr: float = 0.0,
+        prompts: int = 0,
+        samples: int = 0,
     ) -> RecordedPoint:
         """Add one (compute, reward) point to series `task` of run `run_id` ("" = the run's
         total; compute > 0 in the run's unit, reward in [-1, 1]; an identical retry is a
-        no-op) and return that series' refreshed fit. r0: the series' fixed R0. Raises
-        InvalidArgument (a bad point, one conflicting with the series', a task outside
-        `scalerl.state.keys.TASK_NAME_PATTERN`, or a 65th task series of the run) or
-        ResourceExhausted (the store is full)."""
-        request = curve_pb2.RecordPointRequest(
-            run_id=run_id, point=curve_pb2.CurvePoint(compute=compute, reward=reward), task=task
+        no-op, except that it stores a known stderr for a point recorded without one) and
+        return that series' refreshed fit. r0: the series' fixed R0. stderr: the reward's
+        standard error (reward units, finite in [0, 1]; 0 = unknown); prompts, samples:
+        the held-out prompts and samples per prompt behind the reward, from which the
+        service takes the binomial standard error when stderr is 0. Raises
+        InvalidArgument (a bad point or stderr, one conflicting with the series', a task
+        outside `scalerl.state.keys.TASK_NAME_PATTERN`, or a 65th task series of the run)
+        or ResourceExhausted (the store is full)."""
+        point = curve_pb2.CurvePoint(
+            compute=compute, reward=reward, stderr=stderr, prompts=prompts, samples=samples
         )
+        request = curve_pb2.RecordPointRequest(run_id=run_id, point=point, task=task)
         if r0 is not None:
             request.r0 = r0
         reply = self._call("RecordPoint", request)
@@ -553,10 +581,11 @@ class CurveClient:
         return TrimmedRun(points_removed=reply.points_removed, points=reply.points, fit=fit)
 
     def get_run(self, run_id: str, task: str = "") -> RecordedRun:
-        """Series `task` of run `run_id` ("" = the run's total): its points, its fit and
-        the names of the run's task series. Raises InvalidArgument (`run_id`, or a `task`
-        outside `scalerl.state.keys.TASK_NAME_PATTERN`) or NotFound (no such run, or no
-        such series of it; the message lists the run's series)."""
+        """Series `task` of run `run_id` ("" = the run's total): its points with their
+        standard errors, its fit and the names of the run's task series. Raises
+        InvalidArgument (`run_id`, or a `task` outside `scalerl.state.keys.TASK_NAME_PATTERN`)
+        or NotFound (no such run, or no such series of it; the message lists the run's
+        series)."""
         reply = self._call("GetRun", curve_pb2.GetRunRequest(run_id=run_id, task=task))
         fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
         return RecordedRun(
@@ -565,6 +594,7 @@ class CurveClient:
             points=tuple((p.compute, p.reward) for p in reply.points),
             fit=fit,
             tasks=tuple(reply.tasks),
+            stderr=tuple(p.stderr for p in reply.points),
         )
 
     def fit_run(
@@ -580,12 +610,15 @@ class CurveClient:
         level: float = 0.0,
         paper_grid: bool = False,
         power_law: bool = False,
+        seed_sd: float | None = None,
+        band: str = "",
         predict_compute: Sequence[float] = (),
         target_compute: float | None = None,
     ) -> FitSummary:
         """Fit paper Eq. 1 to the recorded points of series `task` of run `run_id` ("" =
-        the run's total), with `FitSpec`'s options (r0 None = the series' recorded R0). The
-        same as `fit` of those points. Raises InvalidArgument (`run_id`, `task`, an option
+        the run's total), weighted by their recorded standard errors, with `FitSpec`'s
+        options (r0 None = the series' recorded R0). The same as `fit` of those points
+        with their stderr. Raises InvalidArgument (`run_id`, `task`, an option
         out of range), NotFound (no such run or series) or FailedPrecondition (the series
         has fewer than 4 points)."""
         spec = FitSpec(
@@ -599,6 +632,8 @@ class CurveClient:
             level=level,
             paper_grid=paper_grid,
             power_law=power_law,
+            seed_sd=seed_sd,
+            band=band,
             predict_compute=predict_compute,
             target_compute=target_compute,
         )

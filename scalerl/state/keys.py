@@ -115,8 +115,10 @@ class RunKeys:
         self.compute = run_key(run_id, "compute")
         # Prompt pools, one per task: `pool_keys(task)`.
         self.pool_prefix = run_key(run_id, "pool") + ":"
-        # The curve service's copy of the run's points and fit metadata.
+        # The curve service's copy of the run's points, their known standard errors (hash:
+        # repr(compute) -> repr(stderr)) and fit metadata.
         self.curve_points = run_key(run_id, "curve", "points")
+        self.curve_stderr = run_key(run_id, "curve", "stderr")
         self.curve_meta = run_key(run_id, "curve", "meta")
 
     def worker(self, worker_id: str) -> str:

@@ -7,14 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CurvePoint(_message.Message):
-    __slots__ = ("compute", "reward", "series")
+    __slots__ = ("compute", "reward", "series", "stderr", "prompts", "samples")
     COMPUTE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     compute: float
     reward: float
     series: str
-    def __init__(self, compute: _Optional[float] = ..., reward: _Optional[float] = ..., series: _Optional[str] = ...) -> None: ...
+    stderr: float
+    prompts: int
+    samples: int
+    def __init__(self, compute: _Optional[float] = ..., reward: _Optional[float] = ..., series: _Optional[str] = ..., stderr: _Optional[float] = ..., prompts: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class CurveParams(_message.Message):
     __slots__ = ("a", "b", "c_mid", "r0")
@@ -51,18 +57,22 @@ class FitRequest(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., r0: _Optional[float] = ..., min_compute: _Optional[float] = ..., max_compute: _Optional[float] = ..., method: _Optional[_Union[FitMethod, _Mapping]] = ..., predict_compute: _Optional[_Iterable[float]] = ..., run_id: _Optional[str] = ..., task: _Optional[str] = ..., target_compute: _Optional[float] = ...) -> None: ...
 
 class FitMethod(_message.Message):
-    __slots__ = ("bootstrap_resamples", "seed", "level", "paper_grid", "power_law")
+    __slots__ = ("bootstrap_resamples", "seed", "level", "paper_grid", "power_law", "seed_sd", "band")
     BOOTSTRAP_RESAMPLES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     PAPER_GRID_FIELD_NUMBER: _ClassVar[int]
     POWER_LAW_FIELD_NUMBER: _ClassVar[int]
+    SEED_SD_FIELD_NUMBER: _ClassVar[int]
+    BAND_FIELD_NUMBER: _ClassVar[int]
     bootstrap_resamples: int
     seed: int
     level: float
     paper_grid: bool
     power_law: bool
-    def __init__(self, bootstrap_resamples: _Optional[int] = ..., seed: _Optional[int] = ..., level: _Optional[float] = ..., paper_grid: _Optional[bool] = ..., power_law: _Optional[bool] = ...) -> None: ...
+    seed_sd: float
+    band: str
+    def __init__(self, bootstrap_resamples: _Optional[int] = ..., seed: _Optional[int] = ..., level: _Optional[float] = ..., paper_grid: _Optional[bool] = ..., power_law: _Optional[bool] = ..., seed_sd: _Optional[float] = ..., band: _Optional[str] = ...) -> None: ...
 
 class Interval(_message.Message):
     __slots__ = ("lower", "upper")

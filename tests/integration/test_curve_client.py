@@ -169,10 +169,13 @@ def test_fit_spec_sets_only_the_options_given() -> None:
     assert not plain.HasField("r0") and not plain.HasField("min_compute")
     assert not plain.HasField("target_compute")
     assert [p.series for p in plain.points] == ["", ""]
+    assert [p.stderr for p in plain.points] == [0.0, 0.0]  # unknown
+    assert not plain.method.HasField("seed_sd") and plain.method.band == ""
     spec = FitSpec(
         compute=[1.0, 2.0],
         reward=[0.1, 0.2],
         series=["s0", "s1"],
+        stderr=[0.02, 0.0],
         r0=0.0,  # a set R0 of 0 is sent, not dropped
         max_compute=5.0,
         bootstrap_resamples=50,
@@ -180,6 +183,8 @@ def test_fit_spec_sets_only_the_options_given() -> None:
         level=0.8,
         paper_grid=True,
         power_law=True,
+        seed_sd=0.0,  # a set 0 (the data's noise only) is sent, not dropped
+        band="curve",
         predict_compute=[10.0],
         target_compute=20.0,
     )
@@ -195,21 +200,25 @@ def test_fit_spec_sets_only_the_options_given() -> None:
         True,
         True,
     )
-    assert [(p.compute, p.reward, p.series) for p in request.points] == [
-        (1.0, 0.1, "s0"),
-        (2.0, 0.2, "s1"),
+    assert m.HasField("seed_sd") and (m.seed_sd, m.band) == (0.0, "curve")
+    assert [(p.compute, p.reward, p.series, p.stderr) for p in request.points] == [
+        (1.0, 0.1, "s0", 0.02),
+        (2.0, 0.2, "s1", 0.0),
     ]
     with pytest.raises(ValueError, match="2 compute values, 1 rewards"):
         FitSpec(compute=[1.0, 2.0], reward=[0.1]).to_proto()
+    with pytest.raises(ValueError, match="2 series labels and 1 standard errors$"):
+        FitSpec(compute=[1.0, 2.0], reward=[0.1, 0.2], stderr=[0.01]).to_proto()
 
 
 def test_fit_spec_from_evals_is_the_run_convention() -> None:
     evals = [
-        SimpleNamespace(compute=0.0, pass_rate=0.2),
-        SimpleNamespace(compute=0.5, pass_rate=0.4),
+        SimpleNamespace(compute=0.0, pass_rate=0.2, stderr=None),  # a record without one
+        SimpleNamespace(compute=0.5, pass_rate=0.4, stderr=0.03),
     ]
     spec = FitSpec.from_evals(evals, predict_compute=[1.0])
     assert list(spec.compute) == [ZERO_COMPUTE, 0.5]
+    assert list(spec.stderr) == [0.0, 0.03]  # None = unknown
     assert (spec.r0, spec.bootstrap_resamples, spec.seed) == (0.2, 200, 0)
     assert list(spec.predict_compute) == [1.0]
     assert FitSpec.from_evals(evals, r0=0.1, bootstrap_resamples=0).r0 == 0.1
