@@ -56,7 +56,7 @@ def main() -> None:
     reward = predict(TRUTH, compute) + np.random.default_rng(0).normal(0.0, 0.003, 100)
     fit = fit_sigmoid(compute, reward, r0=TRUTH.r0)
     med, _ = _median_ms(lambda: extrapolation_stability(fit), 10)
-    print(f"stability check alone, 100 points (3 refits, 16 resamples): median {med:.1f} ms")
+    print(f"stability check alone, 100 points (3 refits, 64 resamples): median {med:.1f} ms")
 
     server, port, _ = serve(port=0, servicer=CurveServicer())
     spec = FitSpec(compute=list(compute), reward=list(reward), r0=TRUTH.r0)
