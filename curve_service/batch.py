@@ -14,8 +14,8 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from curve_service.grid import B_MAX, B_MIN, GridSpec
-from curve_service.points import REWARD_LIMIT, reward_floor
+from curve_service.fit import refine_bounds
+from curve_service.grid import GridSpec
 from curve_service.sigmoid import SigmoidParams, gain_fraction
 
 MAX_ITERS = 100
@@ -41,7 +41,7 @@ def refine_batch(
     s_count = rewards.shape[0]
     log_c = np.log(compute)[None, :]  # [1, N]
     root_w = np.ones((1, compute.size)) if weights is None else np.sqrt(np.atleast_2d(weights))
-    lb, ub = _bounds(start, grid, rewards)
+    lb, ub = refine_bounds(start, grid, rewards)
     x = np.tile(np.clip([start.a, math.log(start.b), math.log(start.c_mid)], lb, ub), (s_count, 1))
     r0 = start.r0
     resid = _residual(x, log_c, rewards, root_w, r0)
@@ -69,20 +69,6 @@ def refine_batch(
         cost = np.where(better, cost_new, cost)
         active &= ~done
     return np.stack([x[:, 0], np.exp(x[:, 1]), np.exp(x[:, 2])], axis=1)
-
-
-def _bounds(
-    start: SigmoidParams, grid: GridSpec, rewards: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Lower and upper bounds [3] of (A, ln B, ln C_mid), those of `fit.refine`."""
-    r0 = start.r0
-    if start.a > r0:
-        a_lo, a_hi = r0 + 1e-9, max(REWARD_LIMIT, grid.a_max)
-    else:
-        a_lo, a_hi = min(reward_floor(rewards), grid.a_min), r0 - 1e-9
-    lb = np.array([a_lo, math.log(B_MIN / 10), math.log(grid.c_mid_min / 10)])
-    ub = np.array([a_hi, math.log(B_MAX * 5), math.log(grid.c_mid_max * 10)])
-    return lb, ub
 
 
 def _residual(

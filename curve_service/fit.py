@@ -206,12 +206,7 @@ def refine(
     if fix_a:
         return _refine_b_c_mid(compute, reward, start, grid, weights)
     r0 = start.r0
-    if start.a > r0:
-        a_lo, a_hi = r0 + 1e-9, max(REWARD_LIMIT, grid.a_max)
-    else:
-        a_lo, a_hi = min(reward_floor(reward), grid.a_min), r0 - 1e-9
-    lb = np.array([a_lo, math.log(B_MIN / 10), math.log(grid.c_mid_min / 10)])
-    ub = np.array([a_hi, math.log(B_MAX * 5), math.log(grid.c_mid_max * 10)])
+    lb, ub = refine_bounds(start, grid, reward)
     x0 = np.clip([start.a, math.log(start.b), math.log(start.c_mid)], lb, ub)
     log_c = np.log(compute)
     root_w = 1.0 if weights is None else np.sqrt(weights)
@@ -234,6 +229,22 @@ def refine(
     if float(sol.fun @ sol.fun) > float(r_start @ r_start):
         return start
     return SigmoidParams(float(sol.x[0]), math.exp(sol.x[1]), math.exp(sol.x[2]), r0)
+
+
+def refine_bounds(
+    start: SigmoidParams, grid: GridSpec, reward: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Bounds (lower [3], upper [3]) of the refinement's (A, ln B, ln C_mid): A between R0
+    and the reward limit on start's side of R0 (the reward floor of `reward` for a falling
+    curve), B in [B_MIN / 10, B_MAX * 5], C_mid within 10x beyond the grid."""
+    r0 = start.r0
+    if start.a > r0:
+        a_lo, a_hi = r0 + 1e-9, max(REWARD_LIMIT, grid.a_max)
+    else:
+        a_lo, a_hi = min(reward_floor(reward), grid.a_min), r0 - 1e-9
+    lb = np.array([a_lo, math.log(B_MIN / 10), math.log(grid.c_mid_min / 10)])
+    ub = np.array([a_hi, math.log(B_MAX * 5), math.log(grid.c_mid_max * 10)])
+    return lb, ub
 
 
 # --- internals -------------------------------------------------------------------------
