@@ -33,7 +33,13 @@ from scalerl.rpc.errors import InvalidArgument, ServiceError
 EXIT_BAD_INPUT = 2
 PLOT_POINTS = 120  # extrapolation curve samples on the plot
 TIMEOUT_S = 60.0
-_FLAGS = {"r0": "--r0", "min_compute": "--min-compute", "max_compute": "--max-compute"}
+_FLAGS = {
+    "r0": "--r0",
+    "min_compute": "--min-compute",
+    "max_compute": "--max-compute",
+    "method.band": "--band",
+    "method.seed_sd": "--seed-sd",
+}
 
 
 class CliInputError(ValueError):
@@ -54,6 +60,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _common(fit)
     fit.add_argument("--predict", default="", help="Compute values to predict, C1,C2,...")
     fit.add_argument("--plot", type=Path, default=None, help="Write a PNG plot here.")
+    fit.add_argument(
+        "--band",
+        default="prediction",
+        help="What the bands cover: prediction (a new evaluation: parameters, seeds and the "
+        "evaluation's noise; the default), curve (no evaluation noise) or parameter.",
+    )
+    fit.add_argument(
+        "--seed-sd",
+        type=float,
+        default=None,
+        help="Between-seed standard deviation of A in the bands (default 0.02 / 1.645, the "
+        "paper's +-0.02; 0 = the points' noise only).",
+    )
     compare = verbs.add_parser("compare", help="Rank runs: A first, then B at a shared A.")
     compare.add_argument(
         "points",
@@ -183,6 +202,8 @@ def _spec(path: Path, args: argparse.Namespace, predict: list[float]) -> FitSpec
         bootstrap_resamples=args.bootstrap,
         seed=args.seed,
         predict_compute=predict,
+        band=getattr(args, "band", ""),
+        seed_sd=getattr(args, "seed_sd", None),
     )
 
 
@@ -253,11 +274,11 @@ def _fit(args: argparse.Namespace) -> int:
             args.max_compute if args.max_compute is not None else max(spec.compute),
         )
         plot_fit(args.plot, spec.compute, spec.reward, fit, band=curve, window=window)
-    print(json.dumps(fit.to_dict()) if args.json else _fit_text(fit))
+    print(json.dumps(fit.to_dict()) if args.json else _fit_text(fit, args.band))
     return 0
 
 
-def _fit_text(fit: FitSummary) -> str:
+def _fit_text(fit: FitSummary, band: str = "prediction") -> str:
     lines = [f"A={fit.a:.4f} B={fit.b:.4f} C_mid={fit.c_mid:.6g} R0={fit.r0:.4f}"]
     if fit.a_interval is not None:
         (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = (
@@ -270,6 +291,8 @@ def _fit_text(fit: FitSummary) -> str:
             f"A [{a_lo:.4f}, {a_hi:.4f}] B [{b_lo:.3f}, {b_hi:.3f}] C_mid [{c_lo:.4g}, {c_hi:.4g}]"
         )
     lines.append(f"points used {fit.points_used}, SSE {fit.sse:.4g}; grid {fit.grid}")
+    if fit.predictions and fit.interval_level is not None:
+        lines.append(f"{fit.interval_level:.0%} {band} bands:")
     lines += [
         f"at {q.compute:g}: {q.reward:.4f} [{q.lower:.4f}, {q.upper:.4f}]" for q in fit.predictions
     ]

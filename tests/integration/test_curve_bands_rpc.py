@@ -3,6 +3,8 @@ a full uncertainty fit."""
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from curve_service.uncertainty import (
     prediction_band,
 )
 from scalerl.v1 import curve_pb2
+from scalerl_cli import main as cli
 
 TRUTH = SigmoidParams(a=0.7, b=1.5, c_mid=10.0, r0=0.2)
 COMPUTE = np.geomspace(1.0, 60.0, 14)
@@ -106,3 +109,21 @@ def test_stability_is_measured_against_the_requested_band(stub) -> None:
     narrow = stub.Fit(_request(band="parameter")).stability
     assert wide.band_half_width > narrow.band_half_width
     assert wide.moved == pytest.approx(narrow.moved)  # the refits do not depend on the band
+
+
+def test_cli_band_options_reach_the_fit(tmp_path, capsys) -> None:
+    rows = "".join(f"{c},{r},0.01\n" for c, r in zip(COMPUTE, _reward(), strict=True))
+    points = tmp_path / "p.csv"
+    points.write_text("compute,reward,stderr\n" + rows)
+    argv = ["curve", "fit", str(points), "--r0", "0.2", "--predict", "1000", "--json"]
+    widths = {}
+    for band in ("prediction", "parameter"):
+        assert cli.main([*argv, "--band", band, "--seed-sd", "0.02"]) == 0
+        q = json.loads(capsys.readouterr().out)["predictions"][0]
+        widths[band] = q["upper"] - q["lower"]
+    fit = fit_sigmoid(COMPUTE, _reward(), r0=0.2, stderr=STDERR)
+    _, lo, hi = prediction_band(
+        fit, bootstrap_params(fit, 200, 0), [1000.0], spec=band_spec("parameter", 0.02)
+    )
+    assert widths["parameter"] == pytest.approx(hi[0] - lo[0], rel=1e-6)
+    assert widths["prediction"] > widths["parameter"]

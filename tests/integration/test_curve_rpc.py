@@ -280,6 +280,8 @@ def test_cli_fit_json(tmp_path: Path, capsys) -> None:
         ("compute,score\n1,0.1\n", [], "column 'reward' missing"),
         ("compute,reward\n1,0.1\n2,0.2\n", [], "points: 2 points"),
         ("compute,reward\n1,0.1\n2,0.2\n3,0.3\n4,0.4\n", ["--r0", "3"], "--r0: must be"),
+        ("compute,reward\n1,0.1\n2,0.2\n3,0.3\n4,0.4\n", ["--band", "x"], "--band: must be"),
+        ("compute,reward\n1,0.1\n2,0.2\n3,0.3\n4,0.4\n", ["--seed-sd", "1"], "--seed-sd: "),
     ],
 )
 def test_cli_bad_input_names_the_field_and_exits_2(tmp_path, capsys, rows, args, message) -> None:
