@@ -83,7 +83,9 @@ class WeightPublisher:
             raise ValueError("weight_transport broadcast needs a broadcaster")
         self.registry = registry
         self.state = state
-        self.weights_dir = Path(weights_dir)
+        # Absolute: workers run in other folders and read a relative uri as a path under
+        # their weights root (`rollout_service.weights.confined_path`), where it is not.
+        self.weights_dir = Path(weights_dir).resolve()
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.dtype = getattr(torch, dtype)
         self.transport = transport

@@ -128,3 +128,21 @@ def test_fp32_engine_after_an_update_matches_the_learner_within_fp32_tolerance(
     ratio = torch.exp(logp[batch.sample_index, batch.positions] - batch.logp_gen)
     assert ratio.numel() == 64
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
+
+
+def test_a_relative_weights_folder_is_announced_as_an_absolute_uri(
+    redis_client, run_id, tmp_path, monkeypatch
+):
+    # `scalerl run` passes the learner a run folder relative to its working directory;
+    # a worker resolves a relative uri under its own weights root and would not find it.
+    monkeypatch.chdir(tmp_path)
+    path = publish(redis_client, run_id, tied(1), "bfloat16", Path("runs/r1/weights"))
+    assert path.is_absolute()
+    assert path == tmp_path / "runs" / "r1" / "weights" / "policy-v1.safetensors"
+    engine = TorchEngine(tied(0), (), max_batch=2, max_seq_len=32, dtype="bfloat16")
+    try:
+        root = tmp_path / "runs" / "r1" / "weights"
+        version, _ = receive_weights([weights_uri_request(path, 1)], engine, weights_root=root)
+        assert version == 1
+    finally:
+        engine.stop()
