@@ -171,13 +171,10 @@ def bootstrap_power_law(
     """Noise-model bootstrap of the power law (App. A.4) fitted to `fit`'s points: [S, 3]
     columns A, D, B. Each resample draws the points from N(law's curve, noise.point_noise)
     and refits by `power_law.fit_power_law_batch` with the fit's weights."""
-    resid = fit.reward - predict_power_law(law, fit.compute)
-    noise = point_noise(resid, fit.stderr)
+    fitted = predict_power_law(law, fit.compute)
+    noise = point_noise(fit.reward - fitted, fit.stderr)
     rng = np.random.default_rng(seed)
-    draws = (
-        predict_power_law(law, fit.compute)
-        + rng.standard_normal((n_resamples, fit.points_used)) * noise
-    )
+    draws = fitted + rng.standard_normal((n_resamples, fit.points_used)) * noise
     rewards = np.clip(draws, reward_floor(fit.reward), REWARD_LIMIT)
     weights = np.ones(fit.points_used) if fit.weights is None else fit.weights
     return fit_power_law_batch(fit.compute, rewards, weights)
