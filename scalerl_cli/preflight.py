@@ -5,9 +5,8 @@ It converts the embedded model once (so no two children race to do it), resolves
 and precision for this machine (`scalerl.policy.hardware`), checks the length-control budgets
 with the model's tokenizer (`scalerl.length_control`) and builds every task (a missing file
 or column, an unknown dataset or verifier is one line here, not a crash in a service). Run
-apart because it imports torch and the tokenizers, which start threads: the launcher forks
-its children with a `preexec_fn`, which is unsafe in a process with threads, and stays
-torch-free.
+apart because it imports torch and the tokenizers, which take seconds and start threads:
+the launcher stays torch-free and starts quickly.
 
 Prints one JSON object on stdout: {"config": the resolved config, "precision": the
 `scalerl.policy.hardware.Precision` fields}. Bad input: one line on stderr, exit code 2.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -10,17 +9,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-_PR_SET_PDEATHSIG = 1
 
-
-def die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the launcher dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-    os.setpgrp()  # Ctrl-C reaches the launcher only; it stops children in order
+def spawn_tied(command: list[str], **popen: Any) -> subprocess.Popen:
+    """`subprocess.Popen(command, **popen)` in a process group of its own (Ctrl-C reaches
+    the launcher only; it stops children in order) and tied to this process: it gets
+    SIGTERM when this process dies, even by SIGKILL (`scalerl_cli.orphan_guard`, which
+    execs `command` under the same pid). No Python code runs between fork and exec, which
+    would be unsafe beside the launcher's gRPC threads."""
+    guard = [sys.executable, "-m", "scalerl_cli.orphan_guard", str(os.getpid())]
+    return subprocess.Popen([*guard, *command], process_group=0, **popen)
 
 
 @dataclass
@@ -68,13 +67,8 @@ def restart_child(child: Child) -> Child:
 
 def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "ab") as handle:
-        return subprocess.Popen(
-            command,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            preexec_fn=die_with_parent,
+        return spawn_tied(
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
 
 

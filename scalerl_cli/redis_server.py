@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scalerl.ports import free_port
-from scalerl_cli.processes import die_with_parent
+from scalerl_cli.processes import spawn_tied
 
 log = logging.getLogger(__name__)
 
@@ -272,12 +272,11 @@ class RedisServer:
         log_path = self.log_path
         assert log_path is not None
         with open(log_path, log_mode) as log_file:
-            proc = subprocess.Popen(
+            proc = spawn_tied(  # a SIGKILLed launcher leaves no Redis behind
                 self._command(binary, port),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,  # a SIGKILLed launcher leaves no Redis behind
             )
         # Registered before waiting so a failure below still cannot leave the process behind.
         self._finalizer = weakref.finalize(self, _terminate, proc, 5.0)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerl.ports import free_port
-from scalerl_cli.processes import die_with_parent
+from scalerl_cli.processes import spawn_tied
 from scalerl_cli.redis_server import find_redis_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -409,14 +409,13 @@ class LocalProcess:
         """Start (or, like the kubelet after an exit, start again) the process in a
         process group of its own, which dies with the test process."""
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = spawn_tied(
                 self.argv,
                 cwd=self.workdir,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
             )
         return self
 
