@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import assert_pass_rate_rose
 
 from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
 
@@ -65,22 +66,21 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     evals = run_evals(read_records(run_dir, EvalRecord))  # every line has every field, or it raises
     assert len(evals) >= 4
     assert [e.compute for e in evals] == sorted(e.compute for e in evals)
-    # 30 held-out prompts x 16 samples: a standard error of about 0.02 per evaluation. Gains
-    # are counted in completions (of 480), so a gain of exactly 0.10 is not lost to float
-    # rounding (0.4833... - 0.3833... < 0.1 in binary).
-    rates = [e.pass_rate for e in evals]
-    gained = [round((r - rates[0]) * e.completions) for r, e in zip(rates, evals, strict=True)]
-    assert gained[-1] >= 0.05 * evals[-1].completions, f"pass rate did not rise: {rates}"
-    # The best evaluation 0.08 above step 0: about 3 standard errors of a difference of two
-    # evaluations (480 completions each); 0.10 failed about one run in four on 2 cores.
-    assert max(gained[1:]) >= 0.08 * evals[-1].completions, f"pass rate did not rise: {rates}"
+    assert_pass_rate_rose(evals)
     metrics = read_records(run_dir, StepRecord)
     assert [m.step for m in metrics] == list(range(1, len(metrics) + 1))
     assert metrics[-1].policy_version >= 1
     assert all(m.staleness_max <= 2 for m in metrics)  # the tiny config's k
-    # Interruption-based length control is on in the tiny config: some replies ran past
-    # the thinking budget early on and got the phrase forced.
-    assert any(m.interrupted_rate > 0 for m in metrics)
+    # Interruption-based length control is on in the tiny config: a few replies (0 to 4 in
+    # 1,536) run past the thinking budget and get the phrase forced. Such a reply ends
+    # INTERRUPTED, or LENGTH when it uses up the answer budget too; nothing else ends
+    # LENGTH here (5 + 3 + 2 tokens = max_new_tokens).
+    forced = [
+        m.samples_by_finish_reason.get(reason, 0)
+        for m in metrics
+        for reason in ("FINISH_REASON_INTERRUPTED", "FINISH_REASON_LENGTH")
+    ]
+    assert sum(forced) > 0
     # The counts behind the fractions: 8 groups x 8 samples a step, by finish reason.
     for m in metrics:
         assert m.groups_in_batch == 8 and sum(m.samples_by_finish_reason.values()) == 64
@@ -133,8 +133,7 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "learner rank 1 of 2" in learner_log and "rank 1: rank 0 stopped" in learner_log
     evals = run_evals(read_records(run_dir, EvalRecord))
-    gained = round((evals[-1].pass_rate - evals[0].pass_rate) * evals[-1].completions)
-    assert gained >= 0.05 * evals[-1].completions, [e.pass_rate for e in evals]
+    assert_pass_rate_rose(evals, best=None)
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
