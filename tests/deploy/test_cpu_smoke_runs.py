@@ -4,10 +4,10 @@ resolve; DNS names and ports mapped to loopback, volumes to folders), all starte
 in no particular order, as a `kubectl apply` would.
 
 The tiny job must train to its max_steps and learn (its held-out pass rate above step
-0's), the learner must exit 0 at the end and a restart of it (the
-StatefulSet restarts a container that exits 0) must change nothing, the workers must leave
-by themselves, the rest must stop on SIGTERM with exit 0 within the pod's grace period,
-and no process may be left.
+0's), the learner must exit 0 at the end and a restart of it (the StatefulSet restarts a
+container that exits 0) must change nothing, the workers must leave by themselves, the
+rest must stop on SIGTERM with exit 0 within the pod's grace period, and no process may
+be left.
 """
 
 from __future__ import annotations
