@@ -34,7 +34,7 @@ class HeldoutEvaluator:
         self.thinking_budget = r.thinking_budget  # 0: no length control
         self.answer_budget = r.answer_budget
         self.phrase = list(forced_ids(r.interrupt_text, "", policy_tok.encode))
-        self.temperature = cfg.learner.eval_temperature
+        self.temperature = cfg.eval.temperature
         self.batch = args.eval_batch
         self.bf16 = args.dtype == "bfloat16"
         self.jobs = [

@@ -84,27 +84,39 @@ class BatchCollector:
         version: int,
         between_reads: Callable[[], None],
         deadline: float | None = None,
+        fill_up_to: int = 0,
     ) -> tuple[list[rollout_pb2.RolloutGroup], list[str]]:
         """`want` admissible groups and their stream entry ids; the others are acked and
-        counted as stale, malformed ones dead-lettered. `version`: the learner's policy
-        version (PPO tickets are issued for it). `between_reads` runs before every read
-        (the learner finishes a completed evaluation there: its held-back weights make
-        groups admissible again). `deadline`: monotonic seconds (`clock`) at which to
-        give up (the learner's `max_minutes`; None: only `timeout_s` bounds the wait).
+        counted as stale, malformed ones dead-lettered. With `fill_up_to` > `want`
+        (dynamic sampling, DAPO Sec. 3.2): groups whose samples all scored alike, which
+        the zero-variance filter drops, do not count towards `want`; more are read until
+        `want` informative groups or `fill_up_to` groups in all have arrived (the batch
+        returned holds them all: their pass statistics feed No-Positive-Resampling).
+        `version`: the learner's policy version (PPO tickets are issued for it).
+        `between_reads` runs before every read (the learner finishes a completed
+        evaluation there: its held-back weights make groups admissible again).
+        `deadline`: monotonic seconds (`clock`) at which to give up (the learner's
+        `max_minutes`; None: only `timeout_s` bounds the wait).
 
         Returns ([], []) when `stop` is set first or the wait gave up (`gave_up` says
         why): what was read stays unacknowledged, so a restarted learner reads it again."""
         groups, entry_ids = [], []
         wait_start = last_arrival = last_admitted = self.clock()
         self.gave_up = None
-        while len(groups) < want and not stop.is_set():
+        limit = max(want, fill_up_to)
+        counted = 0  # groups that count towards `want`
+
+        def short() -> bool:
+            return counted < want and len(groups) < limit
+
+        while short() and not stop.is_set():
             self.gave_up = self._give_up_reason(want, len(groups), last_admitted, deadline)
             if self.gave_up is not None:
                 log.warning("%s", self.gave_up)
                 break
             between_reads()
             for entry_id, group in self.replay.read(
-                CONSUMER, want - len(groups), self.read_block_ms
+                CONSUMER, min(want - counted, limit - len(groups)), self.read_block_ms
             ):
                 last_arrival = self.clock()
                 if self._dead_letter_if_malformed(entry_id, group):
@@ -117,6 +129,7 @@ class BatchCollector:
                     groups.append(group)
                     entry_ids.append(entry_id)
                     last_admitted = last_arrival
+                    counted += limit == want or informative(group)
                 else:
                     self.stale_total += 1
                     self.metrics.count_stale_group()
@@ -125,7 +138,7 @@ class BatchCollector:
             if self.ppo and self._reissue_tickets(version, want - len(groups), last_arrival):
                 last_arrival = self.clock()  # the refill waits refill_s for these first
         self.wait_seconds = self.clock() - wait_start
-        if len(groups) < want:
+        if short():
             return [], []
         return groups, entry_ids
 
@@ -176,6 +189,12 @@ class BatchCollector:
             if new > 0:
                 self.metrics.count_dead_lettered(reason, new)
                 self._dead_letters_counted[reason] = count
+
+
+def informative(group: rollout_pb2.RolloutGroup) -> bool:
+    """True when the group's samples did not all score alike: its advantages are not all
+    zero, so it carries a gradient (paper Sec. 3.2, zero-variance filtering)."""
+    return len({s.reward for s in group.samples}) > 1
 
 
 def staleness_histogram(values: Sequence[int], k: int) -> list[int]:

@@ -31,6 +31,7 @@ class EvalJob:
     version: int
     compute: float  # accelerator-hours when it started: the curve point's compute
     started: float  # monotonic seconds
+    full: bool = True  # every held-out prompt (R0, final), else the fixed subset
     thread: threading.Thread | None = None
     result: EvalResult | None = None
     error: Exception | None = None
@@ -53,7 +54,7 @@ class EvalJob:
         for attempt in range(retries + 1):
             self.attempts = attempt + 1
             try:
-                self.result = evaluator.evaluate(workers(), seed=seed)
+                self.result = evaluator.evaluate(workers(), seed=seed, full=self.full)
                 self.error = None
                 break
             except Exception as exc:  # noqa: BLE001 - reported by `take` on the learner's thread
@@ -89,15 +90,17 @@ class EvalScheduler:
         compute: float,
         workers: list[str] | Callable[[], list[str]],
         seed: int,
+        full: bool = True,
     ) -> None:
-        """Evaluate the held-out split on `workers` (addresses, or a callable returning
-        them, asked before every try) at the current version.
+        """Evaluate the held-out split (`full`: every prompt, else the evaluator's fixed
+        subset) on `workers` (addresses, or a callable returning them, asked before every
+        try) at the current version.
 
         Raises RuntimeError when one is running already (`take` it first)."""
         if self._job is not None:
             raise RuntimeError("an evaluation is running already")
         addresses = workers if callable(workers) else (lambda: list(workers))
-        job = EvalJob(step, version, compute, time.monotonic())
+        job = EvalJob(step, version, compute, time.monotonic(), full)
         job.thread = threading.Thread(
             target=job.run,
             args=(self.evaluator, addresses, seed, self.retries, self.backoff_s),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -88,10 +89,31 @@ def weighted_result(by_task: dict[str, EvalResult], weights: dict[str, float]) -
     )
 
 
+def subset_of(heldout: dict[str, list[str]], prompts: int, seed: int) -> list[str]:
+    """A seeded subset of about `prompts` held-out prompt ids over the tasks (`heldout`:
+    task -> its held-out ids), each task's share proportional to its held-out size and at
+    least 2 (a standard error needs two prompts), never more than it has; every id when
+    `prompts` is 0 or covers them all. Raises ValueError for prompts < 0."""
+    if prompts < 0:
+        raise ValueError(f"prompts must be >= 0, got {prompts}")
+    total = sum(len(ids) for ids in heldout.values())
+    if prompts == 0 or prompts >= total:
+        return [pid for ids in heldout.values() for pid in ids]
+    rng = random.Random(seed)
+    chosen: list[str] = []
+    for ids in heldout.values():
+        take = min(len(ids), max(2, round(prompts * len(ids) / total)))
+        chosen += rng.sample(ids, take)
+    return chosen
+
+
 class Evaluator:
     """Scores the held-out split with `samples` completions per prompt via the workers.
 
     concurrency: Generate calls in flight per worker (they join the engine's batch).
+    subset_prompts: held-out prompts of an evaluation that is not `full` (0 = all): a
+    fixed subset drawn once with `subset_seed`, the same at every evaluation so that the
+    points between R0 and the final one measure one ruler (`subset_of`).
     """
 
     def __init__(
@@ -104,6 +126,8 @@ class Evaluator:
         length_control: rollout_pb2.LengthControl | None = None,
         concurrency: int = 32,
         timeout_s: float = 600.0,
+        subset_prompts: int = 0,
+        subset_seed: int = 0,
     ) -> None:
         self.tasks = tasks
         self.tokenizer = tokenizer
@@ -116,20 +140,35 @@ class Evaluator:
         self._prompts = [
             (pid, self._prompt_ids(task, pid)) for task in tasks for pid in task.heldout_ids
         ]
+        chosen = set(
+            subset_of({t.name: list(t.heldout_ids) for t in tasks}, subset_prompts, subset_seed)
+        )
+        self._subset = [p for p in self._prompts if p[0] in chosen]
+
+    @property
+    def subset_is_all(self) -> bool:
+        """True when the subset holds every held-out prompt."""
+        return len(self._subset) == len(self._prompts)
+
+    def completions(self, full: bool = True) -> int:
+        """Completions one evaluation generates: prompts x samples."""
+        return len(self._prompts if full else self._subset) * self.samples
 
     def _prompt_ids(self, task, prompt_id: str) -> list[int]:
         problem = task.problem(prompt_id)
         return self.tokenizer.prompt_ids(problem.messages or problem.question, task.system_prompt)
 
-    def evaluate(self, worker_addresses: list[str], seed: int) -> EvalResult:
-        """Run every (prompt, sample) of every task on the workers round-robin; the result
-        holds each task's and their weighted mean. Raises RuntimeError when no worker is
-        registered and grpc.RpcError when a worker fails a request."""
+    def evaluate(self, worker_addresses: list[str], seed: int, full: bool = True) -> EvalResult:
+        """Run every (prompt, sample) of every task (of the fixed subset unless `full`) on
+        the workers round-robin; the result holds each task's and their weighted mean.
+        A prompt's sample seeds do not depend on the subset. Raises RuntimeError when no
+        worker is registered and grpc.RpcError when a worker fails a request."""
         if not worker_addresses:
             raise RuntimeError("no rollout worker registered: cannot evaluate")
+        index = {pid: i for i, (pid, _) in enumerate(self._prompts)}
         jobs = [
-            (pid, ids, seed * 1_000_003 + i * 97 + s)
-            for i, (pid, ids) in enumerate(self._prompts)
+            (pid, ids, seed * 1_000_003 + index[pid] * 97 + s)
+            for pid, ids in (self._prompts if full else self._subset)
             for s in range(self.samples)
         ]
         channels = [channel(a) for a in worker_addresses]

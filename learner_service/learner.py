@@ -33,6 +33,7 @@ from learner_service.batches import BatchCollector, finish_reason_counts, stalen
 from learner_service.broadcast import WeightBroadcaster
 from learner_service.catch_up import WeightCatchUp
 from learner_service.checkpoint import checkpoint_exists
+from learner_service.eval_budget import EvalSpend, eval_cadence
 from learner_service.eval_schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
 from learner_service.learner_checkpoints import CheckpointsMixin
@@ -51,6 +52,7 @@ from learner_service.warmup import supervised_warmup, warmup_problems
 from learner_service.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
+from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
@@ -63,6 +65,7 @@ from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
+from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
 
 log = logging.getLogger(__name__)
@@ -135,13 +138,17 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._checkpointed_at = time.monotonic()
         self._checkpointed_step = -1
         self.timing = LearnerTiming()
+        self.eval_spend = EvalSpend()  # tokens generated for evaluations (`eval_budget`)
+        self.cadence = eval_cadence(config.eval)
+        self.worker_stats = WorkerStats(client, run_id)
+        self._started = time.monotonic()
         self.fleet = FleetSignals.for_run(config, self.registry, client)  # workers to ask for
 
     # ----- setup -------------------------------------------------------------------------
 
     def _setup(self) -> None:
         cfg = self.config
-        torch.set_num_threads(cfg.learner.threads)
+        torch.set_num_threads(torch_threads(cfg.learner.threads))
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
         device = cfg.device if cfg.device != "auto" else "cpu"
@@ -166,7 +173,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             on_broadcast=self.metrics.observe_broadcast,
             snapshot=self.trainer.snapshot if self.ranks else snapshot_state_dict,
         )
-        self.evals = EvalScheduler(self._evaluator(), retries=cfg.learner.eval_retries)
+        self.evals = EvalScheduler(self._evaluator(), retries=cfg.eval.retries)
         if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
             WeightCatchUp(
                 self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
@@ -262,7 +269,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         `max_minutes` bounds the whole learner, set-up and the final evaluation included:
         training stops early enough for one more step and the final evaluation to fit
         (each estimated by the last one measured)."""
-        started = time.monotonic()  # the time budget covers set-up and evaluations too
+        started = self._started = time.monotonic()  # the budget covers set-up and evaluations
         cfg = self.config.learner
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
         self._deadline = deadline
@@ -272,9 +279,10 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             return 0
         self.timing.seconds["setup"] = time.monotonic() - started
         if self.r0 is None:  # not a resume from a checkpoint, which holds R0
-            self._evaluate(background=False)
-            self._checkpoint()  # R0 and the warmed-up weights survive an early crash
-        evaluated_at = self.step
+            self._checkpoint()  # the warmed-up weights survive an early crash
+            # PipelineRL trains on the first groups while R0 runs (its weights wait).
+            self._evaluate(background=not self._ppo, full=True)
+        evaluated_at, last_full = self.step, self.step
         while self.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
@@ -286,37 +294,76 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             if self.batches.gave_up:
                 break  # logged by the collector: the time budget, or no worker producing
             self._finish_evaluation(block=False)
-            if self.step // cfg.eval_every > evaluated_at // cfg.eval_every:
-                self._evaluate(background=not self._ppo)
+            if self._evaluation_due(evaluated_at):
+                full = self.evals.evaluator.subset_is_all  # then no final one is needed
+                self._evaluate(background=not self._ppo, full=full)
                 evaluated_at = self.step
+                last_full = self.step if full else last_full
             if self._checkpoint_due():
                 self._checkpoint()
         try:  # the final evaluation, while the workers still serve (the launcher stops
             # the learner first); the checkpoint is written even if it fails
             self._finish_evaluation(block=True)
-            if evaluated_at != self.step:
-                self._evaluate(background=False)
+            if last_full != self.step:
+                self._evaluate(background=False, full=True)
         finally:
             checkpoint_start = time.monotonic()
             self._checkpoint(final=True)
             self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
-        self.timing.write(self.run_dir / "learner_timing.json", self.compute.by_role())
+        self.timing.write(
+            self.run_dir / "learner_timing.json", self.compute.by_role(), self._eval_summary()
+        )
         self.state.request_stop()
         return 0
 
+    def _usage(self) -> tuple[float, float, float]:
+        """(the run's compute, the workers' busy seconds, the tokens they generated)."""
+        by_role = self.compute.by_role()
+        tokens = sum(s["tokens_generated"] for s in self.worker_stats.by_worker().values())
+        return sum(by_role.values()), by_role.get("rollout", 0.0), tokens
+
+    def _evaluation_due(self, evaluated_at: int) -> bool:
+        """Whether an evaluation of the subset starts now (`learner_service.eval_budget`);
+        never while one runs under the budget (the fixed schedule waits for it)."""
+        if self.evals.running and self.config.eval.every == 0:
+            return False
+        cost = self.evals.evaluator.completions(full=False)
+        return self.cadence.due(self.step, evaluated_at, self.eval_spend, cost, self._usage())
+
+    def _eval_summary(self) -> dict:
+        """The evaluations' budget and what they took, for learner_timing.json."""
+        usage = self._usage()
+        shares = self.eval_spend.shares(*usage)
+        elapsed = time.monotonic() - self._started
+        return {
+            "budget_fraction": self.config.eval.budget_fraction,
+            "every": self.config.eval.every,
+            "evaluations": self.eval_spend.evaluations,
+            "tokens_between": self.eval_spend.between,
+            "tokens_full": self.eval_spend.full,
+            "tokens_generated": usage[2],
+            "compute_share_between": shares["between"],
+            "compute_share_all": shares["all"],
+            "wait_share": self.timing.wait_share(elapsed),
+        }
+
     def _pipeline_step(self, stop: threading.Event) -> None:
-        """PipelineRL-k: one step on P admissible groups, then publish."""
-        k = self.config.learner.off_policy_k
+        """PipelineRL-k: one step on P admissible groups (filled with P informative ones
+        by dynamic sampling when the zero-variance filter is on), then publish."""
+        cfg = self.config.learner
+        k = cfg.off_policy_k
+        fill = cfg.dynamic_sampling * cfg.batch_prompts if cfg.zero_variance_filter else 0
         groups, entry_ids = self._collect_batch(
             stop,
-            self.config.learner.batch_prompts,
+            cfg.batch_prompts,
             lambda g: (
                 is_admissible(self.version, g.min_policy_version, k)
                 and not from_lost_versions(
                     g.min_policy_version, g.max_policy_version, self._lost_versions
                 )
             ),
+            fill_up_to=fill,
         )
         if groups:
             self._train_step(groups, entry_ids)
@@ -340,7 +387,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             self._open_ppo_batch()
             self._publish_if_new()
 
-    def _collect_batch(self, stop: threading.Event, want: int, admissible) -> tuple[list, list]:
+    def _collect_batch(
+        self, stop: threading.Event, want: int, admissible, fill_up_to: int = 0
+    ) -> tuple[list, list]:
         """`want` admissible groups (see `BatchCollector.collect`). An evaluation that
         ended meanwhile is recorded between reads: it releases the weights it held back,
         without which the workers cannot make groups admissible again once the learner
@@ -352,6 +401,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             self.version,
             lambda: self._finish_evaluation(block=False),
             deadline=self._deadline - self.timing.reserve_s(),
+            fill_up_to=fill_up_to,
         )
 
     def _publish_if_new(self) -> None:
@@ -431,6 +481,8 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             publish_seconds=self.publisher.last_seconds,
             publish_block_seconds=self.timing.take_publish_block(),
             eval_wait_seconds=self.timing.take_eval_wait(),
+            eval_wait_share=self.timing.wait_share(time.monotonic() - self._started),
+            eval_compute_share=self.eval_spend.shares(*self._usage())["between"],
             busy_seconds_by_role=self.compute.by_role(),
             queue_depth=self.replay.depth(),
             staleness_mean=sum(stale) / len(stale),

@@ -38,15 +38,19 @@ class EvaluationsMixin:
         return Evaluator(
             self.tasks,
             self.tokenizer,
-            cfg.learner.eval_samples,
-            cfg.learner.eval_temperature,
+            cfg.eval.samples,
+            cfg.eval.temperature,
             r.max_new_tokens,
             length_control,
             concurrency=max(1, r.max_batch // 2),
+            subset_prompts=cfg.eval.prompts,
+            subset_seed=cfg.seed,
         )
 
-    def _evaluate(self, background: bool) -> None:
-        """Score the held-out split at the current policy version on the workers.
+    def _evaluate(self, background: bool, full: bool = True) -> None:
+        """Score the held-out split (`full`: every prompt, as R0 and the final evaluation
+        do; else the evaluator's fixed subset) at the current policy version on the
+        workers.
 
         background (PipelineRL mode): the learner goes on training while the workers
         evaluate, and holds its new weights back until the evaluation ends (at most k
@@ -62,6 +66,7 @@ class EvaluationsMixin:
             self.compute.total_hours(),
             lambda: sorted(self.registry.workers().values()),
             seed=self.config.seed + 7919 * self.step,
+            full=full,
         )
         if not background:
             self._finish_evaluation(block=True)
@@ -72,8 +77,9 @@ class EvaluationsMixin:
         job = self.evals.take(block)
         if job is None:
             return
-        self.timing.evaluation(job.seconds, job.waited_s)
+        self.timing.evaluation(job.seconds, job.waited_s, job.full)
         result = job.result
+        self.eval_spend.add(result.completions, result.mean_tokens, job.full)
         records = self._eval_records(job)
         for record in records:
             append_record(self.run_dir, record)
@@ -81,10 +87,11 @@ class EvaluationsMixin:
         self.status.update(heldout_pass_rate=result.pass_rate)
         self.metrics.observe_evaluation(records)
         log.info(
-            "eval step %d: pass rate %.3f over %d completions (%.1fs, %d steps meanwhile)%s",
+            "eval step %d: pass rate %.3f over %d completions (%s, %.1fs, %d steps meanwhile)%s",
             job.step,
             result.pass_rate,
             result.completions,
+            "every prompt" if job.full else "subset",
             job.seconds,
             self.step - job.step,
             "".join(f"; {t} {r.pass_rate:.3f}" for t, r in result.by_task.items())

@@ -70,6 +70,14 @@ class StepRecord(_Record):
     eval_wait_seconds: float = Field(
         description="Learner-thread seconds spent waiting for evaluations since the previous step."
     )
+    eval_wait_share: float | None = Field(
+        None, description="Share of the learner's wall time so far spent waiting for evaluations."
+    )
+    eval_compute_share: float | None = Field(
+        None,
+        description="Share of the run's compute so far (outside R0) spent on the evaluations "
+        "between R0 and the final one (`learner_service.eval_budget`).",
+    )
     busy_seconds_by_role: dict[str, float] = Field(
         description="Run compute so far by role (learner, rollout, ...), device-seconds."
     )

@@ -26,7 +26,7 @@ class LearnerTiming:
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(ACTIVITIES, 0.0)
         self.last_step_s = 0.0  # the last step, its wait for groups included
-        self.last_eval_s = 0.0  # the last evaluation, wall seconds
+        self.last_eval_s = 0.0  # the last evaluation of every held-out prompt, wall seconds
         self._publish_block_s = 0.0
         self._eval_wait_s = 0.0
 
@@ -41,16 +41,19 @@ class LearnerTiming:
         self._publish_block_s += seconds
         self.seconds["publish"] += seconds
 
-    def evaluation(self, seconds: float, waited_s: float) -> None:
-        """An evaluation took `seconds`, `waited_s` of them with the learner waiting."""
-        self.last_eval_s = seconds
+    def evaluation(self, seconds: float, waited_s: float, full: bool = True) -> None:
+        """An evaluation (`full`: of every held-out prompt, what the final one will cost)
+        took `seconds`, `waited_s` of them with the learner waiting."""
+        if full:
+            self.last_eval_s = seconds
         self._eval_wait_s += waited_s
         self.seconds["wait_for_evaluation"] += waited_s
         self.seconds["evaluations_background"] += seconds - waited_s
 
     def reserve_s(self) -> float:
         """Seconds to keep in hand before the deadline: one more step plus the final
-        evaluation (with a 20% margin), by the last of each measured."""
+        evaluation (with a 20% margin), by the last step and the last evaluation of every
+        held-out prompt measured."""
         return 1.2 * (self.last_step_s + self.last_eval_s)
 
     def take_publish_block(self) -> float:
@@ -63,13 +66,25 @@ class LearnerTiming:
         value, self._eval_wait_s = self._eval_wait_s, 0.0
         return value
 
-    def write(self, path: Path, busy_seconds_by_role: dict[str, float]) -> None:
+    def wait_share(self, elapsed_s: float) -> float:
+        """Share of the learner's `elapsed_s` wall seconds so far spent waiting for
+        evaluations."""
+        return self.seconds["wait_for_evaluation"] / elapsed_s if elapsed_s > 0 else 0.0
+
+    def write(
+        self, path: Path, busy_seconds_by_role: dict[str, float], evaluation: dict | None = None
+    ) -> None:
         """learner_timing.json: where the learner's wall time went (seconds; `total` must
-        be set, `other` is what the activities leave of it) and the busy seconds of each
-        role (ARCHITECTURE sec. 6), for the run report's profile."""
+        be set, `other` is what the activities leave of it), the busy seconds of each
+        role (ARCHITECTURE sec. 6) and the evaluations' budget and spend (`evaluation`),
+        for the run report's profile."""
         timing = dict(self.seconds)
         timing["other"] = timing["total"] - sum(
             v for k, v in timing.items() if k not in ("total", "evaluations_background")
         )
-        payload = {"learner_seconds": timing, "busy_seconds_by_role": busy_seconds_by_role}
+        payload = {
+            "learner_seconds": timing,
+            "busy_seconds_by_role": busy_seconds_by_role,
+            "evaluation": evaluation or {},
+        }
         Path(path).write_text(json.dumps(payload, indent=2))

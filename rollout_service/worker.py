@@ -33,6 +33,7 @@ from rollout_service.server import RolloutServicer
 from rollout_service.weights import WeightsError, receive_weights
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
+from scalerl.cores import torch_threads
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
@@ -94,7 +95,7 @@ class RolloutWorker:
 
     def start(self) -> None:
         """Load the model, start the engine and the gRPC server, begin heart-beating."""
-        torch.set_num_threads(self.config.rollout.threads)
+        torch.set_num_threads(torch_threads(self.config.rollout.threads))
         model, self.tokenizer = load_policy(self.config.model, seed=self.config.seed)
         check_budgets(self.config.rollout, self.tokenizer.encode)
         self.metrics = RolloutMetrics(self.metrics_registry)

@@ -203,7 +203,13 @@ class RolloutConfig(_Section):
     vllm_gpu_memory_utilization: float = Field(
         0.4, gt=0.0, le=1.0, description="vLLM on a GPU: fraction of GPU memory it may use."
     )
-    workers: int = Field(2, ge=1, le=64, description="Rollout worker processes to start.")
+    workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Rollout worker processes to start; 0 = as many as the machine's cores "
+        "take beside the learner (scalerl.cores).",
+    )
     group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -237,7 +243,13 @@ class RolloutConfig(_Section):
     groups_in_flight: int = Field(
         4, ge=1, le=1024, description="Groups the actor loop keeps generating at once."
     )
-    threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
+    threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="torch threads per worker process; 0 = the launcher's core plan "
+        "(scalerl.cores), or every core this process may use when started alone.",
+    )
     heartbeat_s: float = Field(2.0, gt=0, le=60, description="Registry heartbeat period.")
     stall_s: float = Field(
         300.0,
@@ -297,6 +309,14 @@ class LearnerConfig(_Section):
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
     zero_variance_filter: bool = True
+    dynamic_sampling: int = Field(
+        3,
+        ge=1,
+        le=64,
+        description="Dynamic sampling (DAPO): with zero_variance_filter in pipeline mode, "
+        "read up to this many x batch_prompts groups so that batch_prompts of them carry a "
+        "gradient (samples that did not all score alike); 1 = off.",
+    )
     no_positive_resampling: bool = Field(
         True, description="Retire prompts whose pass rate reaches npr_threshold (Sec. 3.2)."
     )
@@ -320,10 +340,13 @@ class LearnerConfig(_Section):
         description="Forward each group's prompt once for its G samples (one group per "
         "forward/backward); same loss and gradient, far fewer tokens for short replies.",
     )
-    threads: int = Field(1, ge=1, le=256, description="torch threads of the learner.")
-    eval_every: int = Field(5, ge=1, description="Evaluate every N optimizer steps.")
-    eval_samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")
-    eval_temperature: float = Field(1.0, ge=0.0, le=5.0, description="Eval temperature.")
+    threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="torch threads of the learner (each rank); 0 = the launcher's core "
+        "plan (scalerl.cores), or every core this process may use when started alone.",
+    )
     checkpoint_every: int = Field(
         10,
         ge=0,
@@ -375,9 +398,6 @@ class LearnerConfig(_Section):
         description="Stop the run when no admissible group arrives for this many seconds "
         "(every worker gone or wedged); max_minutes also ends the wait.",
     )
-    eval_retries: int = Field(
-        3, ge=0, le=20, description="Retries of a failed evaluation before it is skipped."
-    )
 
     @property
     def loss_hyperparameters(self) -> dict[str, float]:
@@ -392,6 +412,51 @@ class LearnerConfig(_Section):
                 f"(k minibatches per generated batch), got {self.off_policy_k}"
             )
         return self
+
+
+class EvalConfig(_Section):
+    """Held-out evaluations: the share of the run they may take, and their protocol.
+
+    The first evaluation (R0) and the final one score every held-out prompt; the ones in
+    between score a fixed seeded subset of `prompts` prompts and start when the budget
+    allows (`learner_service.eval_budget`): the tokens generated for them stay within
+    `budget_fraction` of all tokens the workers generated.
+    """
+
+    budget_fraction: float = Field(
+        0.15,
+        description="Largest share of the generated tokens that the evaluations between "
+        "R0 and the final one may take; it sets their cadence (0 < f <= 1).",
+    )
+    every: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="0 = the budget sets the cadence; N = evaluate every N optimizer steps "
+        "instead (a fixed schedule; the budget is then only reported).",
+    )
+    prompts: int = Field(
+        64,
+        ge=0,
+        le=1_000_000,
+        description="Held-out prompts of each evaluation between R0 and the final one (a "
+        "fixed seeded subset, the same every time); 0 = every held-out prompt.",
+    )
+    samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature.")
+    retries: int = Field(
+        3, ge=0, le=20, description="Retries of a failed evaluation before it is skipped."
+    )
+
+    @field_validator("budget_fraction")
+    @classmethod
+    def _check_fraction(cls, value: float) -> float:
+        if not 0 < value <= 1:  # also refuses NaN
+            raise ValueError(
+                f"eval.budget_fraction must lie in (0, 1] (a share of the run's compute), "
+                f"got {value}"
+            )
+        return value
 
 
 class FleetConfig(_Section):
@@ -523,6 +588,7 @@ class RunConfig(BaseSettings):
     )
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
+    eval: EvalConfig = EvalConfig()
     fleet: FleetConfig = FleetConfig()
     curve: CurveConfig = CurveConfig()
     security: SecurityConfig = SecurityConfig()

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from scalerl.config import RunConfig, dump_config
+from scalerl.cores import CorePlan, cpus_env, describe, planned_config
 from scalerl.obs.metrics import serve_metrics, service_registry
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
@@ -36,6 +37,7 @@ from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.state.client import connect
 from scalerl.state.run_state import RunState
+from scalerl_cli.cpu_profile import CpuProfile
 from scalerl_cli.fleet import LauncherFleet, is_worker
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
@@ -97,6 +99,8 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     except ValueError as exc:
         console.print(f"scalerl: {escape(str(exc))}", markup=True)
         return 2
+    config, plan = planned_config(config)
+    console.print(f"[dim]{escape(describe(plan))}[/]")
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         config, child_env = secure_run(config, run_dir)
@@ -111,6 +115,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     supervisor = Supervisor(registry=registry)
     metrics_server, metrics_port = serve_metrics(registry, 0)
     started, started_unix = time.monotonic(), time.time()
+    profile = CpuProfile()
     with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
         if resume:
             prepare_resume(redis_server.url, config.run_id)
@@ -124,6 +129,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 children,
                 child_env,
                 launcher_metrics=f"127.0.0.1:{metrics_port}",
+                plan=plan,
             )
             learner_address = children[-1].learner_address
             _watch(
@@ -133,6 +139,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 redis_server,
                 fleet,
                 curve=(curve_address, config.run_id),
+                profile=profile,
             )
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
@@ -155,6 +162,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
             precision,
             supervisor.restarts,
             console,
+            processes=profile.summary(wall, len(plan.cpus)),
         )
         _stop_in_order(children)
     # Published policy versions are transient (up to 2 x model size); checkpoint/ keeps
@@ -225,11 +233,16 @@ def _start_services(
     children: list[Child],
     env: dict[str, str] | None = None,
     launcher_metrics: str | None = None,
+    plan: CorePlan | None = None,
 ) -> tuple[str, LauncherFleet]:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses (and the launcher's own /metrics,
-    `launcher_metrics`) to services.json. Returns (the curve address, the workers'
+    `launcher_metrics`) to services.json; with a core `plan`, the workers and the learner
+    are pinned to their cores (`scalerl.cores`). Returns (the curve address, the workers'
     `LauncherFleet`)."""
+    env = env or {}
+    worker_env = {**env, **cpus_env(plan.worker_cpus)} if plan else env
+    learner_env = {**env, **cpus_env(plan.learner_cpus)} if plan else env
     services: dict = {"redis": redis_url}
     if launcher_metrics:
         services["launcher"] = {"metrics": launcher_metrics}
@@ -256,7 +269,9 @@ def _start_services(
     services["curve"] = {"grpc": curve_address, "metrics": f"127.0.0.1:{curve_metrics}"}
     wait_healthy(curve_address, 60)
     services_path = run_dir / "services.json"
-    fleet = LauncherFleet(config_path, redis_url, config.run_id, logs, services, services_path, env)
+    fleet = LauncherFleet(
+        config_path, redis_url, config.run_id, logs, services, services_path, worker_env
+    )
     children += fleet.start(config.rollout.workers)
     learner_port, learner_metrics = free_port(), free_port()
     module, leading = _learner_command(config.learner.world_size)
@@ -279,7 +294,7 @@ def _start_services(
             str(learner_metrics),
         ],
         logs,
-        env,
+        learner_env,
     )
     learner.learner_address = f"127.0.0.1:{learner_port}"
     services["learner"] = {
@@ -308,9 +323,11 @@ def _watch(
     redis_server: RedisServer | None = None,
     fleet: LauncherFleet | None = None,
     curve: tuple[str, str] | None = None,
+    profile: CpuProfile | None = None,
 ) -> None:
     """Show progress until the learner exits 0, with the verdict of the run's latest fit
-    when `curve` = (curve service address, run id) is given. A child that exits otherwise
+    when `curve` = (curve service address, run id) is given, sampling each process's CPU
+    seconds into `profile`. A child that exits otherwise
     is restarted by `supervisor` (in place in `children`), and so is `redis_server` (on its
     port, from its append-only file); RunFailed when one crash-loops. The workers follow `fleet`'s
     target (`scalerl workers add|remove`); a worker that exits 0 has left the run.
@@ -345,6 +362,11 @@ def _watch(
                     ) from exc
                 if child is learner:
                     learner = children[index]
+            if profile is not None:
+                pids = {c.name: c.proc.pid for c in children}
+                if redis_server is not None and redis_server.pid is not None:
+                    pids["redis"] = redis_server.pid
+                profile.sample(pids)
             if curve_client is not None:
                 verdict = _fit_verdict(curve_client, curve[1]) or verdict
             line = _progress_line(learner_client, time.monotonic() - start, verdict) or line
@@ -403,8 +425,13 @@ def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
     wanted = s.last_metrics.get("desired_replicas")
     workers = f"  workers wanted {wanted:.0f}" if wanted is not None else ""
+    evals = (
+        f"  eval wait {s.last_metrics.get('eval_wait_share', 0.0):.0%} "
+        f"compute {s.last_metrics.get('eval_compute_share', 0.0):.0%}"
+    )
     return (
         f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
         f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
-        f"compute {s.compute_hours:.4f} h{workers}" + (f"  {fit_verdict}" if fit_verdict else "")
+        f"compute {s.compute_hours:.4f} h{evals}{workers}"
+        + (f"  {fit_verdict}" if fit_verdict else "")
     )

@@ -9,6 +9,9 @@ abort the child (gRPC's fork handlers run in it: one restart in about seventy di
 SIGABRT before it started). Without a `preexec_fn` the child is spawned with no Python
 code between fork and exec; this module then runs single-threaded before the exec.
 
+The guard also pins the command to the CPUs `SCALERL_CPUS` names (`scalerl.cores`, the
+launcher's core plan): the affinity, like the tie, survives the exec.
+
 Elsewhere than Linux there is no PR_SET_PDEATHSIG: the command runs untied (the launcher
 still stops its children on every exit but SIGKILL).
 """
@@ -19,6 +22,8 @@ import ctypes
 import os
 import signal
 import sys
+
+from scalerl.cores import pin_from_env
 
 _PR_SET_PDEATHSIG = 1
 # Exit code when the parent died before the tie was made (the command never ran).
@@ -44,6 +49,11 @@ def main(argv: list[str]) -> int:
     if os.getppid() != int(argv[0]):  # the parent died before the tie: nobody to die with
         print(f"orphan_guard: parent {argv[0]} is gone; not starting {argv[1]}", file=sys.stderr)
         return PARENT_GONE
+    try:
+        pin_from_env()
+    except (ValueError, OSError) as exc:  # a CPU outside this machine's set
+        print(f"orphan_guard: cannot pin {argv[1]}: {exc}", file=sys.stderr)
+        return 2
     try:
         os.execvp(argv[1], argv[1:])
     except OSError as exc:

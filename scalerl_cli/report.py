@@ -243,6 +243,7 @@ def time_profile(timing_path: Path, workers: int) -> dict:
         },
         "busy_seconds_by_role": busy,
         "rollout_busy_fraction": busy.get("rollout", 0.0) / (workers * total),
+        "evaluation": data.get("evaluation", {}),
     }
 
 
@@ -254,6 +255,7 @@ def finish_report(
     precision: Precision,
     restarts: dict[str, int],
     console: Console,
+    processes: dict | None = None,
 ) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the fit's
     stability verdict and the extrapolation check (`first_half_check`: the fit on the
@@ -262,7 +264,8 @@ def finish_report(
     The launcher is curve.json's one writer: it owns the run folder and writes the run's
     end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
     the run goes, the curve service holds the live fit (GetRun, its /metrics gauges).
-    addresses: (curve service gRPC address, Redis URL)."""
+    addresses: (curve service gRPC address, Redis URL). processes: the launcher's
+    per-process CPU profile (`scalerl_cli.cpu_profile`), added to the report's profile."""
     curve_address, redis_url = addresses
     records = read_records(run_dir, EvalRecord)
     evals = run_evals(records)
@@ -300,7 +303,8 @@ def finish_report(
         "health": training_health(steps),
         "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
-        "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers),
+        "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers)
+        | ({"processes": processes} if processes else {}),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
         "restarts": dict(restarts),
         "groups": group_accounting(redis_url, config.run_id),

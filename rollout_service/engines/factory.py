@@ -16,6 +16,7 @@ from typing import Any
 
 from rollout_service.engines.api import RolloutEngine
 from scalerl.config import RunConfig
+from scalerl.cores import torch_threads
 from scalerl.ports import free_port
 
 
@@ -58,7 +59,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             enforce_eager=rollout.vllm_enforce_eager,
             kv_cache_gib=rollout.vllm_kv_cache_gib,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
-            threads=rollout.threads,
+            threads=torch_threads(rollout.threads),
         )
     return _build_sglang(config, model_folder(config, model), stops, metrics)
 

@@ -47,7 +47,7 @@ def test_a_run_of_two_tasks_evaluates_and_fits_each(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
     args += ["--run-dir", str(run_dir), "--set", f"task={tasks}"]
-    args += ["--set", "learner.max_steps=20", "--set", "learner.eval_every=4"]
+    args += ["--set", "learner.max_steps=20", "--set", "eval.every=4"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from learner_service.batches import BatchCollector
+from learner_service.batches import BatchCollector, informative
 from learner_service.group_check import group_problem
 from learner_service.metrics import LearnerMetrics
 from scalerl.state.replay import ReplayStream
@@ -121,3 +121,44 @@ def test_group_problem_names_the_reason(change, reason) -> None:
     assert group_problem(group, G) is None
     change(group)
     assert group_problem(group, G)[0] == reason
+
+
+def mixed_group(prompt_id: str, rewards: tuple[float, ...]) -> rollout_pb2.RolloutGroup:
+    group = make_group(prompt_id)
+    for sample, reward in zip(group.samples, rewards, strict=True):
+        sample.reward = reward
+    return group
+
+
+def test_dynamic_sampling_reads_on_until_the_batch_holds_want_informative_groups(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    replay, _, collector = make_collector(redis_client, run_id)
+    for name, rewards in [
+        ("solved", (1.0, 1.0)),
+        ("mixed-1", (1.0, 0.0)),
+        ("failed", (0.0, 0.0)),
+        ("mixed-2", (0.0, 1.0)),
+        ("late", (1.0, 0.0)),
+    ]:
+        replay.push(mixed_group(name, rewards))
+    groups, _ = collect(collector, 2, fill_up_to=6)
+    # Four groups read: two zero-variance ones did not count; the fifth stays queued.
+    assert [g.prompt_id for g in groups] == ["solved", "mixed-1", "failed", "mixed-2"]
+    assert replay.depth() - replay.pending() == 1
+
+
+def test_dynamic_sampling_stops_at_its_limit(redis_client: redis.Redis, run_id: str) -> None:
+    replay, _, collector = make_collector(redis_client, run_id)
+    for i in range(5):
+        replay.push(mixed_group(f"solved-{i}", (1.0, 1.0)))
+    groups, _ = collect(collector, 2, fill_up_to=3)
+    assert [g.prompt_id for g in groups] == ["solved-0", "solved-1", "solved-2"]
+    # Without filling, two groups are a batch whatever they scored.
+    groups, _ = collect(collector, 2)
+    assert [g.prompt_id for g in groups] == ["solved-3", "solved-4"]
+
+
+def test_informative_is_any_spread_of_rewards() -> None:
+    assert informative(mixed_group("a", (0.0, 0.5)))
+    assert not informative(mixed_group("b", (0.5, 0.5)))

@@ -27,7 +27,7 @@ def test_max_minutes_holds_when_no_group_arrives(
             "model.warmup_steps=0",
             "rollout.workers=1",
             "learner.max_minutes=0.15",  # 9 s, set-up included
-            "learner.eval_retries=0",
+            "eval.retries=0",
         ],
     )
     # A registered worker that never produces a group and cannot evaluate.

@@ -45,6 +45,14 @@ def test_environment_overrides_a_field(monkeypatch):
         ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
+        *(
+            (
+                ["--set", f"eval.budget_fraction={bad}"],
+                f"scalerl: eval.budget_fraction must lie in (0, 1] (a share of the run's "
+                f"compute), got {bad}",
+            )
+            for bad in ("0.0", "-0.1", "1.5", "nan")
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, expected, capsys):

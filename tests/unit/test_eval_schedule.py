@@ -26,7 +26,7 @@ class FlakyEvaluator:
         self.failures = failures
         self.calls: list[list[str]] = []
 
-    def evaluate(self, workers: list[str], seed: int) -> EvalResult:
+    def evaluate(self, workers: list[str], seed: int, full: bool = True) -> EvalResult:
         self.calls.append(list(workers))
         if len(self.calls) <= self.failures:
             raise Unavailable("worker restarting")
