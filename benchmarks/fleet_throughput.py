@@ -83,7 +83,7 @@ GENERATION_BOUND = (
     "learner.off_policy_k=8",  # a larger fleet's groups arrive later: keep them admissible
     "rollout.threads=1",
     "learner.threads=1",
-    f"learner.eval_every={NO_STEP_LIMIT}",  # only the step-0 evaluation, before the window
+    f"eval.every={NO_STEP_LIMIT}",  # only the step-0 evaluation, before the window
     "learner.checkpoint_every=0",
     "learner.checkpoint_minutes=0",
     # The learner's own limits lie far beyond the window: the benchmark stops the run.

@@ -214,3 +214,34 @@ class Evaluator:
             len(tokens),
             finish == rollout_pb2.FINISH_REASON_LENGTH,
         )
+
+
+def evaluator_for(
+    config, tasks: TaskSet, tokenizer, length_control: bool = True, concurrency: int = 0
+) -> Evaluator:
+    """The held-out evaluator of a run config: `eval.samples` at `eval.temperature`, the
+    rollout's `max_new_tokens` and, with `length_control` and a `rollout.thinking_budget`,
+    its interruption (the phrase forced after the thinking budget, paper Sec. 3.1), the
+    subset of `eval.prompts` drawn with the run's seed. concurrency: Generate calls in
+    flight per worker (0: half the engine's batch, leaving room for training rollouts)."""
+    r = config.rollout
+    control = (
+        rollout_pb2.LengthControl(
+            thinking_budget=r.thinking_budget,
+            answer_budget=r.answer_budget,
+            interrupt_text=r.interrupt_text,
+        )
+        if length_control and r.thinking_budget
+        else None
+    )
+    return Evaluator(
+        tasks,
+        tokenizer,
+        config.eval.samples,
+        config.eval.temperature,
+        r.max_new_tokens,
+        control,
+        concurrency=concurrency or max(1, r.max_batch // 2),
+        subset_prompts=config.eval.prompts,
+        subset_seed=config.seed,
+    )

@@ -9,11 +9,10 @@ import logging
 import time
 
 from learner_service.eval_schedule import EvalJob
-from learner_service.evaluate import Evaluator
+from learner_service.evaluate import Evaluator, evaluator_for
 from learner_service.records import EvalRecord, append_record
 from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
 from scalerl.rpc.errors import ServiceError
-from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger("learner_service.learner")
 
@@ -25,27 +24,7 @@ class EvaluationsMixin:
 
     def _evaluator(self) -> Evaluator:
         """The held-out evaluator, with the rollout's sampling and length control."""
-        cfg, r = self.config, self.config.rollout
-        length_control = (
-            rollout_pb2.LengthControl(
-                thinking_budget=r.thinking_budget,
-                answer_budget=r.answer_budget,
-                interrupt_text=r.interrupt_text,
-            )
-            if r.thinking_budget
-            else None
-        )
-        return Evaluator(
-            self.tasks,
-            self.tokenizer,
-            cfg.eval.samples,
-            cfg.eval.temperature,
-            r.max_new_tokens,
-            length_control,
-            concurrency=max(1, r.max_batch // 2),
-            subset_prompts=cfg.eval.prompts,
-            subset_seed=cfg.seed,
-        )
+        return evaluator_for(self.config, self.tasks, self.tokenizer)
 
     def _evaluate(self, background: bool, full: bool = True) -> None:
         """Score the held-out split (`full`: every prompt, as R0 and the final evaluation

@@ -6,7 +6,9 @@ KEY=V1,V2 ...` (see `scalerl_cli.sweep`); `scalerl curve fit|compare ...` (see
 `scalerl_cli.curve_cli`); `scalerl workers add|remove RUN_DIR [N]` (grow or shrink a
 running job's launcher-managed rollout workers, see `scalerl_cli.fleet`); `scalerl task score
 --verifier NAME --answer A --completion TEXT [--json]` (a verifier's reward for one
-completion, and why: see `scalerl_cli.task_cli`).
+completion, and why: see `scalerl_cli.task_cli`); `scalerl eval CHECKPOINT [--config ...]
+[--samples N] [--seed S] [--plain] [--json]` (a checkpoint's held-out pass rate with a run's
+protocol: see `scalerl_cli.eval_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -19,11 +21,18 @@ import sys
 from pathlib import Path
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def add_config_options(
+    parser: argparse.ArgumentParser, default_config: str | None = "default"
+) -> None:
+    """--config, --recipe, --leave-out and --set (`default_config` None: the command
+    finds its config itself when --config is not given)."""
     from scalerl.recipes import LEAVE_OUT, RECIPES
 
     parser.add_argument(
-        "--config", default="default", help="Built-in config (default, tiny) or a YAML file."
+        "--config",
+        default=default_config,
+        help="Built-in config (default, tiny) or a YAML file"
+        + (f" (default: {default_config})." if default_config else "."),
     )
     parser.add_argument(
         "--recipe",
@@ -55,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start Redis, the curve service, the rollout workers and the learner, "
         "train, and write the run folder (metrics, evaluations, fit, plot, report).",
     )
-    _add_config_options(run)
+    add_config_options(run)
     run.add_argument(
         "--run-dir", type=Path, default=None, help="Run folder (default runs/<run_id>-<time>)."
     )
@@ -79,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every combination of the --vary values as a full run, one after "
         "another, then fit each held-out curve and compare them on the curve service.",
     )
-    _add_config_options(sweep)
+    add_config_options(sweep)
     sweep.add_argument(
         "--vary",
         action="append",
@@ -105,11 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("count", type=int, nargs="?", default=1, metavar="N")
     from scalerl_cli import (
         curve_cli,  # no torch: the curve commands load numpy/scipy/grpc only
+        eval_cli,  # torch only once it runs
         task_cli,  # no torch: the verifiers are torch-free
     )
 
     curve_cli.add_parser(sub)
     task_cli.add_parser(sub)
+    eval_cli.add_parser(sub)
     return parser
 
 
@@ -123,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         from scalerl_cli import task_cli
 
         return task_cli.main(args)
+    if args.command == "eval":
+        from scalerl_cli import eval_cli
+
+        return eval_cli.main(args)
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "workers":

@@ -58,7 +58,7 @@ def test_a_run_of_two_tasks_evaluates_and_fits_each(tmp_path):
     for i, run in enumerate(runs):
         add, sums = by_task["add"][i], by_task["sums"][i]
         assert add.step == sums.step == run.step
-        assert (add.completions, sums.completions) == (30 * 16, 20 * 16)  # eval_samples 16
+        assert (add.completions, sums.completions) == (30 * 16, 20 * 16)  # eval.samples 16
         # The run's pass rate is the task-weighted mean (weights 3:1).
         assert run.pass_rate == pytest.approx(0.75 * add.pass_rate + 0.25 * sums.pass_rate)
         # Standard errors: the prompts' spread per task, combined by weight for the run.

@@ -105,6 +105,25 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert (run_dir / "config.yaml").exists()
     assert not (run_dir / "weights").exists()  # transient publications are cleaned up
     assert _processes_of(run_dir) == []
+    _assert_eval_cli_matches_the_final_evaluation(run_dir, evals[-1])
+
+
+def _assert_eval_cli_matches_the_final_evaluation(run_dir: Path, final: EvalRecord) -> None:
+    """`scalerl eval` of the run folder scores its final checkpoint with the run's protocol
+    (every held-out prompt x eval.samples, length control, the step's seeds): the pass
+    rate the run's own final evaluation recorded, within its stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", "scalerl_cli.main", "eval", str(run_dir), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert (result["step"], result["completions"]) == (final.step, final.completions)
+    assert result["length_control"] is True
+    assert abs(result["pass_rate"] - final.pass_rate) <= final.stderr
 
 
 def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
