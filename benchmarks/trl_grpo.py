@@ -2,8 +2,8 @@
 
 What a user would otherwise run: one process, one `GRPOTrainer` (TRL 1.16.0) that
 generates with `model.generate`, scores, and takes one optimizer step, in turn. It trains
-the same job as `scalerl run` with the default config, so that the two held-out curves
-(pass rate against wall-clock time) can be compared with `benchmarks/compare_curves.py`:
+the same job as `scalerl run` with the default config, so that the two can be compared
+(held-out curves with `benchmarks/compare_curves.py`, final checkpoints with `scalerl eval`):
 
 - SmolLM2-135M-Instruct from scalerl's converted folder (`scalerl.policy.models.smollm2_dir`),
   the addition task with its train / held-out split and verifier (`scalerl.tasks`), the
@@ -11,18 +11,37 @@ the same job as `scalerl run` with the default config, so that the two held-out 
 - CISPO (eps_max 4), G = 8 completions per prompt, 8 prompts per optimizer step,
   AdamW lr 2e-5 constant, no weight decay, grad norm 1, no KL, batch-level advantage
   normalization, temperature 1, top_p 1, at most `rollout.max_new_tokens` new tokens;
-  every value is read from the scalerl config (`--config`, `--set section.field=value`);
-- held-out evaluation as scalerl's: before the first step, every `--eval-every` steps and
-  after the last one, every held-out prompt x `--eval-samples` samples at temperature 1,
-  pass rate = mean reward, with scalerl's interruption-based length control when the
-  config turns it on (`rollout.thinking_budget` > 0). Both runs start from the same model
-  and are measured the same way; evaluations count in the wall clock, as in scalerl's run.
+  every value is read from the scalerl config (`--config`, `--set section.field=value`).
 
-The clock starts with the script (imports and model load included); training stops at
-`--max-minutes` or `--max-steps`, then a final evaluation runs. Measure on an otherwise
-idle machine: torch threads that share their cores with other processes slow down
-sharply (on a busy 2-core machine, 32 evaluation completions took 175 s with 2 threads
-and 9 s with 1).
+Two configurations, chosen with `--mode`:
+
+- `fastest`: TRL at its fastest, with no held-out evaluation at all (none before the
+  first step, none between steps, none at the end). The trained policy is saved when
+  training stops and scored afterwards, outside the clock, by `scalerl eval`: the same
+  evaluator and engine that score scalerl's own checkpoints. `time_to_gain` is null.
+- `eval3` (the default): the held-out split is scored before the first step, every
+  `--eval-every` steps (the config's `eval.every`, or 3 where it is 0, scalerl's
+  budget-set cadence) and after the last step, inside the clock as in scalerl's run, to
+  read `time_to_gain`: the wall second of the first evaluation at or above the step-0
+  pass rate + `--gain` (0.30). Each evaluation scores every held-out prompt (the first
+  `--heldout-limit` ones if set) x `--eval-samples` (`eval.samples`) samples at
+  `eval.temperature`, pass rate = mean reward, with scalerl's interruption-based length
+  control when the config turns it on (`rollout.thinking_budget` > 0). scalerl's own
+  evaluations between the first and the final one score an `eval.prompts` subset.
+
+Both modes save the policy as a Hugging Face folder `<out>/checkpoint/` (safetensors and
+tokenizer) and the job's scalerl config as `<out>/config.yaml`, for
+`scalerl eval <out>/checkpoint --config <out>/config.yaml`.
+
+The clock starts with the script (imports and model load included). Training stops at the
+first step end at or past `--max-minutes` (default `learner.max_minutes`; 0 = no limit),
+so it can overrun the budget by up to one step, or after `--max-steps` (default
+`learner.max_steps`). Then `eval3` runs its final evaluation and both modes save the
+checkpoint; summary.json records when training stopped (`train_end_s`), when the
+checkpoint was on disk (`checkpoint_at_s`) and how long the save took
+(`checkpoint_seconds`). Measure on an otherwise idle machine: torch threads that share
+their cores with other processes slow down sharply (on a busy 2-core machine, 32
+evaluation completions took 175 s with 2 threads and 9 s with 1).
 
 Where TRL 1.16 cannot express scalerl's recipe, the closest option is used:
 
@@ -53,14 +72,23 @@ Set-up (from the repository root; the TRL environment is separate from scalerl's
 Run (the SmolLM2 folder must exist: any scalerl run creates it, or
 `python -c "from scalerl.policy.models import smollm2_dir; smollm2_dir()"`):
 
-    .venv-trl/bin/python benchmarks/trl_grpo.py [--max-minutes 15] [--threads 2]
-        [--dtype float32|bfloat16] [--out runs/trl-grpo]
-    .venv-trl/bin/python benchmarks/trl_grpo.py --max-steps 2 --eval-every 1 \\
-        --heldout-limit 16 --out /tmp/trl-smoke          # smoke test, a few minutes
+    # fastest: train to the budget, save; then score the checkpoint
+    .venv-trl/bin/python benchmarks/trl_grpo.py --mode fastest --out runs/trl-fastest
+    .venv/bin/scalerl eval runs/trl-fastest/checkpoint --config runs/trl-fastest/config.yaml
+    # eval3: held-out evaluations at step 0, every 3 steps and at the end
+    .venv-trl/bin/python benchmarks/trl_grpo.py --mode eval3 --out runs/trl-grpo
+    # either mode takes [--max-minutes 15] [--max-steps N] [--threads 2]
+    #     [--dtype float32|bfloat16] [--config default] [--set section.field=value]
+    # smoke tests (a few minutes each)
+    .venv-trl/bin/python benchmarks/trl_grpo.py --mode fastest --max-steps 2 --out /tmp/trl-fast
+    .venv-trl/bin/python benchmarks/trl_grpo.py --mode eval3 --max-steps 2 --eval-every 1 \\
+        --heldout-limit 8 --out /tmp/trl-eval3
 
-Outputs in `--out`: `eval.jsonl` (one line per evaluation), `metrics.jsonl` (TRL's
+Outputs in `--out` (a rerun first deletes the previous run's): `metrics.jsonl` (TRL's
 per-step logs plus `wall_seconds`, and `rollout_time`: seconds of generation, scoring and
-advantages inside the step), `summary.json` (config, versions, timings, `time_to_gain`).
+advantages inside the step), `eval.jsonl` (`eval3` only: one line per evaluation),
+`summary.json` (settings, versions, steps, timings, `time_to_gain`), `checkpoint/` and
+`config.yaml`.
 """
 
 from __future__ import annotations
@@ -85,11 +113,20 @@ def parse_args() -> argparse.Namespace:
         description="scalerl's default job trained by TRL's GRPOTrainer (synchronous baseline)."
     )
     parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"))
-    # None: the scalerl config's learner value (default config: 15, 10000, 3, 2).
+    parser.add_argument(
+        "--mode",
+        choices=("eval3", "fastest"),
+        default="eval3",
+        help="eval3: held-out evaluations at step 0, every --eval-every steps and at the "
+        "end; fastest: none at all (score the saved checkpoint with `scalerl eval`)",
+    )
+    # None: the scalerl config's value (default config: 15 min, 10000 steps, 2 samples).
     parser.add_argument("--max-minutes", type=float, default=None, help="learner.max_minutes")
     parser.add_argument("--max-steps", type=int, default=None, help="learner.max_steps")
-    parser.add_argument("--eval-every", type=int, default=None, help="learner.eval_every")
-    parser.add_argument("--eval-samples", type=int, default=None, help="learner.eval_samples")
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="eval3 only; eval.every, or 3 where it is 0"
+    )
+    parser.add_argument("--eval-samples", type=int, default=None, help="eval.samples")
     parser.add_argument("--eval-batch", type=int, default=64)
     parser.add_argument(
         "--heldout-limit", type=int, default=0, help="evaluate the first N held-out prompts only"
@@ -107,7 +144,10 @@ def parse_args() -> argparse.Namespace:
         metavar="SECTION.FIELD=VALUE",
         help="override a field of that config, as `scalerl run --set` does",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.eval_every is not None and (args.mode == "fastest" or args.eval_every < 1):
+        parser.error("--eval-every: a step count >= 1, and only with --mode eval3")
+    return args
 
 
 def wall_seconds() -> float:
@@ -141,13 +181,19 @@ def load_job(config_name: str, overrides: list[str]):
 
 
 def fill_from_config(args: argparse.Namespace, cfg) -> None:
-    """Options left unset take the scalerl config's learner schedule (0 minutes = none)."""
-    learner = cfg.learner
+    """Options left unset take the scalerl config's values (0 minutes = no limit). The
+    evaluation cadence: none in `fastest` (0); in `eval3`, `eval.every`, or 3 where it is
+    0 (scalerl's budget-set cadence, which TRL has no counterpart of)."""
     if args.max_minutes is None:
-        args.max_minutes = learner.max_minutes
-    for name in ("max_steps", "eval_every", "eval_samples"):
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(learner, name))
+        args.max_minutes = cfg.learner.max_minutes
+    if args.max_steps is None:
+        args.max_steps = cfg.learner.max_steps
+    if args.eval_samples is None:
+        args.eval_samples = cfg.eval.samples
+    if args.mode == "fastest":
+        args.eval_every = 0
+    elif args.eval_every is None:
+        args.eval_every = cfg.eval.every or 3
 
 
 def chat_prompt(question: str, system_prompt: str) -> list[dict[str, str]]:
@@ -238,8 +284,20 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def make_callback(evaluator: HeldoutEvaluator, model, args: argparse.Namespace, record: dict):
-    """The TrainerCallback that evaluates, enforces the time budget and logs with wall time.
+def print_step(line: dict) -> None:
+    """One progress line per optimizer step (from TRL's step log)."""
+    print(
+        f"step {line['step']}: reward {line.get('reward', float('nan')):.3f} "
+        f"loss {line.get('loss', float('nan')):.4f} "
+        f"step {line['step_time']:.1f}s (rollout {line.get('rollout_time', 0):.1f}s) "
+        f"wall {line['wall_seconds']:.0f}s",
+        flush=True,
+    )
+
+
+def make_callback(evaluator: HeldoutEvaluator | None, model, args, record: dict):
+    """The TrainerCallback that enforces the time budget, logs each step with its wall
+    second and, given an evaluator (`eval3`), runs the held-out evaluations.
 
     `record` collects what the summary needs (evaluations, why training stopped)."""
     from transformers import TrainerCallback
@@ -249,30 +307,25 @@ def make_callback(evaluator: HeldoutEvaluator, model, args: argparse.Namespace, 
     class BenchmarkCallback(TrainerCallback):
         def on_train_begin(self, _args, state, control, **kwargs):
             record["train_begin_s"] = wall_seconds()
-            self._evaluate(0)
+            if evaluator:
+                self._evaluate(0)
 
         def on_step_end(self, _args, state, control, **kwargs):
-            if state.global_step % args.eval_every == 0:
+            if evaluator and state.global_step % args.eval_every == 0:
                 self._evaluate(state.global_step)
             if wall_seconds() >= deadline:  # after the evaluation: a due one is never skipped
                 record["stopped_by"] = "max_minutes"
                 control.should_training_stop = True
 
         def on_train_end(self, _args, state, control, **kwargs):
-            if record["evals"][-1]["step"] != state.global_step:
+            if evaluator and record["evals"][-1]["step"] != state.global_step:
                 self._evaluate(state.global_step)  # the final evaluation
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             line = {"step": state.global_step, "wall_seconds": wall_seconds(), **(logs or {})}
             append_jsonl(args.out / "metrics.jsonl", line)
             if "step_time" in line:
-                print(
-                    f"step {line['step']}: reward {line.get('reward', float('nan')):.3f} "
-                    f"loss {line.get('loss', float('nan')):.4f} "
-                    f"step {line['step_time']:.1f}s (rollout {line.get('rollout_time', 0):.1f}s) "
-                    f"wall {line['wall_seconds']:.0f}s",
-                    flush=True,
-                )
+                print_step(line)
 
         def _evaluate(self, step: int) -> None:
             result = evaluator.evaluate(model, args.seed + step)
@@ -307,8 +360,37 @@ def time_rollouts(trainer) -> list[float]:
     return seconds
 
 
+def clear_outputs(out: Path) -> None:
+    """Delete a previous run's outputs from `out`: a rerun must not append to its points,
+    nor leave its checkpoint behind if this one stops before saving."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("eval.jsonl", "metrics.jsonl", "summary.json", "config.yaml"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)
+
+
+def save_checkpoint(out: Path, model, tokenizer, cfg, record: dict) -> None:
+    """The trained policy as a Hugging Face folder `out/checkpoint/` (config.json,
+    model.safetensors, tokenizer) and the job's scalerl config as `out/config.yaml`, for
+    `scalerl eval out/checkpoint --config out/config.yaml`. Records the wall second it
+    was all on disk (`checkpoint_at_s`) and the save's seconds (`checkpoint_seconds`)."""
+    import yaml
+
+    started = wall_seconds()
+    model.save_pretrained(out / "checkpoint", safe_serialization=True)
+    tokenizer.save_pretrained(out / "checkpoint")
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    record["checkpoint_at_s"] = wall_seconds()
+    record["checkpoint_seconds"] = record["checkpoint_at_s"] - started
+
+
 def time_to_gain(evals: list[dict], gain: float) -> float | None:
-    """Wall seconds of the first evaluation at or above the step-0 pass rate + gain."""
+    """Wall seconds of the first evaluation at or above the step-0 pass rate + gain
+    (None without evaluations, as in `--mode fastest`)."""
+    if not evals:
+        return None
     target = evals[0]["pass_rate"] + gain
     return next((e["wall_seconds"] for e in evals if e["pass_rate"] >= target), None)
 
@@ -344,6 +426,7 @@ def write_summary(args, config, trainer, record: dict, rollout_s: list[float]) -
         "started_unix": STARTED_UNIX,
         "wall_seconds": wall_seconds(),
         "setup_seconds": record.get("train_begin_s"),
+        "train_end_s": record.get("train_end_s"),
         "steps": steps,
         "stopped_by": record.get("stopped_by", "max_steps"),
         "seconds_per_step": sum(step_times) / len(step_times) if step_times else None,
@@ -352,8 +435,10 @@ def write_summary(args, config, trainer, record: dict, rollout_s: list[float]) -
         "train_seconds_total": sum(step_times) - sum(rollout_s),
         "eval_seconds_total": eval_s,
         "evaluations": len(evals),
-        "pass_rate_step0": evals[0]["pass_rate"],
-        "pass_rate_final": evals[-1]["pass_rate"],
+        "pass_rate_step0": evals[0]["pass_rate"] if evals else None,
+        "pass_rate_final": evals[-1]["pass_rate"] if evals else None,
+        "checkpoint_at_s": record.get("checkpoint_at_s"),
+        "checkpoint_seconds": record.get("checkpoint_seconds"),
         "gain": args.gain,
         "time_to_gain": time_to_gain(evals, args.gain),
     }
@@ -372,51 +457,75 @@ GRPO_FIELDS_REPORTED = (
 )  # fmt: skip
 
 
-def main() -> None:
-    """Load the job, train with GRPOTrainer under the time budget, write the outputs."""
-    args = parse_args()
-    setup_environment(args.threads)
+def load_model(folder: Path, policy_tok):
+    """SmolLM2 from scalerl's converted folder (fp32 weights), stopping on scalerl's stop
+    tokens."""
     import torch
     from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in ("eval.jsonl", "metrics.jsonl", "summary.json"):
-        (args.out / name).unlink(missing_ok=True)  # a rerun must not append to old points
-    cfg, task, folder, policy_tok = load_job(args.config, args.set)
-    fill_from_config(args, cfg)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     # TRL stops on the tokenizer's EOS plus the model's declared ones: declare scalerl's.
     model.generation_config.eos_token_id = sorted(policy_tok.stop_token_ids)
-    config = grpo_config(args, cfg)
-    record: dict = {"evals": [], "job": cfg.model_dump(mode="json")}
-    evaluator = HeldoutEvaluator(task, policy_tok, cfg, args)
-    trainer = GRPOTrainer(
+    return model
+
+
+def build_trainer(args, cfg, task, policy_tok, model, callback):
+    """The GRPOTrainer of the job: its GRPOConfig, training dataset, reward, callback."""
+    from trl import GRPOTrainer
+
+    return GRPOTrainer(
         model=model,
         reward_funcs=make_reward(task),
-        args=config,
+        args=grpo_config(args, cfg),
         train_dataset=train_dataset(task, task.system_prompt),
         processing_class=policy_tok.tokenizer,
-        callbacks=[make_callback(evaluator, model, args, record)],
+        callbacks=[callback],
     )
-    rollout_s = time_rollouts(trainer)
+
+
+def print_end(summary: dict, args: argparse.Namespace) -> None:
+    """The closing line: steps, where the seconds went, the pass rates or how to score."""
+    if summary["evaluations"]:
+        result = (
+            f"pass rate {summary['pass_rate_step0']:.3f} -> {summary['pass_rate_final']:.3f}, "
+            f"time_to_gain(+{args.gain}) = {summary['time_to_gain']}"
+        )
+    else:
+        result = f"score it: scalerl eval {args.out}/checkpoint --config {args.out}/config.yaml"
     print(
-        f"TRL GRPOTrainer: {len(task.train)} train prompts, {len(evaluator.jobs)} eval "
-        f"completions, {args.threads} threads, {args.dtype}, budget {args.max_minutes} min, "
+        f"{summary['steps']} steps, training ended at {summary['train_end_s']:.0f}s "
+        f"({summary['seconds_per_step'] or 0:.1f}s/step, rollout "
+        f"{summary['rollout_seconds_total']:.0f}s, train {summary['train_seconds_total']:.0f}s, "
+        f"eval {summary['eval_seconds_total']:.0f}s); checkpoint saved at "
+        f"{summary['checkpoint_at_s']:.0f}s ({summary['checkpoint_seconds']:.1f}s); {result}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    """Load the job, train with GRPOTrainer under the time budget, save, summarize."""
+    args = parse_args()
+    setup_environment(args.threads)
+    clear_outputs(args.out)
+    cfg, task, folder, policy_tok = load_job(args.config, args.set)
+    fill_from_config(args, cfg)
+    model = load_model(folder, policy_tok)
+    record: dict = {"evals": [], "job": cfg.model_dump(mode="json")}
+    evaluator = HeldoutEvaluator(task, policy_tok, cfg, args) if args.eval_every else None
+    callback = make_callback(evaluator, model, args, record)
+    trainer = build_trainer(args, cfg, task, policy_tok, model, callback)
+    rollout_s = time_rollouts(trainer)
+    evals = f"{len(evaluator.jobs)} eval completions" if evaluator else "no evaluation"
+    print(
+        f"TRL GRPOTrainer, mode {args.mode}: {len(task.train)} train prompts, {evals}, "
+        f"{args.threads} threads, {args.dtype}, budget {args.max_minutes} min, "
         f"set-up {wall_seconds():.0f}s",
         flush=True,
     )
     trainer.train()
-    summary = write_summary(args, config, trainer, record, rollout_s)
-    print(
-        f"{summary['steps']} steps in {summary['wall_seconds']:.0f}s "
-        f"({summary['seconds_per_step'] or 0:.1f}s/step, rollout "
-        f"{summary['rollout_seconds_total']:.0f}s, train {summary['train_seconds_total']:.0f}s, "
-        f"eval {summary['eval_seconds_total']:.0f}s); pass rate "
-        f"{summary['pass_rate_step0']:.3f} -> {summary['pass_rate_final']:.3f}; "
-        f"time_to_gain(+{args.gain}) = {summary['time_to_gain']}",
-        flush=True,
-    )
+    record["train_end_s"] = wall_seconds()
+    save_checkpoint(args.out, model, policy_tok.tokenizer, cfg, record)
+    print_end(write_summary(args, trainer.args, trainer, record, rollout_s), args)
 
 
 if __name__ == "__main__":

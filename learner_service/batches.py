@@ -104,13 +104,13 @@ class BatchCollector:
         wait_start = last_arrival = last_admitted = self.clock()
         self.gave_up = None
         limit = max(want, fill_up_to)
-        counted = 0  # groups that count towards `want`
+        counted = 0  # groups that count towards `want` (the informative ones when filling)
 
         def short() -> bool:
             return counted < want and len(groups) < limit
 
         while short() and not stop.is_set():
-            self.gave_up = self._give_up_reason(want, len(groups), last_admitted, deadline)
+            self.gave_up = self._give_up_reason(want, counted, last_admitted, deadline)
             if self.gave_up is not None:
                 log.warning("%s", self.gave_up)
                 break
