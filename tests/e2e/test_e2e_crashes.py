@@ -38,6 +38,10 @@ def _launch(run_dir: Path, crash_at: str | None = None, *overrides: str) -> subp
     args = ["run", "--config", "tiny", "--run-dir", str(run_dir)]
     args += ["--set", f"learner.max_steps={MAX_STEPS}"]
     args += ["--set", f"learner.checkpoint_every={CHECKPOINT_EVERY}"]
+    # Dynamic sampling off: every step then reads exactly batch_prompts groups, so the
+    # groups lost or replayed by a crash are a hand count (steps x 8). With it on, a step
+    # reads 8-24 groups depending on how many scored alike (tests/integration/test_batches).
+    args += ["--set", "learner.dynamic_sampling=1"]
     for item in overrides:
         args += ["--set", item]
     return subprocess.Popen(
