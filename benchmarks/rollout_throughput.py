@@ -5,6 +5,8 @@ sequence generates exactly the given number of new tokens):
 
 - `rl`: 8 prompts x 8 samples (group size 8, the RL shape: one prefill per prompt, KV
   copied to the group), 48 new tokens, bfloat16 and float32.
+- `default`: the default job's shape, 8 prompts x 8 samples x 26 new tokens
+  (`rollout.max_new_tokens`), float32 and bfloat16.
 - `eval`: 200 distinct prompts x 2 samples, 32 new tokens, bfloat16 (the learner's
   evaluation shape, where prefilling many distinct prompts dominates).
 - `prefill`: the forward alone for 64 distinct prompts, bfloat16: one forward per prompt
@@ -13,6 +15,12 @@ sequence generates exactly the given number of new tokens):
 Prompts are addition questions in the chat template. The script prints tokens per second,
 the time until every request has its first token (prefill included), and the load average
 before and after each run (the machine may be shared).
+
+Every float32 run is also set against this CPU's own bound: the fp32 matmul rate measured
+at start (GFLOP/s of the model's own weight shapes at the scenario's batch, `--threads`
+threads) divided by the model's FLOPs per generated token (2 x the matmul parameters,
+LM head included, plus 4 x layers x hidden x context for attention; Kaplan et al. 2020,
+Sec. 2.1). The fraction printed is measured tokens/s over that bound.
 
     python benchmarks/rollout_throughput.py [--scenario rl|eval|prefill|all] [--threads 1]
         [--max-prefill-tokens N] [--engine torch|vllm] [--dtypes bfloat16 float32]
@@ -41,7 +49,49 @@ class Scenario:
 SCENARIOS = {
     "rl": Scenario(prompts=8, group_size=8, new_tokens=48, dtypes=("bfloat16", "float32")),
     "eval": Scenario(prompts=200, group_size=2, new_tokens=32, dtypes=("bfloat16",)),
+    "default": Scenario(prompts=8, group_size=8, new_tokens=26, dtypes=("float32", "bfloat16")),
 }
+
+
+def weight_shapes(config) -> list[tuple[int, int]]:
+    """(in, out) of every matmul weight one token passes through: per layer q, k, v, o,
+    gate, up, down, then the LM head."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    layer = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden)]
+    layer += [(hidden, inter), (hidden, inter), (inter, hidden)]
+    return layer * config.num_hidden_layers + [(hidden, config.vocab_size)]
+
+
+def flops_per_token(config, context: int) -> float:
+    """Forward FLOPs of one token at `context` positions: 2 x matmul parameters (LM head
+    included) + 4 x layers x hidden x context (q k^T and the weighted sum of v;
+    Kaplan et al. 2020, Sec. 2.1)."""
+    matmul = sum(a * b for a, b in weight_shapes(config))
+    return 2.0 * matmul + 4.0 * config.num_hidden_layers * config.hidden_size * context
+
+
+def matmul_gflops(config, rows: int, seconds: float = 3.0) -> float:
+    """This CPU's fp32 matmul rate, GFLOP/s, on the model's weight shapes with `rows`
+    input rows (the decode batch): every distinct (in, out) shape, weighted by how often a
+    token meets it, timed over about `seconds`."""
+    import torch
+
+    counts: dict[tuple[int, int], int] = {}
+    for shape in weight_shapes(config):
+        counts[shape] = counts.get(shape, 0) + 1
+    pairs = [(torch.randn(rows, a), torch.randn(b, a), n) for (a, b), n in counts.items()]
+    for x, w, _ in pairs:  # warm-up: oneDNN/MKL pick their kernels on first use
+        torch.nn.functional.linear(x, w)
+    flops, start, repeats = 0.0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds or repeats == 0:
+        for x, w, n in pairs:
+            for _ in range(n):
+                torch.nn.functional.linear(x, w)
+            flops += 2.0 * rows * w.shape[0] * w.shape[1] * n
+        repeats += 1
+    return flops / (time.perf_counter() - start) / 1e9
 
 
 def load_average() -> str:
@@ -70,6 +120,9 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
         for i in range(scenario.prompts * scenario.group_size)
     ]
     max_len = max(len(p) for p in prompts) + scenario.new_tokens
+    rows = len(requests)
+    context = (sum(map(len, prompts)) / len(prompts)) + scenario.new_tokens / 2
+    bound = matmul_gflops(model.config, rows) * 1e9 / flops_per_token(model.config, context)
     print(
         f"[{name}] {scenario.prompts} prompts x {scenario.group_size} samples = "
         f"{len(requests)} sequences x {scenario.new_tokens} new tokens, prompts of "
@@ -120,6 +173,13 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
             f"{(tokens - len(first)) / after_first:.1f} tokens/s); load average "
             f"{load_before} before, {load_average()} after"
         )
+        if dtype == "float32":
+            print(
+                f"  fp32 bound {bound:.1f} tokens/s (matmul rate at {rows} rows / "
+                f"{flops_per_token(model.config, context) / 1e9:.3f} GFLOP per token): "
+                f"{tokens / elapsed / bound:.2f} of it overall, "
+                f"{(tokens - len(first)) / after_first / bound:.2f} after the first tokens"
+            )
 
 
 def run_prefill(model, tokenizer, system: str, prompts: int = 64) -> None:
@@ -172,7 +232,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(ModelConfig())
-    system = TaskConfig().system_prompt
+    system = TaskConfig().effective_system_prompt
     names = [*SCENARIOS, "prefill"] if args.scenario == "all" else [args.scenario]
     for name in names:
         if name == "prefill":

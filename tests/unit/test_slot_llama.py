@@ -10,7 +10,11 @@ import types
 import pytest
 import torch
 
-from rollout_service.engines.torch.llama import SlotLlama, default_rope_theta
+from rollout_service.engines.torch.llama import (
+    SlotLlama,
+    default_rope_theta,
+    single_query_attention,
+)
 from rollout_service.engines.torch.sampling import sample
 
 torch.set_num_threads(1)
@@ -42,6 +46,26 @@ def test_slot_llama_matches_hf_prefill_and_mixed_decode(model0):
         )
         torch.testing.assert_close(logits[0], reference[pos], atol=1e-4, rtol=0)
         torch.testing.assert_close(logits[1], reference[pos - 3], atol=1e-4, rtol=0)
+
+
+def test_single_query_attention_is_sdpa_with_grouped_heads_and_mask():
+    """The decode step's grouped matmul equals SDPA with GQA: 9 q heads over 3 kv heads
+    (q head h reads kv head h // 3), rows masked at different lengths."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 9, 1, 16, generator=gen)
+    keys, values = torch.randn(2, 4, 3, 7, 16, generator=gen).unbind(0)
+    lengths = torch.tensor([1, 3, 5, 7])
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).view(4, 1, 1, 7)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=True
+    )
+    torch.testing.assert_close(
+        single_query_attention(q, keys, values, mask), expected, atol=1e-6, rtol=0
+    )
+    # Row 0 sees only position 0: its output is that position's value, per kv group.
+    torch.testing.assert_close(
+        single_query_attention(q, keys, values, mask)[0, 4, 0], values[0, 1, 0], atol=1e-6, rtol=0
+    )
 
 
 def test_extend_batch_matches_one_slot_at_a_time(model0):
@@ -127,6 +151,20 @@ def test_tempered_inverse_cdf_draw():
     tokens, logp = sample(torch.tensor([[0.0, math.log(2.0)]]), [0.5], [1.0], [gen])
     assert tokens.tolist() == [1]
     assert logp.item() == pytest.approx(math.log(0.8), abs=1e-6)
+
+
+def test_sampled_logprob_is_log_softmax_of_the_tempered_logits():
+    """Without a nucleus the sampler never builds the log-probs; the one it reports is
+    still log softmax(logits / T) at the drawn token, for wide-ranging logits."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 1000, generator=gen) * 20
+    temps = [1.0, 0.5, 2.0, 0.0, 1.3]
+    gens = [torch.Generator().manual_seed(i) if t > 0 else None for i, t in enumerate(temps)]
+    tokens, logp = sample(logits, temps, [1.0] * 5, gens)
+    scale = torch.tensor([t if t > 0 else 1.0 for t in temps])[:, None]
+    expected = torch.log_softmax(logits / scale, dim=-1)[torch.arange(5), tokens]
+    torch.testing.assert_close(logp, expected, atol=1e-5, rtol=0)
+    assert int(tokens[3]) == int(logits[3].argmax())
 
 
 def test_top_p_renormalises_over_the_nucleus():

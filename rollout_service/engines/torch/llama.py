@@ -74,6 +74,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def single_query_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of one query per row, the decode step: q [N, heads, 1, D] over keys and
+    values [N, kv_heads, L, D] with mask [N, 1, 1, L] (True = attend) -> [N, heads, 1, D].
+
+    softmax(q k^T / sqrt(D)) v (Vaswani et al. 2017, eq. 1) with grouped-query sharing
+    (Ainslie et al. 2023): q head h reads kv head h // (heads / kv_heads), as in HF's
+    `repeat_kv`. The heads of a group become the rows of one matmul against their shared
+    keys, so nothing is repeated; scores and softmax are fp32. Why not SDPA: torch's CPU
+    flash kernel pads a single query to a block, and measured 10x slower in bf16 at the
+    RL shape (64 rows x 9 heads x 70 positions: 4.9 ms vs 0.46 ms a layer).
+    """
+    n, heads, _, dim = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    grouped = q.reshape(n, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * dim**-0.5
+    scores = scores.masked_fill(~mask.view(n, 1, 1, length), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(weights, values).reshape(n, heads, 1, dim)
+
+
 class SlotKVCache:
     """Preallocated keys and values, each [layers, max_batch, kv_heads, max_seq_len, head_dim].
 
@@ -331,9 +353,12 @@ class SlotLlama:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.cache.write(layer, slots, positions, k, v, valid)
         keys, values = self.cache.read(layer, slots, kv_len)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        if t == 1:
+            out = single_query_attention(q, keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+            )
         return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.num_heads * self.head_dim))
 
     # ----- weights -----------------------------------------------------------------------
