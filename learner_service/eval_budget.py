@@ -1,9 +1,9 @@
 """When the learner evaluates between R0 and the final evaluation, and what the
 evaluations cost: `eval.budget_fraction` (the default) or a fixed `eval.every` schedule.
 
-R0 and the final evaluation score every held-out prompt. The ones between score the
-evaluator's fixed subset (`eval.prompts`) and, under the budget, start as soon as their
-cost fits:
+The final evaluation scores every held-out prompt (R0 too with `eval.full_r0`). The ones
+between score the evaluator's fixed subset (`eval.prompts`) and, under the budget, start
+as soon as their cost fits:
 
     r x (spent + cost) <= f x (C - r x full + r x cost)
 
@@ -34,13 +34,14 @@ class EvalSpend:
     evaluations: int = 0
     last_tokens_per_completion: float = 0.0
 
-    def add(self, completions: int, mean_tokens: float, full: bool) -> None:
-        """One finished evaluation of `completions` replies of `mean_tokens` on average."""
+    def add(self, completions: int, mean_tokens: float, budgeted: bool) -> None:
+        """One finished evaluation of `completions` replies of `mean_tokens` on average
+        (`budgeted`: one between R0 and the final one)."""
         tokens = completions * mean_tokens
-        if full:
-            self.full += tokens
-        else:
+        if budgeted:
             self.between += tokens
+        else:
+            self.full += tokens
         self.evaluations += 1
         self.last_tokens_per_completion = mean_tokens
 

@@ -31,7 +31,8 @@ class EvalJob:
     version: int
     compute: float  # accelerator-hours when it started: the curve point's compute
     started: float  # monotonic seconds
-    full: bool = True  # every held-out prompt (R0, final), else the fixed subset
+    full: bool = True  # every held-out prompt (the final one), else the fixed subset
+    budgeted: bool = False  # one between R0 and the final one (`eval.budget_fraction`)
     thread: threading.Thread | None = None
     result: EvalResult | None = None
     error: Exception | None = None
@@ -91,16 +92,17 @@ class EvalScheduler:
         workers: list[str] | Callable[[], list[str]],
         seed: int,
         full: bool = True,
+        budgeted: bool = False,
     ) -> None:
         """Evaluate the held-out split (`full`: every prompt, else the evaluator's fixed
         subset) on `workers` (addresses, or a callable returning them, asked before every
-        try) at the current version.
+        try) at the current version; `budgeted`: its cost counts against the budget.
 
         Raises RuntimeError when one is running already (`take` it first)."""
         if self._job is not None:
             raise RuntimeError("an evaluation is running already")
         addresses = workers if callable(workers) else (lambda: list(workers))
-        job = EvalJob(step, version, compute, time.monotonic(), full)
+        job = EvalJob(step, version, compute, time.monotonic(), full, budgeted)
         job.thread = threading.Thread(
             target=job.run,
             args=(self.evaluator, addresses, seed, self.retries, self.backoff_s),

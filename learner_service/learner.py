@@ -281,8 +281,12 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         if self.r0 is None:  # not a resume from a checkpoint, which holds R0
             self._checkpoint()  # the warmed-up weights survive an early crash
             # PipelineRL trains on the first groups while R0 runs (its weights wait).
-            self._evaluate(background=not self._ppo, full=True)
-        evaluated_at, last_full = self.step, self.step
+            full_r0 = self.config.eval.full_r0 or self.evals.evaluator.subset_is_all
+            self._evaluate(background=not self._ppo, full=full_r0)
+            last_full = self.step if full_r0 else -1
+        else:
+            last_full = self.step
+        evaluated_at = self.step
         while self.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
@@ -294,9 +298,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             if self.batches.gave_up:
                 break  # logged by the collector: the time budget, or no worker producing
             self._finish_evaluation(block=False)
-            if self._evaluation_due(evaluated_at):
+            if self.step < cfg.max_steps and self._evaluation_due(evaluated_at):
                 full = self.evals.evaluator.subset_is_all  # then no final one is needed
-                self._evaluate(background=not self._ppo, full=full)
+                self._evaluate(background=not self._ppo, full=full, budgeted=True)
                 evaluated_at = self.step
                 last_full = self.step if full else last_full
             if self._checkpoint_due():

@@ -26,10 +26,10 @@ class EvaluationsMixin:
         """The held-out evaluator, with the rollout's sampling and length control."""
         return evaluator_for(self.config, self.tasks, self.tokenizer)
 
-    def _evaluate(self, background: bool, full: bool = True) -> None:
+    def _evaluate(self, background: bool, full: bool = True, budgeted: bool = False) -> None:
         """Score the held-out split (`full`: every prompt, as R0 and the final evaluation
         do; else the evaluator's fixed subset) at the current policy version on the
-        workers.
+        workers; `budgeted`: one between R0 and the final one, whose cost the budget caps.
 
         background (PipelineRL mode): the learner goes on training while the workers
         evaluate, and holds its new weights back until the evaluation ends (at most k
@@ -46,6 +46,7 @@ class EvaluationsMixin:
             lambda: sorted(self.registry.workers().values()),
             seed=self.config.seed + 7919 * self.step,
             full=full,
+            budgeted=budgeted,
         )
         if not background:
             self._finish_evaluation(block=True)
@@ -56,9 +57,9 @@ class EvaluationsMixin:
         job = self.evals.take(block)
         if job is None:
             return
-        self.timing.evaluation(job.seconds, job.waited_s, job.full)
         result = job.result
-        self.eval_spend.add(result.completions, result.mean_tokens, job.full)
+        self.timing.evaluation(job.seconds, job.waited_s, self._final_eval_estimate(job))
+        self.eval_spend.add(result.completions, result.mean_tokens, job.budgeted)
         records = self._eval_records(job)
         for record in records:
             append_record(self.run_dir, record)
@@ -80,6 +81,20 @@ class EvaluationsMixin:
         for record in records:
             self._record_curve_point(record)
         self._publish_if_new()
+
+    def _final_eval_estimate(self, job: EvalJob) -> float:
+        """Wall seconds the final evaluation (every held-out prompt) will take: what `job`
+        took when it was one too, else every held-out completion at `job`'s mean tokens,
+        at the workers' busy seconds per token so far, spread over the workers (training
+        rollouts slowed `job` down; they no longer run at the end)."""
+        if job.full:
+            return job.seconds
+        completions = self.evals.evaluator.completions(full=True)
+        _, rollout_s, tokens = self._usage()
+        if tokens <= 0:  # no worker statistics yet: scale what this one took
+            return job.seconds * completions / max(1, job.result.completions)
+        workers = max(1, len(self.registry.workers()))
+        return rollout_s / tokens * completions * job.result.mean_tokens / workers
 
     @property
     def r0(self) -> float | None:

@@ -26,7 +26,7 @@ class LearnerTiming:
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(ACTIVITIES, 0.0)
         self.last_step_s = 0.0  # the last step, its wait for groups included
-        self.last_eval_s = 0.0  # the last evaluation of every held-out prompt, wall seconds
+        self.final_eval_s = 0.0  # what the final evaluation will take, wall seconds
         self._publish_block_s = 0.0
         self._eval_wait_s = 0.0
 
@@ -41,20 +41,19 @@ class LearnerTiming:
         self._publish_block_s += seconds
         self.seconds["publish"] += seconds
 
-    def evaluation(self, seconds: float, waited_s: float, full: bool = True) -> None:
-        """An evaluation (`full`: of every held-out prompt, what the final one will cost)
-        took `seconds`, `waited_s` of them with the learner waiting."""
-        if full:
-            self.last_eval_s = seconds
+    def evaluation(self, seconds: float, waited_s: float, final_eval_s: float) -> None:
+        """An evaluation took `seconds`, `waited_s` of them with the learner waiting;
+        `final_eval_s`: what the final one will take, as estimated now."""
+        self.final_eval_s = final_eval_s
         self._eval_wait_s += waited_s
         self.seconds["wait_for_evaluation"] += waited_s
         self.seconds["evaluations_background"] += seconds - waited_s
 
     def reserve_s(self) -> float:
         """Seconds to keep in hand before the deadline: one more step plus the final
-        evaluation (with a 20% margin), by the last step and the last evaluation of every
-        held-out prompt measured."""
-        return 1.2 * (self.last_step_s + self.last_eval_s)
+        evaluation (with a 20% margin), by the last step measured and the last estimate of
+        the final evaluation."""
+        return 1.2 * (self.last_step_s + self.final_eval_s)
 
     def take_publish_block(self) -> float:
         """Publishing seconds since the previous call (the step record's)."""

@@ -417,10 +417,11 @@ class LearnerConfig(_Section):
 class EvalConfig(_Section):
     """Held-out evaluations: the share of the run they may take, and their protocol.
 
-    The first evaluation (R0) and the final one score every held-out prompt; the ones in
-    between score a fixed seeded subset of `prompts` prompts and start when the budget
-    allows (`learner_service.eval_budget`): the tokens generated for them stay within
-    `budget_fraction` of all tokens the workers generated.
+    The final evaluation scores every held-out prompt; the ones in between score a fixed
+    seeded subset of `prompts` prompts and start when the budget allows
+    (`learner_service.eval_budget`): the tokens generated for them stay within
+    `budget_fraction` of all tokens the workers generated. The first one (R0) scores the
+    subset too unless `full_r0`; it is outside the budget either way.
     """
 
     budget_fraction: float = Field(
@@ -441,6 +442,12 @@ class EvalConfig(_Section):
         le=1_000_000,
         description="Held-out prompts of each evaluation between R0 and the final one (a "
         "fixed seeded subset, the same every time); 0 = every held-out prompt.",
+    )
+    full_r0: bool = Field(
+        False,
+        description="R0 scores every held-out prompt (as the final evaluation does) instead "
+        "of the subset. Off by default: R0 then measures the same ruler as the points "
+        "between, and training starts sooner (R0 holds the first weights back while it runs).",
     )
     samples: int = Field(2, ge=1, le=64, description="Samples per held-out prompt.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature.")

@@ -47,18 +47,22 @@ def test_a_run_of_two_tasks_evaluates_and_fits_each(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
     args += ["--run-dir", str(run_dir), "--set", f"task={tasks}"]
-    args += ["--set", "learner.max_steps=20", "--set", "eval.every=4"]
+    args += ["--set", "learner.max_steps=20", "--set", "eval.every=4", "--set", "eval.prompts=25"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     records = read_records(run_dir, EvalRecord)
     by_task = evals_by_task(records)
     runs = run_evals(records)
-    assert list(by_task) == ["add", "sums"] and len(runs) == 6  # steps 0, 4, ..., 20
+    # Steps 0 (R0), 4, ..., 16 on the subset and 20 on every prompt: the last step's
+    # evaluation is the final one, not a subset one followed by the final one.
+    assert list(by_task) == ["add", "sums"] and [r.step for r in runs] == [0, 4, 8, 12, 16, 20]
     for i, run in enumerate(runs):
         add, sums = by_task["add"][i], by_task["sums"][i]
         assert add.step == sums.step == run.step
-        assert (add.completions, sums.completions) == (30 * 16, 20 * 16)  # eval.samples 16
+        # eval.samples 16; the subset of 25 of the 50 prompts splits 3:2 like the tasks
+        prompts = (30, 20) if run.step == 20 else (15, 10)
+        assert (add.completions, sums.completions) == (prompts[0] * 16, prompts[1] * 16)
         # The run's pass rate is the task-weighted mean (weights 3:1).
         assert run.pass_rate == pytest.approx(0.75 * add.pass_rate + 0.25 * sums.pass_rate)
         # Standard errors: the prompts' spread per task, combined by weight for the run.

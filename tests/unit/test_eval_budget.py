@@ -4,16 +4,20 @@ subset those evaluations score."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from learner_service.eval_budget import BudgetCadence, EvalSpend, FixedCadence, eval_cadence
-from learner_service.evaluate import subset_of
+from learner_service.eval_schedule import EvalJob
+from learner_service.evaluate import EvalResult, subset_of
+from learner_service.learner_evals import EvaluationsMixin
 from scalerl.config import EvalConfig
 
 
 def spend_after_r0() -> EvalSpend:
     spend = EvalSpend()
-    spend.add(completions=400, mean_tokens=10.0, full=True)  # R0: 4,000 tokens
+    spend.add(completions=400, mean_tokens=10.0, budgeted=False)  # R0: 4,000 tokens
     return spend
 
 
@@ -25,7 +29,7 @@ def test_an_evaluation_starts_once_its_cost_fits_the_fraction() -> None:
     spend = spend_after_r0()
     assert not cadence.due(3, 0, spend, 100, (79.0, 50.0, 5_000.0))
     assert cadence.due(3, 0, spend, 100, (80.0, 50.0, 5_000.0))
-    spend.add(completions=100, mean_tokens=10.0, full=False)  # it ran: 10 s between
+    spend.add(completions=100, mean_tokens=10.0, budgeted=True)  # it ran: 10 s between
     # The next one needs 20 <= 0.2 x (C - 40 + 10): C >= 130 s.
     assert not cadence.due(6, 3, spend, 100, (129.0, 90.0, 9_000.0))
     assert cadence.due(6, 3, spend, 100, (130.0, 90.0, 9_000.0))
@@ -41,7 +45,7 @@ def test_never_twice_at_one_step_nor_before_any_measurement() -> None:
 
 def test_shares_of_the_run_compute() -> None:
     spend = spend_after_r0()
-    spend.add(completions=100, mean_tokens=10.0, full=False)
+    spend.add(completions=100, mean_tokens=10.0, budgeted=True)
     shares = spend.shares(compute_s=200.0, rollout_s=100.0, generated=10_000.0)
     # 0.01 s per token: between 10 s of (200 - 40) s; all (10 + 40) s of 200 s.
     assert shares["between"] == pytest.approx(10 / 160)
@@ -69,3 +73,35 @@ def test_the_subset_is_seeded_proportional_and_keeps_two_per_task() -> None:
     assert len(subset_of(heldout, 500, seed=0)) == 100
     with pytest.raises(ValueError, match="prompts must be >= 0"):
         subset_of(heldout, -1, seed=0)
+
+
+class _Evaluator:
+    def completions(self, full: bool = True) -> int:
+        return 400 if full else 128
+
+
+class _Learner:
+    """What `_final_eval_estimate` reads of a learner: 100 busy worker-seconds for
+    10,000 tokens so far, two workers."""
+
+    evals = SimpleNamespace(evaluator=_Evaluator())
+    registry = SimpleNamespace(workers=lambda: {"w0": "a:1", "w1": "b:1"})
+
+    def _usage(self) -> tuple[float, float, float]:
+        return 150.0, 100.0, 10_000.0
+
+
+def _job(full: bool, completions: int, mean_tokens: float, seconds: float) -> EvalJob:
+    job = EvalJob(step=3, version=3, compute=0.0, started=0.0, full=full)
+    job.result = EvalResult(0.5, 0.0, completions, mean_tokens, 0.0)
+    job.seconds = seconds
+    return job
+
+
+def test_the_final_evaluation_is_estimated_from_the_workers_rate_after_a_subset_one() -> None:
+    estimate = EvaluationsMixin._final_eval_estimate
+    # A subset one: 400 completions x 12 tokens at 0.01 busy s/token over 2 workers = 24 s
+    # (not its own 30 s x 400/128: training rollouts shared the workers meanwhile).
+    assert estimate(_Learner(), _job(False, 128, 12.0, 30.0)) == pytest.approx(24.0)
+    # One of every prompt measured what the final one costs.
+    assert estimate(_Learner(), _job(True, 400, 12.0, 41.0)) == 41.0
