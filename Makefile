@@ -57,9 +57,11 @@ test-torch-free:         ## pip install . without extras into a fresh venv; run 
 	rm -rf build
 	cd scripts && ../.venv-torch-free/bin/python torch_free_smoke.py
 
-lint: $(STAMP)
+lint: $(STAMP)           ## ruff, the import contracts and mypy (pyproject.toml); CI runs it first
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 proto: $(STAMP)          ## regenerate scalerl/v1 from proto/scalerl/v1
 	$(PY) scripts/gen_proto.py

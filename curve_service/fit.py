@@ -323,8 +323,8 @@ def _grid_search(
         cell_sse = _parabolic_min(sse)  # [n_a', n_c]: min over B, interpolated in ln B
         k = int(np.argmin(cell_sse))
         if cell_sse.flat[k] < best_sse:
-            ia, ic = np.unravel_index(k, cell_sse.shape)
-            best_sse, best_cell = float(cell_sse.flat[k]), (int(ia) + start, int(ic))
+            row, col = np.unravel_index(k, cell_sse.shape)
+            best_sse, best_cell = float(cell_sse.flat[k]), (int(row) + start, int(col))
     ia, ic = best_cell
     # The winning cell's B to full precision (the 1-D least squares of App. A.5).
     b, _ = best_b(log_c, reward, a_vals[ia : ia + 1], np.log(c_vals[ic : ic + 1]), r0, w)

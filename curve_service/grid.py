@@ -35,7 +35,7 @@ class GridSpec:
     def a_values(self) -> NDArray[np.float64]:
         """[n_a] asymptote values, a_min..a_max inclusive."""
         n = int(round((self.a_max - self.a_min) / self.a_step)) + 1
-        return self.a_min + self.a_step * np.arange(n)
+        return self.a_min + self.a_step * np.arange(n, dtype=np.float64)
 
     def c_mid_values(self) -> NDArray[np.float64]:
         """[n_c] midpoints, log-spaced c_mid_min..c_mid_max inclusive."""

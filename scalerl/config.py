@@ -8,6 +8,7 @@ environment (`SCALERL_LEARNER__LR=2e-5`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -680,11 +681,11 @@ def resolve_config_path(name_or_path: str) -> Path:
     raise FileNotFoundError(f"config {name_or_path!r}: not a YAML file nor one of: {names}")
 
 
-def environment_overrides(environ: dict[str, str] | None = None) -> list[str]:
+def environment_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
     """`SCALERL_SECTION__FIELD=value` variables as `section.field=value` overrides."""
-    environ = os.environ if environ is None else environ
+    variables = os.environ if environ is None else environ
     found = []
-    for key, value in sorted(environ.items()):
+    for key, value in sorted(variables.items()):
         name = key.removeprefix(ENV_PREFIX).lower()
         if key.startswith(ENV_PREFIX) and ("__" in name or name in _ENV_FIELDS):
             found.append(f"{name.replace('__', '.')}={value}")

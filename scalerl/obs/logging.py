@@ -61,11 +61,11 @@ class _JsonFormatter(logging.Formatter):
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created)),
             "level": record.levelname,
-            "service": record.service,
-            "run_id": record.run_id,
+            "service": getattr(record, "service", None),  # set by the filter
+            "run_id": getattr(record, "run_id", None),  # set by the filter
             "worker_id": _process["worker_id"] or None,
-            "policy_version": record.policy_version,
-            "request_id": record.request_id,
+            "policy_version": getattr(record, "policy_version", None),  # set by the filter
+            "request_id": getattr(record, "request_id", None),  # set by the filter
             "logger": record.name,
             "message": record.getMessage(),
         }

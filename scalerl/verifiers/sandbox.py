@@ -172,6 +172,7 @@ def _new_folder(limits: SandboxLimits) -> str:
 
 def _send_job(proc: subprocess.Popen, job: dict) -> None:
     # The child reads all of stdin before anything else, so this write cannot deadlock.
+    assert proc.stdin is not None  # started with stdin=PIPE
     try:
         proc.stdin.write(json.dumps(job).encode())
         proc.stdin.close()
