@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install run run-tiny test test-all test-vllm test-torch-free lint proto bench clean
+.PHONY: install run run-tiny test test-system test-all test-vllm test-torch-free lint proto bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,9 @@ run-tiny: $(STAMP)       ## a one-minute run of the tiny test model
 
 test: $(STAMP)           ## the default test suite (no slow tests)
 	$(PY) -m pytest
+
+test-system: $(STAMP)    ## the whole-run tests left out of make test (CI runs both)
+	$(PY) -m pytest -m system
 
 test-all: $(STAMP)       ## every test, slow ones included
 	$(PY) -m pytest -m ""

@@ -99,6 +99,7 @@ def _curve_points(curve: LocalProcess, run_id: str) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.system
 def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -> None:
     processes = local_processes(docs, tmp_path)
     assert sorted(p.name for p in processes) == [

@@ -132,6 +132,7 @@ def _check_accounting(run_dir: Path) -> dict:
     return report
 
 
+@pytest.mark.system
 def test_a_run_survives_losing_each_of_its_processes(tmp_path):
     """Curve service, Redis, a worker and the learner killed in turn, one run."""
     run_dir = tmp_path / "run"

@@ -60,6 +60,7 @@ def _learner_log(run_dir: Path) -> str:
     return (run_dir / "logs" / "learner.log").read_text()
 
 
+@pytest.mark.system
 def test_a_finished_run_resumed_with_more_steps_continues(tmp_path):
     run_dir = tmp_path / "run"
     code, output = _finish(

@@ -37,6 +37,7 @@ def _sums_file(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.system
 def test_a_run_of_two_tasks_evaluates_and_fits_each(tmp_path):
     data = _sums_file(tmp_path)
     tasks = (

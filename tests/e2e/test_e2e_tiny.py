@@ -126,6 +126,7 @@ def _assert_eval_cli_matches_the_final_evaluation(run_dir: Path, final: EvalReco
     assert abs(result["pass_rate"] - final.pass_rate) <= final.stderr
 
 
+@pytest.mark.system
 def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
     """One run for two things: `learner.world_size=2` (the learner under torchrun, FSDP2
     over gloo) trains the whole job and learns, and a SIGKILLed worker is restarted."""
@@ -160,6 +161,7 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
     assert_pass_rate_rose(evals)
 
 
+@pytest.mark.system
 def test_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(run_dir, "learner.max_steps=100000")
@@ -175,6 +177,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert _wait_for(lambda: _processes_of(run_dir) == [], 30)
 
 
+@pytest.mark.system
 def test_ppo_off_policy_k_trains_on_one_frozen_policy_per_batch(tmp_path):
     """PPO-off-policy-k with k = 2: every step's groups come from one policy version, the
     first minibatch of each batch is on-policy (ratio 1 in fp32), the second one version

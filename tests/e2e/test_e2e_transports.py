@@ -23,7 +23,13 @@ BROADCAST = re.compile(r"broadcast weights of policy version (\d+) applied")
 EPOCH = re.compile(r"weight group epoch (\d+) formed: (.*)")
 
 
-@pytest.mark.parametrize("transport", [pytest.param("pull", marks=pytest.mark.slow), "broadcast"])
+@pytest.mark.parametrize(
+    "transport",
+    [
+        pytest.param("pull", marks=pytest.mark.slow),
+        pytest.param("broadcast", marks=pytest.mark.system),
+    ],
+)
 def test_tiny_run_without_shared_disk(tmp_path, transport):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]

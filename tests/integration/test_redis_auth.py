@@ -26,6 +26,7 @@ def protected():
         yield server
 
 
+@pytest.mark.system
 def test_the_url_carries_the_password_and_clients_need_it(protected):
     assert protected.url == f"redis://:{PASSWORD}@127.0.0.1:{protected.port}/0"
     client = connect(protected.url)
