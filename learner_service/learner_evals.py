@@ -27,9 +27,10 @@ class EvaluationsMixin:
         return evaluator_for(self.config, self.tasks, self.tokenizer)
 
     def _evaluate(self, background: bool, full: bool = True, budgeted: bool = False) -> None:
-        """Score the held-out split (`full`: every prompt, as R0 and the final evaluation
-        do; else the evaluator's fixed subset) at the current policy version on the
-        workers; `budgeted`: one between R0 and the final one, whose cost the budget caps.
+        """Score the held-out split (`full`: every prompt, as the final evaluation and,
+        with `eval.full_r0`, R0 do; else the evaluator's fixed subset) at the current
+        policy version on the workers; `budgeted`: one between R0 and the final one,
+        whose cost the budget caps.
 
         background (PipelineRL mode): the learner goes on training while the workers
         evaluate, and holds its new weights back until the evaluation ends (at most k
