@@ -1,7 +1,7 @@
 """How long the learner's atomic checkpoint of the embedded model takes, and its size.
 
 SmolLM2-135M-Instruct in fp32 with a populated AdamW state (one zero-gradient step), saved
-by `learner_service.checkpoint.save_checkpoint` (new folder, fsync of every file and the
+by `learner_service.checkpoint.files.save_checkpoint` (new folder, fsync of every file and the
 folder, rename over the old one) into a temporary folder `--repeats` times; the first save
 writes a fresh folder, later ones replace the previous checkpoint as a run does.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from learner_service.checkpoint import LearnerState, save_checkpoint
+from learner_service.checkpoint.files import LearnerState, save_checkpoint
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 

@@ -1,6 +1,7 @@
-"""The held-out evaluation of the TRL baseline (benchmarks/trl_grpo.py): scalerl's evaluation
-protocol (learner_service.evaluate) run with `model.generate`, so both systems are scored the
-same way. Imports torch and transformers only when used (the TRL environment has both)."""
+"""The held-out evaluation of the TRL baseline (benchmarks/trl_grpo.py): scalerl's
+evaluation protocol (learner_service.evaluation.evaluate) run with `model.generate`, so
+both systems are scored the same way. Imports torch and transformers only when used (the
+TRL environment has both)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import time
 
 
 class HeldoutEvaluator:
-    """scalerl's held-out evaluation (learner_service.evaluate), run with `model.generate`.
+    """scalerl's held-out evaluation (`learner_service.evaluation.evaluate`), with
+    `model.generate`.
 
     Every held-out prompt x `samples` completions in left-padded batches, sampled at the
     eval temperature with top_p 1 and no top-k, at most `max_new_tokens`, stopping on the

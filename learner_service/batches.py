@@ -26,6 +26,8 @@ from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 CONSUMER = "learner-0"
+# The collector's run totals, saved among the checkpoint's counters under these names.
+BATCH_TOTALS = ("groups_stale_total", "groups_future_total")
 
 
 class BatchCollector:
@@ -71,6 +73,14 @@ class BatchCollector:
         self.gave_up: str | None = None  # why the last `collect` ended without a batch
         self._dead_letters_counted: dict[str, int] = {}  # by reason, already in metrics
 
+    def totals(self) -> dict[str, int]:
+        """The run totals a checkpoint saves (`BATCH_TOTALS`)."""
+        return dict(zip(BATCH_TOTALS, (self.stale_total, self.future_total), strict=True))
+
+    def restore_totals(self, totals: dict[str, int]) -> None:
+        """Continue the run totals of a checkpoint (a missing one counts from 0)."""
+        self.stale_total, self.future_total = (totals.get(name, 0) for name in BATCH_TOTALS)
+
     @property
     def dead_lettered_total(self) -> int:
         """Groups moved to the dead-letter stream by this process (all reasons)."""
@@ -100,7 +110,8 @@ class BatchCollector:
 
         Returns ([], []) when `stop` is set first or the wait gave up (`gave_up` says
         why): what was read stays unacknowledged, so a restarted learner reads it again."""
-        groups, entry_ids = [], []
+        groups: list[rollout_pb2.RolloutGroup] = []
+        entry_ids: list[str] = []
         wait_start = last_arrival = last_admitted = self.clock()
         self.gave_up = None
         limit = max(want, fill_up_to)

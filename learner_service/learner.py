@@ -15,7 +15,7 @@ Off-policy modes (paper Sec. 3.1, `learner.off_policy_mode`):
   minibatches of P groups, then publishes once. Evaluations fall on these boundaries.
 
 Batches come from `learner_service.batches`, evaluations run through
-`learner_service.eval_schedule`, and every step and evaluation is written as a typed
+`learner_service.evaluation.schedule`, and every step and evaluation is written as a typed
 record (`learner_service.records`).
 """
 
@@ -32,17 +32,19 @@ import torch
 from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.broadcast import WeightBroadcaster
 from learner_service.catch_up import WeightCatchUp
-from learner_service.checkpoint import checkpoint_exists
-from learner_service.eval_budget import EvalSpend, eval_cadence
-from learner_service.eval_schedule import EvalScheduler
+from learner_service.checkpoint.checkpointer import Checkpointer
+from learner_service.checkpoint.files import checkpoint_exists
+from learner_service.checkpoint.resume import from_lost_versions, resume_run
+from learner_service.evaluation.budget import EvalSpend, eval_cadence, final_eval_seconds
+from learner_service.evaluation.evaluate import evaluator_for
+from learner_service.evaluation.reporter import EvalReporter
+from learner_service.evaluation.schedule import EvalJob, EvalScheduler
 from learner_service.fleet_signals import FleetSignals
-from learner_service.learner_checkpoints import CheckpointsMixin
-from learner_service.learner_evals import EvaluationsMixin
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
+from learner_service.progress import RunProgress
 from learner_service.publish import WeightPublisher
 from learner_service.ranks import DrivenTrainer, LearnerRanks
 from learner_service.records import StepRecord, append_record
-from learner_service.resume import from_lost_versions
 from learner_service.server import LearnerStatus, serve
 from learner_service.task_stats import task_step_stats
 from learner_service.ticket_reclaim import TicketReclaimer
@@ -71,7 +73,7 @@ from scalerl.tasks import build_tasks
 log = logging.getLogger(__name__)
 
 
-class Learner(CheckpointsMixin, EvaluationsMixin):
+class Learner:
     """One training run's learner. `run(stop)` returns 0 on a finished run."""
 
     def __init__(
@@ -106,17 +108,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         dialed = f"[{dialed}]" if ":" in dialed and not dialed.startswith("[") else dialed
         self.weights_source = f"grpc://{dialed}:{self.port}"
         self._hosts = (host, advertise_host or host)  # bound, dialed (the broadcast's store)
-        self.step = 0
-        self.version = 0
-        self.r0_by_task: dict[str, float] = {}  # R0 of each curve series ("": the run's)
-        # Run totals (metrics.jsonl); the step's own counts come from the trainer, stale
-        # groups from the batch collector.
-        self.counters = {
-            "groups_trained_total": 0,  # the replay ledger's `trained` at each checkpoint
-            "groups_zero_variance_total": 0,
-            "prompts_retired_total": 0,
-            "truncation_warnings_total": 0,
-        }
+        self.progress = RunProgress()  # step, version, R0s, counters: the loop's alone
         self.metrics = metrics or LearnerMetrics(max_staleness=config.learner.off_policy_k)
         self.batches = BatchCollector(
             self.replay,
@@ -132,11 +124,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
         self._closing = threading.Event()
         self._published = -1  # policy version of the weights last published
-        # Versions a crashed learner published after its last checkpoint (exclusive
-        # bounds): groups made with them are dropped as stale (`learner_service.resume`).
-        self._lost_versions = (0, 0)
-        self._checkpointed_at = time.monotonic()
-        self._checkpointed_step = -1
+        self.reporter = EvalReporter(self.run_dir, run_id, curve_address, self.status, self.metrics)
         self.timing = LearnerTiming()
         self.eval_spend = EvalSpend()  # tokens generated for evaluations (`eval_budget`)
         self.cadence = eval_cadence(config.eval)
@@ -171,21 +159,41 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             source=self.weights_source,
             broadcaster=self._broadcaster(),
             on_broadcast=self.metrics.observe_broadcast,
-            snapshot=self.trainer.snapshot if self.ranks else snapshot_state_dict,
+            snapshot=self.trainer.snapshot
+            if isinstance(self.trainer, DrivenTrainer)
+            else snapshot_state_dict,
         )
-        self.evals = EvalScheduler(self._evaluator(), retries=cfg.eval.retries)
+        evaluator = evaluator_for(cfg, self.tasks, self.tokenizer)
+        self.evals = EvalScheduler(evaluator, retries=cfg.eval.retries)
+        self.checkpointer = Checkpointer(
+            self.run_dir / "checkpoint", cfg.learner, self.trainer, self.pools, self.compute
+        )
         if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
             WeightCatchUp(
                 self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
             ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)
         self._resume()
-        if self.step < cfg.learner.max_steps:
+        if self.progress.step < cfg.learner.max_steps:
             self.state.clear_stop()  # a finished run resumed with new limits goes on
-        self.state.set_policy_version(self.version)
-        obs_logging.set_policy_version(self.version)
+        self.state.set_policy_version(self.progress.version)
+        obs_logging.set_policy_version(self.progress.version)
         self._open_ppo_batch()
-        self.publisher.publish(self.model, self.version, force_file=True, wait=True)
-        self._published = self.version
+        self.publisher.publish(self.model, self.progress.version, force_file=True, wait=True)
+        self._published = self.progress.version
+
+    def _resume(self) -> None:
+        """Continue from the checkpoint or a crashed run's records, if any
+        (`learner_service.checkpoint.resume`); the kept evaluations' curve points follow."""
+        resumed = resume_run(self.checkpointer, self.run_dir, self.state, self.replay)
+        if resumed is None:
+            return  # a fresh run
+        self.progress = resumed.progress
+        self.batches.restore_totals(resumed.batch_totals)
+        self.reporter.restore(self.progress)
+
+    def _checkpoint(self, final: bool = False) -> None:
+        """Save the run's progress and the trainer (`Checkpointer.save`)."""
+        self.checkpointer.save(self.progress, self.batches.totals(), final=final)
 
     def _trainer(self) -> Trainer | DrivenTrainer:
         """The ScaleRL trainer; with ranks, sharded over them (rank 0's weights first sent
@@ -241,7 +249,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         """PPO-off-policy-k: k x P groups may now be generated with the current version."""
         if self._ppo:
             cfg = self.config.learner
-            self.state.set_generation_quota(self.version, cfg.off_policy_k * cfg.batch_prompts)
+            self.state.set_generation_quota(
+                self.progress.version, cfg.off_policy_k * cfg.batch_prompts
+            )
 
     def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> bool:
         """Wait until `rollout.workers` workers are registered and ready. False when `stop`
@@ -278,16 +288,16 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             log.info("stopped while waiting for the rollout workers, before any step")
             return 0
         self.timing.seconds["setup"] = time.monotonic() - started
-        if self.r0 is None:  # not a resume from a checkpoint, which holds R0
+        if self.progress.r0 is None:  # not a resume from a checkpoint, which holds R0
             self._checkpoint()  # the warmed-up weights survive an early crash
             # PipelineRL trains on the first groups while R0 runs (its weights wait).
             full_r0 = self.config.eval.full_r0 or self.evals.evaluator.subset_is_all
             self._evaluate(background=not self._ppo, full=full_r0)
-            last_full = self.step if full_r0 else -1
+            last_full = self.progress.step if full_r0 else -1
         else:
-            last_full = self.step
-        evaluated_at = self.step
-        while self.step < cfg.max_steps and not stop.is_set():
+            last_full = self.progress.step
+        evaluated_at = self.progress.step
+        while self.progress.step < cfg.max_steps and not stop.is_set():
             if time.monotonic() + self.timing.reserve_s() > deadline:
                 log.info("time budget of %.1f minutes reached", cfg.max_minutes)
                 break
@@ -298,17 +308,17 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             if self.batches.gave_up:
                 break  # logged by the collector: the time budget, or no worker producing
             self._finish_evaluation(block=False)
-            if self.step < cfg.max_steps and self._evaluation_due(evaluated_at):
+            if self.progress.step < cfg.max_steps and self._evaluation_due(evaluated_at):
                 full = self.evals.evaluator.subset_is_all  # then no final one is needed
                 self._evaluate(background=not self._ppo, full=full, budgeted=True)
-                evaluated_at = self.step
-                last_full = self.step if full else last_full
-            if self._checkpoint_due():
+                evaluated_at = self.progress.step
+                last_full = self.progress.step if full else last_full
+            if self.checkpointer.due(self.progress.step):
                 self._checkpoint()
         try:  # the final evaluation, while the workers still serve (the launcher stops
             # the learner first); the checkpoint is written even if it fails
             self._finish_evaluation(block=True)
-            if last_full != self.step:
+            if last_full != self.progress.step:
                 self._evaluate(background=False, full=True)
         finally:
             checkpoint_start = time.monotonic()
@@ -328,12 +338,14 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         return sum(by_role.values()), by_role.get("rollout", 0.0), tokens
 
     def _evaluation_due(self, evaluated_at: int) -> bool:
-        """Whether an evaluation of the subset starts now (`learner_service.eval_budget`);
+        """Whether an evaluation of the subset starts now (`learner_service.evaluation.budget`);
         never while one runs under the budget (the fixed schedule waits for it)."""
         if self.evals.running and self.config.eval.every == 0:
             return False
         cost = self.evals.evaluator.completions(full=False)
-        return self.cadence.due(self.step, evaluated_at, self.eval_spend, cost, self._usage())
+        return self.cadence.due(
+            self.progress.step, evaluated_at, self.eval_spend, cost, self._usage()
+        )
 
     def _eval_summary(self) -> dict:
         """The evaluations' budget and what they took, for learner_timing.json."""
@@ -362,9 +374,9 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             stop,
             cfg.batch_prompts,
             lambda g: (
-                is_admissible(self.version, g.min_policy_version, k)
+                is_admissible(self.progress.version, g.min_policy_version, k)
                 and not from_lost_versions(
-                    g.min_policy_version, g.max_policy_version, self._lost_versions
+                    g.min_policy_version, g.max_policy_version, self.progress.lost_versions
                 )
             ),
             fill_up_to=fill,
@@ -377,14 +389,14 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         """PPO-off-policy-k: read the k x P groups of the current version, k steps on
         minibatches of P, publish once and open the next batch."""
         cfg = self.config.learner
-        version, size = self.version, cfg.batch_prompts
+        version, size = self.progress.version, cfg.batch_prompts
         groups, entry_ids = self._collect_batch(
             stop,
             cfg.off_policy_k * size,
             lambda g: g.min_policy_version == version and g.max_policy_version == version,
         )
         for start in range(0, len(groups), size):
-            if self.step >= cfg.max_steps:
+            if self.progress.step >= cfg.max_steps:
                 break  # the rest stay unacknowledged, as after a crash
             self._train_step(groups[start : start + size], entry_ids[start : start + size])
         if groups:
@@ -402,43 +414,99 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             stop,
             want,
             admissible,
-            self.version,
+            self.progress.version,
             lambda: self._finish_evaluation(block=False),
             deadline=self._deadline - self.timing.reserve_s(),
             fill_up_to=fill_up_to,
+        )
+
+    def _evaluate(self, background: bool, full: bool = True, budgeted: bool = False) -> None:
+        """Score the held-out split (`full`: every prompt, as the final evaluation and,
+        with `eval.full_r0`, R0 do; else the evaluator's fixed subset) at the current
+        policy version on the workers; `budgeted`: one between R0 and the final one,
+        whose cost the budget caps.
+
+        background (PipelineRL mode): the learner goes on training while the workers
+        evaluate, and holds its new weights back until the evaluation ends (at most k
+        steps, then the replay stream runs out of admissible groups); the point is
+        recorded at the compute and version of the evaluation's start. Otherwise the
+        learner waits for it."""
+        self._finish_evaluation(block=True)
+        self._publish_if_new()
+        self.publisher.wait_served()  # every worker serves the current version
+        step = self.progress.step
+        self.evals.start(
+            step,
+            self.progress.version,
+            self.compute.total_hours(),
+            lambda: sorted(self.registry.workers().values()),
+            seed=self.config.seed + 7919 * step,
+            full=full,
+            budgeted=budgeted,
+        )
+        if not background:
+            self._finish_evaluation(block=True)
+
+    def _finish_evaluation(self, block: bool) -> None:
+        """Record the running evaluation once it is done (waiting for it when `block`),
+        then publish the weights it held back. Re-raises the evaluation's error."""
+        job = self.evals.take(block)
+        if job is None:
+            return
+        self.timing.evaluation(job.seconds, job.waited_s, self._final_eval_estimate(job))
+        self.eval_spend.add(job.scored.completions, job.scored.mean_tokens, job.budgeted)
+        self.reporter.record(job, self.progress)
+        self._publish_if_new()
+
+    def _final_eval_estimate(self, job: EvalJob) -> float:
+        """Wall seconds the final evaluation will take: what `job` took when it scored
+        every prompt too, else `evaluation.budget.final_eval_seconds`."""
+        if job.full:
+            return job.seconds
+        _, rollout_s, tokens = self._usage()
+        return final_eval_seconds(
+            job.seconds,
+            job.scored.completions,
+            job.scored.mean_tokens,
+            self.evals.evaluator.completions(full=True),
+            rollout_s,
+            tokens,
+            len(self.registry.workers()),
         )
 
     def _publish_if_new(self) -> None:
         """Announce the learner's version (staleness checks use it at once) and publish
         its weights, unless an evaluation is running: its completions must all come from
         one policy version, so the weights wait until it ends."""
-        if self.state.get_policy_version() != self.version:
-            self.state.set_policy_version(self.version)
-        if self._published != self.version and not self.evals.running:
+        if self.state.get_policy_version() != self.progress.version:
+            self.state.set_policy_version(self.progress.version)
+        if self._published != self.progress.version and not self.evals.running:
             start = time.monotonic()
-            self.publisher.publish(self.model, self.version)
-            self._published = self.version
+            self.publisher.publish(self.model, self.progress.version)
+            self._published = self.progress.version
             self.timing.publish(time.monotonic() - start)
 
     def _train_step(self, groups: list, entry_ids: list[str]) -> None:
         """One optimizer step on `groups`; acks them, updates the pool, records metrics.
         The caller publishes the new weights."""
-        stale = [staleness(self.version, g.min_policy_version) for g in groups]
+        stale = [staleness(self.progress.version, g.min_policy_version) for g in groups]
         with BusyTimer(self.compute, "learner") as timer:
             metrics = self.trainer.step(groups)
         wait_s = self.batches.wait_seconds
         self.timing.step(timer.device_seconds, wait_s)
         crash_point("learner.step.trained")
         if self.replay.ack(entry_ids) < len(entry_ids):
-            log.warning("some of step %d's groups had already left the stream", self.step + 1)
+            log.warning(
+                "some of step %d's groups had already left the stream", self.progress.step + 1
+            )
         crash_point("learner.step.acked")
-        self.counters["groups_trained_total"] += len(entry_ids)
+        self.progress.counters["groups_trained_total"] += len(entry_ids)
         self._update_pool(groups)
-        self.counters["groups_zero_variance_total"] += int(metrics["groups_zero_variance"])
+        self.progress.counters["groups_zero_variance_total"] += int(metrics["groups_zero_variance"])
         if metrics["stepped"]:
-            self.version += 1
-            obs_logging.set_policy_version(self.version)
-        self.step += 1
+            self.progress.version += 1
+            obs_logging.set_policy_version(self.progress.version)
+        self.progress.step += 1
         self._check_truncation(metrics["truncation_rate"])
         record = self._step_record(groups, entry_ids, stale, metrics, timer.device_seconds)
         record = self.fleet.annotate(record)
@@ -446,16 +514,16 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         self.metrics.observe_step(record)
         values = record.model_dump()
         self.status.update(
-            step=self.step,
-            policy_version=self.version,
+            step=self.progress.step,
+            policy_version=self.progress.version,
             compute_hours=record.compute,
             queue_depth=record.queue_depth,
             last_metrics={k: float(v) for k, v in values.items() if isinstance(v, (int, float))},
         )
         log.info(
             "step %d v%d loss %.4f reward %.3f trunc %.2f queue %d (%.1fs train, %.1fs wait)",
-            self.step,
-            self.version,
+            self.progress.step,
+            self.progress.version,
             record.loss,
             record.mean_reward,
             record.truncation_rate,
@@ -476,8 +544,8 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
         `entry_ids` and staleness `stale`, the trainer's `metrics`, `step_seconds` busy
         device-seconds)."""
         return StepRecord(
-            step=self.step,
-            policy_version=self.version,
+            step=self.progress.step,
+            policy_version=self.progress.version,
             time=time.time(),
             compute=self.compute.total_hours(),
             step_seconds=step_seconds,
@@ -496,7 +564,7 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             groups_stale_total=self.batches.stale_total,
             groups_dead_lettered_total=self.batches.dead_lettered_total,
             groups_future_total=self.batches.future_total,
-            **self.counters,
+            **self.progress.counters,
             prompts_eligible=self.pools.eligible_count(),
             by_task=task_step_stats(groups, self.pools),
             groups_in_batch=len(groups),
@@ -508,14 +576,14 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
     def _check_truncation(self, rate: float) -> None:
         """Warn when more than 10% of a batch hit the length limit (paper Sec. 3.1)."""
         if rate > TRUNCATION_WARNING_RATE:
-            self.counters["truncation_warnings_total"] += 1
+            self.progress.counters["truncation_warnings_total"] += 1
             self.metrics.truncation_warnings.inc()
             log.warning(
                 "truncation rate %.1f%% > %.0f%% at step %d: the paper saw training degrade "
                 "here; raise rollout.max_new_tokens or set a thinking budget",
                 100 * rate,
                 100 * TRUNCATION_WARNING_RATE,
-                self.step,
+                self.progress.step,
             )
 
     def _update_pool(self, groups: list) -> None:
@@ -529,14 +597,15 @@ class Learner(CheckpointsMixin, EvaluationsMixin):
             elif pool.record_and_maybe_retire(
                 group.prompt_id, len(group.samples), passes, cfg.npr_threshold, cfg.npr_min_attempts
             ):
-                self.counters["prompts_retired_total"] += 1
+                self.progress.counters["prompts_retired_total"] += 1
                 self.metrics.prompts_retired.inc()
 
     def close(self) -> None:
         self._closing.set()
         self.server.stop(grace=1)
-        if isinstance(getattr(self, "trainer", None), DrivenTrainer):
-            self.trainer.stop()  # the other ranks leave
+        trainer = getattr(self, "trainer", None)  # None when set-up failed early
+        if isinstance(trainer, DrivenTrainer):
+            trainer.stop()  # the other ranks leave
         publisher = getattr(self, "publisher", None)  # None when set-up failed early
         if publisher is not None and publisher.broadcaster is not None:
             with contextlib.suppress(Exception):  # its error was reported by the run

@@ -109,7 +109,7 @@ def _run_already_finished(args: argparse.Namespace, config) -> bool:
     import logging
     import os
 
-    from learner_service.checkpoint import checkpoint_step
+    from learner_service.checkpoint.files import checkpoint_step
 
     step = checkpoint_step(args.run_dir / "checkpoint")
     if step is None or step < config.learner.max_steps:

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from learner_service.checkpoint import load_checkpoint
+from learner_service.checkpoint.files import load_checkpoint
 from learner_service.trainer import Trainer
 from scalerl.config import RunConfig
 from scalerl.policy.models import load_policy

@@ -76,7 +76,7 @@ class StepRecord(_Record):
     eval_compute_share: float | None = Field(
         None,
         description="Share of the run's compute so far (outside R0) spent on the evaluations "
-        "between R0 and the final one (`learner_service.eval_budget`).",
+        "between R0 and the final one (`learner_service.evaluation.budget`).",
     )
     busy_seconds_by_role: dict[str, float] = Field(
         description="Run compute so far by role (learner, rollout, ...), device-seconds."
@@ -224,7 +224,7 @@ class EvalRecord(_Record):
     stderr: float | None = Field(
         default=None,
         description="Standard error of pass_rate: the spread of the prompts' mean rewards "
-        "(`learner_service.evaluate.prompt_stderr`); None before it was recorded.",
+        "(`learner_service.evaluation.evaluate.prompt_stderr`); None before it was recorded.",
     )
     parse_failure_rate: float = Field(
         description="Fraction of completions with no parseable answer."

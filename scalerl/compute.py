@@ -97,7 +97,7 @@ class BusyTimer:
         self._devices = float(devices)
         self._clock = clock
         self._start: float | None = None
-        self.device_seconds = 0.0
+        self.device_seconds: float = 0.0
 
     def __enter__(self) -> BusyTimer:
         self._start = self._clock()

@@ -420,7 +420,7 @@ class EvalConfig(_Section):
 
     The final evaluation scores every held-out prompt; the ones in between score a fixed
     seeded subset of `prompts` prompts and start when the budget allows
-    (`learner_service.eval_budget`): the tokens generated for them stay within
+    (`learner_service.evaluation.budget`): the tokens generated for them stay within
     `budget_fraction` of all tokens the workers generated. The first one (R0) scores the
     subset too unless `full_r0`; it is outside the budget either way.
     """

@@ -6,7 +6,7 @@ CHECKPOINT is a run folder (its `checkpoint/` and, by default, its config.yaml),
 TRL trainer's `save_pretrained`) or one .safetensors file. Its weights must fit the
 config's model (`model.kind`): they are loaded into a rollout engine of this process, the
 same engine a worker runs, and the held-out split is generated through the same Generate
-RPC and scored by the same `learner_service.evaluate.Evaluator` the learner uses: every
+RPC and scored by the same `learner_service.evaluation.evaluate.Evaluator` the learner uses: every
 held-out prompt of every task x `eval.samples` completions at `eval.temperature`, the
 interruption-based length control of `rollout.thinking_budget` (`--plain`: none, replies
 are plain samples cut at `rollout.max_new_tokens`), the task-weighted mean pass rate and
@@ -101,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
 def find_source(path: Path) -> Source:
     """The weights, config and step CHECKPOINT names (module doc). Raises
     FileNotFoundError when it names none of the four kinds."""
-    from learner_service.checkpoint import checkpoint_step
+    from learner_service.checkpoint.files import checkpoint_step
 
     if path.is_file():
         if path.suffix != ".safetensors":
@@ -151,7 +151,7 @@ def evaluate_checkpoint(config, source: Source, seed: int, args: argparse.Namesp
     InvalidArgument naming the first bad tensor when the weights do not fit the model."""
     import torch
 
-    from learner_service.evaluate import evaluator_for
+    from learner_service.evaluation.evaluate import evaluator_for
     from rollout_service.engines.factory import build_engine
     from rollout_service.engines.weight_check import load_state_dict
     from rollout_service.server import RolloutServicer, start_server

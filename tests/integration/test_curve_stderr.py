@@ -8,7 +8,6 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -21,8 +20,8 @@ from curve_service.noise import binomial_stderr
 from curve_service.redis_store import RedisRunStore
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore, RunSnapshot, RunStore
-from learner_service.learner_checkpoints import CheckpointsMixin
-from learner_service.learner_evals import EvaluationsMixin
+from learner_service.evaluation.reporter import EvalReporter
+from learner_service.progress import RunProgress
 from learner_service.records import EvalRecord, append_record
 from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
 from scalerl.rpc.errors import InvalidArgument
@@ -311,16 +310,6 @@ def test_client_records_and_reads_stderr(client: CurveClient, run_id: str) -> No
     )
 
 
-class _Learner(EvaluationsMixin, CheckpointsMixin):
-    """What of a Learner recording its curve points needs."""
-
-    def __init__(self, address: str, run_id: str, run_dir: Path) -> None:
-        self.curve_address = address
-        self.config = SimpleNamespace(run_id=run_id)
-        self.r0_by_task: dict[str, float] = {}
-        self.run_dir = run_dir
-
-
 def _eval(compute: float, pass_rate: float, stderr: float | None, task: str = "") -> EvalRecord:
     return EvalRecord(
         step=int(compute * 10),
@@ -342,7 +331,7 @@ def _eval(compute: float, pass_rate: float, stderr: float | None, task: str = ""
 def test_the_learner_sends_each_evaluations_stderr(
     address: str, client: CurveClient, run_id: str, tmp_path: Path
 ) -> None:
-    learner = _Learner(address, run_id, tmp_path)
+    reporter = EvalReporter(tmp_path, run_id, address)
     records = [
         _eval(0.0, 0.1, 0.05),  # step 0: at ZERO_COMPUTE
         _eval(0.1, 0.3, 0.04),
@@ -351,8 +340,7 @@ def test_the_learner_sends_each_evaluations_stderr(
         _eval(0.1, 0.6, 0.02, task="math"),
     ]
     for record in records:
-        learner.r0_by_task.setdefault(record.task, record.pass_rate)
-        learner._record_curve_point(record)
+        reporter.record_point(record, r0=0.1)
     run = client.get_run(run_id)
     assert [c for c, _ in run.points] == [ZERO_COMPUTE, 0.1, 0.2, 0.4]
     assert run.stderr == (0.05, 0.04, 0.0, 0.03)
@@ -370,10 +358,12 @@ def test_the_resumed_learner_re_records_its_points_with_their_stderr(
     kept = [_eval(0.1, 0.3, 0.04), _eval(0.2, 0.4, 0.035), _eval(0.4, 0.5, None)]
     for record in kept:
         append_record(tmp_path, record)
-    _Learner(address, run_id, tmp_path)._record_kept_points()
+    progress = RunProgress()
+    EvalReporter(tmp_path, run_id, address).restore(progress)
     run = client.get_run(run_id)
     assert run.points == ((0.1, 0.3), (0.2, 0.4), (0.4, 0.5))
     assert run.stderr == (0.04, 0.035, 0.0)
+    assert progress.r0 == 0.3  # the first kept evaluation is the run's R0 again
 
 
 # --- scalerl curve fit ------------------------------------------------------------------------

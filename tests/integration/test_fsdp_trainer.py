@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from learner_service.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.ranks import DrivenTrainer, LearnerRanks, serve_commands
 from learner_service.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from learner_service.resume import redis_labels, resumed_version
+from learner_service.checkpoint.resume import redis_labels, resumed_version
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState, WeightsRef
 from scalerl.v1 import rollout_pb2

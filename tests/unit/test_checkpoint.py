@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import learner_service.checkpoint as checkpoint
-from learner_service.checkpoint import (
+import learner_service.checkpoint.files as checkpoint
+from learner_service.checkpoint.files import (
     LearnerState,
     checkpoint_exists,
     checkpoint_step,

@@ -1,17 +1,19 @@
-"""The evaluation budget (`learner_service.eval_budget`): when an evaluation between R0
+"""The evaluation budget (`learner_service.evaluation.budget`): when an evaluation between R0
 and the final one may start, checked against hand-computed shares, and the fixed
 subset those evaluations score."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from learner_service.eval_budget import BudgetCadence, EvalSpend, FixedCadence, eval_cadence
-from learner_service.eval_schedule import EvalJob
-from learner_service.evaluate import EvalResult, subset_of
-from learner_service.learner_evals import EvaluationsMixin
+from learner_service.evaluation.budget import (
+    BudgetCadence,
+    EvalSpend,
+    FixedCadence,
+    eval_cadence,
+    final_eval_seconds,
+)
+from learner_service.evaluation.evaluate import subset_of
 from scalerl.config import EvalConfig
 
 
@@ -75,33 +77,11 @@ def test_the_subset_is_seeded_proportional_and_keeps_two_per_task() -> None:
         subset_of(heldout, -1, seed=0)
 
 
-class _Evaluator:
-    def completions(self, full: bool = True) -> int:
-        return 400 if full else 128
-
-
-class _Learner:
-    """What `_final_eval_estimate` reads of a learner: 100 busy worker-seconds for
-    10,000 tokens so far, two workers."""
-
-    evals = SimpleNamespace(evaluator=_Evaluator())
-    registry = SimpleNamespace(workers=lambda: {"w0": "a:1", "w1": "b:1"})
-
-    def _usage(self) -> tuple[float, float, float]:
-        return 150.0, 100.0, 10_000.0
-
-
-def _job(full: bool, completions: int, mean_tokens: float, seconds: float) -> EvalJob:
-    job = EvalJob(step=3, version=3, compute=0.0, started=0.0, full=full)
-    job.result = EvalResult(0.5, 0.0, completions, mean_tokens, 0.0)
-    job.seconds = seconds
-    return job
-
-
 def test_the_final_evaluation_is_estimated_from_the_workers_rate_after_a_subset_one() -> None:
-    estimate = EvaluationsMixin._final_eval_estimate
-    # A subset one: 400 completions x 12 tokens at 0.01 busy s/token over 2 workers = 24 s
-    # (not its own 30 s x 400/128: training rollouts shared the workers meanwhile).
-    assert estimate(_Learner(), _job(False, 128, 12.0, 30.0)) == pytest.approx(24.0)
-    # One of every prompt measured what the final one costs.
-    assert estimate(_Learner(), _job(True, 400, 12.0, 41.0)) == 41.0
+    # A subset one of 128 completions x 12 tokens that took 30 s; the workers so far: 100
+    # busy s for 10,000 tokens, two of them. The final one: 400 completions x 12 tokens
+    # at 0.01 busy s/token over 2 workers = 24 s (not its own 30 s x 400/128: training
+    # rollouts shared the workers meanwhile).
+    assert final_eval_seconds(30.0, 128, 12.0, 400, 100.0, 10_000.0, 2) == pytest.approx(24.0)
+    # No worker statistics yet: the subset's seconds scaled by the completions.
+    assert final_eval_seconds(32.0, 128, 12.0, 400, 0.0, 0.0, 2) == pytest.approx(100.0)

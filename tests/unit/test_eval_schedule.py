@@ -8,8 +8,8 @@ import logging
 import grpc
 import pytest
 
-from learner_service.eval_schedule import EvalScheduler
-from learner_service.evaluate import EvalResult
+from learner_service.evaluation.evaluate import EvalResult
+from learner_service.evaluation.schedule import EvalScheduler
 
 RESULT = EvalResult(0.5, 0.0, 8, 3.0, 0.0)
 
@@ -50,7 +50,7 @@ def test_an_evaluation_that_keeps_failing_is_skipped_once(
     evaluator = FlakyEvaluator(failures=99)
     schedule = EvalScheduler(evaluator, retries=2, backoff_s=0.01)
     schedule.start(step=10, version=10, compute=0.2, workers=["a:1"], seed=1)
-    with caplog.at_level(logging.WARNING, logger="learner_service.eval_schedule"):
+    with caplog.at_level(logging.WARNING, logger="learner_service.evaluation.schedule"):
         assert schedule.take(block=True) is None
     assert len(evaluator.calls) == 3 and schedule.skipped == 1
     (line,) = [r.getMessage() for r in caplog.records]

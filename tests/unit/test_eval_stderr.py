@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from learner_service.evaluate import EvalResult, prompt_stderr, weighted_result
+from learner_service.evaluation.evaluate import EvalResult, prompt_stderr, weighted_result
 
 
 def test_the_standard_error_is_the_spread_of_the_prompts_means() -> None:

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from learner_service.evaluate import Evaluator
+from learner_service.evaluation.evaluate import Evaluator
 from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from rollout_service.engines.api import (
     INTERRUPTED,

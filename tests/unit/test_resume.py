@@ -3,11 +3,9 @@ command refuses to start a new run on top of an old one."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from learner_service.resume import from_lost_versions, resumed_version
+from learner_service.checkpoint.resume import from_lost_versions, resumed_version
 from scalerl_cli.main import main
 
 
@@ -50,30 +48,3 @@ def test_resume_needs_a_run_folder_and_its_own_config(tmp_path, capsys, extra, m
         (tmp_path / "config.yaml").write_text("run_id: tiny\n")
     assert main(["run", "--resume", str(tmp_path), *extra]) == 2
     assert message in capsys.readouterr().err
-
-
-def test_checkpoints_fall_due_by_steps_and_by_minutes() -> None:
-    from types import SimpleNamespace
-
-    from learner_service.learner_checkpoints import CheckpointsMixin
-    from scalerl.config import LearnerConfig
-
-    def due(step, minutes_ago, **fields):
-        last = fields.pop("checkpointed_step", -1)
-        config = SimpleNamespace(learner=LearnerConfig(**fields))
-        learner = SimpleNamespace(
-            config=config,
-            step=step,
-            _checkpointed_at=time.monotonic() - 60 * minutes_ago,
-            _checkpointed_step=last,
-        )
-        return CheckpointsMixin._checkpoint_due(learner)
-
-    assert due(10, 0, checkpoint_every=10) and not due(11, 0, checkpoint_every=10)
-    assert due(11, 16, checkpoint_every=10, checkpoint_minutes=15)
-    assert not due(11, 16, checkpoint_every=10, checkpoint_minutes=0)
-    assert not due(10, 99, checkpoint_every=0, checkpoint_minutes=0)  # only at the end
-    # A loop turn that only recorded an evaluation: no second checkpoint of step 10.
-    assert not due(10, 0, checkpoint_every=10, checkpointed_step=10)
-    defaults = LearnerConfig()
-    assert defaults.checkpoint_every == 10 and defaults.checkpoint_minutes == 15

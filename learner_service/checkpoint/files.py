@@ -24,7 +24,7 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -182,7 +182,8 @@ def _save_weights(model_sd: dict, trainer, tmp: Path) -> None:
 def _rng_state() -> dict[str, Any]:
     """Python's and NumPy's global RNG states as JSON (torch's goes to rng.safetensors)."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
+    kind, keys, pos, has_gauss, cached = legacy
     return {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],

@@ -22,9 +22,13 @@ supervisor's restart with the same command line) continues from it:
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from learner_service.checkpoint.checkpointer import Checkpointer, Saved
+from learner_service.progress import RunProgress
 from learner_service.records import (
     EvalRecord,
     ResumeRecord,
@@ -35,6 +39,62 @@ from learner_service.records import (
 )
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Resumed:
+    """Where a resumed run continues: its `progress` (lost_versions set), the batch
+    collector's `batch_totals`, and whether a checkpoint was `loaded` (False: a run
+    restarted before its first checkpoint, whose records and Redis labels remain)."""
+
+    progress: RunProgress
+    batch_totals: dict[str, int]
+    loaded: bool
+
+
+def resume_run(
+    checkpointer: Checkpointer, run_dir: Path, state: RunState, replay: ReplayStream
+) -> Resumed | None:
+    """Continue from the run folder's checkpoint, if there is one; in any case start
+    above every policy version Redis names and keep one timeline of records (see the
+    module docstring). None: a fresh run (no checkpoint, no label, no record)."""
+    loaded = checkpointer.exists()
+    saved = checkpointer.load() if loaded else Saved(RunProgress(), groups_trained=0)
+    progress = saved.progress
+    checkpoint_version = progress.version
+    progress.version = resumed_version(checkpoint_version, redis_labels(state, replay))
+    fresh = progress.version == checkpoint_version and not _has_records(run_dir)
+    if not loaded and fresh:
+        return None
+    progress.lost_versions = (checkpoint_version, progress.version)
+    lost = 0 if saved.groups_trained is None else replay.reconcile_resume(saved.groups_trained)
+    record = one_timeline(
+        run_dir,
+        progress.step if loaded else -1,
+        checkpoint_version,
+        progress.version,
+        lost,
+        replay.pending(),
+        saved.pool_restored,
+    )
+    log.info(
+        "resumed at step %d from policy version %d as version %d (%d later steps, "
+        "%d groups lost, %d read again; prompt pool from %s)",
+        progress.step,
+        checkpoint_version,
+        progress.version,
+        record.steps_discarded,
+        record.groups_lost,
+        record.groups_replayed,
+        "the checkpoint" if saved.pool_restored else "Redis",
+    )
+    return Resumed(progress, saved.batch_totals, loaded)
+
+
+def _has_records(run_dir: Path) -> bool:
+    return any((run_dir / kind.FILE).exists() for kind in (StepRecord, EvalRecord))
 
 
 def resumed_version(checkpoint_version: int, labels: list[int | None]) -> int:

@@ -125,3 +125,24 @@ def eval_cadence(config: EvalConfig) -> EvalCadence:
     if config.every:
         return FixedCadence(config.every)
     return BudgetCadence(config.budget_fraction)
+
+
+def final_eval_seconds(
+    job_seconds: float,
+    job_completions: int,
+    job_mean_tokens: float,
+    full_completions: int,
+    rollout_s: float,
+    tokens: float,
+    workers: int,
+) -> float:
+    """Wall seconds the final evaluation (`full_completions`, every held-out prompt) will
+    take, estimated after a subset one of `job_completions` that took `job_seconds` at
+    `job_mean_tokens` tokens per completion: every completion at those tokens, at the
+    workers' busy seconds per token so far (`rollout_s` over `tokens`), spread over
+    `workers` (training rollouts slowed the subset one down; they no longer run at the
+    end). With no worker statistics yet (`tokens` <= 0) the subset's seconds are scaled
+    by the completions."""
+    if tokens <= 0:
+        return job_seconds * full_completions / max(1, job_completions)
+    return rollout_s / tokens * full_completions * job_mean_tokens / max(1, workers)

@@ -74,10 +74,10 @@ def weighted_result(by_task: dict[str, EvalResult], weights: dict[str, float]) -
     def mean(name: str) -> float:
         return sum(weights[t] * getattr(r, name) for t, r in by_task.items())
 
-    errors = [r.stderr for r in by_task.values()]
+    known = [(weights[t], r.stderr) for t, r in by_task.items() if r.stderr is not None]
     stderr = None
-    if all(e is not None for e in errors):  # independent tasks: variances add, weighted
-        stderr = math.sqrt(sum((weights[t] * r.stderr) ** 2 for t, r in by_task.items()))
+    if len(known) == len(by_task):  # independent tasks: variances add, weighted
+        stderr = math.sqrt(sum((w * e) ** 2 for w, e in known))
     return EvalResult(
         pass_rate=mean("pass_rate"),
         parse_failure_rate=mean("parse_failure_rate"),

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from learner_service.evaluate import EvalResult, Evaluator
+from learner_service.evaluation.evaluate import EvalResult, Evaluator
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,14 @@ class EvalJob:
     waited_s: float = 0.0  # wall seconds the learner's thread waited for it
 
     attempts: int = 0  # evaluations tried
+
+    @property
+    def scored(self) -> EvalResult:
+        """The result of a job `EvalScheduler.take` handed back. Raises RuntimeError
+        naming the step for one without a result (running, or every try failed)."""
+        if self.result is None:
+            raise RuntimeError(f"the evaluation of step {self.step} has no result")
+        return self.result
 
     def run(
         self,
@@ -117,7 +125,7 @@ class EvalScheduler:
         and `waited_s`; None when none runs, (not block) it is still running, or every try
         failed: that point is skipped, logged once, counted in `skipped`."""
         job = self._job
-        if job is None or (not block and job.thread.is_alive()):
+        if job is None or job.thread is None or (not block and job.thread.is_alive()):
             return None
         waited = time.monotonic()
         job.thread.join()
