@@ -101,7 +101,7 @@ def two_ranks(rank: int, port: int, repeats: int, autocast, out: str, count: int
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from learner_service.trainer import Trainer
+    from learner_service.train.trainer import Trainer
     from scalerl.config import ModelConfig
     from scalerl.policy.models import load_policy
 
@@ -128,7 +128,7 @@ def main() -> None:
     import torch
     import torch.multiprocessing as mp
 
-    from learner_service.trainer import Trainer
+    from learner_service.train.trainer import Trainer
     from scalerl.config import ModelConfig
     from scalerl.policy.hardware import native_bf16
     from scalerl.policy.models import load_policy

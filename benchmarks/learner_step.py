@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from learner_service.trainer import Trainer
+    from learner_service.train.trainer import Trainer
     from scalerl.config import LearnerConfig, ModelConfig
     from scalerl.policy.hardware import native_bf16
     from scalerl.policy.models import load_policy

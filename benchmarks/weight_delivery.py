@@ -2,7 +2,7 @@
 the broadcast weight group against the pull transport against the loopback copy limit.
 
 The payload is SmolLM2-135M-Instruct as the learner publishes it
-(`learner_service.publish`: `snapshot_state_dict` with the body in `--dtype` and the tied
+(`learner_service.weights.publish`: `snapshot_state_dict` with the body in `--dtype` and the tied
 embedding, the head, in fp32; about 326 MB in bfloat16). The learner is this process;
 the receivers are spawned processes, started once before any timing. In one run, each
 measurement repeated `--repeats` times, the delivery kinds interleaved within a repeat:
@@ -269,7 +269,7 @@ class Puller:
 
     def __init__(self, receivers: Receivers, payload: bytes) -> None:
         from learner_service.server import LearnerStatus, serve
-        from learner_service.weight_store import WeightStore
+        from learner_service.weights.weight_store import WeightStore
         from scalerl.v1 import rollout_pb2
 
         self.receivers = receivers

@@ -14,7 +14,7 @@ Off-policy modes (paper Sec. 3.1, `learner.off_policy_mode`):
   policy; groups of any other version are dropped as stale), takes k optimizer steps on
   minibatches of P groups, then publishes once. Evaluations fall on these boundaries.
 
-Batches come from `learner_service.batches`, evaluations run through
+Batches come from `learner_service.intake.batches`, evaluations run through
 `learner_service.evaluation.schedule`, and every step and evaluation is written as a typed
 record (`learner_service.records`).
 """
@@ -29,9 +29,6 @@ from pathlib import Path
 
 import torch
 
-from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
-from learner_service.broadcast import WeightBroadcaster
-from learner_service.catch_up import WeightCatchUp
 from learner_service.checkpoint.checkpointer import Checkpointer
 from learner_service.checkpoint.files import checkpoint_exists
 from learner_service.checkpoint.resume import from_lost_versions, resume_run
@@ -40,18 +37,21 @@ from learner_service.evaluation.evaluate import evaluator_for
 from learner_service.evaluation.reporter import EvalReporter
 from learner_service.evaluation.schedule import EvalJob, EvalScheduler
 from learner_service.fleet_signals import FleetSignals
+from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.progress import RunProgress
-from learner_service.publish import WeightPublisher
-from learner_service.ranks import DrivenTrainer, LearnerRanks
 from learner_service.records import StepRecord, append_record
 from learner_service.server import LearnerStatus, serve
 from learner_service.task_stats import task_step_stats
-from learner_service.ticket_reclaim import TicketReclaimer
 from learner_service.timing import LearnerTiming
-from learner_service.trainer import Trainer
-from learner_service.warmup import supervised_warmup, warmup_problems
-from learner_service.weight_store import WeightStore
+from learner_service.train.ranks import DrivenTrainer, LearnerRanks
+from learner_service.train.trainer import Trainer
+from learner_service.train.warmup import supervised_warmup, warmup_problems
+from learner_service.weights.broadcast import WeightBroadcaster
+from learner_service.weights.catch_up import WeightCatchUp
+from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
 from scalerl.cores import torch_threads
@@ -89,7 +89,7 @@ class Learner:
         ranks: LearnerRanks | None = None,
     ) -> None:
         self.config = config
-        self.ranks = ranks  # rank 0 of a sharded learner (`learner_service.ranks`), or None
+        self.ranks = ranks  # rank 0 of a sharded learner (`learner_service.train.ranks`), or None
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.curve_address = curve_address
@@ -197,7 +197,7 @@ class Learner:
 
     def _trainer(self) -> Trainer | DrivenTrainer:
         """The ScaleRL trainer; with ranks, sharded over them (rank 0's weights first sent
-        to every rank) and announcing its collectives (`learner_service.ranks`)."""
+        to every rank) and announcing its collectives (`learner_service.train.ranks`)."""
         cfg = self.config
         if self.ranks is not None:
             self.ranks.share_weights(self.model)

@@ -1,7 +1,7 @@
 """`scalerl-learner`: the learner process. Arguments are parsed before torch is imported.
 
 Under torchrun (WORLD_SIZE > 1) every rank runs this entry point: rank 0 is the learner,
-the others follow it (`learner_service.ranks`)."""
+the others follow it (`learner_service.train.ranks`)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if _run_already_finished(args, config):
         return 0
-    from learner_service.ranks import LearnerRanks, follow
+    from learner_service.train.ranks import LearnerRanks, follow
 
     device = config.device if config.device != "auto" else "cpu"
     command_timeout_s = config.learner.batch_timeout_s + 3600  # a batch, then evaluations

@@ -21,8 +21,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from learner_service.broadcast import Delivery
 from learner_service.records import EvalRecord, StepRecord
+from learner_service.weights.broadcast import Delivery
 from scalerl.obs.metrics import service_registry
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
@@ -121,7 +121,7 @@ class LearnerMetrics:
         self.groups_dead_lettered = Counter(
             "scalerl_replay_groups_dead_lettered_total",
             "Groups moved to the dead-letter stream instead of being trained on, by reason "
-            "(learner_service.group_check.REASONS).",
+            "(learner_service.intake.group_check.REASONS).",
             ["reason"],
             registry=registry,
         )
@@ -250,7 +250,7 @@ class LearnerMetrics:
             self.heldout_pass_rate.labels(record.task or RUN_LABEL).set(record.pass_rate)
 
     def observe_broadcast(self, delivery: Delivery) -> None:
-        """One version's `learner_service.broadcast.Delivery`: its epoch, the workers it
+        """One version's `learner_service.weights.broadcast.Delivery`: its epoch, the workers it
         reached, the members dropped and (when a transfer ran) its seconds."""
         self.broadcast_epoch.set(delivery.epoch)
         self.broadcast_delivered.set(len(delivery.delivered))

@@ -1,5 +1,5 @@
 """The learner's small gRPC `LearnerService`: GetStatus, and FetchWeights (the held
-payloads of `learner_service.weight_store`, for `weight_transport: pull`)."""
+payloads of `learner_service.weights.weight_store`, for `weight_transport: pull`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from learner_service.weight_store import WeightStore
+from learner_service.weights.weight_store import WeightStore
 from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import learner_pb2, learner_pb2_grpc

@@ -21,8 +21,8 @@ from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
-# Hyperparameters each policy loss takes (learner_service.recipe.policy_loss): here, torch-free,
-# so that the config and the learner share one table.
+# Hyperparameters each policy loss takes (`learner_service.train.recipe.policy_loss`): here,
+# torch-free, so that the config and the learner share one table.
 LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "cispo": ("eps_max",),
     "dapo": ("eps_low", "eps_high"),

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from learner_service.batches import BATCH_TOTALS
 from learner_service.checkpoint.files import (
     LearnerState,
     checkpoint_exists,
     load_checkpoint,
     save_checkpoint,
 )
+from learner_service.intake.batches import BATCH_TOTALS
 from learner_service.progress import RunProgress
-from learner_service.ranks import DrivenTrainer
+from learner_service.train.ranks import DrivenTrainer
 from scalerl.config import LearnerConfig
 from scalerl.state.prompt_pool import TaskPools
 

@@ -77,7 +77,7 @@ def save_checkpoint(folder: Path, trainer, state: LearnerState, export: bool = F
     """Write `trainer` (model, optimizer) and `state` to `folder`, replacing an older
     checkpoint only once the new one is complete and on disk. Returns the folder. A
     trainer of several ranks is saved as shards (its other ranks must take part:
-    `learner_service.ranks`); `export` then also writes the full weights.
+    `learner_service.train.ranks`); `export` then also writes the full weights.
 
     Raises OSError (disk full, ...): the previous checkpoint is then still loadable."""
     folder = Path(folder)

@@ -17,7 +17,7 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
   entries back; entries held by another consumer idle for longer than `claim_idle_ms` are
   claimed (XAUTOCLAIM), so a learner that died mid-step loses nothing.
 - Dead letters: an entry the learner cannot use (undecodable here, malformed in
-  `learner_service.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
+  `learner_service.intake.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
   reason, acknowledged in the same MULTI, so it is never delivered again.
 - The ledger (`scalerl:{run_id}:replay:ledger`, a hash): every entry is counted once when
   it is pushed (`pushed`, in the push script) and once when it leaves the stream, under

@@ -8,7 +8,7 @@ tickets of that version a worker took and has neither pushed nor given back;
 PPO-off-policy-k only).
 
 The held counts are what lets the learner re-issue a dead worker's tickets once its
-registration expires (`learner_service.ticket_reclaim`) without re-issuing any ticket
+registration expires (`learner_service.intake.ticket_reclaim`) without re-issuing any ticket
 twice: every change to them is one script together with the change to `remaining`, and
 they live in the quota's own hash, so a new version's quota (which rewrites the hash)
 drops them with the old version.

@@ -34,7 +34,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from learner_service.logprobs import token_logprobs
+from learner_service.train.logprobs import token_logprobs
 from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
 from rollout_service.engines.torch.sampling import top_p_renormalise
 from rollout_service.server import RolloutServicer, start_server
@@ -120,7 +120,7 @@ def _logp_reference(model, prompt, tokens, temperature: float, top_p: float) -> 
 
 
 def _learner_logp(model, prompt, tokens, temperature: float) -> torch.Tensor:
-    """The learner's recomputation (learner_service.logprobs.token_logprobs, fp32)."""
+    """The learner's recomputation (learner_service.train.logprobs.token_logprobs, fp32)."""
     ids = torch.tensor([list(prompt) + list(tokens)])
     with torch.no_grad():
         logp = token_logprobs(

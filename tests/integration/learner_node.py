@@ -10,8 +10,8 @@ import sys
 import test_fsdp_trainer as case
 import torch
 
-from learner_service.ranks import LearnerRanks
-from learner_service.trainer import Trainer
+from learner_service.train.ranks import LearnerRanks
+from learner_service.train.trainer import Trainer
 
 
 def main(out: str) -> None:

@@ -11,8 +11,8 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from learner_service.batches import BatchCollector, informative
-from learner_service.group_check import group_problem
+from learner_service.intake.batches import BatchCollector, informative
+from learner_service.intake.group_check import group_problem
 from learner_service.metrics import LearnerMetrics
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState

@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 from worker_fakes import make_worker
 
-from learner_service.catch_up import WeightCatchUp
+from learner_service.weights.catch_up import WeightCatchUp
 from scalerl.state.registry import SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState, WeightsRef
 

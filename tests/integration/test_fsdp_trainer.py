@@ -27,8 +27,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
-from learner_service.ranks import DrivenTrainer, LearnerRanks, serve_commands
-from learner_service.trainer import Trainer
+from learner_service.train.ranks import DrivenTrainer, LearnerRanks, serve_commands
+from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import head_names, snapshot_state_dict

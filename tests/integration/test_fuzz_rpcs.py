@@ -25,7 +25,7 @@ from proto_strategies import messages, near
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
-from learner_service.weight_store import WeightStore
+from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig

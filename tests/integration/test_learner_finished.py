@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from learner_service.checkpoint.files import LearnerState, save_checkpoint
-from learner_service.trainer import Trainer
+from learner_service.train.trainer import Trainer
 from scalerl.config import load_config
 from scalerl.policy.models import load_policy
 from scalerl.state.client import connect

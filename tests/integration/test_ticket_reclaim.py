@@ -13,9 +13,9 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from learner_service.batches import BatchCollector
+from learner_service.intake.batches import BatchCollector
+from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import LearnerMetrics
-from learner_service.ticket_reclaim import TicketReclaimer
 from rollout_service.actor import ActorLoop
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
@@ -80,7 +80,7 @@ def test_a_dead_workers_unpushed_tickets_come_back_once(
     time.sleep(SHORT_TTL_S + 0.1)
     assert reclaimer.check(3) == 0  # within the period of the last check: not looked at
     clock.now += 1.0
-    with caplog.at_level(logging.WARNING, logger="learner_service.ticket_reclaim"):
+    with caplog.at_level(logging.WARNING, logger="learner_service.intake.ticket_reclaim"):
         assert reclaimer.check(3) == 2
     assert state.generation_tickets() == GenerationTickets(3, 4, {"B": 1})
     assert caplog.messages == [

@@ -17,11 +17,11 @@ import redis
 import torch
 from prometheus_client import CollectorRegistry
 
-from learner_service.broadcast import WeightBroadcaster
 from learner_service.metrics import LearnerMetrics
-from learner_service.publish import WeightPublisher
 from learner_service.server import LearnerStatus, serve
-from learner_service.weight_store import WeightStore
+from learner_service.weights.broadcast import WeightBroadcaster
+from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.weight_store import WeightStore
 from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.server import RolloutServicer
 from scalerl.policy.weight_group import tensor_sha256

@@ -21,9 +21,9 @@ import worker_fakes as fakes
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from learner_service.publish import WeightPublisher
 from learner_service.server import LearnerStatus, serve
-from learner_service.weight_store import WeightStore
+from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.pull import pull_weights
 from rollout_service.weights import WeightsError
@@ -386,7 +386,7 @@ def test_the_store_refuses_bad_arguments() -> None:
 def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """N workers fetching cost the learner no hashing: each chunk's sha256 was taken when
     the version was put (an unaligned resume offset hashes its chunks on the fly)."""
-    import learner_service.weight_store as weight_store
+    import learner_service.weights.weight_store as weight_store
 
     store = WeightStore(chunk_bytes=1000)
     payload = bytes(range(256)) * 20  # 5120 bytes: 6 chunks

@@ -17,7 +17,7 @@ from learner_service.checkpoint.files import (
     load_checkpoint,
     save_checkpoint,
 )
-from learner_service.trainer import Trainer
+from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
 

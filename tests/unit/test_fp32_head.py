@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from learner_service.logprobs import token_logprobs
-from learner_service.packing import pack_groups
-from learner_service.publish import WeightPublisher
+from learner_service.train.logprobs import token_logprobs
+from learner_service.train.packing import pack_groups
+from learner_service.weights.publish import WeightPublisher
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.weights import receive_weights

@@ -16,7 +16,7 @@ from learner_service.evaluation.schedule import EvalJob
 from learner_service.progress import RunProgress
 from learner_service.records import EvalRecord, read_records
 from learner_service.server import LearnerStatus
-from learner_service.trainer import Trainer
+from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from learner_service.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.metrics import LearnerMetrics, WorkerStatsCollector
 from learner_service.records import StepRecord
 from scalerl.state.replay import ReplayStream

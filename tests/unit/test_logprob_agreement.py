@@ -16,8 +16,8 @@ import copy
 import pytest
 import torch
 
-from learner_service.logprobs import token_logprobs
-from learner_service.packing import pack_groups
+from learner_service.train.logprobs import token_logprobs
+from learner_service.train.packing import pack_groups
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import ModelConfig

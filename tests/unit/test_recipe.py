@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner_service import recipe
+from learner_service.train import recipe
 
 torch.set_num_threads(1)
 

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from learner_service import recipe
-from learner_service.logprobs import prefix_logprobs, token_logprobs
-from learner_service.packing import pack_groups
-from learner_service.trainer import Trainer
+from learner_service.train import recipe
+from learner_service.train.logprobs import prefix_logprobs, token_logprobs
+from learner_service.train.packing import pack_groups
+from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2

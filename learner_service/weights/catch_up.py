@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from learner_service.publish import WeightPublisher
+from learner_service.weights.publish import WeightPublisher
 from scalerl.state.registry import LEAVING, WorkerRegistry
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The learner as N ranks under torchrun (`learner.world_size` > 1): rank 0 is the learner
 (Redis, its gRPC server, weight publication, evaluations, checkpoints, records); ranks
 1..N-1 follow it. Every rank holds a shard of the parameters, gradients and AdamW state
-(`learner_service.sharding`), so every operation on the model is a collective that all
+(`learner_service.train.sharding`), so every operation on the model is a collective that all
 ranks must enter in the same order: rank 0 announces each one (`announce`) on a gloo
 control group before entering it, and a follower (`follow`) waits for the announcement
 and enters the same call. The announcements, in the order rank 0 makes them:
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from learner_service.checkpoint.files import load_checkpoint
-from learner_service.trainer import Trainer
+from learner_service.train.trainer import Trainer
 from scalerl.config import RunConfig
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2

@@ -1,9 +1,9 @@
 """One ScaleRL optimizer step over replay groups (paper Sec. 4, ARCHITECTURE.md sec. 5).
 
 `Trainer.step` applies zero-variance filtering, advantages, the aggregated policy loss
-over micro-batches (`learner_service.micro_batches`, log-probs with an fp32 LM head from
-`learner_service.logprobs`), grad clipping and one AdamW step. The groups are packed by
-`learner_service.packing`; the math lives in `learner_service.recipe`.
+over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp32 LM head from
+`learner_service.train.logprobs`), grad clipping and one AdamW step. The groups are packed by
+`learner_service.train.packing`; the math lives in `learner_service.train.recipe`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from learner_service import recipe
-from learner_service.micro_batches import (
+from learner_service.train import recipe
+from learner_service.train.micro_batches import (
     LogprobSettings,
     group_spans,
     sample_spans,
     span_logprobs,
     span_tokens,
 )
-from learner_service.packing import PackedBatch, pack_groups
-from learner_service.sharding import assign_spans, shard_policy
+from learner_service.train.packing import PackedBatch, pack_groups
+from learner_service.train.sharding import assign_spans, shard_policy
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
 from scalerl.policy.weights import snapshot_state_dict, wire_tensors
@@ -50,7 +50,7 @@ class Trainer:
     """The learner's model, AdamW optimizer and ScaleRL step (paper Sec. 4).
 
     Args:
-        model: causal LM (see `learner_service.logprobs.token_logprobs`), already on its
+        model: causal LM (see `learner_service.train.logprobs.token_logprobs`), already on its
             device.
         config: the learner section of the run config (loss, aggregation, advantage
             normalization, filter, lr, betas, weight decay, grad clip, micro-batch size,
@@ -61,7 +61,7 @@ class Trainer:
             eps_high; "grpo": eps).
         pad_id: padding token id; default the model config's pad_token_id, else 0.
         mesh: a 1-D device mesh of the learner's ranks (torch.distributed initialised):
-            the model is sharded over it with FSDP2 (`learner_service.sharding`) and
+            the model is sharded over it with FSDP2 (`learner_service.train.sharding`) and
             every rank, given the same groups, trains its share of the micro-batches;
             None (the default) is one process holding the whole model.
 

@@ -1,7 +1,7 @@
 """The learner's batches from the replay stream: admissible groups in, stale groups
 acknowledged and counted, malformed ones moved to the dead-letter stream, PPO generation
 tickets re-issued when their groups went missing (paper Sec. 3.1 off-policy modes: those
-of a worker whose registration expired within seconds, `learner_service.ticket_reclaim`;
+of a worker whose registration expired within seconds, `learner_service.intake.ticket_reclaim`;
 any still missing after `refill_s` as the last resort), and the per-batch counts of the
 step record.
 
@@ -17,9 +17,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from learner_service.group_check import group_problem
+from learner_service.intake.group_check import group_problem
+from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import LearnerMetrics
-from learner_service.ticket_reclaim import TicketReclaimer
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from learner_service.logprobs import prefix_logprobs, token_logprobs
-from learner_service.packing import PackedBatch
+from learner_service.train.logprobs import prefix_logprobs, token_logprobs
+from learner_service.train.packing import PackedBatch
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def _prefix_chunk(model, batch, span, t0, t1, settings) -> torch.Tensor:
 
 def call_policy(model: torch.nn.Module, compute, *args):
     """`compute(policy, *args)`: through the module's own call when the policy is wrapped
-    for sharding (`learner_service.sharding.LogprobModule`: FSDP2 gathers the embedding,
+    for sharding (`learner_service.train.sharding.LogprobModule`: FSDP2 gathers the embedding,
     norm and LM head for the whole computation), else directly on the model."""
     if getattr(model, "wraps_policy", False):
         return model(compute, *args)

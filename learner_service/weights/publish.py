@@ -6,7 +6,7 @@ payload itself as chunks of the UpdateWeights stream; `pull` sends nothing: it p
 payload in the learner's `WeightStore` (RAM, the newest two versions) and announces the
 learner's FetchWeights address (`WeightsRef.source`), from which every worker fetches the
 version in parallel when it is behind; `broadcast` sends it to every READY worker at once
-over the weight group (`learner_service.broadcast`), then holds and announces it as `pull`
+over the weight group (`learner_service.weights.broadcast`), then holds and announces it as `pull`
 does, for joiners and for members the broadcast missed. Every version is announced in
 Redis, so a worker that starts (or restarts) later pulls the latest weights before
 generating (ARCHITECTURE sec. 2).
@@ -33,8 +33,8 @@ import grpc
 import torch
 from safetensors.torch import save as save_safetensors
 
-from learner_service.broadcast import Delivery, WeightBroadcaster
-from learner_service.weight_store import WeightStore
+from learner_service.weights.broadcast import Delivery, WeightBroadcaster
+from learner_service.weights.weight_store import WeightStore
 from scalerl.policy.weights import head_names, snapshot_state_dict, weights_requests
 from scalerl.rpc.channel import channel
 from scalerl.state.registry import WorkerRegistry
@@ -171,7 +171,7 @@ class WeightPublisher:
 
     def send_latest(self, address: str) -> bool:
         """Send the last published version to the worker at `address` again (a worker
-        that restarted or missed it: `learner_service.catch_up`). False when it failed
+        that restarted or missed it: `learner_service.weights.catch_up`). False when it failed
         (logged, counted in `failures`) or nothing was published yet."""
         latest = self._latest
         return latest is not None and self._send(address, *latest)
