@@ -15,7 +15,7 @@ measurement repeated `--repeats` times, the delivery kinds interleaved within a 
   hashing excluded).
 - pull: a real learner gRPC server (`learner_service.server.serve`) with a `WeightStore`
   holding the safetensors payload; the N receivers fetch it at once with
-  `rollout_service.pull.fetched_requests` (every chunk's sha256 checked), each
+  `rollout_service.weights.pull.fetched_requests` (every chunk's sha256 checked), each
   accumulating the bytes and checking the whole payload's sha256 as
   `rollout_service.weights.receive_weights` does; nothing is parsed or staged. Time
   from the learner handing out the fetch until the last receiver holds verified bytes.
@@ -105,7 +105,7 @@ def _receive(state: dict) -> tuple[float, float]:
 
 def _pull(state: dict, ref_fields: tuple) -> float:
     """Fetch the announced payload, check it whole; the monotonic end."""
-    from rollout_service.pull import fetched_requests
+    from rollout_service.weights.pull import fetched_requests
     from scalerl.state.run_state import WeightsRef
 
     ref = WeightsRef(*ref_fields)

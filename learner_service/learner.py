@@ -21,7 +21,6 @@ record (`learner_service.records`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -48,9 +47,8 @@ from learner_service.timing import LearnerTiming
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks
 from learner_service.train.trainer import Trainer
 from learner_service.train.warmup import supervised_warmup, warmup_problems
-from learner_service.weights.broadcast import WeightBroadcaster
-from learner_service.weights.catch_up import WeightCatchUp
 from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.senders import make_sender
 from learner_service.weights.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.config import RunConfig
@@ -60,7 +58,6 @@ from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
-from scalerl.ports import free_port
 from scalerl.staleness import is_admissible, staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
@@ -101,7 +98,7 @@ class Learner:
         self.compute = ComputeCounters(client, run_id)
         self.replay = ReplayStream(client, run_id, config.replay_capacity, claim_idle_ms=600_000)
         self.status = LearnerStatus()
-        self.weights = WeightStore()  # filled by the publisher with `weight_transport: pull`
+        self.weights = WeightStore()  # filled by the publisher with `weights.transport: pull`
         self.server, self.port = serve(self.status, port, host, weights=self.weights)
         # Where workers fetch the held weights (`pull`): the address others dial.
         dialed = advertise_host or host
@@ -149,29 +146,30 @@ class Learner:
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
             self._warmup()
         self.trainer = self._trainer()
+        sender = make_sender(
+            cfg,
+            self.registry,
+            self.run_dir / "weights",
+            self.weights,
+            self.weights_source,
+            self._hosts,
+            on_broadcast=self.metrics.observe_broadcast,
+        )
         self.publisher = WeightPublisher(
             self.registry,
             self.state,
-            self.run_dir / "weights",
+            sender,
             cfg.rollout.dtype if cfg.rollout.dtype != "auto" else "float32",
-            cfg.learner.weight_transport,
-            store=self.weights,
-            source=self.weights_source,
-            broadcaster=self._broadcaster(),
-            on_broadcast=self.metrics.observe_broadcast,
             snapshot=self.trainer.snapshot
             if isinstance(self.trainer, DrivenTrainer)
             else snapshot_state_dict,
         )
+        self.publisher.start(self._closing)  # stream: re-sends to workers behind
         evaluator = evaluator_for(cfg, self.tasks, self.tokenizer)
         self.evals = EvalScheduler(evaluator, retries=cfg.eval.retries)
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoint", cfg.learner, self.trainer, self.pools, self.compute
         )
-        if cfg.learner.weight_transport == "stream":  # with `uri`, `pull` workers pull
-            WeightCatchUp(
-                self.registry, self.publisher, 3 * cfg.rollout.heartbeat_s, cfg.rollout.stall_s
-            ).start(self._closing, period_s=2 * cfg.rollout.heartbeat_s)
         self._resume()
         if self.progress.step < cfg.learner.max_steps:
             self.state.clear_stop()  # a finished run resumed with new limits goes on
@@ -209,22 +207,6 @@ class Learner:
             mesh=self.ranks.mesh if self.ranks else None,
         )
         return DrivenTrainer(trainer, self.ranks) if self.ranks else trainer
-
-    def _broadcaster(self) -> WeightBroadcaster | None:
-        """Rank 0 of the weight group with `weight_transport: broadcast`, else None."""
-        cfg = self.config.learner
-        if cfg.weight_transport != "broadcast":
-            return None
-        backend = cfg.broadcast_backend
-        if backend == "auto":
-            backend = "nccl" if str(self.config.device).startswith("cuda") else "gloo"
-        return WeightBroadcaster(
-            self.registry,
-            *self._hosts,
-            port=cfg.broadcast_port or free_port(),
-            backend=backend,
-            timeout_s=cfg.broadcast_timeout_s,
-        )
 
     def _warmup(self) -> None:
         """Supervised warm-up of a fresh model (counted as learner compute)."""
@@ -607,7 +589,5 @@ class Learner:
         if isinstance(trainer, DrivenTrainer):
             trainer.stop()  # the other ranks leave
         publisher = getattr(self, "publisher", None)  # None when set-up failed early
-        if publisher is not None and publisher.broadcaster is not None:
-            with contextlib.suppress(Exception):  # its error was reported by the run
-                publisher.wait()
-            publisher.broadcaster.close()
+        if publisher is not None:
+            publisher.close()

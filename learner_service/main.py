@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--advertise-host",
         default=None,
-        help="Address workers dial to fetch weights (weight_transport pull; default --host).",
+        help="Address workers dial to fetch weights (weights.transport pull; default --host).",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)."

@@ -1,5 +1,5 @@
 """The learner's small gRPC `LearnerService`: GetStatus, and FetchWeights (the held
-payloads of `learner_service.weights.weight_store`, for `weight_transport: pull`)."""
+payloads of `learner_service.weights.weight_store`, for `weights.transport: pull`)."""
 
 from __future__ import annotations
 

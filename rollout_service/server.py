@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import grpc
 
-from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.engines.api import (
     MAX_TEMPERATURE,
     Chunk,
@@ -21,7 +20,8 @@ from rollout_service.engines.api import (
     check_interrupt_mode,
 )
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.weights import ByteBudget, receive_weights
+from rollout_service.weights.broadcast import BroadcastReceiver
+from rollout_service.weights.receive import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
 from scalerl.rpc.security import Security
@@ -142,7 +142,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _broadcast_receiver(self) -> BroadcastReceiver:
         if self._broadcast is None:
             raise FailedPrecondition(
-                "weight_transport: this worker is not configured for 'broadcast'"
+                "learner.weights.transport: this worker is not configured for 'broadcast'"
             )
         return self._broadcast
 

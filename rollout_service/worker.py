@@ -24,13 +24,11 @@ from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
-from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.pull import POLL_S, pull_weights
 from rollout_service.server import RolloutServicer
-from rollout_service.weights import WeightsError, receive_weights
+from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
 from scalerl.cores import torch_threads
@@ -38,14 +36,13 @@ from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import weights_uri_request
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
 from scalerl.state.registry import LEAVING, READY, SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
 from scalerl.v1 import rollout_pb2_grpc
@@ -86,11 +83,9 @@ class RolloutWorker:
         self.server = None
         self.health = None
         self.engine: RolloutEngine | None = None
-        self.broadcast: BroadcastReceiver | None = None  # weight transport `broadcast`
+        self.follower: WeightFollower | None = None  # keeps the engine at the latest version
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
-        self._startup_version = 0
-        self._loaded_run_weights = False
         self._state = SYNCING
 
     def start(self) -> None:
@@ -102,9 +97,7 @@ class RolloutWorker:
         rollout = self.config.rollout
         self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
-        self._startup_version = self.engine.policy_version
-        if self.config.learner.weight_transport == "broadcast":
-            self.broadcast = BroadcastReceiver(self.engine)
+        self.follower = make_follower(self.config, self.engine, self.state)
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -116,7 +109,7 @@ class RolloutWorker:
             think_end=rollout.think_end,
             weights_root=self.config.security.weights_root,
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
-            broadcast=self.broadcast,
+            broadcast=self.follower.broadcast,
         )
         self.server, self.port, self.health = make_server(
             [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
@@ -151,7 +144,7 @@ class RolloutWorker:
         self._spawn(self._heartbeat)
         if not self._await_initial_weights(stop):
             return
-        self._spawn(self._catch_up)
+        self._spawn(self._follow_weights)
         actor = ActorLoop(
             self.engine,
             self.tokenizer,
@@ -178,33 +171,15 @@ class RolloutWorker:
         )
 
     @property
-    def serves_run_weights(self) -> bool:
-        """The engine serves weights of this run: loaded by this worker, or pushed (any
-        swap moves the version off the start-up one)."""
-        return self._loaded_run_weights or self.engine.policy_version != self._startup_version
-
-    @property
     def ready(self) -> bool:
         """READY: takes prompts and evaluations."""
         return self._state == READY
 
-    def _update_state(self) -> None:
-        """SYNCING -> READY once the worker serves the run's weights at a version within
-        `learner.off_policy_k` of the learner's (a joiner never generates with weights
-        older than latest - k); counted as a join."""
-        if self._state != SYNCING or not self.serves_run_weights:
-            return
-        learner_version, k = self.state.get_policy_version(), self.config.learner.off_policy_k
-        if learner_version - self.engine.policy_version > k:
-            return
+    def _become_ready(self) -> None:
+        """SYNCING -> READY (the follower's READY rule held); counted as a join."""
         self._set_state(READY)
         self.stats.add(self.worker_id, "joins")
-        log.info(
-            "ready at policy version %d (learner at %d, k=%d)",
-            self.engine.policy_version,
-            learner_version,
-            k,
-        )
+        log.info("ready at policy version %d (k=%d)", self.engine.policy_version, self.follower.k)
 
     def _set_state(self, state: str) -> None:
         self._state = state
@@ -216,89 +191,17 @@ class RolloutWorker:
             )
 
     def _await_initial_weights(self, stop: threading.Event) -> bool:
-        """The learner publishes version 0 before any rollout (after its warm-up, if any);
-        generating earlier would stamp other weights with a run version. With the stream
-        transport a later version has no file: the learner pushes it once the heartbeat
-        reports this worker not ready; with `pull` the worker fetches the latest version
-        from the learner. A file (or held version) that is gone by the time it is read
-        (the learner keeps only the newest two) is logged and the next publication read."""
-        refused: str | None = None
-        while not stop.is_set() and not self.state.stop_requested():
-            try:
-                self._pull_if_behind()
-            except WeightsError as exc:
-                if str(exc) != refused:
-                    log.warning("the published weights could not be loaded, retrying: %s", exc)
-                refused = str(exc)
-            self._update_state()
-            if self.ready:
-                log.info("starting at policy version %d", self.engine.policy_version)
-                return True
-            stop.wait(0.2)
-        return False
-
-    def _pull_if_behind(self) -> bool:
-        """Load the latest published weights when this worker can load them (a file, or
-        a FetchWeights source with `pull`) and they are newer than the engine's (or the
-        worker has none of this run yet). True when weights were loaded. Raises
-        WeightsError (nothing staged: the engine keeps serving its old weights)."""
-        ref = self._newer_file()
-        if ref is None:
+        """Load the run's weights until the READY rule holds (`WeightFollower.await_initial`);
+        False when `stop` is set or the run ends first."""
+        if not self.follower.await_initial(stop, self.state.stop_requested):
             return False
-        if ref.source:  # the broadcast's template is the layout of what was pulled
-            engine = self.broadcast.recording(self.engine) if self.broadcast else self.engine
-            version, seconds = pull_weights(ref, engine)
-            log.info(
-                "pulled policy version %d (%d bytes) from %s in %.2fs",
-                version,
-                ref.total_bytes,
-                ref.source,
-                seconds,
-            )
-        else:
-            receive_weights(
-                [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
-                self.engine,
-                weights_root=self.config.security.weights_root or None,
-            )
-        self._loaded_run_weights = True
+        self._become_ready()
+        log.info("starting at policy version %d", self.engine.policy_version)
         return True
 
-    def _newer_file(self) -> WeightsRef | None:
-        """The latest publication when it has a file or a FetchWeights source this worker
-        should load, else None."""
-        ref = self.state.get_latest_weights()
-        if ref is None or not (ref.uri or ref.source):
-            return None
-        if self.serves_run_weights and ref.version <= self.engine.policy_version:
-            return None
-        return ref
-
-    def _catch_up(self) -> None:
-        """Every heartbeat period, pull the latest weights when behind (`uri` transport): a
-        failed or missed push never leaves the worker serving an old version for good.
-        It pulls only when it was behind at the previous check too, so the learner's
-        regular push (announced just before it is sent) is not loaded twice. With `pull`
-        nothing is pushed: every `POLL_S` seconds (at most) a newer announcement is
-        fetched at once. So with `broadcast`, whose versions are announced only after the
-        broadcast: a member that got one is not behind, one the broadcast missed pulls.
-        A failure is logged when it differs from the previous one."""
-        pull = self.config.learner.weight_transport in ("pull", "broadcast")
-        heartbeat = self.config.rollout.heartbeat_s
-        period = min(POLL_S, heartbeat) if pull else heartbeat
-        behind_before, failed = False, ""
-        while not self._closing.wait(period):
-            try:
-                behind = self._newer_file() is not None
-                if behind and (behind_before or pull) and self._pull_if_behind():
-                    if not pull:  # a pull is logged as such; a missed push is news
-                        log.info("caught up to policy version %d", self.engine.policy_version)
-                    behind = False
-                behind_before, failed = behind, ""
-            except Exception as exc:  # noqa: BLE001 - retried next period
-                if str(exc) != failed:
-                    log.warning("catching up with the latest weights failed: %s", exc)
-                failed = str(exc)
+    def _follow_weights(self) -> None:
+        """Load the versions this worker misses until it closes (`WeightFollower.follow`)."""
+        self.follower.follow(self._closing)
 
     def close(self) -> None:
         """Deregister, stop serving, stop the engine. Safe to call more than once."""
@@ -309,8 +212,8 @@ class RolloutWorker:
             pass
         if self.server is not None:
             self.server.stop(grace=2).wait()
-        if self.broadcast is not None:
-            self.broadcast.close()
+        if self.follower is not None:
+            self.follower.close()
         if self.engine is not None:
             self.engine.stop()
 

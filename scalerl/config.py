@@ -10,10 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
@@ -269,6 +277,74 @@ class RolloutConfig(_Section):
     )
 
 
+class UriWeights(_Section):
+    """A file on shared storage that every worker loads (the run folder on one machine, a
+    shared volume in a cluster); the learner sends only its header."""
+
+    transport: Literal["uri"] = "uri"
+
+
+class StreamWeights(_Section):
+    """The learner pushes the payload as gRPC chunks to each worker in turn, and sends the
+    latest version again to a worker whose heartbeat says it is behind."""
+
+    transport: Literal["stream"] = "stream"
+
+
+class PullWeights(_Section):
+    """The learner holds the newest two versions in RAM and every worker fetches the latest
+    itself (FetchWeights, checksummed chunks; no shared disk)."""
+
+    transport: Literal["pull"] = "pull"
+
+
+class BroadcastWeights(_Section):
+    """One torch.distributed broadcast per tensor to every READY worker (an epoch-numbered
+    group, rebuilt when the READY set changes); joiners and members that miss the deadline
+    pull, as with `pull`."""
+
+    transport: Literal["broadcast"] = "broadcast"
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port of the broadcast group's store, served by the learner (0 = a "
+        "free port chosen at start, fine on one machine; set it where a firewall or a "
+        "Service must name it).",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; the "
+        "workers' engines on GPUs too); auto = nccl when the learner's device is CUDA.",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Deadline of the broadcast group's join and of each collective, the "
+        "largest tensor's transfer included (seconds); a member that misses it is dropped "
+        "from the epoch and pulls.",
+    )
+
+
+def _transport_of(value: Any) -> str | None:
+    """The variant `learner.weights` names: its `transport`, `uri` when left out (so a
+    field of another transport is reported as not permitted for `uri`)."""
+    if isinstance(value, dict):
+        return value.get("transport", "uri")
+    return getattr(value, "transport", None)
+
+
+# `learner.weights`: one variant per transport, told apart by `transport`.
+WeightsConfig = Annotated[
+    Annotated[UriWeights, Tag("uri")]
+    | Annotated[StreamWeights, Tag("stream")]
+    | Annotated[PullWeights, Tag("pull")]
+    | Annotated[BroadcastWeights, Tag("broadcast")],
+    Discriminator(_transport_of),
+]
+
+
 class LearnerConfig(_Section):
     """The ScaleRL update (paper Sec. 4) and the learner's schedule."""
 
@@ -301,7 +377,7 @@ class LearnerConfig(_Section):
         "step each, then new weights (paper Sec. 3.1).",
     )
     loss: Literal["cispo", "dapo", "gspo", "grpo"] = Field(
-        "cispo", description="Policy loss (learner_service.recipe.policy_loss)."
+        "cispo", description="Policy loss (learner_service.train.recipe.policy_loss)."
     )
     eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="DAPO/GSPO lower clip: 1 - eps_low.")
@@ -361,36 +437,9 @@ class LearnerConfig(_Section):
         description="Also checkpoint when this many minutes passed since the last "
         "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
     )
-    weight_transport: Literal["stream", "uri", "pull", "broadcast"] = Field(
-        "uri",
-        description="How new weights reach the workers: uri = a file on shared storage the "
-        "workers load; stream = the learner pushes gRPC chunks to each worker in turn; "
-        "pull = the learner holds the newest two versions in RAM and every worker fetches "
-        "the latest itself (FetchWeights, checksummed chunks; no shared disk); broadcast = "
-        "one torch.distributed broadcast per tensor to every READY worker (an epoch-numbered "
-        "group, rebuilt when the READY set changes), pull for joiners and for members that "
-        "miss the deadline.",
-    )
-    broadcast_port: int = Field(
-        0,
-        ge=0,
-        le=65535,
-        description="TCP port of the broadcast group's store, served by the learner "
-        "(weight_transport broadcast; 0 = a free port chosen at start, fine on one machine; "
-        "set it where a firewall or a Service must name it).",
-    )
-    broadcast_backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto",
-        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; the "
-        "workers' engines on GPUs too); auto = nccl when the learner's device is CUDA.",
-    )
-    broadcast_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        le=3600,
-        description="Deadline of the broadcast group's join and of each collective, the "
-        "largest tensor's transfer included (seconds); a member that misses it is dropped "
-        "from the epoch and pulls.",
+    weights: WeightsConfig = Field(
+        default_factory=lambda: UriWeights(),
+        description="How new weights reach the workers (`transport` picks the variant).",
     )
     batch_timeout_s: float = Field(
         3600.0,

@@ -15,11 +15,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from learner_service.weights.publish import WeightPublisher
 from scalerl.state.registry import LEAVING, WorkerRegistry
 
 log = logging.getLogger(__name__)
+
+
+class _Resender(Protocol):
+    """The stream sender's last delivered version, and sending it again."""
+
+    @property
+    def latest_version(self) -> int | None: ...
+
+    def send_latest(self, address: str) -> bool: ...
 
 
 class WeightCatchUp:
@@ -34,13 +43,13 @@ class WeightCatchUp:
     def __init__(
         self,
         registry: WorkerRegistry,
-        publisher: WeightPublisher,
+        sender: _Resender,
         grace_s: float,
         stall_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
-        self.publisher = publisher
+        self.sender = sender
         self.grace_s = grace_s
         self.stall_s = stall_s
         self.clock = clock
@@ -68,7 +77,7 @@ class WeightCatchUp:
 
     def run_once(self) -> list[str]:
         """Send the latest version to every worker behind it; returns their ids."""
-        latest = self.publisher.latest_version
+        latest = self.sender.latest_version
         if latest is None:
             return []
         if latest != self._seen[0]:
@@ -78,7 +87,7 @@ class WeightCatchUp:
         behind = self.behind(latest)
         for worker_id, address in behind.items():
             self._sent[worker_id] = (latest, self.clock())
-            if self.publisher.send_latest(address):
+            if self.sender.send_latest(address):
                 self.resent += 1
                 log.info("worker %s was behind: sent policy version %d again", worker_id, latest)
         return list(behind)

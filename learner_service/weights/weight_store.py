@@ -1,4 +1,4 @@
-"""The learner's store of published payloads for `weight_transport: pull`: the newest
+"""The learner's store of published payloads for `weights.transport: pull`: the newest
 versions' safetensors bytes in RAM, served as checksummed chunks by FetchWeights.
 
 The publisher puts a version in before announcing it in Redis, so a worker that reads the

@@ -1,7 +1,7 @@
 """Weight transport for UpdateWeights, the sender's side (the learner): serialize a state
 dict as safetensors and cut it into an UpdateWeights stream, or describe a file on shared
 storage. Shared by the learner and the tests; the receiving side lives in
-`rollout_service.weights`.
+`rollout_service.weights.receive`.
 
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then

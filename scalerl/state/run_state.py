@@ -107,7 +107,7 @@ class WeightsRef:
 
     `uri` is a path on shared storage, or "" when the weights are only sent over gRPC.
     `source` is "grpc://host:port" of the learner whose FetchWeights serves them
-    (`weight_transport: pull`), or "" (the learner pushes them, or they are at `uri`).
+    (`weights.transport: pull`), or "" (the learner pushes them, or they are at `uri`).
     `total_bytes` in bytes, `sha256` lower-case hex of the payload.
     """
 

@@ -130,13 +130,13 @@ def test_the_weight_transport_has_what_it_needs(docs, configs) -> None:
     c = learner(docs)
     statefulset = one(docs, "StatefulSet", "learner")
     run_dir = flag(split_learner(resolved_command(c)).learner_args, "--run-dir")
-    transport = cfg.learner.weight_transport
+    transport = cfg.learner.weights.transport
     assert transport != "stream", "stream pushes to every worker in turn: not for a cluster"
     if transport == "broadcast":
         # A fixed port the learner declares and its headless Service exposes.
-        assert cfg.learner.broadcast_port == port_numbers(c)["weights"]
+        assert cfg.learner.weights.port == port_numbers(c)["weights"]
         service = one(docs, "Service", statefulset["spec"]["serviceName"])
-        assert cfg.learner.broadcast_port in {p["port"] for p in service["spec"]["ports"]}
+        assert cfg.learner.weights.port in {p["port"] for p in service["spec"]["ports"]}
     if transport == "uri":
         # The learner writes RUN_DIR/weights; every worker reads the same claim there.
         weights = f"{run_dir}/weights"

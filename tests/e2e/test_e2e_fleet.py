@@ -68,7 +68,7 @@ def test_workers_join_and_leave_a_running_job(tmp_path, transport):
     run_dir = tmp_path / "run"
     args = ["run", "--config", "tiny", "--run-dir", str(run_dir)]
     args += ["--set", "rollout.workers=1", "--set", f"learner.max_steps={MAX_STEPS}"]
-    args += ["--set", f"learner.weight_transport={transport}"]
+    args += ["--set", f"learner.weights.transport={transport}"]
     launcher = subprocess.Popen(
         [sys.executable, "-m", "scalerl_cli.main", *args],
         cwd=ROOT,

@@ -1,5 +1,5 @@
 """End to end without shared disk: the tiny job trains through to its end with
-`learner.weight_transport=pull` (every worker fetches each new version from the learner's
+`learner.weights.transport=pull` (every worker fetches each new version from the learner's
 FetchWeights) and with `broadcast` (workers pull v0 to join, then the learner's weight
 group broadcasts every version to the READY ones)."""
 
@@ -36,7 +36,7 @@ def test_tiny_run_without_shared_disk(tmp_path, transport):
     args += ["--run-dir", str(run_dir)]
     # A shorter warm-up than the tiny job's: this run checks the transport, not the learning.
     overrides = (
-        f"learner.weight_transport={transport}",
+        f"learner.weights.transport={transport}",
         f"learner.max_steps={STEPS}",
         "model.warmup_steps=100",
     )

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 import worker_fakes
 
-from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.server import RolloutServicer
 from scalerl.crash_points import CRASH_AT_ENV
 from scalerl.policy.weight_group import tensor_sha256
@@ -72,9 +71,8 @@ def serve(
         connect(redis_url), run_id, engine, transport="broadcast", heartbeat_s=0.2
     )
     worker.worker_id = worker_id
-    worker.broadcast = BroadcastReceiver(engine)
     servicer = RolloutServicer(
-        engine, NoTokens(), worker_id, "tiny", "", 16, broadcast=worker.broadcast
+        engine, NoTokens(), worker_id, "tiny", "", 16, broadcast=worker.follower.broadcast
     )
     server, worker.port, worker.health = make_server(
         [
@@ -91,7 +89,7 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     worker._spawn(worker._heartbeat)
     if worker._await_initial_weights(stop):
-        worker._spawn(worker._catch_up)
+        worker._spawn(worker._follow_weights)
         stop.wait()
     worker.server = server
     worker.close()

@@ -62,7 +62,7 @@ def test_uri_worker_pulls_newer_weights_after_start(
     publish_file(worker.state, tmp_path, 0)
     assert worker._await_initial_weights(threading.Event())
     assert engine.policy_version == 0 and worker.ready
-    worker._spawn(worker._catch_up)
+    worker._spawn(worker._follow_weights)
     path = publish_file(worker.state, tmp_path, 3)  # its push was lost
     try:
         assert wait_until(lambda: engine.policy_version == 3)
@@ -100,8 +100,8 @@ def test_a_joiner_turns_ready_only_within_k_of_the_learner(
     worker = make_worker(redis_client, run_id, engine, weights_root=tmp_path)
     worker.state.set_policy_version(9)
     publish_file(worker.state, tmp_path, 5)
-    worker._pull_if_behind()
-    worker._update_state()
+    assert worker.follower.load_if_behind()
+    assert not worker.follower.may_serve()  # v5 is 4 behind the learner's v9
     assert engine.policy_version == 5 and not worker.ready and worker._state == SYNCING
     publish_file(worker.state, tmp_path, 7)
     assert worker._await_initial_weights(threading.Event())
@@ -137,7 +137,8 @@ def test_heartbeat_carries_progress(redis_client: redis.Redis, run_id: str) -> N
         assert worker.registry.states()["w0"].progress.ready is False
         assert worker.registry.workers() == {}
         engine.policy_version, engine.tokens_generated, engine.active_requests = 2, 40, 3
-        worker._update_state()  # serves the run's weights (pushed) within k: READY
+        assert worker.follower.may_serve()  # serves the run's weights (pushed) within k
+        worker._become_ready()
         assert wait_until(lambda: worker.registry.states()["w0"].progress.tokens_generated == 40)
         progress = worker.registry.states()["w0"].progress
         assert progress.serving_version == 2 and progress.ready and progress.state == "READY"

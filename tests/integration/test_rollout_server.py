@@ -18,7 +18,7 @@ from rollout_service.engines.api import EngineError, EngineStopped, GenerationRe
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
-from rollout_service.weights import WeightsError, receive_weights
+from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import serialize_state_dict, weights_requests, weights_uri_request

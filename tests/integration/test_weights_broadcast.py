@@ -21,9 +21,10 @@ from learner_service.metrics import LearnerMetrics
 from learner_service.server import LearnerStatus, serve
 from learner_service.weights.broadcast import WeightBroadcaster
 from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.senders import BroadcastSender
 from learner_service.weights.weight_store import WeightStore
-from rollout_service.broadcast import BroadcastReceiver
 from rollout_service.server import RolloutServicer
+from rollout_service.weights.broadcast import BroadcastReceiver
 from scalerl.policy.weight_group import tensor_sha256
 from scalerl.ports import free_port
 from scalerl.rpc.channel import channel
@@ -73,17 +74,13 @@ class Job:
         self.broadcaster = WeightBroadcaster(
             self.registry, "127.0.0.1", "127.0.0.1", free_port(), "gloo", timeout_s=TIMEOUT_S
         )
-        self.publisher = WeightPublisher(
-            self.registry,
-            self.state,
-            tmp / "weights",
-            "float32",
-            "broadcast",
-            store=self.store,
-            source=f"grpc://127.0.0.1:{port}",
-            broadcaster=self.broadcaster,
+        self.sender = BroadcastSender(
+            self.store,
+            f"grpc://127.0.0.1:{port}",
+            self.broadcaster,
             on_broadcast=self.metrics.observe_broadcast,
         )
+        self.publisher = WeightPublisher(self.registry, self.state, self.sender, "float32")
         self.model = Linear()
         self.processes: dict[str, multiprocessing.Process] = {}
 
@@ -137,14 +134,14 @@ def job(redis_url: str, redis_client: redis.Redis, run_id: str, tmp_path: Path):
 
 def test_epochs_follow_the_ready_set_and_a_worker_killed_mid_broadcast_is_dropped(job) -> None:
     job.publish(0)  # no READY worker yet: held and announced only
-    assert job.publisher.last_delivery.epoch == -1
+    assert job.sender.last_delivery.epoch == -1
 
     job.start("a")
     job.wait_ready("a")
     assert job.served("a")[0] == 0  # it pulled v0 before READY
 
     digests = job.publish(1)
-    delivery = job.publisher.last_delivery
+    delivery = job.sender.last_delivery
     assert (delivery.epoch, delivery.delivered, delivery.dropped) == (1, ["a"], [])
     assert job.served("a") == (1, digests)
 
@@ -153,18 +150,18 @@ def test_epochs_follow_the_ready_set_and_a_worker_killed_mid_broadcast_is_droppe
     job.start("c", crash_at="weight_group.tensor@5")
     job.wait_ready("b", "c")
     digests = job.publish(2)
-    delivery = job.publisher.last_delivery
+    delivery = job.sender.last_delivery
     assert (delivery.epoch, delivery.delivered) == (2, ["a", "b", "c"])
     assert all(job.served(w) == (2, digests) for w in "abc")
 
     digests = job.publish(3)  # the same READY set: the same epoch, no rebuild
-    assert job.publisher.last_delivery.epoch == 2
+    assert job.sender.last_delivery.epoch == 2
     assert all(job.served(w) == (3, digests) for w in "abc")
 
     began = time.monotonic()
     digests = job.publish(4)
     seconds = time.monotonic() - began
-    delivery = job.publisher.last_delivery
+    delivery = job.sender.last_delivery
     assert (delivery.epoch, delivery.delivered, delivery.dropped) == (2, [], ["c"])
     assert seconds < 4 * TIMEOUT_S + 5  # the epoch failed within its deadlines
     job.processes["c"].join(5)
@@ -173,7 +170,7 @@ def test_epochs_follow_the_ready_set_and_a_worker_killed_mid_broadcast_is_droppe
     wait_until(lambda: all(job.served(w) == (4, digests) for w in "ab"), "a and b pull v4")
 
     digests = job.publish(5)  # c is still registered (its heartbeat has not lapsed): dropped
-    delivery = job.publisher.last_delivery
+    delivery = job.sender.last_delivery
     assert (delivery.epoch, delivery.delivered, delivery.dropped) == (3, ["a", "b"], [])
     assert all(job.served(w) == (5, digests) for w in "ab")
     assert job.store.versions == [4, 5]  # joiners and fallbacks pull from here
@@ -211,7 +208,7 @@ RECEIVE = rollout_pb2.ReceiveWeightsRequest
 @pytest.mark.parametrize(
     ("broadcast", "request_", "code", "named"),
     [
-        (False, RECEIVE(epoch=1, version=1), "FAILED_PRECONDITION", "weight_transport"),
+        (False, RECEIVE(epoch=1, version=1), "FAILED_PRECONDITION", "learner.weights.transport"),
         (True, RECEIVE(epoch=1, version=1), "FAILED_PRECONDITION", "epoch"),
         (True, RECEIVE(epoch=1, version=-1), "INVALID_ARGUMENT", "version"),
         (True, _join(rank=3), "INVALID_ARGUMENT", "rank"),

@@ -23,10 +23,11 @@ from safetensors.torch import save as save_safetensors
 
 from learner_service.server import LearnerStatus, serve
 from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.senders import PullSender
 from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
-from rollout_service.pull import pull_weights
-from rollout_service.weights import WeightsError
+from rollout_service.weights.pull import pull_weights
+from rollout_service.weights.receive import WeightsError
 from rollout_service.worker import RolloutWorker
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
@@ -117,20 +118,14 @@ def test_a_worker_that_joins_after_v5_loads_v5_before_it_is_ready(
     store, source = learner()
     state = RunState(redis_client, run_id)
     publisher = WeightPublisher(
-        WorkerRegistry(redis_client, run_id),
-        state,
-        tmp_path / "weights",
-        "float32",
-        "pull",
-        store=store,
-        source=source,
+        WorkerRegistry(redis_client, run_id), state, PullSender(store, source), "float32"
     )
     model = Linear()
     for version in range(6):
         model.set_version(version)
         publisher.publish(model, version, force_file=True, wait=True)
     assert store.versions == [4, 5]  # the newest two, in RAM
-    assert list((tmp_path / "weights").iterdir()) == []  # no shared disk used
+    assert list(tmp_path.iterdir()) == []  # no shared disk used
     ref = state.get_latest_weights()
     assert (ref.version, ref.uri, ref.source) == (5, "", source)
     v5 = store.get(5)[1]
@@ -148,7 +143,7 @@ def test_a_worker_that_joins_after_v5_loads_v5_before_it_is_ready(
 
     # Pull needs no push: the worker's catch-up fetches v6 as soon as it is announced.
     worker.config.rollout.heartbeat_s = 0.05
-    worker._spawn(worker._catch_up)
+    worker._spawn(worker._follow_weights)
     try:
         model.set_version(6)
         publisher.publish(model, 6, wait=True)
@@ -184,7 +179,7 @@ def test_before_an_evaluation_the_learner_waits_until_every_worker_serves_the_ve
     address = f"127.0.0.1:{port}"
     registry.heartbeat("w0", address, 30, WorkerProgress(0, True, 0, 0, time.time()))
     publisher = WeightPublisher(
-        registry, RunState(redis_client, run_id), tmp_path, "float32", "pull", 0.5, store, source
+        registry, RunState(redis_client, run_id), PullSender(store, source), "float32", 0.5
     )
     try:
         publisher.publish(Linear(), 1, wait=True)
@@ -261,7 +256,7 @@ def test_a_corrupted_chunk_is_rejected_and_the_old_weights_keep_serving(
         head_before = engine.llama.head_fp32.clone()
         worker = make_worker(redis_client, run_id, engine)
         with pytest.raises(WeightsError) as info:
-            worker._pull_if_behind()
+            worker.follower.load_if_behind()
         assert info.value.field == field and names in str(info.value)
         assert engine.policy_version == 0 and not worker.ready  # nothing staged
         assert torch.equal(engine.llama.head_fp32, head_before)  # the old weights serve

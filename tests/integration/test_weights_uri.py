@@ -15,7 +15,7 @@ import torch
 
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from rollout_service.weights import URI_REFUSED
+from rollout_service.weights.receive import URI_REFUSED
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import serialize_state_dict, weights_requests, weights_uri_request

@@ -9,6 +9,9 @@ from types import SimpleNamespace
 
 import redis
 
+from rollout_service.weights.broadcast import BroadcastReceiver
+from rollout_service.weights.follower import WeightFollower
+from rollout_service.weights.pull import POLL_S
 from rollout_service.worker import RolloutWorker
 from scalerl.state.registry import SYNCING, WorkerRegistry
 from scalerl.state.run_state import RunState
@@ -26,20 +29,27 @@ def make_worker(
     """Worker "w0" at 127.0.0.1:5000 over `engine`, SYNCING, k = 2."""
     worker = object.__new__(RolloutWorker)
     worker.engine = engine
-    worker.broadcast = None
     worker.state = RunState(client, run_id)
     worker.registry = WorkerRegistry(client, run_id)
     worker.stats = WorkerStats(client, run_id)
     worker.config = SimpleNamespace(
         rollout=SimpleNamespace(heartbeat_s=heartbeat_s),
-        learner=SimpleNamespace(off_policy_k=2, weight_transport=transport),
+        learner=SimpleNamespace(off_policy_k=2),
         security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
     )
     worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
     worker._closing = threading.Event()
     worker._threads = []
-    worker._startup_version = engine.policy_version
-    worker._loaded_run_weights = False
+    pulls = transport in ("pull", "broadcast")
+    worker.follower = WeightFollower(
+        engine,
+        worker.state,
+        str(weights_root) if weights_root else None,
+        pulls=pulls,
+        k=2,
+        period_s=min(POLL_S, heartbeat_s) if pulls else heartbeat_s,
+        broadcast=BroadcastReceiver(engine) if transport == "broadcast" else None,
+    )
     worker._state = SYNCING
     worker.health = None
     return worker

@@ -15,9 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.senders import UriSender
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
-from rollout_service.weights import receive_weights
+from rollout_service.weights.receive import receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import head_names, snapshot_state_dict, weights_uri_request
@@ -49,9 +50,9 @@ def untied(seed: int) -> torch.nn.Module:
 
 def publish(redis_client, run_id: str, model, dtype: str, folder: Path) -> Path:
     """Publish `model` as version 1 the way the learner does; returns the file written."""
-    publisher = WeightPublisher(
-        WorkerRegistry(redis_client, run_id), RunState(redis_client, run_id), folder, dtype
-    )
+    registry = WorkerRegistry(redis_client, run_id)
+    sender = UriSender(registry, folder, timeout_s=120.0)
+    publisher = WeightPublisher(registry, RunState(redis_client, run_id), sender, dtype)
     publisher.publish(model, 1, wait=True)
     ref = RunState(redis_client, run_id).get_latest_weights()
     assert ref is not None and ref.version == 1

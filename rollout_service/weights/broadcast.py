@@ -10,7 +10,7 @@ is starting (the epoch's deadline bounds each collective, not the time between s
 A version lands only when every tensor's sha256 matched on every member (the group's
 checksum vote); on any failure nothing is staged and the engine keeps serving its old
 version. A worker whose epoch failed is no longer in an epoch: it catches up by pulling
-the announced version (`rollout_service.pull`) until the learner forms the next one.
+the announced version (`rollout_service.weights.pull`) until the learner forms the next one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights import WeightsError
+from rollout_service.weights.receive import WeightsError
 from scalerl.policy.weight_group import (
     ChecksumMismatch,
     EpochFailed,
@@ -38,7 +38,7 @@ from scalerl.rpc.errors import DataLoss, FailedPrecondition, InvalidArgument, Se
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
-MAX_TIMEOUT_S = 3600.0  # the learner's largest broadcast_timeout_s: no caller parks a thread longer
+MAX_TIMEOUT_S = 3600.0  # the learner's largest weights.timeout_s: no caller parks a thread longer
 
 
 class EpochAborted(ServiceError):

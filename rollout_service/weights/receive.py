@@ -59,7 +59,7 @@ URI_REFUSED = "no weights file at this uri inside the worker's weights root"
 class WeightsError(ServiceError):
     """A weight update was refused; `field` names what was wrong (header, version,
     format, total_bytes, sha256, chunk, uri, payload, state_dict, apply; source for a
-    fetch, `rollout_service.pull`). str() is "field: message"."""
+    fetch, `rollout_service.weights.pull`). str() is "field: message"."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

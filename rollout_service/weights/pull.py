@@ -20,7 +20,7 @@ from contextlib import closing
 import grpc
 
 from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights import WeightsError, receive_weights
+from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.rpc.channel import channel
 from scalerl.state.run_state import WeightsRef
 from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2

@@ -1,0 +1,309 @@
+"""How a published version reaches the workers: one Sender per transport
+(`learner.weights.transport`), built by `make_sender`, the one place that reads it.
+
+The publisher (`learner_service.weights.publish`) snapshots, serializes and checksums a
+version, then hands it to its sender, which delivers it and announces it in Redis
+(`RunState.set_latest_weights`) in the order its transport needs:
+- `uri`: write the payload file, announce it, send every worker the header;
+- `stream`: announce, send every worker the payload in chunks, keep it to send again to a
+  worker whose heartbeat says it is behind (`learner_service.weights.catch_up`);
+- `pull`: hold it in the learner's `WeightStore` (the newest two versions), then announce
+  the learner's FetchWeights address; every worker fetches it;
+- `broadcast`: first send the tensors to every READY worker over the weight group
+  (`learner_service.weights.broadcast`), then hold and announce as `pull` does, for
+  joiners and members the broadcast missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import torch
+
+from learner_service.weights.broadcast import Delivery, WeightBroadcaster
+from learner_service.weights.catch_up import WeightCatchUp
+from learner_service.weights.weight_store import WeightStore
+from scalerl.config import BroadcastWeights, PullWeights, RunConfig, StreamWeights, UriWeights
+from scalerl.policy.weights import weights_requests
+from scalerl.ports import free_port
+from scalerl.rpc.channel import channel
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import WeightsRef
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+_KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
+Announce = Callable[[WeightsRef], None]
+
+
+class Sender:
+    """One transport's delivery of published versions; the publisher's thread calls one
+    method at a time. `failures`: refused or unreachable sends so far."""
+
+    failures = 0
+
+    def payload_file(self, version: int, force_file: bool) -> Path | None:
+        """The file version `version`'s payload goes to, None for none (`force_file`: the
+        first version, so late workers can load it where the transport has files)."""
+        return None
+
+    def before_payload(self, snapshot: Mapping[str, torch.Tensor], version: int) -> None:
+        """Called with the raw tensors before they are serialized (the broadcast's)."""
+
+    def deliver(
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+    ) -> None:
+        """Deliver `payload` (safetensors bytes, described by `header`) and announce it."""
+        raise NotImplementedError
+
+    def held_version(self) -> int | None:
+        """The newest version the learner holds for the workers to fetch (None: the
+        transport pushes, and a finished delivery means every worker got it)."""
+        return None
+
+    def start(self, closing: threading.Event) -> None:
+        """Start what runs beside publishing (stream's catch-up) until `closing`."""
+
+    def close(self, drain: Callable[[], None]) -> None:
+        """Leave what the sender joined (the broadcast group), after `drain()` (which
+        waits for the publish in flight) where that matters."""
+
+
+class _PushSender(Sender):
+    """Sends every version to every registered worker by UpdateWeights (a header when it
+    names a file, else the payload in chunks), each within `timeout_s` seconds. A worker
+    that refuses or cannot be reached is logged and counted in `failures`: it keeps its
+    old version, and its groups age out by the staleness bound."""
+
+    def __init__(self, registry: WorkerRegistry, weights_dir: Path, timeout_s: float) -> None:
+        self.registry = registry
+        # Absolute: workers run in other folders and read a relative uri as a path under
+        # their weights root (`rollout_service.weights.confined_path`), where it is not.
+        self.weights_dir = Path(weights_dir).resolve()
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = timeout_s
+        self.failures = 0
+
+    def deliver(
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+    ) -> None:
+        """Write the file the header names (if any), announce, send to every worker."""
+        if header.uri:
+            write_payload(Path(header.uri), payload)
+        announce(WeightsRef(header.version, header.uri, header.sha256, len(payload)))
+        workers = list(self.registry.workers().values())
+        if workers:
+            with ThreadPoolExecutor(len(workers)) as pool:
+                list(pool.map(lambda a: self.send(a, header, payload), workers))
+
+    def _file(self, version: int) -> Path:
+        return self.weights_dir / f"policy-v{version}.safetensors"
+
+    def send(self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes) -> bool:
+        """UpdateWeights to the worker at `address`; False (logged, counted) on failure."""
+        if header.uri:
+            requests = iter([rollout_pb2.UpdateWeightsRequest(header=header)])
+        else:
+            requests = weights_requests(payload, header.version)
+        try:
+            with channel(address) as ch:
+                rollout_pb2_grpc.RolloutServiceStub(ch).UpdateWeights(
+                    requests, timeout=self.timeout_s
+                )
+            return True
+        except grpc.RpcError as exc:
+            self.failures += 1
+            log.warning(
+                "weights v%d to %s failed: %s %s",
+                header.version,
+                address,
+                exc.code(),
+                exc.details(),
+            )
+            return False
+
+
+class UriSender(_PushSender):
+    """`uri`: every version is a file on storage the workers share; they get its header,
+    and a worker that missed one loads the announced file itself."""
+
+    def payload_file(self, version: int, force_file: bool) -> Path | None:
+        return self._file(version)
+
+
+class StreamSender(_PushSender):
+    """`stream`: the payload itself goes to every worker; the last version is kept and
+    sent again to a worker behind it (`WeightCatchUp`, every `period_s` seconds with the
+    heartbeat-derived `grace_s` and `stall_s`)."""
+
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        weights_dir: Path,
+        timeout_s: float,
+        grace_s: float = 3.0,
+        stall_s: float = 120.0,
+        period_s: float = 2.0,
+    ) -> None:
+        super().__init__(registry, weights_dir, timeout_s)
+        self.catch_up = WeightCatchUp(registry, self, grace_s, stall_s)
+        self.period_s = period_s
+        self._latest: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
+        self._delivering = False
+
+    def payload_file(self, version: int, force_file: bool) -> Path | None:
+        return self._file(version) if force_file else None
+
+    def deliver(
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+    ) -> None:
+        self._delivering = True
+        try:
+            super().deliver(header, payload, announce)
+            self._latest = (header, payload)
+        finally:
+            self._delivering = False
+
+    @property
+    def latest_version(self) -> int | None:
+        """The version of the last completed delivery (None before one), or None while one
+        is being sent (its workers are not behind, only not reached yet)."""
+        if self._latest is None or self._delivering:
+            return None
+        return self._latest[0].version
+
+    def send_latest(self, address: str) -> bool:
+        """Send the last delivered version to the worker at `address` again. False when
+        it failed (logged, counted in `failures`) or nothing was delivered yet."""
+        latest = self._latest
+        return latest is not None and self.send(address, *latest)
+
+    def start(self, closing: threading.Event) -> None:
+        self.catch_up.start(closing, period_s=self.period_s)
+
+
+class PullSender(Sender):
+    """`pull`: the version is held in `store` before it is announced with `source` (the
+    learner's FetchWeights address, grpc://host:port), so every reader finds it."""
+
+    def __init__(self, store: WeightStore, source: str) -> None:
+        if not source:
+            raise ValueError("the pull transport needs a FetchWeights source address")
+        self.store = store
+        self.source = source
+
+    def deliver(
+        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+    ) -> None:
+        self.store.put(header, payload)
+        announce(WeightsRef(header.version, "", header.sha256, len(payload), source=self.source))
+
+    def held_version(self) -> int | None:
+        versions = self.store.versions
+        return versions[-1] if versions else None
+
+
+class BroadcastSender(PullSender):
+    """`broadcast`: the raw tensors go to every READY worker over the weight group first
+    (they get it soonest), then the version is held and announced as with `pull`. A
+    failure of the group itself is logged, not raised: every worker then pulls it.
+    on_broadcast: called with each broadcast's `Delivery` (the learner's metrics);
+    `last_delivery`: what the last one did."""
+
+    def __init__(
+        self,
+        store: WeightStore,
+        source: str,
+        broadcaster: WeightBroadcaster,
+        on_broadcast: Callable[[Delivery], None] | None = None,
+    ) -> None:
+        super().__init__(store, source)
+        self.broadcaster = broadcaster
+        self.on_broadcast = on_broadcast
+        self.last_delivery = Delivery()
+
+    def before_payload(self, snapshot: Mapping[str, torch.Tensor], version: int) -> None:
+        try:
+            self.last_delivery = self.broadcaster.send(snapshot, version)
+        except Exception:  # noqa: BLE001 - the pull path still delivers the version
+            log.exception("broadcast of policy version %d failed; the workers pull it", version)
+            self.last_delivery = Delivery()
+        if self.on_broadcast is not None:
+            self.on_broadcast(self.last_delivery)
+
+    def close(self, drain: Callable[[], None]) -> None:
+        drain()  # no broadcast may still run on the group being left
+        self.broadcaster.close()
+
+
+def make_sender(
+    config: RunConfig,
+    registry: WorkerRegistry,
+    weights_dir: Path,
+    store: WeightStore,
+    source: str,
+    hosts: tuple[str, str],
+    on_broadcast: Callable[[Delivery], None] | None = None,
+    timeout_s: float = 120.0,
+) -> Sender:
+    """The sender of `config.learner.weights`. weights_dir: where payload files go;
+    store and source: the versions FetchWeights serves and its address; hosts: (bound,
+    dialed) host of the broadcast group's store; timeout_s: one UpdateWeights call's
+    deadline. Raises ValueError for a pull or broadcast transport without a source."""
+    weights = config.learner.weights
+    if isinstance(weights, UriWeights):
+        return UriSender(registry, weights_dir, timeout_s)
+    if isinstance(weights, StreamWeights):
+        heartbeat = config.rollout.heartbeat_s
+        return StreamSender(
+            registry,
+            weights_dir,
+            timeout_s,
+            grace_s=3 * heartbeat,
+            stall_s=config.rollout.stall_s,
+            period_s=2 * heartbeat,
+        )
+    if isinstance(weights, PullWeights):
+        return PullSender(store, source)
+    assert isinstance(weights, BroadcastWeights)
+    backend = weights.backend
+    if backend == "auto":
+        backend = "nccl" if str(config.device).startswith("cuda") else "gloo"
+    broadcaster = WeightBroadcaster(
+        registry,
+        *hosts,
+        port=weights.port or free_port(),
+        backend=backend,
+        timeout_s=weights.timeout_s,
+    )
+    return BroadcastSender(store, source, broadcaster, on_broadcast)
+
+
+def write_payload(path: Path, payload: bytes) -> None:
+    """Write `payload` to `path` atomically (a reader never sees half a file), then
+    delete the folder's older payload files but the newest `_KEEP_FILES`."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(payload)
+    tmp.rename(path)
+    version = int(path.name[len("policy-v") : -len(".safetensors")])
+    for stale in files_to_remove(path.parent, version):
+        stale.unlink(missing_ok=True)
+
+
+def files_to_remove(weights_dir: Path, written: int, keep: int = _KEEP_FILES) -> list[Path]:
+    """The payload files of `weights_dir` to delete after writing version `written`: all
+    but the `keep` highest versions, and never `written` itself (files a crashed run left
+    may carry higher numbers; a worker must always find the version just announced)."""
+    by_version = sorted(
+        (int(p.name[len("policy-v") : -len(".safetensors")]), p)
+        for p in weights_dir.glob("policy-v*.safetensors")
+        if p.name[len("policy-v") : -len(".safetensors")].isdigit()
+    )
+    others = [(v, p) for v, p in by_version if v != written]
+    kept = {v for v, _ in others[-(keep - 1) :]} if keep > 1 else set()
+    return [p for v, p in others if v not in kept]
