@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install run run-tiny test test-system test-all test-vllm test-torch-free lint proto bench clean
+.PHONY: install run run-tiny test test-system test-rest test-all test-vllm test-torch-free lint proto bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,6 +31,9 @@ test: $(STAMP)           ## the default test suite (no slow tests)
 
 test-system: $(STAMP)    ## the whole-run tests left out of make test (CI runs both)
 	$(PY) -m pytest -m system
+
+test-rest: $(STAMP)      ## the tiers make test leaves out (slow, system): with it, every test
+	$(PY) -m pytest -m "slow or system"
 
 test-all: $(STAMP)       ## every test, slow ones included
 	$(PY) -m pytest -m ""

@@ -65,3 +65,29 @@ def test_tiny_run_without_shared_disk(tmp_path, transport):
         learner_log = (run_dir / "logs" / "learner.log").read_text()
         epochs = EPOCH.findall(learner_log)
         assert epochs and epochs[-1][1] == "rollout-0, rollout-1", epochs
+
+
+APPLIED = re.compile(r"rollout_service\.server: weights of policy version (\d+) applied")
+
+
+@pytest.mark.slow
+def test_tiny_run_with_streamed_weights(tmp_path):
+    """`stream`: the learner pushes every version's payload to both workers (no file
+    after version 0); each worker applies them in order, and no send fails."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
+    args += ["--run-dir", str(run_dir)]
+    for item in ("learner.weights.transport=stream", f"learner.max_steps={STEPS}"):
+        args += ["--set", item]
+    args += ["--set", "model.warmup_steps=100"]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    steps = read_records(run_dir, StepRecord)
+    assert [m.step for m in steps] == list(range(1, STEPS + 1))
+    assert all(m.staleness_max <= 2 for m in steps)
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "failed" not in learner_log, learner_log[-2000:]
+    for worker in ("rollout-0", "rollout-1"):
+        log = (run_dir / "logs" / f"{worker}.log").read_text()
+        applied = [int(v) for v in APPLIED.findall(log)]
+        assert applied == sorted(set(applied)) and len(applied) >= STEPS // 2, applied
