@@ -33,6 +33,7 @@ from rollout_service.engines.api import (
 )
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
+from scalerl.offpolicy import producer_for
 from scalerl.staleness import is_admissible
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.replay import PushAborted, ReplayStream
@@ -91,6 +92,7 @@ class ActorLoop:
         self.state = state
         self.config = config
         self.worker_id = worker_id
+        self.producer = producer_for(config.learner, state, worker_id)  # the off-policy mode
         self.rng = random.Random(f"{config.seed}-{worker_id}")
         rollout = config.rollout
         on = bool(rollout.thinking_budget)
@@ -112,7 +114,7 @@ class ActorLoop:
         `leave()` (the worker leaves the fleet: `_leave` within `grace_s` seconds, after
         `on_leave()`)."""
         in_flight: list[_GroupInFlight] = []
-        self._give_back_predecessors_tickets()
+        self.producer.reclaim_predecessors()
         try:
             while not should_stop():
                 if leave is not None and leave():
@@ -121,7 +123,7 @@ class ActorLoop:
                     self._leave(in_flight, grace_s, should_stop)
                     return
                 while len(in_flight) < self.config.rollout.groups_in_flight:
-                    if not self._may_start():
+                    if not self.producer.may_start(self.engine.policy_version):
                         break
                     in_flight.append(self._start_group())
                 finished = self._scored(in_flight)
@@ -170,43 +172,8 @@ class ActorLoop:
                 break  # the stream stayed full: give this one back with the rest
             in_flight.remove(group)
             pushed += 1
-        self._give_back(in_flight)
+        self.producer.give_back([g.submitted_version for g in in_flight])
         log.info("leaving: %d groups in flight finished, %d given back", pushed, len(in_flight))
-
-    def _give_back(self, groups: list[_GroupInFlight]) -> None:
-        """PPO-off-policy-k: return the tickets of groups that will not be pushed."""
-        if self.config.learner.off_policy_mode != "ppo":
-            return
-        for group in groups:
-            self.state.give_back_generation_tickets(group.submitted_version, self.worker_id)
-
-    def _give_back_predecessors_tickets(self) -> None:
-        """PPO-off-policy-k: tickets held under this worker id when this process starts
-        were taken by an earlier process under the same id (a worker restarted after a
-        crash), whose groups will never come; they are returned at once, since the
-        registration they would have expired with is this process's now."""
-        if self.config.learner.off_policy_mode != "ppo":
-            return
-        tickets = self.state.generation_tickets()
-        held = tickets.held.get(self.worker_id, 0)
-        if tickets.version is None or held == 0:
-            return
-        returned = self.state.give_back_generation_tickets(tickets.version, self.worker_id, held)
-        if returned:
-            log.warning(
-                "re-issued %d generation tickets of policy version %d that an earlier "
-                "process of worker %s held",
-                returned,
-                tickets.version,
-                self.worker_id,
-            )
-
-    def _may_start(self) -> bool:
-        """Always under PipelineRL-k; under PPO-off-policy-k only with a ticket for the
-        policy version now serving."""
-        if self.config.learner.off_policy_mode != "ppo":
-            return True
-        return self.state.take_generation_ticket(self.engine.policy_version, self.worker_id)
 
     def _scored(self, in_flight: list[_GroupInFlight]) -> list[_GroupInFlight]:
         """Start scoring the groups whose generation finished; return those scored."""
@@ -272,12 +239,11 @@ class ActorLoop:
             # that count and nothing of it can be re-issued.
             self.groups_dropped_stale += 1
             return
-        ppo = self.config.learner.off_policy_mode == "ppo"
         self.replay.push(
             message,
             timeout_s=timeout_s,
             should_stop=should_stop,
-            ticket_version=group.submitted_version if ppo else None,
+            ticket_version=self.producer.ticket_version(group.submitted_version),
         )
         self.groups_pushed += 1
 

@@ -35,6 +35,14 @@ def is_admissible(learner_version: int, min_token_version: int, k: int) -> bool:
     return staleness(learner_version, min_token_version) <= int(k)
 
 
+def from_lost_versions(min_version: int, max_version: int, lost: tuple[int, int]) -> bool:
+    """True when a group's versions [min_version, max_version] touch the lost range
+    (lost[0], lost[1]) (exclusive: versions a crashed learner published after its last
+    checkpoint)."""
+    low, high = lost
+    return max_version > low and min_version < high
+
+
 def _check_version(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

@@ -141,11 +141,3 @@ def one_timeline(
     )
     append_record(run_dir, record)
     return record
-
-
-def from_lost_versions(min_version: int, max_version: int, lost: tuple[int, int]) -> bool:
-    """True when a group's versions [min_version, max_version] touch the lost range
-    (lost[0], lost[1]) (exclusive: versions a crashed learner published after its last
-    checkpoint)."""
-    low, high = lost
-    return max_version > low and min_version < high

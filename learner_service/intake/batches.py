@@ -33,13 +33,13 @@ BATCH_TOTALS = ("groups_stale_total", "groups_future_total")
 class BatchCollector:
     """Reads batches for the one learner consumer of `replay`.
 
-    ppo: PPO-off-policy-k mode, where a batch is the k x P groups of generation tickets
-    for one version; `reclaimer` (None: none) re-issues the tickets of a worker whose
-    registration expired while the collector waits, and, the last resort, when no group
-    arrived for `refill_s` seconds every missing ticket is issued again (e.g. a worker
-    that still beats but is wedged). group_size: the run's G (groups of another size are
-    dead-lettered). timeout_s: longest wait without an admissible group, seconds. clock:
-    monotonic seconds.
+    tickets: groups are made against generation tickets (PPO-off-policy-k: a batch is the
+    k x P groups of the tickets for one version); `reclaimer` (None: none) re-issues the
+    tickets of a worker whose registration expired while the collector waits, and, the
+    last resort, when no group arrived for `refill_s` seconds every missing ticket is
+    issued again (e.g. a worker that still beats but is wedged). group_size: the run's G
+    (groups of another size are dead-lettered). timeout_s: longest wait without an
+    admissible group, seconds. clock: monotonic seconds.
     """
 
     def __init__(
@@ -47,7 +47,7 @@ class BatchCollector:
         replay: ReplayStream,
         state: RunState,
         metrics: LearnerMetrics,
-        ppo: bool,
+        tickets: bool,
         refill_s: float = 120.0,
         group_size: int | None = None,
         timeout_s: float = 3600.0,
@@ -60,7 +60,7 @@ class BatchCollector:
         self.replay = replay
         self.state = state
         self.metrics = metrics
-        self.ppo = ppo
+        self.tickets = tickets
         self.refill_s = refill_s
         self.group_size = group_size
         self.timeout_s = timeout_s
@@ -146,7 +146,7 @@ class BatchCollector:
                     self.metrics.count_stale_group()
                     self.replay.ack([entry_id], "stale")
             self._count_dead_letters()
-            if self.ppo and self._reissue_tickets(version, want - len(groups), last_arrival):
+            if self.tickets and self._reissue_tickets(version, want - len(groups), last_arrival):
                 last_arrival = self.clock()  # the refill waits refill_s for these first
         self.wait_seconds = self.clock() - wait_start
         if short():

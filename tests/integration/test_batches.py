@@ -42,7 +42,7 @@ def make_collector(client: redis.Redis, run_id: str, **kwargs):
     replay = ReplayStream(client, run_id, capacity=16)
     metrics = LearnerMetrics(CollectorRegistry())
     collector = BatchCollector(
-        replay, RunState(client, run_id), metrics, ppo=False, group_size=G, **kwargs
+        replay, RunState(client, run_id), metrics, tickets=False, group_size=G, **kwargs
     )
     return replay, metrics, collector
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis
@@ -16,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from learner_service.intake.batches import BatchCollector
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import LearnerMetrics
-from rollout_service.actor import ActorLoop
+from scalerl.offpolicy import PipelineProducer, PpoProducer
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import GenerationTickets, RunState
@@ -162,7 +161,7 @@ def test_the_collector_reissues_a_dead_workers_tickets_while_it_waits(
         replay,
         state,
         LearnerMetrics(CollectorRegistry()),
-        ppo=True,
+        tickets=True,
         group_size=2,
         read_block_ms=100,
         reclaimer=TicketReclaimer(state, registry, period_s=0.2),
@@ -189,15 +188,12 @@ def test_a_restarted_worker_returns_what_its_earlier_process_held(
     state = RunState(redis_client, run_id)
     state.set_generation_quota(7, 4)
     _take(state, 7, "A", 3)
-    actor = object.__new__(ActorLoop)  # what the start-up path uses: no engine, no model
-    actor.state, actor.worker_id = state, "A"
-    actor.config = SimpleNamespace(learner=SimpleNamespace(off_policy_mode="pipeline"))
-    actor._give_back_predecessors_tickets()
+    assert PipelineProducer().reclaim_predecessors() == 0
     assert state.generation_tickets() == GenerationTickets(7, 1, {"A": 3})  # not PPO: kept
-    actor.config.learner.off_policy_mode = "ppo"
-    with caplog.at_level(logging.WARNING, logger="rollout_service.actor"):
-        actor._give_back_predecessors_tickets()
-        actor._give_back_predecessors_tickets()  # nothing left the second time
+    producer = PpoProducer(state, "A")
+    with caplog.at_level(logging.WARNING, logger="scalerl.offpolicy"):
+        assert producer.reclaim_predecessors() == 3
+        assert producer.reclaim_predecessors() == 0  # nothing left the second time
     assert state.generation_tickets() == GenerationTickets(7, 4, {})
     assert caplog.messages == [
         "re-issued 3 generation tickets of policy version 7 that an earlier process of "

@@ -13,6 +13,7 @@ import redis
 
 from rollout_service import actor as actor_module
 from rollout_service.actor import ActorLoop, _GroupInFlight
+from scalerl.offpolicy import producer_for
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import GenerationTickets, RunState
 from scalerl.state.worker_stats import WorkerStats
@@ -65,6 +66,7 @@ def _actor(client: redis.Redis, run_id: str, engine: FakeEngine, mode: str, thin
         rollout=SimpleNamespace(thinking_budget=thinking),
         learner=SimpleNamespace(off_policy_mode=mode, off_policy_k=2),
     )
+    actor.producer = producer_for(actor.config.learner, actor.state, "w0")
     actor.groups_pushed = actor.groups_dropped_stale = 0
     return actor
 

@@ -178,7 +178,7 @@ def test_collector_drops_and_counts_stale_groups(redis_client, run_id) -> None:
         replay.push(_group(gid, version))
     registry = CollectorRegistry()
     collector = BatchCollector(
-        replay, RunState(redis_client, run_id), LearnerMetrics(registry), ppo=False
+        replay, RunState(redis_client, run_id), LearnerMetrics(registry), tickets=False
     )
     reads = []
     groups, entry_ids = collector.collect(
@@ -199,7 +199,7 @@ def test_collector_returns_nothing_when_stopped(redis_client, run_id) -> None:
     replay.push(_group("a", 0))
     stop = threading.Event()
     collector = BatchCollector(
-        replay, RunState(redis_client, run_id), LearnerMetrics(CollectorRegistry()), ppo=False
+        replay, RunState(redis_client, run_id), LearnerMetrics(CollectorRegistry()), tickets=False
     )
     groups, entry_ids = collector.collect(
         stop, want=2, admissible=lambda g: True, version=0, between_reads=stop.set
@@ -217,7 +217,7 @@ def test_collector_drops_groups_above_the_learner_version(redis_client, run_id) 
         replay.push(_group(gid, version))
     registry = CollectorRegistry()
     collector = BatchCollector(
-        replay, RunState(redis_client, run_id), LearnerMetrics(registry), ppo=False
+        replay, RunState(redis_client, run_id), LearnerMetrics(registry), tickets=False
     )
     groups, _ = collector.collect(
         threading.Event(), want=2, admissible=lambda g: True, version=5, between_reads=lambda: None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner_service.checkpoint.resume import from_lost_versions, resumed_version
+from learner_service.checkpoint.resume import resumed_version
+from scalerl.staleness import from_lost_versions
 from scalerl_cli.main import main
 
 
