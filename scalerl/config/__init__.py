@@ -1,0 +1,61 @@
+"""Typed run configuration (torch-free, so the curve service and launcher import it cheaply).
+
+A run is described by one `RunConfig`. Built-in configs live in `scalerl/configs/*.yaml`;
+any field can be overridden from the command line (`--set learner.lr=2e-5`) or from the
+environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model`, `task`,
+`rollout`, `learner` (its `weights` variants in `weights`), `services` (eval, fleet,
+curve, security) and `run` (the whole and its loading).
+"""
+
+from scalerl.config.learner import LOSS_HYPERPARAMETERS, LearnerConfig
+from scalerl.config.model import ModelConfig
+from scalerl.config.rollout import DEFAULT_INTERRUPT_TEXT, RolloutConfig
+from scalerl.config.run import (
+    CONFIG_DIR,
+    ENV_PREFIX,
+    RunConfig,
+    dump_config,
+    environment_overrides,
+    load_config,
+    parse_override,
+    resolve_config_path,
+    resolve_key,
+)
+from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
+from scalerl.config.task import ADDITIONS_SYSTEM_PROMPT, TASK_SOURCES, TaskConfig
+from scalerl.config.weights import (
+    BroadcastWeights,
+    PullWeights,
+    StreamWeights,
+    UriWeights,
+    WeightsConfig,
+)
+
+__all__ = [
+    "ADDITIONS_SYSTEM_PROMPT",
+    "BroadcastWeights",
+    "CONFIG_DIR",
+    "CurveConfig",
+    "DEFAULT_INTERRUPT_TEXT",
+    "ENV_PREFIX",
+    "EvalConfig",
+    "FleetConfig",
+    "LOSS_HYPERPARAMETERS",
+    "LearnerConfig",
+    "ModelConfig",
+    "PullWeights",
+    "RolloutConfig",
+    "RunConfig",
+    "SecurityConfig",
+    "StreamWeights",
+    "TASK_SOURCES",
+    "TaskConfig",
+    "UriWeights",
+    "WeightsConfig",
+    "dump_config",
+    "environment_overrides",
+    "load_config",
+    "parse_override",
+    "resolve_config_path",
+    "resolve_key",
+]

