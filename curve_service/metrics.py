@@ -1,4 +1,4 @@
-"""Prometheus metrics of the curve service (ARCHITECTURE.md sec. 8), prefix `scalerl_`.
+"""Prometheus metrics of the curve service, prefix `scalerl_`.
 
 Each `CurveMetrics` owns its own registry, so several services (or tests) in one process
 do not collide; `start_metrics_server` exposes one registry over HTTP at /metrics.
@@ -13,7 +13,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
 from curve_service.fit import FitResult
@@ -120,10 +119,6 @@ class CurveMetrics:
         reward = sigmoid(compute, fit.a, fit.b, fit.c_mid, fit.r0)
         self.predicted.labels(**labels, target_compute=label).set(float(reward))
         self._targets[(run_id, task)] = label
-
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format, as served at /metrics."""
-        return generate_latest(self.registry)
 
 
 def start_metrics_server(

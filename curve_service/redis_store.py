@@ -1,6 +1,6 @@
 """`RunStore` in Redis, so recorded runs survive a restart of the curve service.
 
-Keys (ARCHITECTURE.md sec. 4 schema `scalerl:{run_id}:...`, every one built here through
+Keys (the schema of `scalerl.state.keys`, `scalerl:{run_id}:...`, every one built here through
 `scalerl.state.keys.run_key`):
   scalerl:{run_id}:curve:points              series "" (the run's total): hash,
                                              repr(compute) -> repr(reward) (repr round-trips)

@@ -7,7 +7,7 @@ reward) with each point's standard error (0 = unknown; the fit weights by the kn
 `curve_service.noise`), an optional fixed R0 and the latest fit of those points; series
 are independent (their own points, R0, revision and fit). `RunStore` is the interface;
 `MemoryRunStore` is the thread-safe in-process backend. A Redis backend (keys
-`scalerl:{run_id}:curve:*`, ARCHITECTURE.md sec. 4) implements the same methods so several
+`scalerl:{run_id}:curve:*`, `scalerl.state.keys`) implements the same methods so several
 curve service replicas share runs.
 
 Every write validates first and then applies as a whole, so a rejected call changes nothing.

@@ -1,4 +1,4 @@
-"""The inputs of the fleet rule (`scalerl.fleet.desired_replicas`, SCALE_OUT.md sec. 5),
+"""The inputs of the fleet rule (`scalerl.fleet.desired_replicas`),
 measured by the learner after each step, and its answer written into the step record.
 
 - learner starvation s: the step records' batch_wait_seconds summed over their

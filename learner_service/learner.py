@@ -62,6 +62,7 @@ from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
+from scalerl.verifiers.base import passes
 
 log = logging.getLogger(__name__)
 
@@ -537,12 +538,12 @@ class Learner:
         """Per-prompt pass statistics and No-Positive-Resampling (paper Sec. 3.2)."""
         cfg = self.config.learner
         for group in groups:
-            passes = sum(1 for s in group.samples if s.reward >= 0.5)
+            passed = sum(1 for s in group.samples if passes(s.reward))
             pool = self.pools.of(group.prompt_id)
             if not cfg.no_positive_resampling:
-                pool.record(group.prompt_id, len(group.samples), passes)
+                pool.record(group.prompt_id, len(group.samples), passed)
             elif pool.record_and_maybe_retire(
-                group.prompt_id, len(group.samples), passes, cfg.npr_threshold, cfg.npr_min_attempts
+                group.prompt_id, len(group.samples), passed, cfg.npr_threshold, cfg.npr_min_attempts
             ):
                 self.progress.counters["prompts_retired_total"] += 1
                 self.metrics.prompts_retired.inc()

@@ -1,5 +1,5 @@
 """Prometheus metrics of the learner: the training-health signals (prefix `scalerl_`, base
-units in the names; ARCHITECTURE.md sec. 8).
+units in the names).
 
 What the paper watches and why (ScaleRL, Sec. 3-4):
 - truncation rate (samples by finish reason): training degraded when more than ~10% of
@@ -12,7 +12,7 @@ What the paper watches and why (ScaleRL, Sec. 3-4):
   (Sec. 3.2, FP32 head);
 - gradient norm before clipping.
 
-And the rollout workers the learner asks for (`scalerl.fleet`, SCALE_OUT.md sec. 5):
+And the rollout workers the learner asks for (`scalerl.fleet`):
 `scalerl_rollout_desired_replicas`, the target an autoscaler follows.
 """
 

@@ -1,5 +1,5 @@
 """The run folder's records: one `StepRecord` per optimizer step in metrics.jsonl, one
-`EvalRecord` per held-out evaluation in eval.jsonl (ARCHITECTURE sec. 8, training health).
+`EvalRecord` per held-out evaluation in eval.jsonl.
 
 One writer (`append_record`) and one reader (`read_records`) for both files, so the
 learner, the launcher's report, the sweep and the benchmarks agree on every field. The
@@ -178,7 +178,7 @@ class StepRecord(_Record):
     tokens_ratio_clipped: int | None = Field(
         default=None, description="Tokens trained on whose ratio was truncated or clipped."
     )
-    # The fleet sizing after the step (SCALE_OUT.md sec. 5, `scalerl.fleet`); None in run
+    # The fleet sizing after the step (`scalerl.fleet`); None in run
     # folders written before it was recorded.
     learner_starvation: float | None = Field(
         default=None,

@@ -75,7 +75,7 @@ class LearnerTiming:
     ) -> None:
         """learner_timing.json: where the learner's wall time went (seconds; `total` must
         be set, `other` is what the activities leave of it), the busy seconds of each
-        role (ARCHITECTURE sec. 6) and the evaluations' budget and spend (`evaluation`),
+        role and the evaluations' budget and spend (`evaluation`),
         for the run report's profile."""
         timing = dict(self.seconds)
         timing["other"] = timing["total"] - sum(

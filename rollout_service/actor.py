@@ -1,4 +1,4 @@
-"""The actor loop of a rollout worker (ARCHITECTURE sec. 2).
+"""The actor loop of a rollout worker.
 
 Draw a task by weight and a prompt from its pool, generate the group of G completions on
 the local engine, score each with the task's verifier (on the verifiers' threads, so a

@@ -2,7 +2,8 @@
 that carries its progress, take the latest published weights (and newer ones whenever it
 falls behind), run the actor loop, report busy compute.
 
-A worker may join a running job at any time and leave it (SCALE_OUT.md sec. 4):
+A worker may join a running job at any time and leave it (docs/architecture.md, "Joining
+and leaving"):
 
     SYNCING --(serves the run's weights, within k of the learner)--> READY --SIGTERM--> LEAVING
     takes no prompts, no evaluations;     takes prompts,              finishes its groups
@@ -246,7 +247,7 @@ class RolloutWorker:
 
     def _report_compute(self) -> None:
         """Add this process's busy device-seconds (time with requests in the engine)
-        to the run's compute counter once a second (ARCHITECTURE sec. 6); seconds that
+        to the run's compute counter once a second; seconds that
         could not be reported (Redis away) are kept and added once it is back."""
         ComputeReporter(self.compute, "rollout", worker_id=self.worker_id).run(
             lambda: self.engine.active_requests > 0, self._closing

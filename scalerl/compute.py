@@ -1,4 +1,5 @@
-"""Compute accounting (ARCHITECTURE sec. 6): busy accelerator-seconds per role, in Redis.
+"""Compute accounting: busy accelerator-seconds per role, in Redis (docs/architecture.md,
+"Who computes what").
 
 Each process adds devices x wall seconds of its busy time to a counter of its role
 (`rollout`, `learner`, `eval`, ...). The x-axis of the ScaleRL curve

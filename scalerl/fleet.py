@@ -1,4 +1,5 @@
-"""How many rollout workers the learner needs: the autoscaling rule of SCALE_OUT.md sec. 5.
+"""How many rollout workers the learner needs: the autoscaling rule (docs/architecture.md,
+"How many workers").
 
 A pure, deterministic function of the learner's measurements and an explicit state (the
 time is passed in, never read), exported by the learner as the gauge
@@ -78,7 +79,7 @@ def desired_replicas(
     policy: FleetConfig,
 ) -> tuple[int, FleetState]:
     """The number of rollout workers to run, and the state for the next call (the rule of
-    the module docstring, SCALE_OUT.md sec. 5).
+    the module docstring).
 
     current: workers registered now (>= 0); starvation: learner batch-wait seconds per
     step second over the window (finite, >= 0); throttle: fraction of worker time blocked

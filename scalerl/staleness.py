@@ -1,6 +1,6 @@
 """The off-policy bound, shared by producers (rollout workers) and the consumer (learner).
 
-PipelineRL-k (ScaleRL paper Sec. 3.1; ARCHITECTURE sec. 5): a group is used only if
+PipelineRL-k (ScaleRL paper Sec. 3.1; docs/architecture.md, "PipelineRL-k"): a group is used only if
 
     learner_version - min_token_version <= k
 

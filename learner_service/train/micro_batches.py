@@ -1,12 +1,12 @@
-"""Micro-batching of a packed batch for the learner's forward/backward: consecutive
-whole samples (`sample_chunks`, per-sample forward) or whole groups (`group_chunks`, each
-prompt computed once, `learner.shared_prefix`), each chunk's learner log-probs of its
-completion tokens (fp32 head, tempered: paper Sec. 3.2). Chunking never changes the loss
-or gradient: the aggregation weights are computed on the whole batch."""
+"""Micro-batching of a packed batch for the learner's forward/backward: spans of
+consecutive whole samples (`sample_spans`, per-sample forward) or whole groups
+(`group_spans`, each prompt computed once, `learner.shared_prefix`), each span's learner
+log-probs of its completion tokens (`span_logprobs`: fp32 head, tempered, paper Sec.
+3.2). Chunking never changes the loss or gradient: the aggregation weights are computed
+on the whole batch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,32 +24,6 @@ class LogprobSettings:
     fp32_lm_head: bool
     autocast_bf16: bool
     device: torch.device
-
-
-def sample_chunks(
-    model: torch.nn.Module, batch: PackedBatch, max_samples: int, settings: LogprobSettings
-) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Micro-batches of at most `max_samples` whole samples, in packing order.
-
-    Yields (t0, t1, logp): the chunk's tokens t0..t1 of the batch's flattened [N] arrays
-    and their learner log-probs, float32 [t1 - t0] on `settings.device`, with autograd.
-    Chunks without a completion token are skipped."""
-    for span in sample_spans(batch, max_samples):
-        if span_tokens(batch, span):
-            yield span_logprobs(model, batch, span, settings, shared_prefix=False)
-
-
-def group_chunks(
-    model: torch.nn.Module, batch: PackedBatch, max_samples: int, settings: LogprobSettings
-) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Micro-batches of whole groups (as many as fit `max_samples` samples, at least one),
-    each prompt computed once (`prefix_logprobs`); the batch must be packed group by group
-    (`pack_groups(..., sort_by_length=False)`).
-
-    Yields (t0, t1, logp) as `sample_chunks` does."""
-    for span in group_spans(batch, max_samples):
-        if span_tokens(batch, span):
-            yield span_logprobs(model, batch, span, settings, shared_prefix=True)
 
 
 def sample_spans(batch: PackedBatch, max_samples: int) -> list[tuple[int, int]]:

@@ -3,13 +3,13 @@ validated before anything is trained on."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from learner_service.intake.group_check import sample_problem
 from scalerl.v1 import rollout_pb2
 
 
@@ -51,18 +51,11 @@ class PackedBatch:
 
 
 def _check_sample(where: str, sample: rollout_pb2.Sample) -> None:
-    n = len(sample.token_ids)
-    for name in ("logprobs", "policy_versions"):
-        if len(getattr(sample, name)) != n:
-            raise ValueError(
-                f"{where}: {name} has {len(getattr(sample, name))} entries, token_ids has {n}"
-            )
-    if len(sample.forced) not in (0, n):
-        raise ValueError(f"{where}: forced has {len(sample.forced)} entries, expected 0 or {n}")
-    if not all(math.isfinite(x) for x in sample.logprobs):
-        raise ValueError(f"{where}: logprobs must all be finite")
-    if not math.isfinite(sample.reward):
-        raise ValueError(f"{where}: reward must be finite, got {sample.reward}")
+    """Raise ValueError naming `where` for a sample the intake would dead-letter (the one
+    copy of the rules: `learner_service.intake.group_check.sample_problem`)."""
+    problem = sample_problem(sample)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem[1]}")
 
 
 def pack_groups(

@@ -1,4 +1,4 @@
-"""The ScaleRL update as pure tensor functions (paper Sec. 3-4, ARCHITECTURE.md sec. 5).
+"""The ScaleRL update as pure tensor functions (paper Sec. 3-4).
 
 Everything here is stateless: advantages, the zero-variance filter, the per-token policy
 losses (CISPO, DAPO, GSPO, GRPO), the loss aggregations and importance-ratio metrics.

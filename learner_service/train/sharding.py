@@ -1,5 +1,5 @@
 """The learner's model sharded over ranks with PyTorch FSDP2 (`fully_shard`), and the split
-of one step's micro-batches across the ranks (ARCHITECTURE sec. 5, multi-GPU learner).
+of one step's micro-batches across the ranks (docs/architecture.md, "The learner on several ranks").
 
 Sharding: every decoder layer is its own FSDP2 unit and the root unit is a `LogprobModule`
 around the whole policy, so the embedding, the final norm and the LM head (tied to the

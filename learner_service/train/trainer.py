@@ -1,4 +1,4 @@
-"""One ScaleRL optimizer step over replay groups (paper Sec. 4, ARCHITECTURE.md sec. 5).
+"""One ScaleRL optimizer step over replay groups (paper Sec. 4).
 
 `Trainer.step` applies zero-variance filtering, advantages, the aggregated policy loss
 over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp32 LM head from

@@ -1,5 +1,5 @@
 """Supervised warm-up of a from-scratch model (the tiny test model) before RL, so that RL
-starts with a non-zero pass rate and has signal (ARCHITECTURE sec. 9)."""
+starts with a non-zero pass rate and has signal."""
 
 from __future__ import annotations
 

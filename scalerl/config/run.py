@@ -87,7 +87,7 @@ class RunConfig(BaseSettings):
 
     @property
     def replay_capacity(self) -> int:
-        """(k + 1) x batch groups (ARCHITECTURE.md sec. 4)."""
+        """(k + 1) x batch groups (docs/architecture.md, "PipelineRL-k")."""
         return (self.learner.off_policy_k + 1) * self.learner.batch_prompts
 
 

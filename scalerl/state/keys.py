@@ -1,6 +1,6 @@
-"""The Redis key schema: every key of a run is `scalerl:{run_id}:...` and is built here
-(ARCHITECTURE sec. 4). The modules of `scalerl.state` name their own sub-keys through
-`run_key`; nothing outside `scalerl.state` builds a key."""
+"""The Redis key schema: every key of a run is `scalerl:{run_id}:...` and is built here.
+The modules of `scalerl.state` name their own sub-keys through `run_key`; nothing outside
+`scalerl.state` builds a key."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class PoolKeys:
 
 
 class RunKeys:
-    """Every Redis key of one run, by name: the whole schema of ARCHITECTURE sec. 4.
+    """Every Redis key of one run, by name: the whole schema.
 
     `RunKeys("r1").replay == "scalerl:r1:replay"`. Raises ValueError for a run_id outside
     `RUN_ID_PATTERN`.

@@ -1,5 +1,5 @@
 """The prompt pools: per task, the training prompt ids still eligible, their pass
-statistics, and No-Positive-Resampling (ScaleRL paper Sec. 3.2; ARCHITECTURE sec. 4-5).
+statistics, and No-Positive-Resampling (ScaleRL paper Sec. 3.2).
 
 Keys under `scalerl:{run_id}:pool:{task}:` — `eligible` (set), `retired` (set), `attempts`
 and `passes` (hashes prompt id -> cumulative count), `initialized` (flag), `revision` (+1

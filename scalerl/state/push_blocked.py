@@ -1,5 +1,5 @@
 """Seconds the rollout workers spent blocked on the full replay stream: the numerator of the
-generator throttle g of `scalerl.fleet` (SCALE_OUT.md sec. 5).
+generator throttle g of `scalerl.fleet` (docs/architecture.md, "How many workers").
 
 Kept as each worker's `blocked_seconds` in the per-worker accounting
 (`scalerl.state.worker_stats`). A worker's `ReplayStream` sums the seconds its `push`

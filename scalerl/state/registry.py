@@ -1,4 +1,4 @@
-"""Who is alive and making progress: the rollout-worker registry. ARCHITECTURE sec. 2 and 4.
+"""Who is alive and making progress: the rollout-worker registry.
 
 Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (a JSON object: address and the
 worker's progress, with a TTL renewed by each heartbeat).

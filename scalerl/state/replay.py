@@ -1,6 +1,6 @@
 """The replay stream: rollout groups from the workers to the learner, bounded and crash-safe.
 
-One Redis stream per run (`scalerl:{run_id}:replay`, ARCHITECTURE sec. 4); each entry is one
+One Redis stream per run (`scalerl:{run_id}:replay`); each entry is one
 prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 
 - Bounded: producers wait while the stream holds `capacity` entries, (k + 1) x batch groups
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 ENTRY_FIELD = b"g"
 DEAD_LETTER_MAXLEN = 10_000  # newest refused groups kept (approximate trim)
-DEFAULT_GROUP = "learner"
+DEFAULT_CONSUMER_GROUP = "learner"  # the Redis consumer group the learner reads as
 DEFAULT_CLAIM_IDLE_MS = 120_000
 _MAX_CLAIM_ROUNDS = 64
 _POLL_MIN_S = 0.005
@@ -131,18 +131,6 @@ class PushAborted(RuntimeError):
     """`push` gave up because its `should_stop` callback returned True."""
 
 
-def stream_capacity(off_policy_k: int, batch_prompts: int) -> int:
-    """(k + 1) x batch groups: enough for k steps of lag plus the batch being trained on.
-
-    Raises ValueError for k < 0 or batch_prompts < 1.
-    """
-    if off_policy_k < 0:
-        raise ValueError(f"off_policy_k must be >= 0, got {off_policy_k}")
-    if batch_prompts < 1:
-        raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
-    return (off_policy_k + 1) * batch_prompts
-
-
 class ReplayStream:
     """Bounded Redis stream of `RolloutGroup` entries read through one consumer group.
 
@@ -156,7 +144,7 @@ class ReplayStream:
         run_id: str,
         capacity: int,
         *,
-        group: str = DEFAULT_GROUP,
+        consumer_group: str = DEFAULT_CONSUMER_GROUP,
         claim_idle_ms: int = DEFAULT_CLAIM_IDLE_MS,
     ) -> None:
         """`capacity`: most entries the stream may hold (>= 1). `claim_idle_ms`: how long
@@ -170,8 +158,8 @@ class ReplayStream:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         if claim_idle_ms < 1:
             raise ValueError(f"claim_idle_ms must be >= 1, got {claim_idle_ms}")
-        if not group:
-            raise ValueError("group must be a non-empty string")
+        if not consumer_group:
+            raise ValueError("consumer_group must be a non-empty string")
         self._client = client
         keys = RunKeys(run_id)
         self._run_id = run_id
@@ -181,7 +169,7 @@ class ReplayStream:
         self._worker_stats_key = keys.worker_stats
         self._quota_key = keys.generation_quota
         self._capacity = capacity
-        self._group = group
+        self._consumer_group = consumer_group
         self._claim_idle_ms = int(claim_idle_ms)
         self._push_script = client.register_script(_PUSH_LUA)
         self._ack_script = client.register_script(_ACK_LUA)
@@ -212,7 +200,7 @@ class ReplayStream:
     def pending(self) -> int:
         """Entries read by some consumer and not yet acknowledged (XPENDING count)."""
         try:
-            return int(self._client.xpending(self._key, self._group)["pending"])
+            return int(self._client.xpending(self._key, self._consumer_group)["pending"])
         except redis.ResponseError as err:
             if "NOGROUP" not in str(err):
                 raise
@@ -361,16 +349,11 @@ class ReplayStream:
         if not ids:
             return 0
         deleted = self._ack_script(
-            keys=[self._key, self._ledger_key], args=[self._group, outcome, *ids]
+            keys=[self._key, self._ledger_key], args=[self._consumer_group, outcome, *ids]
         )
         with self._lock:
             self._held.difference_update(ids)
         return int(deleted)
-
-    @property
-    def dead_letter_key(self) -> str:
-        """The dead-letter stream's Redis key."""
-        return self._dead_letter_key
 
     def dead_letter(self, entry_id: str, payload: bytes, reason: str, detail: str = "") -> None:
         """Move one entry to the dead-letter stream with its `reason` (a short label) and
@@ -383,7 +366,7 @@ class ReplayStream:
         entry_id = text(entry_id)
         self._dead_letter_script(
             keys=[self._key, self._dead_letter_key, self._ledger_key],
-            args=[self._group, entry_id, DEAD_LETTER_MAXLEN, payload, reason, detail],
+            args=[self._consumer_group, entry_id, DEAD_LETTER_MAXLEN, payload, reason, detail],
         )
         with self._lock:
             self._held.discard(entry_id)
@@ -419,7 +402,7 @@ class ReplayStream:
     def _ensure_group(self) -> None:
         # Id 0 (not $) so entries pushed before the group existed are still delivered.
         try:
-            self._client.xgroup_create(self._key, self._group, id="0", mkstream=True)
+            self._client.xgroup_create(self._key, self._consumer_group, id="0", mkstream=True)
         except redis.ResponseError as err:
             if "BUSYGROUP" not in str(err):
                 raise
@@ -440,7 +423,11 @@ class ReplayStream:
                 return []
             cursor = self._pending_cursor.get(consumer, "0")
         reply = self._call(
-            self._client.xreadgroup, self._group, consumer, {self._key: cursor}, count=count
+            self._client.xreadgroup,
+            self._consumer_group,
+            consumer,
+            {self._key: cursor},
+            count=count,
         )
         raw = _stream_entries(reply)
         with self._lock:
@@ -457,7 +444,7 @@ class ReplayStream:
             reply = self._call(
                 self._client.xautoclaim,
                 self._key,
-                self._group,
+                self._consumer_group,
                 consumer,
                 self._claim_idle_ms,
                 start_id=start,
@@ -472,7 +459,7 @@ class ReplayStream:
     def _read_new(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
         reply = self._call(
             self._client.xreadgroup,
-            self._group,
+            self._consumer_group,
             consumer,
             {self._key: ">"},
             count=count,

@@ -1,5 +1,5 @@
 """The run's shared state in Redis: policy version, latest published weights, stop flag and
-the PPO-off-policy-k generation quota. ARCHITECTURE sec. 4.
+the PPO-off-policy-k generation quota.
 
 Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash: version,
 uri, sha256, total_bytes, source; a hash written before `source` existed reads as source

@@ -25,6 +25,16 @@ class VerifierTimeout(Exception):
     """A check ran past its time limit (raised by a check, counted by `Verifier.score`)."""
 
 
+# A sample "passes" at a reward of at least this: every binary verifier's 1, and the better
+# half of a graded one. Pass statistics (No-Positive-Resampling, paper Sec. 3.2) count it.
+PASS_REWARD = 0.5
+
+
+def passes(reward: float) -> bool:
+    """True when a sample with `reward` (in [0, 1]) counts as a pass (`PASS_REWARD`)."""
+    return reward >= PASS_REWARD
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A verifier's result: `reward` in [0, 1] and whether no answer could be parsed.

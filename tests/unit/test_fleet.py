@@ -1,7 +1,7 @@
 """How many rollout workers the learner asks for (`scalerl.fleet.desired_replicas`,
-SCALE_OUT.md sec. 5): bounded, monotone in each signal, deaf to flips shorter than the
-hold, one change at most under constant inputs, a closed loop that settles, the cooldown
-kept; and hand-computed answers."""
+docs/architecture.md, "How many workers"): bounded, monotone in each signal, deaf to flips
+shorter than the hold, one change at most under constant inputs, a closed loop that
+settles, the cooldown kept; and hand-computed answers."""
 
 from __future__ import annotations
 

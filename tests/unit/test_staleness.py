@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from scalerl.config import load_config
 from scalerl.staleness import is_admissible, staleness
-from scalerl.state.replay import stream_capacity
 
 
 def test_staleness_is_version_difference() -> None:
@@ -33,8 +33,11 @@ def test_is_admissible_rejects_bad_input(learner: int, min_token: int, k: int) -
         is_admissible(learner, min_token, k)
 
 
-def test_stream_capacity_is_k_plus_one_batches() -> None:
-    assert stream_capacity(8, 8) == 72
-    assert stream_capacity(0, 4) == 4
+def test_the_replay_capacity_is_k_plus_one_batches() -> None:
+    """(k + 1) x P groups: k steps of lag plus the batch being trained on."""
+    capacity = load_config("tiny", ["learner.off_policy_k=8", "learner.batch_prompts=8"])
+    assert capacity.replay_capacity == 72
+    on_policy = load_config("tiny", ["learner.off_policy_k=0", "learner.batch_prompts=4"])
+    assert on_policy.replay_capacity == 4
     with pytest.raises(ValueError, match="off_policy_k"):
-        stream_capacity(-1, 4)
+        load_config("tiny", ["learner.off_policy_k=-1"])
