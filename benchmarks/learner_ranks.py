@@ -162,8 +162,8 @@ def main() -> None:
             f"{medians['hf'] / seconds:5.2f}x hf"
         )
     efficiency = medians["1 rank"] / medians["2 ranks"] / 2
-    backward = statistics.median(m["forward_backward_seconds"] for m in two["metrics"])
-    optimizer = statistics.median(m["optimizer_seconds"] for m in two["metrics"])
+    backward = statistics.median(m.forward_backward_seconds for m in two["metrics"])
+    optimizer = statistics.median(m.optimizer_seconds for m in two["metrics"])
     peaks = two["metrics"][-1]["peak_memory_bytes_by_rank"]
     print(f"2-rank scaling efficiency (1-rank time / 2-rank time / 2): {efficiency:.2f}")
     print(

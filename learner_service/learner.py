@@ -40,6 +40,7 @@ from learner_service.server import LearnerStatus, serve
 from learner_service.task_stats import task_step_stats
 from learner_service.timing import LearnerTiming
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks
+from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
 from learner_service.train.warmup import supervised_warmup, warmup_problems
 from learner_service.weights.publish import WeightPublisher
@@ -439,7 +440,7 @@ class Learner:
         The caller publishes the new weights."""
         stale = [staleness(self.progress.version, g.min_policy_version) for g in groups]
         with BusyTimer(self.compute, "learner") as timer:
-            metrics = self.trainer.step(groups)
+            stats = self.trainer.step(groups)
         wait_s = self.batches.wait_seconds
         self.timing.step(timer.device_seconds, wait_s)
         crash_point("learner.step.trained")
@@ -450,13 +451,13 @@ class Learner:
         crash_point("learner.step.acked")
         self.progress.counters["groups_trained_total"] += len(entry_ids)
         self._update_pool(groups)
-        self.progress.counters["groups_zero_variance_total"] += int(metrics["groups_zero_variance"])
-        if metrics["stepped"]:
+        self.progress.counters["groups_zero_variance_total"] += stats.groups_zero_variance
+        if stats.stepped:
             self.progress.version += 1
             obs_logging.set_policy_version(self.progress.version)
         self.progress.step += 1
-        self._check_truncation(metrics["truncation_rate"])
-        record = self._step_record(groups, entry_ids, stale, metrics, timer.device_seconds)
+        self._check_truncation(stats.truncation_rate)
+        record = self._step_record(groups, entry_ids, stale, stats, timer.device_seconds)
         record = self.fleet.annotate(record)
         append_record(self.run_dir, record)
         self.metrics.observe_step(record)
@@ -485,11 +486,11 @@ class Learner:
         groups: list,
         entry_ids: list[str],
         stale: list[int],
-        metrics: dict[str, float],
+        stats: StepStats,
         step_seconds: float,
     ) -> StepRecord:
         """The metrics.jsonl record of the step just taken on `groups` (their replay
-        `entry_ids` and staleness `stale`, the trainer's `metrics`, `step_seconds` busy
+        `entry_ids` and staleness `stale`, the trainer's `stats`, `step_seconds` busy
         device-seconds)."""
         return StepRecord(
             step=self.progress.step,
@@ -508,7 +509,7 @@ class Learner:
             staleness_mean=sum(stale) / len(stale),
             staleness_max=max(stale),
             staleness_hist=staleness_histogram(stale, self.config.learner.off_policy_k),
-            zero_variance_frac=metrics["groups_zero_variance"] / len(groups),
+            zero_variance_frac=stats.groups_zero_variance / len(groups),
             groups_stale_total=self.batches.stale_total,
             groups_dead_lettered_total=self.batches.dead_lettered_total,
             groups_future_total=self.batches.future_total,
@@ -518,7 +519,7 @@ class Learner:
             groups_in_batch=len(groups),
             entry_ids=entry_ids,
             samples_by_finish_reason=finish_reason_counts(groups),
-            **metrics,
+            **stats.record_fields(),
         )
 
     def _check_truncation(self, rate: float) -> None:

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from learner_service.checkpoint.files import load_checkpoint
+from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
 from scalerl.config import RunConfig
 from scalerl.policy.models import load_policy
@@ -121,7 +122,7 @@ class DrivenTrainer:
         self._trainer = trainer
         self._ranks = ranks
 
-    def step(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> dict[str, float]:
+    def step(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> StepStats:
         groups = list(groups)
         self._ranks.announce("step", [g.SerializeToString() for g in groups])
         return self._trainer.step(groups)

@@ -8,7 +8,6 @@ over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp3
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import resource
@@ -40,6 +39,17 @@ from learner_service.train.micro_batches import (
 )
 from learner_service.train.packing import PackedBatch, pack_groups
 from learner_service.train.sharding import assign_spans, shard_policy
+from learner_service.train.state_dicts import (
+    by_name,
+    check_model_state,
+    no_phantom_step,
+    renamed,
+    renamed_optimizer,
+    same,
+    unwrap,
+    wrap,
+)
+from learner_service.train.step_stats import RatioTotals, StepStats
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
 from scalerl.policy.weights import snapshot_state_dict, wire_tensors
@@ -127,7 +137,7 @@ class Trainer:
         """The learner's ranks (1 without a mesh)."""
         return 1 if self.mesh is None else self.mesh.size()
 
-    def step(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> dict[str, float]:
+    def step(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> StepStats:
         """Filter, then take one optimizer step on the groups (all validated first).
 
         Rollout statistics (mean_reward, truncation_rate = LENGTH finishes / samples,
@@ -137,12 +147,7 @@ class Trainer:
         the gradient is not finite, no step is taken and "stepped" is 0.
 
         Returns:
-            dict with loss, grad_norm (before clipping), tokens, samples, groups_used,
-            groups_zero_variance, mean_reward, truncation_rate, interrupted_rate,
-            parse_failure_rate (samples whose reply had no parseable answer),
-            ratio_mean, ratio_max, ratio_clipped_frac (rho outside `recipe.ratio_bounds`:
-            truncated by CISPO, clipped by the PPO losses; 0 when no token),
-            tokens_ratio_clipped (those tokens, counted), stepped.
+            the step's `StepStats`.
 
         Raises:
             ValueError: no groups, malformed groups (see `pack_groups`), or token ids
@@ -151,8 +156,8 @@ class Trainer:
         prepared = self._prepare(groups)
         metrics, batch, groups_used = prepared
         if batch is None:
-            return metrics | _idle_metrics(groups_used=groups_used)
-        return metrics | self._optimize(batch, groups_used=groups_used)
+            return StepStats.of(metrics | _idle_metrics(groups_used=groups_used))
+        return StepStats.of(metrics | self._optimize(batch, groups_used=groups_used))
 
     def gradients(self, groups: Iterable[rollout_pb2.RolloutGroup]) -> float:
         """Forward and backward of `step` on `groups` without the update: the gradient of
@@ -165,8 +170,7 @@ class Trainer:
             return 0.0
         token_adv, weights = self._token_terms(batch)
         self.module.train()
-        loss, _ = self._accumulate(batch, token_adv, weights)
-        return loss
+        return self._accumulate(batch, token_adv, weights).loss
 
     def _prepare(
         self, groups: Iterable[rollout_pb2.RolloutGroup]
@@ -225,7 +229,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         began = time.perf_counter()
         try:
-            loss, ratio = self._accumulate(batch, token_adv, weights)
+            totals = self._accumulate(batch, token_adv, weights)
+            loss = totals.loss
             backward_done = time.perf_counter()
             grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             stepped = math.isfinite(grad_norm) and math.isfinite(loss)
@@ -242,11 +247,11 @@ class Trainer:
             "tokens": float(tokens),
             "samples": float(batch.num_samples),
             "groups_used": float(groups_used),
-            "ratio_mean": ratio[0] / ratio[2],
-            "ratio_max": ratio[3],
-            "ratio_clipped_frac": ratio[1] / ratio[2],
+            "ratio_mean": totals.rho_sum / totals.tokens,
+            "ratio_max": totals.rho_max,
+            "ratio_clipped_frac": totals.clipped / totals.tokens,
             # Accumulated as fraction x tokens per micro-batch: integral up to rounding.
-            "tokens_ratio_clipped": float(round(ratio[1])),
+            "tokens_ratio_clipped": float(round(totals.clipped)),
             "stepped": float(stepped),
         }
 
@@ -286,7 +291,7 @@ class Trainer:
 
     def _accumulate(
         self, batch: PackedBatch, token_adv: torch.Tensor, weights: torch.Tensor
-    ) -> tuple[float, tuple[float, float, float, float]]:
+    ) -> RatioTotals:
         """Forward/backward over micro-batches (whole groups with `shared_prefix`, else
         `micro_batch_samples` whole samples); gradients add up to the full-batch gradient
         because the aggregation weights were computed on the batch. With a mesh each rank
@@ -294,8 +299,8 @@ class Trainer:
         tokens) and runs as many forward/backward passes as the busiest rank, the extra
         ones on a micro-batch with zero loss weight (FSDP2 gathers parameters in every
         pass, so all ranks must take the same number); the totals are summed over ranks.
-        Returns (loss, (sum of rho, clipped tokens, tokens, max rho))."""
-        totals = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss, rho sum, clipped, tokens, rho max
+        Returns the step's `RatioTotals`."""
+        totals = RatioTotals()
         cfg = self.config
         shared = cfg.shared_prefix
         spans = (group_spans if shared else sample_spans)(batch, cfg.micro_batch_samples)
@@ -311,9 +316,8 @@ class Trainer:
             t0, t1, logp = span_logprobs(self.module, batch, span, settings, shared)
             self._backward(batch, slice(t0, t1), logp, token_adv, weights, totals, real)
         if self.mesh is not None:
-            totals = _summed_over_ranks(totals, self.mesh)
-        loss, rho_sum, clipped, counted, rho_max = totals
-        return loss, (rho_sum, clipped, counted, rho_max)
+            totals = totals.over_ranks(self.mesh)
+        return totals
 
     def _backward(
         self,
@@ -322,7 +326,7 @@ class Trainer:
         logp: torch.Tensor,
         token_adv: torch.Tensor,
         weights: torch.Tensor,
-        totals: list[float],
+        totals: RatioTotals,
         counted: bool = True,
     ) -> None:
         """The policy loss of tokens `sl` (their learner log-probs `logp`), backward, and
@@ -346,14 +350,10 @@ class Trainer:
             (loss * 0.0).backward()
             return
         loss.backward()
-        totals[0] += float(loss.detach())
         low, high = self.ratio_bounds
-        stats = recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
-        if stats["tokens"]:
-            totals[1] += stats["ratio_mean"] * stats["tokens"]
-            totals[2] += stats["ratio_clipped_frac"] * stats["tokens"]
-            totals[3] += stats["tokens"]
-            totals[4] = max(totals[4], stats["ratio_max"])
+        totals.add(
+            float(loss.detach()), recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint: {"model": ..., "optimizer": ..., "steps": int}, the same whatever
@@ -362,16 +362,16 @@ class Trainer:
         must call it (the shards are gathered); rank 0 gets the tensors (on the CPU), the
         others empty sections."""
         if self.mesh is None:
-            with _no_phantom_step(self.optimizer) as fixed:
+            with no_phantom_step(self.optimizer) as fixed:
                 optimizer = fixed(get_optimizer_state_dict(self.model, self.optimizer))
             return {"model": self.model.state_dict(), "optimizer": optimizer, "steps": self.steps}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        with _no_phantom_step(self.optimizer) as fixed:
+        with no_phantom_step(self.optimizer) as fixed:
             model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
             optim_sd = fixed(optim_sd)
         return {
-            "model": _renamed(model_sd, _unwrap),
-            "optimizer": _renamed_optimizer(optim_sd, _unwrap),
+            "model": renamed(model_sd, unwrap),
+            "optimizer": renamed_optimizer(optim_sd, unwrap),
             "steps": self.steps,
         }
 
@@ -387,8 +387,8 @@ class Trainer:
         for key in ("model", "optimizer"):
             if key not in state:
                 raise ValueError(f"checkpoint is missing {key!r}")
-        _check_model_state(self.model.state_dict(), state["model"])
-        optimizer = _by_name(state["optimizer"], self.model, self.optimizer)
+        check_model_state(self.model.state_dict(), state["model"])
+        optimizer = by_name(state["optimizer"], self.model, self.optimizer)
         # The copies: an in-memory checkpoint must not share AdamW moments with the
         # trainer it came from.
         model_sd, optim_sd = dict(state["model"]), copy.deepcopy(optimizer)
@@ -400,8 +400,8 @@ class Trainer:
             set_state_dict(
                 self.module,
                 self.optimizer,
-                model_state_dict=_renamed(model_sd, _wrap),
-                optim_state_dict=_renamed_optimizer(optim_sd, _wrap),
+                model_state_dict=renamed(model_sd, wrap),
+                optim_state_dict=renamed_optimizer(optim_sd, wrap),
                 options=StateDictOptions(full_state_dict=True),
             )
         self.steps = int(state.get("steps", 0))
@@ -421,22 +421,22 @@ class Trainer:
         with warnings.catch_warnings():  # one process loading shards is what is meant here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=str(folder), no_dist=self.mesh is None)
-        rename = _wrap if self.mesh is not None else _same
+        rename = wrap if self.mesh is not None else same
         set_state_dict(
             self.module,
             self.optimizer,
-            model_state_dict=_renamed(state["model"], rename),
-            optim_state_dict=_renamed_optimizer(state["optimizer"], rename),
+            model_state_dict=renamed(state["model"], rename),
+            optim_state_dict=renamed_optimizer(state["optimizer"], rename),
         )
 
     def _named_state(self) -> dict[str, Any]:
         """This rank's (sharded) model and optimizer state, keyed as in `state_dict`."""
-        with _no_phantom_step(self.optimizer) as fixed:
+        with no_phantom_step(self.optimizer) as fixed:
             model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
             optim_sd = fixed(optim_sd)
-        rename = _unwrap if self.mesh is not None else _same
-        optimizer = _renamed_optimizer(optim_sd, rename)
-        return {"model": _renamed(model_sd, rename), "optimizer": optimizer}
+        rename = unwrap if self.mesh is not None else same
+        optimizer = renamed_optimizer(optim_sd, rename)
+        return {"model": renamed(model_sd, rename), "optimizer": optimizer}
 
     def full_snapshot(self, dtype: torch.dtype | str | None, keep_fp32=()) -> dict:
         """`scalerl.policy.weights.snapshot_state_dict` of the whole model, gathered one
@@ -452,101 +452,6 @@ class Trainer:
                 snapshot[name] = full.detach().to("cpu", target, copy=True).contiguous()
             del full
         return snapshot
-
-
-@contextlib.contextmanager
-def _no_phantom_step(optimizer: torch.optim.Optimizer):
-    """Undo the step count of the zero-gradient step `torch.distributed.checkpoint.state_dict`
-    takes to create an optimizer's state when it has none yet (before the first update).
-    Zero moments at step 0 are exactly AdamW's fresh state, so the next real update keeps
-    its step-1 bias correction. Yields a function that fixes a returned state dict too."""
-    fresh = not optimizer.state
-
-    def fixed(state: dict) -> dict:
-        for entry in (state.get("state", {}) if fresh else {}).values():
-            if isinstance(entry, dict) and "step" in entry:
-                entry["step"] = torch.zeros_like(torch.as_tensor(entry["step"]))
-        return state
-
-    yield fixed
-    if fresh:
-        for entry in optimizer.state.values():
-            if "step" in entry:
-                entry["step"].zero_() if torch.is_tensor(entry["step"]) else entry.update(step=0)
-
-
-_PREFIX = "policy."  # the sharding root's name for the policy (`sharding.LogprobModule`)
-
-
-def _unwrap(name: str) -> str:
-    return name.removeprefix(_PREFIX)
-
-
-def _wrap(name: str) -> str:
-    return _PREFIX + name
-
-
-def _same(name: str) -> str:
-    return name
-
-
-def _renamed(state: Mapping[str, Any], rename) -> dict[str, Any]:
-    return {rename(name): value for name, value in state.items()}
-
-
-def _renamed_optimizer(state: Mapping[str, Any], rename) -> dict[str, Any]:
-    """An optimizer state dict keyed by parameter name, with every name renamed."""
-    if not state:
-        return {}
-    groups = [
-        {**group, "params": [rename(name) for name in group["params"]]}
-        for group in state["param_groups"]
-    ]
-    return {"state": _renamed(state["state"], rename), "param_groups": groups}
-
-
-def _by_name(state: Mapping[str, Any], model: torch.nn.Module, optimizer) -> dict[str, Any]:
-    """The optimizer state keyed by parameter name: as given, or converted from the
-    index-keyed `Optimizer.state_dict()` of older checkpoints (same parameter order)."""
-    groups = state.get("param_groups", [])
-    if not groups or all(isinstance(n, str) for g in groups for n in g["params"]):
-        return dict(state)
-    own = optimizer.state_dict()["param_groups"]
-    if len(own) != len(groups) or any(
-        len(a["params"]) != len(b["params"]) for a, b in zip(own, groups, strict=False)
-    ):
-        raise ValueError("checkpoint optimizer groups do not match the model's parameters")
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    index_name = dict(zip((i for g in own for i in g["params"]), names, strict=True))
-    renamed = {
-        "state": {index_name[i]: v for i, v in state["state"].items()},
-        "param_groups": [{**g, "params": [index_name[i] for i in g["params"]]} for g in groups],
-    }
-    return renamed
-
-
-def _check_model_state(own: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> None:
-    """Raise ValueError unless `given` has the model's keys and shapes."""
-    if set(own) != set(given):
-        diff = sorted(set(own) ^ set(given))[:5]
-        raise ValueError(f"checkpoint model keys do not match the model (e.g. {diff})")
-    for name, tensor in own.items():
-        if tuple(given[name].shape) != tuple(tensor.shape):
-            raise ValueError(
-                f"checkpoint model[{name!r}] has shape "
-                f"{list(given[name].shape)}, the model {list(tensor.shape)}"
-            )
-
-
-def _summed_over_ranks(totals: list[float], mesh: DeviceMesh) -> list[float]:
-    """[loss, rho sum, clipped, tokens] summed and rho max taken over the mesh's ranks."""
-    group = mesh.get_group()
-    device = "cuda" if mesh.device_type == "cuda" else "cpu"
-    sums = torch.tensor(totals[:4], dtype=torch.float64, device=device)
-    peak = torch.tensor([totals[4]], dtype=torch.float64, device=device)
-    dist.all_reduce(sums, group=group)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-    return [*sums.tolist(), float(peak)]
 
 
 def _full(value: torch.Tensor) -> float:

@@ -21,7 +21,14 @@ def main(out: str) -> None:
     metrics = trainer.step(case.groups())
     weights = case.snapshot(trainer)
     if ranks.rank == 0:
-        torch.save({"world_size": ranks.world_size, "metrics": metrics, "weights": weights}, out)
+        torch.save(
+            {
+                "world_size": ranks.world_size,
+                "metrics": metrics.record_fields(),
+                "weights": weights,
+            },
+            out,
+        )
     ranks.close()
 
 

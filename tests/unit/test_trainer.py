@@ -241,14 +241,14 @@ def test_step_raises_logprob_of_the_rewarded_completion() -> None:
     before = (completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad))
     metrics = Trainer(model, config(), temperature=1.0).step(batch)
     after = (completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad))
-    assert metrics["stepped"] == 1.0
+    assert metrics.stepped == 1.0
     assert after[0] > before[0] + 0.1  # positive advantage: more likely
     assert after[1] < before[1] - 0.1  # negative advantage: less likely
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy
-    assert metrics["ratio_clipped_frac"] == 0.0
-    assert metrics["tokens"] == 6 and metrics["samples"] == 3 and metrics["groups_used"] == 1
-    assert metrics["mean_reward"] == pytest.approx(1 / 3)
-    assert metrics["grad_norm"] > 0 and metrics["loss"] != 0.0
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=1e-5)  # on-policy
+    assert metrics.ratio_clipped_frac == 0.0
+    assert metrics.tokens == 6 and metrics.samples == 3 and metrics.groups_used == 1
+    assert metrics.mean_reward == pytest.approx(1 / 3)
+    assert metrics.grad_norm > 0 and metrics.loss != 0.0
 
 
 def test_all_zero_variance_takes_no_step() -> None:
@@ -260,11 +260,11 @@ def test_all_zero_variance_takes_no_step() -> None:
     ]
     trainer = Trainer(model, config(), temperature=1.0)
     metrics = trainer.step(batch)
-    assert metrics["stepped"] == 0.0
-    assert metrics["groups_zero_variance"] == 2 and metrics["groups_used"] == 0
-    assert metrics["tokens"] == 0 and metrics["samples"] == 0
-    assert metrics["mean_reward"] == pytest.approx((0.8 + 3.0) / 11, rel=1e-6)
-    assert metrics["truncation_rate"] == pytest.approx(3 / 11)
+    assert metrics.stepped == 0.0
+    assert metrics.groups_zero_variance == 2 and metrics.groups_used == 0
+    assert metrics.tokens == 0 and metrics.samples == 0
+    assert metrics.mean_reward == pytest.approx((0.8 + 3.0) / 11, rel=1e-6)
+    assert metrics.truncation_rate == pytest.approx(3 / 11)
     assert all(torch.equal(a, b) for a, b in zip(before, params(model), strict=True))
     assert trainer.optimizer.state_dict()["state"] == {}
     assert trainer.steps == 0
@@ -275,11 +275,11 @@ def test_zero_variance_group_is_dropped_and_counted() -> None:
     real = on_policy(model, PROMPT, [[4], [5]], [1.0, 0.0], finish=INTERRUPTED)
     flat = group(PROMPT, [sample([6, 7], 0.1, LENGTH)] * 8, "flat")
     metrics = Trainer(model, config(), temperature=1.0).step([real, flat])
-    assert metrics["stepped"] == 1.0
-    assert metrics["groups_used"] == 1 and metrics["groups_zero_variance"] == 1
-    assert metrics["samples"] == 2 and metrics["tokens"] == 2
-    assert metrics["truncation_rate"] == pytest.approx(8 / 10)
-    assert metrics["interrupted_rate"] == pytest.approx(2 / 10)
+    assert metrics.stepped == 1.0
+    assert metrics.groups_used == 1 and metrics.groups_zero_variance == 1
+    assert metrics.samples == 2 and metrics.tokens == 2
+    assert metrics.truncation_rate == pytest.approx(8 / 10)
+    assert metrics.interrupted_rate == pytest.approx(2 / 10)
 
 
 @pytest.mark.parametrize("aggregation", ["prompt", "sample", "token"])
@@ -299,10 +299,10 @@ def test_micro_batches_and_shared_prefix_do_not_change_loss_or_gradient(aggregat
             cfg = config(micro_batch_samples=micro, aggregation=aggregation, shared_prefix=shared)
             results.append(Trainer(copy.deepcopy(model), cfg, temperature=0.8).step([g1, g2]))
     for other in results[1:]:
-        assert other["loss"] == pytest.approx(results[0]["loss"], abs=1e-6)
-        assert other["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5)
-        assert other["ratio_mean"] == pytest.approx(results[0]["ratio_mean"], rel=1e-6)
-    assert results[0]["loss"] != 0.0 and results[0]["ratio_mean"] > 1.0
+        assert other.loss == pytest.approx(results[0].loss, abs=1e-6)
+        assert other.grad_norm == pytest.approx(results[0].grad_norm, rel=1e-5)
+        assert other.ratio_mean == pytest.approx(results[0].ratio_mean, rel=1e-6)
+    assert results[0].loss != 0.0 and results[0].ratio_mean > 1.0
 
 
 def test_bad_input_changes_nothing() -> None:
@@ -412,9 +412,9 @@ def test_trainer_takes_the_configured_loss(loss, hyperparameters) -> None:
     g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
     metrics = trainer.step([g])
     # On-policy: every ratio is 1 (fp32), inside every clip range; one step taken.
-    assert metrics["stepped"] == 1.0
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert metrics["ratio_clipped_frac"] == 0.0
+    assert metrics.stepped == 1.0
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert metrics.ratio_clipped_frac == 0.0
 
 
 def test_truncation_comes_from_finish_reason_not_the_last_token() -> None:
@@ -433,8 +433,8 @@ def test_truncation_comes_from_finish_reason_not_the_last_token() -> None:
         ],
     )
     metrics = Trainer(model, config(), temperature=1.0).step([g])
-    assert metrics["truncation_rate"] == 0.25
-    assert metrics["interrupted_rate"] == 0.25
+    assert metrics.truncation_rate == 0.25
+    assert metrics.interrupted_rate == 0.25
 
 
 def test_parse_failures_are_counted_and_earn_nothing() -> None:
@@ -443,7 +443,7 @@ def test_parse_failures_are_counted_and_earn_nothing() -> None:
     samples[1].parse_failed = True
     samples[2].parse_failed = True
     metrics = Trainer(model, config(), temperature=1.0).step([group([3, 4], samples)])
-    assert metrics["parse_failure_rate"] == pytest.approx(2 / 3)
+    assert metrics.parse_failure_rate == pytest.approx(2 / 3)
 
 
 def test_clipped_tokens_are_counted() -> None:
@@ -453,10 +453,10 @@ def test_clipped_tokens_are_counted() -> None:
     g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
     g.samples[0].logprobs[1] -= 5.0
     metrics = Trainer(model, config(loss="cispo", eps_max=4.0), temperature=1.0).step([g])
-    assert metrics["tokens"] == 4
-    assert metrics["tokens_ratio_clipped"] == 1
-    assert metrics["ratio_clipped_frac"] == 0.25
-    assert metrics["ratio_max"] == pytest.approx(math.exp(5.0), rel=1e-4)
+    assert metrics.tokens == 4
+    assert metrics.tokens_ratio_clipped == 1
+    assert metrics.ratio_clipped_frac == 0.25
+    assert metrics.ratio_max == pytest.approx(math.exp(5.0), rel=1e-4)
 
 
 def test_a_step_reports_its_time_split_throughput_and_peak_memory() -> None:
@@ -464,13 +464,13 @@ def test_a_step_reports_its_time_split_throughput_and_peak_memory() -> None:
     trainer = Trainer(model, config(), temperature=1.0)
     g = group([5, 6, 7], [sample([8, 9, 10], 1.0), sample([11, 12], 0.0)])
     metrics = trainer.step([g])
-    assert metrics["stepped"] == 1.0 and metrics["tokens"] == 5.0
-    seconds = metrics["forward_backward_seconds"] + metrics["optimizer_seconds"]
-    assert metrics["forward_backward_seconds"] > 0 and metrics["optimizer_seconds"] > 0
-    assert metrics["learner_tokens_per_second"] == pytest.approx(5.0 / seconds)
-    [peak] = metrics["peak_memory_bytes_by_rank"]
+    assert metrics.stepped == 1.0 and metrics.tokens == 5.0
+    seconds = metrics.forward_backward_seconds + metrics.optimizer_seconds
+    assert metrics.forward_backward_seconds > 0 and metrics.optimizer_seconds > 0
+    assert metrics.learner_tokens_per_second == pytest.approx(5.0 / seconds)
+    [peak] = metrics.peak_memory_bytes_by_rank
     assert peak > 10 * 2**20  # this process's resident set, bytes (not KiB)
-    assert metrics["mfu"] is None  # no known peak for a CPU
+    assert metrics.mfu is None  # no known peak for a CPU
 
 
 def test_a_checkpoint_before_the_first_update_leaves_adamw_as_it_was() -> None:

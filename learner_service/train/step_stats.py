@@ -1,0 +1,105 @@
+"""What one optimizer step reports (`Trainer.step`): the batch's rollout statistics, what
+was trained on, the importance ratios, and where the time went. Every field is also a
+field of the step's metrics.jsonl record (`learner_service.records.StepRecord`). And the
+running sums over a step's micro-batches they are computed from (`RatioTotals`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """stepped: the weights were updated (something to train on and a finite gradient).
+
+    Of every sample received: groups_zero_variance (groups whose rewards were all equal;
+    dropped with `learner.zero_variance_filter`), mean_reward, truncation_rate (LENGTH
+    finishes / samples), interrupted_rate, parse_failure_rate (no parseable answer).
+
+    Of what was trained on: loss, grad_norm (before clipping; may be inf/nan, then no
+    step), tokens (completion tokens, forced ones excluded), samples, groups_used, and the
+    importance ratio rho = exp(logp - logp_gen): ratio_mean, ratio_max, ratio_clipped_frac
+    (tokens with rho outside `recipe.ratio_bounds`: truncated by CISPO, clipped by the
+    PPO losses) and tokens_ratio_clipped (those tokens, counted). All 0 without a step.
+
+    Time (seconds) and memory: forward_backward_seconds, optimizer_seconds,
+    learner_tokens_per_second, peak_memory_bytes_by_rank (bytes, one per rank), mfu
+    (model FLOPs utilisation; None where the device's peak is unknown, as on CPUs).
+    """
+
+    stepped: bool
+    groups_zero_variance: int
+    mean_reward: float
+    truncation_rate: float
+    interrupted_rate: float
+    parse_failure_rate: float
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    tokens: int = 0
+    samples: int = 0
+    groups_used: int = 0
+    ratio_mean: float = 0.0
+    ratio_max: float = 0.0
+    ratio_clipped_frac: float = 0.0
+    tokens_ratio_clipped: int = 0
+    forward_backward_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    learner_tokens_per_second: float = 0.0
+    peak_memory_bytes_by_rank: list[int] | None = None
+    mfu: float | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> StepStats:
+        """From the trainer's named values (counts given as floats become ints)."""
+        counts = ("groups_zero_variance", "tokens", "samples", "groups_used")
+        typed = dict(values)
+        for name in (*counts, "tokens_ratio_clipped"):
+            if name in typed:
+                typed[name] = int(round(typed[name]))
+        typed["stepped"] = bool(typed["stepped"])
+        return cls(**typed)
+
+    def record_fields(self) -> dict[str, Any]:
+        """The fields as StepRecord takes them."""
+        return asdict(self)
+
+
+@dataclass
+class RatioTotals:
+    """One step's running sums over its micro-batches: the policy loss, and of the
+    importance ratio rho (paper Sec. 3.2) the sum over tokens, the tokens whose rho was
+    clipped or truncated, the tokens counted, and the largest rho."""
+
+    loss: float = 0.0
+    rho_sum: float = 0.0
+    clipped: float = 0.0
+    tokens: float = 0.0
+    rho_max: float = 0.0
+
+    def add(self, loss: float, ratio: Mapping[str, float]) -> None:
+        """Add one micro-batch's `loss` and `recipe.importance_ratio_stats`."""
+        self.loss += loss
+        if ratio["tokens"]:
+            self.rho_sum += ratio["ratio_mean"] * ratio["tokens"]
+            self.clipped += ratio["ratio_clipped_frac"] * ratio["tokens"]
+            self.tokens += ratio["tokens"]
+            self.rho_max = max(self.rho_max, ratio["ratio_max"])
+
+    def over_ranks(self, mesh: DeviceMesh) -> RatioTotals:
+        """The totals of every rank of `mesh`: sums summed, the largest rho the largest."""
+        group = mesh.get_group()
+        device = "cuda" if mesh.device_type == "cuda" else "cpu"
+        sums = torch.tensor(
+            [self.loss, self.rho_sum, self.clipped, self.tokens], dtype=torch.float64, device=device
+        )
+        peak = torch.tensor([self.rho_max], dtype=torch.float64, device=device)
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        loss, rho_sum, clipped, tokens = sums.tolist()
+        return RatioTotals(loss, rho_sum, clipped, tokens, float(peak))
