@@ -180,7 +180,12 @@ class RolloutWorker:
         """SYNCING -> READY (the follower's READY rule held); counted as a join."""
         self._set_state(READY)
         self.stats.add(self.worker_id, "joins")
-        log.info("ready at policy version %d (k=%d)", self.engine.policy_version, self.follower.k)
+        log.info(
+            "ready at policy version %d (learner at %d, k=%d)",
+            self.engine.policy_version,
+            self.state.get_policy_version(),
+            self.follower.k,
+        )
 
     def _set_state(self, state: str) -> None:
         self._state = state
