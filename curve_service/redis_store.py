@@ -152,8 +152,8 @@ class RedisRunStore:
                         task: (*_keys(run_id, task), _stderr_key(run_id, task)) for task in names
                     }
                     pipe.watch(*(key for task in names for key in keys[task]))
-                    old = {task: _load(pipe, run_id, task) for task in names}
-                    old = {task: snap for task, snap in old.items() if snap is not None}
+                    loaded = {task: _load(pipe, run_id, task) for task in names}
+                    old = {task: snap for task, snap in loaded.items() if snap is not None}
                     new = {task: _trimmed(snap, bound) for task, snap in old.items()}
                     changed = [task for task in new if new[task] is not old[task]]
                     if not changed:

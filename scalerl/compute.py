@@ -22,11 +22,15 @@ from types import TracebackType
 
 import redis
 
+from scalerl.state.client import text
 from scalerl.state.keys import RunKeys
 from scalerl.state.worker_stats import stat_field
 
 log = logging.getLogger(__name__)
 SECONDS_PER_HOUR = 3600.0
+# The unit of a run's compute (eval.jsonl, curve.json, the curve service's points): on CPU
+# a CPU process's busy hours count as its device-hours, so one name covers both.
+COMPUTE_UNIT = "accelerator-hours"
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -64,7 +68,7 @@ class ComputeCounters:
     def by_role(self) -> dict[str, float]:
         """Seconds per role, sorted by role."""
         raw = self._client.hgetall(self._key)
-        return {role.decode(): float(value) for role, value in sorted(raw.items())}
+        return {text(role): float(value) for role, value in sorted(raw.items())}
 
     def total_seconds(self) -> float:
         """All roles together, accelerator-seconds."""
@@ -93,10 +97,11 @@ class BusyTimer:
         _check_role(role)
         if not (isinstance(devices, Real) and math.isfinite(devices) and devices > 0):
             raise ValueError(f"devices must be a finite number > 0, got {devices!r}")
-        self._counters = counters
-        self._role = role
-        self._devices = float(devices)
-        self._clock = clock
+        # Annotated: mypy reads the numbers.Real check above as unreachable for a float.
+        self._counters: ComputeCounters = counters
+        self._role: str = role
+        self._devices: float = float(devices)
+        self._clock: Callable[[], float] = clock
         self._start: float | None = None
         self.device_seconds: float = 0.0
 

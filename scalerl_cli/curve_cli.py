@@ -7,17 +7,16 @@
 A CSV has a header with columns `compute` and `reward` (an optional `series` column labels
 seeds fitted together, an optional `stderr` column holds each reward's standard error, an
 empty cell or 0 = unknown, and the fit weights points by it; other columns are ignored).
-Fits run on a curve service started in this process, or on the one at --server; either way
-through `scalerl.rpc.curve_client`. Bad input prints one line naming the field (a CSV's
-file, line and column) and exits with code 2. No torch import: this module loads numpy,
-scipy and grpc only (matplotlib for --plot).
+Fits run in this process (the curve service's servicer, called without a server), or on
+the service at --server; either way through `scalerl.rpc.curve_client`. Bad input prints
+one line naming the field (a CSV's file, line and column) and exits with code 2. No torch
+import: this module loads numpy, scipy and grpc only (matplotlib for --plot).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import math
 import re
@@ -151,7 +150,8 @@ def read_points(path: Path) -> tuple[list[float], list[float], list[str], list[f
     for column in ("compute", "reward"):
         if column not in columns:
             raise CliInputError(f"{path}: column {column!r} missing (need compute, reward)")
-    compute, reward = [], []
+    compute: list[float] = []
+    reward: list[float] = []
     for line, row in enumerate(rows, start=2):
         for column, out in (("compute", compute), ("reward", reward)):
             try:
@@ -223,19 +223,16 @@ def _field_message(path: Path | None, field: str, message: str) -> str:
 
 @contextmanager
 def _client(server: str | None) -> Iterator[CurveClient]:
-    """A client of the service at `server`, or of one started here for the command."""
+    """A client of the service at `server`, or of the curve service's analysis in this
+    process (no server, no port: the same requests, replies and errors)."""
     if server is not None:
         with CurveClient(server, TIMEOUT_S) as client:
             yield client
         return
-    from curve_service.server import serve
+    from curve_service.server import CurveServicer
 
-    local, port, _ = serve(port=0)
-    try:
-        with CurveClient(f"127.0.0.1:{port}", TIMEOUT_S) as client:
-            yield client
-    finally:
-        local.stop(None)
+    with CurveClient.in_process(CurveServicer()) as client:
+        yield client
 
 
 def _failed(exc: ServiceError, server: str | None) -> CliInputError:
@@ -265,7 +262,7 @@ def _fit(args: argparse.Namespace) -> int:
     except ServiceError as exc:
         raise _failed(exc, args.server) from None
     curve = fit.predictions[len(predict) :]
-    fit = dataclasses.replace(fit, predictions=fit.predictions[: len(predict)])
+    fit = fit.model_copy(update={"predictions": fit.predictions[: len(predict)]})
     if args.plot is not None:
         from scalerl_cli.plot import plot_fit
 
@@ -280,7 +277,7 @@ def _fit(args: argparse.Namespace) -> int:
 
 def _fit_text(fit: FitSummary, band: str = "prediction") -> str:
     lines = [f"A={fit.a:.4f} B={fit.b:.4f} C_mid={fit.c_mid:.6g} R0={fit.r0:.4f}"]
-    if fit.a_interval is not None:
+    if fit.a_interval and fit.b_interval and fit.c_mid_interval:
         (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = (
             fit.a_interval,
             fit.b_interval,

@@ -21,10 +21,10 @@ from learner_service.records import (
     read_records,
     run_evals,
 )
+from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
 from scalerl.rpc.curve_client import (
-    RUN_COMPUTE_UNIT,
     RUN_RESAMPLES,
     CurveClient,
     FitSpec,
@@ -50,7 +50,7 @@ def _fit(
     (for example fewer than 4 points; said on `console`)."""
     spec = FitSpec.from_evals(evals, predict_compute=[predict_at] if predict_at else [])
     try:
-        with CurveClient(curve_address, timeout_s=120, compute_unit=RUN_COMPUTE_UNIT) as client:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=COMPUTE_UNIT) as client:
             return client.fit(spec)
     except ServiceError as exc:
         console.print(f"[yellow]curve fit on {len(evals)} points refused:[/] {escape(str(exc))}")
@@ -65,7 +65,7 @@ def _task_series(
     bootstrap resamples, as `FitSpec.from_evals`) and the points GetRun holds. (None, 0)
     when the service does not have it; said on `console`."""
     try:
-        with CurveClient(curve_address, timeout_s=120, compute_unit=RUN_COMPUTE_UNIT) as client:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=COMPUTE_UNIT) as client:
             points = len(client.get_run(run_id, task).points)
             fit = client.fit_run(run_id, task, bootstrap_resamples=RUN_RESAMPLES, seed=0)
     except ServiceError as exc:
@@ -194,11 +194,12 @@ def fleet_summary(steps: list[StepRecord]) -> dict:
     learner starvation and generator throttle it was computed from. {} when no record
     carries it (run folders from before it was recorded)."""
     sized = [m for m in steps if m.desired_replicas is not None]
+    replicas = [m.desired_replicas for m in steps if m.desired_replicas is not None]
     if not sized:
         return {}
     return {
-        "desired_replicas_last": sized[-1].desired_replicas,
-        "desired_replicas_max": max(m.desired_replicas for m in sized),
+        "desired_replicas_last": replicas[-1],
+        "desired_replicas_max": max(replicas),
         "learner_starvation_mean": sum(m.learner_starvation or 0.0 for m in sized) / len(sized),
         "generator_throttle_mean": sum(m.generator_throttle or 0.0 for m in sized) / len(sized),
     }
@@ -281,6 +282,7 @@ def finish_report(
     steps = read_records(run_dir, StepRecord)
     half, check = fit_first_half(curve_address, evals, console)
     started_unix, wall_s = started
+    health, groups = training_health(steps), group_accounting(redis_url, config.run_id)
     report = {
         "started_unix": started_unix,
         "wall_seconds": wall_s,
@@ -300,25 +302,27 @@ def finish_report(
         "stability": stability_summary(fit),
         "fit_first_half": half.to_dict() if half else None,
         "first_half_check": check,
-        "health": training_health(steps),
+        "health": health,
         "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers)
         | ({"processes": processes} if processes else {}),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
         "restarts": dict(restarts),
-        "groups": group_accounting(redis_url, config.run_id),
+        "groups": groups,
         "workers": WorkerStats(connect(redis_url), config.run_id).by_worker(),
     }
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
-    if report["groups"]["unaccounted"]:
+    unaccounted = groups["unaccounted"]
+    if unaccounted:
         console.print(
-            f"[red]{report['groups']['unaccounted']} groups unaccounted for[/] (pushed minus "
+            f"[red]{unaccounted} groups unaccounted for[/] (pushed minus "
             "trained, dropped and queued): see report.json"
         )
-    if report["health"].get("steps_truncation_above_10pct"):
+    truncated = health.get("steps_truncation_above_10pct")
+    if truncated:
         console.print(
-            f"[yellow]truncation above 10% in {report['health']['steps_truncation_above_10pct']}"
+            f"[yellow]truncation above 10% in {truncated}"
             " steps[/] (the paper saw training degrade there): see report.json"
         )
     plot_fit(
@@ -327,7 +331,7 @@ def finish_report(
         [e.pass_rate for e in evals],
         fit,
         title=f"scalerl run {config.run_id}",
-        xlabel=f"compute ({RUN_COMPUTE_UNIT})",
+        xlabel=f"compute ({COMPUTE_UNIT})",
         ylabel="held-out pass rate",
         ylim=(0.0, 1.0),
         log_compute=False,  # the step-0 evaluation sits at compute 0

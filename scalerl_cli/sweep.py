@@ -30,11 +30,12 @@ from rich.console import Console
 from rich.table import Table
 
 from learner_service.records import EvalRecord, read_records, run_evals
+from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
-from scalerl.rpc.curve_client import RUN_COMPUTE_UNIT, Comparison, CurveClient, FitSpec
+from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import Security
 from scalerl_cli.processes import start_child, stop_children
@@ -128,6 +129,7 @@ def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
     failed = False
     for i, variant in enumerate(variants, 1):
         console.rule(f"variant {i}/{len(variants)}: {variant.label}")
+        assert variant.config is not None, "build_variants loads every variant's config"
         code = launcher.run(variant.config, sweep_dir / _slug(variant.label))
         variant.result["exit_code"] = code
         if code == 130:
@@ -197,7 +199,7 @@ def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
     try:
         wait_healthy(address, 60, plaintext)
         with CurveClient(
-            address, timeout_s=300, compute_unit=RUN_COMPUTE_UNIT, security=plaintext
+            address, timeout_s=300, compute_unit=COMPUTE_UNIT, security=plaintext
         ) as client:
             return client.compare_runs([FitSpec.from_evals(points) for points in runs])
     finally:

@@ -11,7 +11,8 @@ FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without a doma
 (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`. A run's calls take the series' `task`
 ("" = the run's total, the only series of a single-task run).
 
-Ground floor: grpc and the generated messages only, no numpy, no torch.
+The results are frozen pydantic models: their JSON keys (`FIT_KEYS`, ...) are derived from
+their fields. Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from pydantic import BaseModel, ConfigDict, Field
 
 from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import (
@@ -43,47 +45,6 @@ from scalerl.v1 import curve_pb2, curve_pb2_grpc
 # axis: compute must be > 0 for Eq. 1, and this keeps the point as the curve's anchor.
 ZERO_COMPUTE = 1e-9
 RUN_RESAMPLES = 200  # bootstrap resamples behind a run's reported intervals (~0.5 s)
-RUN_COMPUTE_UNIT = "cpu-core-hours"  # eval.jsonl's compute, as run folders label it
-
-# The keys of `FitSummary.to_dict`, always all present (None where the fit has no value).
-FIT_KEYS = (
-    "A",
-    "B",
-    "C_mid",
-    "R0",
-    "A_interval",
-    "B_interval",
-    "C_mid_interval",
-    "interval_level",
-    "interval_resamples",
-    "sse",
-    "points_used",
-    "warnings",
-    "grid",
-    "predictions",
-    "power_law",
-    "power_law_predictions",
-    "compute_unit",
-    "stability",
-)
-PREDICTION_KEYS = ("compute", "reward", "lower", "upper")
-STABILITY_KEYS = (
-    "target_compute",
-    "history",
-    "moved",
-    "band_half_width",
-    "ratio",
-    "verdict",
-    "summary",
-)
-RANKED_RUN_KEYS = (
-    "rank",
-    "B_at_shared_A",
-    "C_mid_at_shared_A",
-    "p_best_A",
-    "p_best_B",
-    *FIT_KEYS,
-)
 
 
 class RpcFailed(ServiceError):
@@ -99,8 +60,25 @@ class RpcFailed(ServiceError):
         return self.code
 
 
-@dataclass(frozen=True)
-class Prediction:
+class _Result(BaseModel):
+    """A value the service answered: frozen; built by field name, written out
+    (`to_dict`) by its JSON name, the alias where one is set."""
+
+    model_config = ConfigDict(
+        frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: every field by its JSON name, None where there is no value."""
+        return self.model_dump(mode="json")
+
+
+def json_keys(model: type[BaseModel]) -> tuple[str, ...]:
+    """The keys of a result's `to_dict`, in field order (derived, never written out)."""
+    return tuple(f.serialization_alias or f.alias or name for name, f in model.model_fields.items())
+
+
+class Prediction(_Result):
     """Predicted reward at `compute` (the points' unit) with its band [lower, upper];
     lower = upper = reward when no uncertainty was asked for."""
 
@@ -111,20 +89,14 @@ class Prediction:
 
     @classmethod
     def from_proto(cls, p: curve_pb2.Prediction) -> Prediction:
-        return cls(p.compute, p.reward, p.lower, p.upper)
-
-    def to_dict(self) -> dict[str, float]:
-        """{compute, reward, lower, upper} (`PREDICTION_KEYS`)."""
-        return {
-            "compute": self.compute,
-            "reward": self.reward,
-            "lower": self.lower,
-            "upper": self.upper,
-        }
+        return cls(compute=p.compute, reward=p.reward, lower=p.lower, upper=p.upper)
 
 
-@dataclass(frozen=True)
-class Stability:
+def _predictions(rows: Any) -> tuple[Prediction, ...]:
+    return tuple(Prediction.from_proto(q) for q in rows)
+
+
+class Stability(_Result):
     """How stable a fit's extrapolation is (FitResponse.stability): its prediction at
     `target_compute` (the points' unit) from the fit and from refits without the last
     j = 1..3 evaluations (`history`, the fit's first with its band), the largest move
@@ -144,7 +116,7 @@ class Stability:
     def from_proto(cls, s: curve_pb2.Stability) -> Stability:
         return cls(
             target_compute=s.target_compute,
-            history=tuple(Prediction.from_proto(q) for q in s.history),
+            history=_predictions(s.history),
             moved=s.moved,
             band_half_width=s.band_half_width,
             ratio=s.ratio,
@@ -152,33 +124,20 @@ class Stability:
             summary=s.summary,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """Exactly the keys `STABILITY_KEYS`; history as `Prediction.to_dict`s."""
-        return {
-            "target_compute": self.target_compute,
-            "history": [q.to_dict() for q in self.history],
-            "moved": self.moved,
-            "band_half_width": self.band_half_width,
-            "ratio": self.ratio,
-            "verdict": self.verdict,
-            "summary": self.summary,
-        }
 
-
-@dataclass(frozen=True)
-class PowerLaw:
+class PowerLaw(_Result):
     """The power law R = A - D / C^B (paper App. A.4) fitted to the same points; d is in
     reward x compute^B of the points' unit, sse in reward^2."""
 
-    a: float
-    d: float
-    b: float
+    a: float = Field(alias="A")
+    d: float = Field(alias="D")
+    b: float = Field(alias="B")
     sse: float
 
 
-@dataclass(frozen=True)
-class FitSummary:
-    """A fitted paper Eq. 1 curve as the curve service reports it.
+class FitSummary(_Result):
+    """A fitted paper Eq. 1 curve as the curve service reports it; `to_dict` is the one
+    dict form (`FIT_KEYS`) that curve.json and run reports hold.
 
     a, r0: rewards; b: the exponent; c_mid: compute at half the gain, in `compute_unit`.
     *_interval: central bootstrap intervals (lower, upper) at `interval_level` from
@@ -188,19 +147,19 @@ class FitSummary:
     extrapolation is (None only in a reply from a service that does not report it).
     """
 
-    a: float
-    b: float
-    c_mid: float
-    r0: float
+    a: float = Field(alias="A")
+    b: float = Field(alias="B")
+    c_mid: float = Field(alias="C_mid")
+    r0: float = Field(alias="R0")
+    a_interval: tuple[float, float] | None = Field(None, alias="A_interval")
+    b_interval: tuple[float, float] | None = Field(None, alias="B_interval")
+    c_mid_interval: tuple[float, float] | None = Field(None, alias="C_mid_interval")
+    interval_level: float | None = None
+    interval_resamples: int = 0
     sse: float
     points_used: int
     warnings: tuple[str, ...] = ()
     grid: str = ""
-    a_interval: tuple[float, float] | None = None
-    b_interval: tuple[float, float] | None = None
-    c_mid_interval: tuple[float, float] | None = None
-    interval_level: float | None = None
-    interval_resamples: int = 0
     predictions: tuple[Prediction, ...] = ()
     power_law: PowerLaw | None = None
     power_law_predictions: tuple[Prediction, ...] = ()
@@ -214,7 +173,7 @@ class FitSummary:
         """The summary of a FitResponse; compute_unit names the points' compute unit."""
         p, iv = reply.params, reply.intervals
         has_iv = reply.HasField("intervals")
-        law = reply.power_law if reply.HasField("power_law") else None
+        law = reply.power_law
         return cls(
             a=p.a,
             b=p.b,
@@ -229,42 +188,23 @@ class FitSummary:
             c_mid_interval=(iv.c_mid.lower, iv.c_mid.upper) if has_iv else None,
             interval_level=iv.level if has_iv else None,
             interval_resamples=iv.resamples if has_iv else 0,
-            predictions=tuple(Prediction.from_proto(q) for q in reply.predictions),
-            power_law=PowerLaw(law.a, law.d, law.b, law.sse) if law is not None else None,
-            power_law_predictions=tuple(
-                Prediction.from_proto(q) for q in reply.power_law_predictions
+            predictions=_predictions(reply.predictions),
+            power_law=(
+                PowerLaw(a=law.a, d=law.d, b=law.b, sse=law.sse)
+                if reply.HasField("power_law")
+                else None
             ),
+            power_law_predictions=_predictions(reply.power_law_predictions),
             compute_unit=compute_unit,
             stability=(
                 Stability.from_proto(reply.stability) if reply.HasField("stability") else None
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: exactly the keys `FIT_KEYS`, None where there is no value."""
-        law = self.power_law
-        return {
-            "A": self.a,
-            "B": self.b,
-            "C_mid": self.c_mid,
-            "R0": self.r0,
-            "A_interval": _pair(self.a_interval),
-            "B_interval": _pair(self.b_interval),
-            "C_mid_interval": _pair(self.c_mid_interval),
-            "interval_level": self.interval_level,
-            "interval_resamples": self.interval_resamples,
-            "sse": self.sse,
-            "points_used": self.points_used,
-            "warnings": list(self.warnings),
-            "grid": self.grid,
-            "predictions": [q.to_dict() for q in self.predictions],
-            "power_law": (
-                None if law is None else {"A": law.a, "D": law.d, "B": law.b, "sse": law.sse}
-            ),
-            "power_law_predictions": [q.to_dict() for q in self.power_law_predictions],
-            "compute_unit": self.compute_unit,
-            "stability": self.stability.to_dict() if self.stability is not None else None,
-        }
+
+FIT_KEYS = json_keys(FitSummary)
+PREDICTION_KEYS = json_keys(Prediction)
+STABILITY_KEYS = json_keys(Stability)
 
 
 def write_curve_json(path: Path, fit: FitSummary) -> Path:
@@ -274,16 +214,19 @@ def write_curve_json(path: Path, fit: FitSummary) -> Path:
     return path
 
 
-def _pair(interval: tuple[float, float] | None) -> list[float] | None:
-    return None if interval is None else [interval[0], interval[1]]
-
-
 class EvalPoint(Protocol):
-    """One held-out evaluation of a run (what `learner_service.records.EvalRecord` holds)."""
+    """One held-out evaluation of a run (what `learner_service.records.EvalRecord` holds):
+    compute in `scalerl.compute.COMPUTE_UNIT`, pass_rate in [0, 1] and its standard error
+    (0 or None = unknown). Read-only, so a frozen record satisfies it."""
 
-    compute: float  # in RUN_COMPUTE_UNIT
-    pass_rate: float  # in [0, 1]
-    stderr: float | None  # pass_rate's standard error; 0 or None = unknown
+    @property
+    def compute(self) -> float: ...
+
+    @property
+    def pass_rate(self) -> float: ...
+
+    @property
+    def stderr(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -326,11 +269,12 @@ class FitSpec:
     @classmethod
     def from_evals(cls, evals: Sequence[EvalPoint], **options: Any) -> FitSpec:
         """The fit of a run's held-out curve from its evaluations (eval.jsonl's
-        `EvalRecord`s, at least one: `compute` in RUN_COMPUTE_UNIT, `pass_rate`, `stderr`),
-        the way run reports fit it: R0 = the first evaluation's pass rate, each point
-        weighted by its standard error (None, in records written before they had one, =
-        unknown), RUN_RESAMPLES bootstrap resamples seeded 0. A step-0 evaluation's compute
-        of 0 sits at ZERO_COMPUTE. options: any FitSpec field, overriding those."""
+        `EvalRecord`s, at least one: `compute` in `scalerl.compute.COMPUTE_UNIT`,
+        `pass_rate`, `stderr`), the way run reports fit it: R0 = the first evaluation's
+        pass rate, each point weighted by its standard error (None, in records written
+        before they had one, = unknown), RUN_RESAMPLES bootstrap resamples seeded 0. A
+        step-0 evaluation's compute of 0 sits at ZERO_COMPUTE. options: any FitSpec field,
+        overriding those."""
         defaults = {"r0": evals[0].pass_rate, "bootstrap_resamples": RUN_RESAMPLES, "seed": 0}
         return cls(
             compute=[max(e.compute, ZERO_COMPUTE) for e in evals],
@@ -374,36 +318,32 @@ class FitSpec:
         return request
 
 
-@dataclass(frozen=True)
-class RankedRun:
+class RankedRun(_Result):
     """One run of a comparison: its position in the request, rank (1 = best), fit, B and
     C_mid refitted at the shared A (set for runs within the A margin of the best), the
     probability that it has the best A (joint bootstrap draws) and, for the runs within
-    the margin when B decided, that its B is the highest of them."""
+    the margin when B decided, that its B is the highest of them. `to_dict` flattens the
+    fit's keys in beside the comparison's (`RANKED_RUN_KEYS`) and leaves out the index."""
 
-    index: int
+    index: int = Field(exclude=True)
     rank: int
-    fit: FitSummary
-    b_at_shared_a: float | None = None
-    c_mid_at_shared_a: float | None = None
-    p_best_a: float | None = None
-    p_best_b: float | None = None
+    b_at_shared_a: float | None = Field(None, alias="B_at_shared_A")
+    c_mid_at_shared_a: float | None = Field(None, alias="C_mid_at_shared_A")
+    p_best_a: float | None = Field(None, alias="p_best_A")
+    p_best_b: float | None = Field(None, alias="p_best_B")
+    fit: FitSummary = Field(exclude=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly the keys `RANKED_RUN_KEYS`: rank, B_at_shared_A, C_mid_at_shared_A,
-        p_best_A, p_best_B and the fit's `FIT_KEYS`."""
-        return {
-            "rank": self.rank,
-            "B_at_shared_A": self.b_at_shared_a,
-            "C_mid_at_shared_A": self.c_mid_at_shared_a,
-            "p_best_A": self.p_best_a,
-            "p_best_B": self.p_best_b,
-            **self.fit.to_dict(),
-        }
+        return {**super().to_dict(), **self.fit.to_dict()}
 
 
-@dataclass(frozen=True)
-class Comparison:
+RANKED_RUN_KEYS = (
+    *(key for key in json_keys(RankedRun) if key not in ("index", "fit")),
+    *FIT_KEYS,
+)
+
+
+class Comparison(_Result):
     """CompareRuns' verdict (paper Sec. 3 / App. A.7): runs in request order, the index of
     the best, "A" or "B" (what decided), the shared A when B decided, a one-line summary
     naming runs by index ("run 1"); the early verdict: the smallest compute from which the
@@ -451,8 +391,7 @@ class Comparison:
         )
 
 
-@dataclass(frozen=True)
-class RecordedPoint:
+class RecordedPoint(_Result):
     """RecordPoint's answer: the run's point count and its refreshed fit (None while the
     run has fewer than 4 points or its fit failed)."""
 
@@ -460,8 +399,7 @@ class RecordedPoint:
     fit: FitSummary | None
 
 
-@dataclass(frozen=True)
-class RecordedRun:
+class RecordedRun(_Result):
     """GetRun's answer: one series of a recorded run.
 
     task: the series read ("" = the run's total); points: ((compute, reward), ...) compute
@@ -479,8 +417,7 @@ class RecordedRun:
     stderr: tuple[float, ...] = ()
 
 
-@dataclass(frozen=True)
-class TrimmedRun:
+class TrimmedRun(_Result):
     """TrimRun's answer: how many points were removed over every series of the run, how
     many its total series "" still holds, and the total's refreshed fit (None while it has
     fewer than 4 points or its fit failed)."""
@@ -510,8 +447,19 @@ class CurveClient:
         self.timeout_s = timeout_s
         self.wait_for_ready = wait_for_ready
         self.compute_unit = compute_unit
-        self._channel = channel(address, security)
-        self._stub = curve_pb2_grpc.CurveServiceStub(self._channel)
+        self._channel: grpc.Channel | None = channel(address, security)
+        self._stub: Any = curve_pb2_grpc.CurveServiceStub(self._channel)
+
+    @classmethod
+    def in_process(cls, servicer: Any, compute_unit: str | None = None) -> CurveClient:
+        """A client whose calls go to `servicer` (a `CurveServiceServicer`) in this process:
+        the same requests, replies and domain errors as over gRPC, without a server or a
+        port (`scalerl curve` without --server)."""
+        client = cls.__new__(cls)
+        client.address, client.timeout_s, client.wait_for_ready = "in-process", 0.0, False
+        client.compute_unit = compute_unit
+        client._channel, client._stub = None, _InProcessStub(servicer)
+        return client
 
     def __enter__(self) -> CurveClient:
         return self
@@ -520,7 +468,8 @@ class CurveClient:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def fit(self, spec: FitSpec) -> FitSummary:
         """Fit paper Eq. 1 to `spec`'s points. Raises InvalidArgument naming the request
@@ -648,6 +597,18 @@ class CurveClient:
             )
         except grpc.RpcError as exc:
             raise domain_error(exc) from exc
+
+
+class _InProcessStub:
+    """A stub that calls a servicer's handler in this process (context None); its domain
+    errors reach the caller as they are, as `domain_error` would rebuild them."""
+
+    def __init__(self, servicer: Any) -> None:
+        self._servicer = servicer
+
+    def __getattr__(self, method: str) -> Any:
+        handler = getattr(self._servicer, method)
+        return lambda request, **_options: handler(request, None)
 
 
 _ERRORS: dict[str, type[ServiceError]] = {

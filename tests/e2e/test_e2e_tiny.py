@@ -99,6 +99,7 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert health["steps"] == len(metrics) and 0 <= health["ratio_clipped_frac_mean"] < 0.5
     curve = json.loads((run_dir / "curve.json").read_text())
     assert {"A", "B", "C_mid", "R0", "warnings"} <= set(curve)
+    assert curve["compute_unit"] == "accelerator-hours"  # not "cpu-core-hours" on a GPU
     assert (run_dir / "plot.png").stat().st_size > 1000
     assert (run_dir / "checkpoint" / "model.safetensors").exists()
     assert "policy_version" in json.loads((run_dir / "checkpoint" / "state.json").read_text())

@@ -102,7 +102,7 @@ def test_fit_summary_round_trip_keeps_every_field() -> None:
     assert (fit.a_interval, fit.b_interval) == ((0.70, 0.72), (1.5, 1.8))
     assert fit.c_mid_interval == (6000.0, 7000.0)
     assert (fit.interval_level, fit.interval_resamples) == (0.9, 200)
-    assert fit.predictions == (Prediction(5e4, 0.70, 0.69, 0.72),)
+    assert fit.predictions == (Prediction(compute=5e4, reward=0.70, lower=0.69, upper=0.72),)
     out = fit.to_dict()
     assert set(out) == DOCUMENTED_KEYS == set(FIT_KEYS)
     assert out["A_interval"] == [0.70, 0.72] and out["C_mid_interval"] == [6000.0, 7000.0]
@@ -112,7 +112,9 @@ def test_fit_summary_round_trip_keeps_every_field() -> None:
     assert (out["sse"], out["points_used"], out["compute_unit"]) == (2.5e-4, 20, "gpu-hours")
     assert out["warnings"] == ["only 5 points used"]
     assert out["grid"] == "A 0.450..0.800 step 0.005 (71)"
-    assert fit.stability.history[1] == Prediction(1e5, 0.701, 0.701, 0.701)
+    assert fit.stability.history[1] == Prediction(
+        compute=1e5, reward=0.701, lower=0.701, upper=0.701
+    )
     assert set(out["stability"]) == set(STABILITY_KEYS)
     assert out["stability"]["history"][0] == {
         "compute": 1e5,
@@ -156,7 +158,7 @@ def test_ranked_run_dict_adds_the_comparison_keys() -> None:
 
 
 def test_write_curve_json_writes_the_dict_form(tmp_path: Path) -> None:
-    fit = FitSummary.from_proto(_full_reply(), compute_unit="cpu-core-hours")
+    fit = FitSummary.from_proto(_full_reply(), compute_unit="accelerator-hours")
     path = write_curve_json(tmp_path / "curve.json", fit)
     assert json.loads(path.read_text()) == fit.to_dict()
 
@@ -294,8 +296,12 @@ def test_client_record_point_and_trim_run_return_the_refreshed_fit(client: Curve
     assert trimmed.fit.points_used == 4 and trimmed.fit.compute_unit == "accelerator-hours"
     got = (trimmed.fit.a, trimmed.fit.b, trimmed.fit.c_mid, trimmed.fit.r0)
     assert got == pytest.approx((0.8, 1.5, 0.1, 0.1), rel=1e-4)
-    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(1, 3, None)
-    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(0, 3, None)
+    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(
+        points_removed=1, points=3, fit=None
+    )
+    assert client.trim_run("client-run", float(compute[2])) == TrimmedRun(
+        points_removed=0, points=3, fit=None
+    )
     with pytest.raises(InvalidArgument) as err:
         client.trim_run("client-run", math.nan)
     assert (err.value.field, err.value.message) == (
@@ -330,7 +336,7 @@ def test_client_maps_other_statuses(address: str, client: CurveClient, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the fit")
 
-    monkeypatch.setattr("curve_service.server.fit_sigmoid", broken)
+    monkeypatch.setattr("curve_service.recorded.fit_sigmoid", broken)
     with pytest.raises(RpcFailed) as err:
         client.fit(FitSpec(compute=list(COMPUTE), reward=list(predict(TRUTH, COMPUTE))))
     assert err.value.status == "INTERNAL"

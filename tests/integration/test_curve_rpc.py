@@ -255,7 +255,13 @@ def _csv(path: Path, compute, reward) -> Path:
     return path
 
 
-def test_cli_fit_json(tmp_path: Path, capsys) -> None:
+def test_cli_fit_json(tmp_path: Path, capsys, monkeypatch) -> None:
+    def no_server(*args, **kwargs):
+        raise AssertionError("scalerl curve fit started a gRPC server")
+
+    # Without --server the CLI calls the servicer in this process: no server, no port.
+    monkeypatch.setattr("scalerl.rpc.server.make_server", no_server)
+    monkeypatch.setattr("curve_service.server.make_server", no_server)
     points = _csv(tmp_path / "p.csv", COMPUTE, predict(TRUTH, COMPUTE))
     argv = ["curve", "fit", str(points), "--r0", "0.1", "--predict", "100,1e4", "--json"]
     assert cli.main([*argv, "--plot", str(tmp_path / "p.png")]) == 0

@@ -128,7 +128,7 @@ def test_a_bug_in_a_handler_is_internal_and_counted(service, monkeypatch) -> Non
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the fit")
 
-    monkeypatch.setattr("curve_service.server.fit_sigmoid", broken)
+    monkeypatch.setattr("curve_service.recorded.fit_sigmoid", broken)
     errors_before = _fits(servicer, "error")
     points = _points(np.geomspace(0.01, 1.0, 6), predict(TRUTH, np.geomspace(0.01, 1.0, 6)))
     for call, request in [
