@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from learner_service.records import EvalRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, read_records, run_evals
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Point:
 
 def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of a .jsonl file, one per non-empty line (the TRL baseline's
-    eval.jsonl; a scalerl run's records are read by `learner_service.records`)."""
+    eval.jsonl; a scalerl run's records are read by `scalerl.run_folder`)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

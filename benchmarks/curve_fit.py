@@ -22,7 +22,7 @@ from curve_service.grid import PAPER_GRID
 from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict, sigmoid
 from curve_service.uncertainty import bootstrap_params
-from scalerl.rpc.curve_client import CurveClient, FitSpec
+from scalerl.rpc.clients.curve import CurveClient, FitSpec
 
 TRUTH = SigmoidParams(a=0.71, b=1.65, c_mid=6500.0, r0=0.51)
 

@@ -20,7 +20,7 @@ from curve_service.fit import fit_sigmoid
 from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.stability import extrapolation_stability
-from scalerl.rpc.curve_client import CurveClient, FitSpec
+from scalerl.rpc.clients.curve import CurveClient, FitSpec
 
 TRUTH = SigmoidParams(a=0.71, b=1.65, c_mid=6500.0, r0=0.51)
 

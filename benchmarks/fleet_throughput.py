@@ -63,7 +63,7 @@ import psutil
 import redis
 from soak import machine_info, process_name, stop_launcher, wait_services, write_results
 
-from learner_service.records import StepRecord, read_records
+from scalerl.run_folder import StepRecord, read_records
 from scalerl.state.replay import replay_accounting
 from scalerl.state.worker_stats import WorkerStats
 

@@ -55,10 +55,9 @@ from curve_service.store import (
     validate_task,
 )
 from scalerl.rpc.security import Security
-from scalerl.rpc.server import make_server
+from scalerl.rpc.services import CURVE
+from scalerl.rpc.services import serve as serve_service
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
-
-SERVICE_NAME = "scalerl.v1.CurveService"
 
 
 class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
@@ -367,6 +366,5 @@ def serve(
     when the port cannot be bound.
     """
     servicer = servicer or CurveServicer()
-    registration = (curve_pb2_grpc.add_CurveServiceServicer_to_server, servicer, SERVICE_NAME)
-    server, bound, _health = make_server([registration], port=port, host=host, security=security)
+    server, bound, _ = serve_service(CURVE, servicer, port, host, security=security)
     return server, bound, servicer

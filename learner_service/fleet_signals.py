@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import redis
 
-from learner_service.records import StepRecord
+from scalerl.run_folder import StepRecord
 from scalerl.config import FleetConfig, RunConfig
 from scalerl.fleet import FleetState, desired_replicas
 from scalerl.state.push_blocked import PushBlockedSeconds

@@ -11,7 +11,7 @@ k x P groups of one version).
 
 Batches come from `learner_service.intake.batches`, evaluations run through
 `learner_service.evaluation.schedule`, and every step and evaluation is written as a typed
-record (`learner_service.records`).
+record (`scalerl.run_folder`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from learner_service.intake.batches import BatchCollector, finish_reason_counts,
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.progress import RunProgress
-from learner_service.records import StepRecord, append_record
+from scalerl.run_folder import StepRecord, append_record
 from learner_service.server import LearnerStatus, serve
 from learner_service.task_stats import task_step_stats
 from learner_service.timing import LearnerTiming

@@ -21,7 +21,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from learner_service.records import EvalRecord, StepRecord
+from scalerl.run_folder import EvalRecord, StepRecord
 from learner_service.weights.broadcast import Delivery
 from scalerl.obs.metrics import service_registry
 

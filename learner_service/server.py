@@ -11,10 +11,9 @@ import grpc
 
 from learner_service.weights.weight_store import WeightStore
 from scalerl.rpc.security import Security
-from scalerl.rpc.server import make_server
+from scalerl.rpc.services import LEARNER
+from scalerl.rpc.services import serve as serve_service
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
-
-SERVICE_NAME = "scalerl.v1.LearnerService"
 
 
 @dataclass
@@ -79,16 +78,7 @@ def serve(
     interceptor and its concurrent RPCs (FetchWeights streams included) are capped.
 
     Returns (server, bound port). Raises RuntimeError when the port cannot be bound."""
-    server, bound, _ = make_server(
-        [
-            (
-                learner_pb2_grpc.add_LearnerServiceServicer_to_server,
-                LearnerServicer(status, weights),
-                SERVICE_NAME,
-            )
-        ],
-        port,
-        host,
-        security=security,
+    server, bound, _ = serve_service(
+        LEARNER, LearnerServicer(status, weights), port, host, security=security
     )
     return server, bound

@@ -4,7 +4,7 @@ pool after No-Positive-Resampling, so a multi-task run shows which task is learn
 
 from __future__ import annotations
 
-from learner_service.records import TaskStepStats
+from scalerl.run_folder import TaskStepStats
 from scalerl.state.keys import task_of
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.v1 import rollout_pb2

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 
 import grpc
+from grpc_health.v1 import health
 
 from rollout_service.engines.api import (
     MAX_TEMPERATURE,
@@ -25,11 +26,10 @@ from rollout_service.weights.receive import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
 from scalerl.rpc.security import Security
-from scalerl.rpc.server import make_server
+from scalerl.rpc.services import ROLLOUT, serve
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 # Two full-precision copies of a ~0.5 GB policy (security.max_inflight_weight_bytes).
 DEFAULT_INFLIGHT_WEIGHT_BYTES = 2 * 1024**3
 
@@ -245,18 +245,11 @@ def start_server(
     host: str = "127.0.0.1",
     max_workers: int | None = None,
     security: Security | None = None,
-) -> tuple[grpc.Server, int]:
-    """Serve `servicer` with health and reflection; returns (server, bound port).
-    security: token and TLS (default: the process's, `scalerl.rpc.security.current`).
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Serve `servicer` (`scalerl.rpc.services.serve`); returns (server, bound port,
+    health servicer). security: token and TLS (default: the process's).
 
     Each open Generate stream holds a server thread, so the pool defaults to the engine's
     slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks."""
-    workers = max_workers or servicer._engine.max_batch + 8
-    server, bound, _ = make_server(
-        [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
-        port=port,
-        host=host,
-        max_workers=workers,
-        security=security,
-    )
-    return server, bound
+    workers = max_workers or servicer._engine.max_batch + 16
+    return serve(ROLLOUT, servicer, port, host, max_workers=workers, security=security)

@@ -28,7 +28,7 @@ from rollout_service.actor import ActorLoop
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.server import RolloutServicer
+from rollout_service.server import RolloutServicer, start_server
 from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.config import RunConfig
@@ -37,7 +37,6 @@ from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.policy.models import load_policy
-from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
@@ -46,10 +45,8 @@ from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
-from scalerl.v1 import rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "scalerl.v1.RolloutService"
 READY_HEALTH_NAME = "scalerl.ready"
 
 
@@ -112,12 +109,7 @@ class RolloutWorker:
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
             broadcast=self.follower.broadcast,
         )
-        self.server, self.port, self.health = make_server(
-            [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
-            self.port,
-            self.host,
-            max_workers=rollout.max_batch + 16,
-        )
+        self.server, self.port, self.health = start_server(servicer, self.port, self.host)
         self.health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.metrics_port:
             serve_metrics(self.metrics.registry, self.metrics_port, self.host)

@@ -8,7 +8,7 @@ A CSV has a header with columns `compute` and `reward` (an optional `series` col
 seeds fitted together, an optional `stderr` column holds each reward's standard error, an
 empty cell or 0 = unknown, and the fit weights points by it; other columns are ignored).
 Fits run in this process (the curve service's servicer, called without a server), or on
-the service at --server; either way through `scalerl.rpc.curve_client`. Bad input prints
+the service at --server; either way through `scalerl.rpc.clients.curve`. Bad input prints
 one line naming the field (a CSV's file, line and column) and exits with code 2. No torch
 import: this module loads numpy, scipy and grpc only (matplotlib for --plot).
 """
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec, FitSummary, RankedRun
+from scalerl.rpc.clients.curve import Comparison, CurveClient, FitSpec, FitSummary, RankedRun
 from scalerl.rpc.errors import InvalidArgument, ServiceError
 
 EXIT_BAD_INPUT = 2

@@ -177,7 +177,7 @@ def evaluate_checkpoint(config, source: Source, seed: int, args: argparse.Namesp
             engine, tokenizer, "eval", config.model.kind, r.interrupt_text, r.max_new_tokens,
             think_end=r.think_end,
         )  # fmt: skip
-        server, port = start_server(servicer)
+        server, port, _ = start_server(servicer)
         try:
             evaluator = evaluator_for(
                 config, build_tasks(config), tokenizer, not args.plain, r.max_batch

@@ -19,7 +19,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import grpc
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -31,9 +30,9 @@ from scalerl.obs.metrics import serve_metrics, service_registry
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
-from scalerl.rpc.curve_client import CurveClient
+from scalerl.rpc.clients.curve import CurveClient
+from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
-from scalerl.rpc.learner_client import LearnerClient
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.state.client import connect
 from scalerl.state.run_state import RunState
@@ -419,7 +418,7 @@ def _fit_verdict(client: CurveClient, run_id: str) -> str:
 def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "") -> str:
     try:
         s = client.status(wait_for_ready=True)
-    except grpc.RpcError:
+    except ServiceError:
         return ""  # not up yet, or already shutting down: keep the last line
     rate = f"{s.heldout_pass_rate:.3f}" if s.heldout_pass_rate is not None else "  -  "
     trunc = s.last_metrics.get("truncation_rate", 0.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from learner_service.records import (
+from scalerl.run_folder import (
     EvalRecord,
     ResumeRecord,
     StepRecord,
@@ -24,7 +24,7 @@ from learner_service.records import (
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
-from scalerl.rpc.curve_client import (
+from scalerl.rpc.clients.curve import (
     RUN_RESAMPLES,
     CurveClient,
     FitSpec,

@@ -29,13 +29,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from learner_service.records import EvalRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, read_records, run_evals
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
-from scalerl.rpc.curve_client import Comparison, CurveClient, FitSpec
+from scalerl.rpc.clients.curve import Comparison, CurveClient, FitSpec
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import Security
 from scalerl_cli.processes import start_child, stop_children

@@ -24,7 +24,7 @@ def main() -> int:
     from curve_service.sigmoid import sigmoid
     from scalerl.ports import free_port
     from scalerl.rpc.channel import wait_healthy
-    from scalerl.rpc.curve_client import CurveClient, FitSpec
+    from scalerl.rpc.clients.curve import CurveClient, FitSpec
 
     port = free_port()
     binary = Path(sys.executable).parent / "scalerl-curve"  # the environment's own script

@@ -3,7 +3,7 @@ every test folder: pytest puts tests/ on sys.path for its conftest)."""
 
 from __future__ import annotations
 
-from learner_service.records import EvalRecord
+from scalerl.run_folder import EvalRecord
 
 
 def assert_pass_rate_rose(evals: list[EvalRecord]) -> None:

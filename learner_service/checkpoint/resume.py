@@ -29,7 +29,7 @@ from pathlib import Path
 
 from learner_service.checkpoint.checkpointer import Checkpointer, Saved
 from learner_service.progress import RunProgress
-from learner_service.records import (
+from scalerl.run_folder import (
     EvalRecord,
     ResumeRecord,
     StepRecord,

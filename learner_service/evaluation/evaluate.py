@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from scalerl.length_control import scored_ids
-from scalerl.rpc.channel import channel
+from scalerl.rpc.clients.rollout import RolloutClient
 from scalerl.tasks import TaskSet, task_of
-from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.v1 import rollout_pb2
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class Evaluator:
         """Run every (prompt, sample) of every task (of the fixed subset unless `full`) on
         the workers round-robin; the result holds each task's and their weighted mean.
         A prompt's sample seeds do not depend on the subset. Raises RuntimeError when no
-        worker is registered and grpc.RpcError when a worker fails a request."""
+        worker is registered and a ServiceError when a worker fails a request."""
         if not worker_addresses:
             raise RuntimeError("no rollout worker registered: cannot evaluate")
         index = {pid: i for i, (pid, _) in enumerate(self._prompts)}
@@ -171,22 +171,22 @@ class Evaluator:
             for pid, ids in (self._prompts if full else self._subset)
             for s in range(self.samples)
         ]
-        channels = [channel(a) for a in worker_addresses]
+        clients = [RolloutClient(a, timeout_s=self.timeout_s) for a in worker_addresses]
         try:
-            stubs = itertools.cycle([rollout_pb2_grpc.RolloutServiceStub(c) for c in channels])
-            calls = [(next(stubs), job) for job in jobs]
-            with ThreadPoolExecutor(self.concurrency * len(channels)) as pool:
+            workers = itertools.cycle(clients)
+            calls = [(next(workers), job) for job in jobs]
+            with ThreadPoolExecutor(self.concurrency * len(clients)) as pool:
                 results = list(pool.map(lambda c: self._one(*c), calls))
         finally:
-            for ch in channels:
-                ch.close()
+            for client in clients:
+                client.close()
         rows: dict[str, list] = {name: [] for name in self.tasks.names}
         for (prompt_id, _, _), result in zip(jobs, results, strict=True):
             rows[task_of(prompt_id)].append((prompt_id, result))
         by_task = {name: _task_result(r) for name, r in rows.items()}
         return weighted_result(by_task, self.tasks.weights)
 
-    def _one(self, stub, job) -> tuple[float, bool, int, bool]:
+    def _one(self, worker: RolloutClient, job) -> tuple[float, bool, int, bool]:
         prompt_id, prompt_ids, seed = job
         request = rollout_pb2.GenerateRequest(
             prompt_token_ids=prompt_ids,
@@ -201,7 +201,7 @@ class Evaluator:
         tokens: list[int] = []
         forced: list[bool] = []
         finish = 0
-        for chunk in stub.Generate(request, timeout=self.timeout_s):
+        for chunk in worker.generate(request):
             tokens += chunk.token_ids
             forced += chunk.forced or [False] * len(chunk.token_ids)
             finish = chunk.finish_reason or finish

@@ -11,9 +11,9 @@ from pathlib import Path
 from learner_service.evaluation.schedule import EvalJob
 from learner_service.metrics import LearnerMetrics
 from learner_service.progress import RunProgress
-from learner_service.records import EvalRecord, append_record, read_records
+from scalerl.run_folder import EvalRecord, append_record, read_records
 from learner_service.server import LearnerStatus
-from scalerl.rpc.curve_client import ZERO_COMPUTE, CurveClient
+from scalerl.rpc.clients.curve import ZERO_COMPUTE, CurveClient
 from scalerl.rpc.errors import ServiceError
 
 log = logging.getLogger("learner_service.learner")

@@ -1,6 +1,6 @@
 """What one optimizer step reports (`Trainer.step`): the batch's rollout statistics, what
 was trained on, the importance ratios, and where the time went. Every field is also a
-field of the step's metrics.jsonl record (`learner_service.records.StepRecord`). And the
+field of the step's metrics.jsonl record (`scalerl.run_folder.StepRecord`). And the
 running sums over a step's micro-batches they are computed from (`RatioTotals`)."""
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ import torch
 
 from scalerl.policy.weight_group import EpochFailed, WeightGroup, WeightGroupError
 from scalerl.rpc.channel import channel
+from scalerl.rpc.services import ROLLOUT
 from scalerl.state.registry import WorkerRegistry
-from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 REJOIN_AFTER_S = 60.0  # a dropped member is asked again after this long (it may recover)
@@ -231,5 +232,4 @@ def _call(method: str, address: str, request, broadcaster: WeightBroadcaster):
     a transfer of every tensor plus the swap (the group's own deadlines end it sooner)."""
     timeout = broadcaster.timeout_s * 4 + APPLY_TIMEOUT_S
     with channel(address) as ch:
-        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
-        return getattr(stub, method)(request, timeout=timeout)
+        return getattr(ROLLOUT.stub(ch), method)(request, timeout=timeout)

@@ -19,16 +19,16 @@ import threading
 import time
 from collections.abc import Callable
 
-import grpc
 import torch
 from safetensors.torch import save as save_safetensors
 
 from learner_service.weights.senders import Sender
 from scalerl.policy.weights import head_names, snapshot_state_dict
-from scalerl.rpc.channel import channel
+from scalerl.rpc.clients.rollout import RolloutClient
+from scalerl.rpc.errors import ServiceError
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
-from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +156,7 @@ def _serving(address: str, timeout_s: float) -> int:
     """The policy version the worker at `address` serves (GetStatus), -1 when it does not
     answer within `timeout_s` (at least a second)."""
     try:
-        with channel(address) as ch:
-            reply = rollout_pb2_grpc.RolloutServiceStub(ch).GetStatus(
-                rollout_pb2.GetRolloutStatusRequest(), timeout=max(timeout_s, 1.0)
-            )
-        return reply.policy_version
-    except grpc.RpcError:
+        with RolloutClient(address, timeout_s=max(timeout_s, 1.0)) as worker:
+            return worker.status().policy_version
+    except ServiceError:
         return -1

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import torch
 
 from learner_service.weights.broadcast import Delivery, WeightBroadcaster
@@ -31,10 +30,11 @@ from learner_service.weights.weight_store import WeightStore
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig, StreamWeights, UriWeights
 from scalerl.policy.weights import weights_requests
 from scalerl.ports import free_port
-from scalerl.rpc.channel import channel
+from scalerl.rpc.clients.rollout import RolloutClient
+from scalerl.rpc.errors import ServiceError
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import WeightsRef
-from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
@@ -111,20 +111,12 @@ class _PushSender(Sender):
         else:
             requests = weights_requests(payload, header.version)
         try:
-            with channel(address) as ch:
-                rollout_pb2_grpc.RolloutServiceStub(ch).UpdateWeights(
-                    requests, timeout=self.timeout_s
-                )
+            with RolloutClient(address, timeout_s=self.timeout_s) as worker:
+                worker.update_weights(requests)
             return True
-        except grpc.RpcError as exc:
+        except ServiceError as exc:
             self.failures += 1
-            log.warning(
-                "weights v%d to %s failed: %s %s",
-                header.version,
-                address,
-                exc.code(),
-                exc.details(),
-            )
+            log.warning("weights v%d to %s failed: %s %s", header.version, address, exc.status, exc)
             return False
 
 

@@ -22,8 +22,9 @@ import grpc
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.rpc.channel import channel
+from scalerl.rpc.services import LEARNER
 from scalerl.state.run_state import WeightsRef
-from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+from scalerl.v1 import learner_pb2, rollout_pb2
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
 RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
@@ -61,7 +62,7 @@ def fetched_requests(
     deadline = time.monotonic() + timeout_s
     offset, header_sent = 0, False
     with channel(ref.source_address) as ch:
-        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        stub = LEARNER.stub(ch)
         for attempt in range(resumes + 1):
             request = learner_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
             call = stub.FetchWeights(request, timeout=max(deadline - time.monotonic(), 0.001))

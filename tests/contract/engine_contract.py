@@ -386,7 +386,7 @@ def test_submit_rejects_bad_requests(contract):
 def test_get_status_names_the_engine(contract):
     engine = contract.engine
     tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
-    server, port = start_server(RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8))
+    server, port, _ = start_server(RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8))
     ch = channel(f"127.0.0.1:{port}")
     try:
         stub = rollout_pb2_grpc.RolloutServiceStub(ch)

@@ -24,7 +24,7 @@ from deploy_manifests import DEPLOY, KubectlMissing, render
 from learning import assert_pass_rate_rose
 from local_pods import LOOPBACK, LocalProcess, local_processes, stop_all
 
-from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.config import load_config
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry

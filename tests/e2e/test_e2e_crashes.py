@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 from scalerl.crash_points import CRASH_AT_ENV, CRASH_MARKER_ENV
 
 pytestmark = pytest.mark.integration

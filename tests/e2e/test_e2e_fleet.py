@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.ports import free_port
 from scalerl.rpc.security import TOKEN_ENV
 

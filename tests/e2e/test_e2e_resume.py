@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

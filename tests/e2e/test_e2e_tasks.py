@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import (
+from scalerl.run_folder import (
     EvalRecord,
     StepRecord,
     evals_by_task,

@@ -19,7 +19,7 @@ import pytest
 import torch
 from learning import assert_pass_rate_rose
 
-from learner_service.records import EvalRecord, StepRecord, read_records, run_evals
+from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

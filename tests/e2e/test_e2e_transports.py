@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from learner_service.records import StepRecord, read_records
+from scalerl.run_folder import StepRecord, read_records
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

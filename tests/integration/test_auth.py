@@ -28,7 +28,7 @@ from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import serialize_state_dict, weights_requests
 from scalerl.rpc.channel import channel
-from scalerl.rpc.curve_client import CurveClient
+from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.errors import Unauthenticated
 from scalerl.rpc.security import TOKEN_ENV, Security, configure
 from scalerl.v1 import (
@@ -66,7 +66,7 @@ def rollout(policy):
     model, tokenizer = policy
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=2, max_seq_len=256)
     servicer = RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 16)
-    server, port = start_server(servicer, security=Security(token=TOKEN))
+    server, port, _ = start_server(servicer, security=Security(token=TOKEN))
     yield port, engine
     server.stop(None)
     engine.stop()

@@ -17,7 +17,8 @@ from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore
 from scalerl.ports import free_port
-from scalerl.rpc.curve_client import (
+from scalerl.rpc.clients.base import RpcFailed
+from scalerl.rpc.clients.curve import (
     FIT_KEYS,
     RANKED_RUN_KEYS,
     STABILITY_KEYS,
@@ -27,7 +28,6 @@ from scalerl.rpc.curve_client import (
     FitSummary,
     Prediction,
     RankedRun,
-    RpcFailed,
     TrimmedRun,
     write_curve_json,
 )

@@ -21,7 +21,7 @@ from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore, RunStore
 from scalerl.rpc import channel as grpc_channel
-from scalerl.rpc.curve_client import FIT_KEYS
+from scalerl.rpc.clients.curve import FIT_KEYS
 from scalerl.state.client import connect
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 from scalerl_cli import main as cli
@@ -261,7 +261,7 @@ def test_cli_fit_json(tmp_path: Path, capsys, monkeypatch) -> None:
 
     # Without --server the CLI calls the servicer in this process: no server, no port.
     monkeypatch.setattr("scalerl.rpc.server.make_server", no_server)
-    monkeypatch.setattr("curve_service.server.make_server", no_server)
+    monkeypatch.setattr("scalerl.rpc.services.make_server", no_server)
     points = _csv(tmp_path / "p.csv", COMPUTE, predict(TRUTH, COMPUTE))
     argv = ["curve", "fit", str(points), "--r0", "0.1", "--predict", "100,1e4", "--json"]
     assert cli.main([*argv, "--plot", str(tmp_path / "p.png")]) == 0

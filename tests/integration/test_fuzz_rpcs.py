@@ -116,7 +116,7 @@ def servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
     servicer = RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8, weights_root=str(root))
     security = Security(token=TOKEN)
-    rollout, rollout_port = start_server(servicer, security=security)
+    rollout, rollout_port, _ = start_server(servicer, security=security)
     curve, curve_port, _ = serve_curve(security=security)
     weights = WeightStore(chunk_bytes=16)
     payload = bytes(range(40))

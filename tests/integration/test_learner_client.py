@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from learner_service import server as learner_server
 from learner_service.server import LearnerStatus, serve
 from scalerl.ports import free_port
-from scalerl.rpc.learner_client import LearnerClient, LearnerProgress
+from scalerl.rpc.clients.base import RpcFailed
+from scalerl.rpc.clients.learner import LearnerClient, LearnerProgress
+from scalerl.rpc.errors import Unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -59,14 +60,13 @@ def test_an_error_in_get_status_reaches_the_client_as_internal(
         raise RuntimeError("secret detail")
 
     monkeypatch.setattr(learner_server, "status_reply", broken)
-    with LearnerClient(address, timeout_s=5) as client, pytest.raises(grpc.RpcError) as err:
+    with LearnerClient(address, timeout_s=5) as client, pytest.raises(RpcFailed) as err:
         client.status(wait_for_ready=True)
-    assert err.value.code() == grpc.StatusCode.INTERNAL
-    assert err.value.details() == "GetStatus failed: RuntimeError; see server log"
+    assert err.value.status == "INTERNAL"  # a status without a domain error
+    assert str(err.value) == "GetStatus failed: RuntimeError; see server log"
 
 
 def test_no_learner_is_unavailable() -> None:
     with LearnerClient(f"127.0.0.1:{free_port()}", timeout_s=5) as client:
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(Unavailable):  # a domain error, never grpc.RpcError
             client.status()
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis.connection import SSLConnection
 
-from scalerl.rpc.curve_client import CurveClient
+from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.security import TOKEN_ENV
 from scalerl.state.client import connect, redact_url
 from scalerl.state.run_state import RunState, WeightsRef

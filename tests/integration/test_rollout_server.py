@@ -17,12 +17,13 @@ from safetensors.torch import load as load_safetensors
 from rollout_service.engines.api import EngineError, EngineStopped, GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
-from rollout_service.server import SERVICE_NAME, RolloutServicer, start_server
+from rollout_service.server import RolloutServicer, start_server
 from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import serialize_state_dict, weights_requests, weights_uri_request
 from scalerl.rpc.channel import channel
+from scalerl.rpc.services import ROLLOUT
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
 torch.set_num_threads(1)
@@ -50,7 +51,7 @@ def service(policy, tmp_path):
     servicer = RolloutServicer(
         engine, tokenizer, "worker-7", "tiny", "=?", 16, metrics, weights_root=str(tmp_path)
     )
-    server, port = start_server(servicer)
+    server, port, _ = start_server(servicer)
     ch = channel(f"127.0.0.1:{port}")
     yield rollout_pb2_grpc.RolloutServiceStub(ch), engine, registry, ch
     ch.close()
@@ -224,7 +225,7 @@ def test_interrupt_unknown_and_bad_mode(service):
 def test_health_and_status(service):
     stub, _, _, ch = service
     health = health_pb2_grpc.HealthStub(ch)
-    for name in ("", SERVICE_NAME):
+    for name in ("", ROLLOUT.name):
         reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=TIMEOUT_S)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     greedy(stub, max_new=5)
@@ -378,7 +379,7 @@ class FakeEngine:
 
 def _fake_service(policy, engine: FakeEngine):
     servicer = RolloutServicer(engine, policy[1], "worker-9", "tiny", "=?", 16)
-    server, port = start_server(servicer)
+    server, port, _ = start_server(servicer)
     return server, channel(f"127.0.0.1:{port}")
 
 

@@ -432,7 +432,7 @@ def test_get_status_names_the_engine(servers, engines):
     server = servers()
     engine = engines(server, policy_version=3)
     servicer = RolloutServicer(engine, load_tokenizer(ModelConfig(kind="tiny")), "w", "x", "=?", 4)
-    grpc_server, port = start_server(servicer)
+    grpc_server, port, _ = start_server(servicer)
     ch = channel(f"127.0.0.1:{port}")
     try:
         stub = rollout_pb2_grpc.RolloutServiceStub(ch)

@@ -41,7 +41,7 @@ def serve(policy, **servicer_options):
     model, tokenizer = policy
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=1, max_seq_len=64)
     servicer = RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8, **servicer_options)
-    server, port = start_server(servicer, security=Security())
+    server, port, _ = start_server(servicer, security=Security())
     return server, engine, servicer, channel(f"127.0.0.1:{port}", Security())
 
 

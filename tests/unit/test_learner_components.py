@@ -14,7 +14,7 @@ from learner_service.evaluation.evaluate import EvalResult
 from learner_service.evaluation.reporter import EvalReporter, eval_records
 from learner_service.evaluation.schedule import EvalJob
 from learner_service.progress import RunProgress
-from learner_service.records import EvalRecord, read_records
+from scalerl.run_folder import EvalRecord, read_records
 from learner_service.server import LearnerStatus
 from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.metrics import LearnerMetrics, WorkerStatsCollector
-from learner_service.records import StepRecord
+from scalerl.run_folder import StepRecord
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2

@@ -151,12 +151,10 @@ def test_evaluation_scores_an_interrupted_reply_on_its_answer_alone():
 
     evaluator = Evaluator(TaskSet([task]), tok, samples=1, temperature=1.0, max_new_tokens=12)
     job = (problem.prompt_id, [3], 0)
-    stub = types.SimpleNamespace(Generate=lambda request, timeout: iter(reply("?")))
+    stub = types.SimpleNamespace(generate=lambda request: iter(reply("?")))
     reward, parse_failed, tokens, truncated = evaluator._one(stub, job)
     assert (reward, parse_failed, tokens, truncated) == (0.0, True, len(thinking) + 4, False)
-    stub = types.SimpleNamespace(
-        Generate=lambda request, timeout: iter(reply(f" {problem.answer}"))
-    )
+    stub = types.SimpleNamespace(generate=lambda request: iter(reply(f" {problem.answer}")))
     assert evaluator._one(stub, job)[:2] == (1.0, False)
 
 

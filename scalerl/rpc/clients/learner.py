@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 
-from scalerl.rpc.channel import channel
+from scalerl.rpc.clients.base import RpcClient
 from scalerl.rpc.security import Security
-from scalerl.v1 import learner_pb2, learner_pb2_grpc
+from scalerl.rpc.services import LEARNER
+from scalerl.v1 import learner_pb2
 
 
 @dataclass(frozen=True)
@@ -26,31 +27,29 @@ class LearnerProgress:
     last_metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-class LearnerClient:
+class LearnerClient(RpcClient):
     """GetStatus of the learner at `address` (host:port), each call bounded by
     `timeout_s` seconds; `security`: token and TLS (default: the process's). Use as a
     context manager, or `close()` it."""
 
+    service = LEARNER
+
     def __init__(
         self, address: str, timeout_s: float = 2.0, security: Security | None = None
     ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self._channel = channel(address, security)
-        self._stub = learner_pb2_grpc.LearnerServiceStub(self._channel)
+        super().__init__(address, timeout_s, security)
 
     def status(self, wait_for_ready: bool = False) -> LearnerProgress:
         """The learner's progress now. `wait_for_ready`: wait (within the timeout) for a
         server that is not up yet instead of failing at once.
 
         Raises:
-            grpc.RpcError: the call failed (UNAVAILABLE or DEADLINE_EXCEEDED while the
-                learner is not up, INTERNAL for a learner-side bug, ...).
+            ServiceError: the call failed: Unavailable while the learner is not up,
+                RpcFailed("DEADLINE_EXCEEDED") past the timeout, RpcFailed("INTERNAL")
+                for a learner-side bug, ... (`scalerl.rpc.clients.base.domain_error`).
         """
-        reply = self._stub.GetStatus(
-            learner_pb2.GetLearnerStatusRequest(),
-            timeout=self.timeout_s,
-            wait_for_ready=wait_for_ready,
+        reply = self._call(
+            "GetStatus", learner_pb2.GetLearnerStatusRequest(), wait_for_ready=wait_for_ready
         )
         return LearnerProgress(
             step=reply.step,
@@ -62,17 +61,3 @@ class LearnerClient:
             ),
             last_metrics=MappingProxyType(dict(reply.last_metrics)),
         )
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> LearnerClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

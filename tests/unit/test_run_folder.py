@@ -1,5 +1,5 @@
 """The run folder's typed records: metrics.jsonl and eval.jsonl written and read back by
-`learner_service.records`, and the launcher's training-health summary over them."""
+`scalerl.run_folder`, and the launcher's training-health summary over them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from learner_service.records import (
+from scalerl.run_folder import (
     EvalRecord,
     StepRecord,
     append_record,

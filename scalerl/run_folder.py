@@ -1,7 +1,8 @@
 """The run folder's records: one `StepRecord` per optimizer step in metrics.jsonl, one
-`EvalRecord` per held-out evaluation in eval.jsonl.
+`EvalRecord` per held-out evaluation in eval.jsonl, one `ResumeRecord` per resume in
+resumes.jsonl.
 
-One writer (`append_record`) and one reader (`read_records`) for both files, so the
+One writer (`append_record`) and one reader (`read_records`) for every file, so the
 learner, the launcher's report, the sweep and the benchmarks agree on every field. The
 JSON keys are the field names. Torch-free: the launcher and the sweep read run folders
 without loading torch.
@@ -27,6 +28,7 @@ class _Record(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     FILE: ClassVar[str]
+    step: int  # every record is of a step; each kind says which (its own description)
 
 
 class TaskStepStats(BaseModel):

@@ -8,8 +8,9 @@ R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), made from a FitResponse, with ONE di
 `TrimmedRun`, `RecordedRun`); a failed call raises the domain error of its status
 (`scalerl.rpc.errors`): InvalidArgument (with the request's field), NotFound,
 FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without a domain error
-(INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`. A run's calls take the series' `task`
-("" = the run's total, the only series of a single-task run).
+(INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed` (`scalerl.rpc.clients.base`). A run's
+calls take the series' `task` ("" = the run's total, the only series of a single-task
+run).
 
 The results are frozen pydantic models: their JSON keys (`FIT_KEYS`, ...) are derived from
 their fields. Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
@@ -23,41 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
 from pydantic import BaseModel, ConfigDict, Field
 
-from scalerl.rpc.channel import channel
-from scalerl.rpc.errors import (
-    AlreadyExists,
-    DataLoss,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    ServiceError,
-    Unauthenticated,
-    Unavailable,
-)
+from scalerl.rpc.clients.base import RpcClient
 from scalerl.rpc.security import Security
-from scalerl.v1 import curve_pb2, curve_pb2_grpc
+from scalerl.rpc.services import CURVE
+from scalerl.v1 import curve_pb2
 
 # Where an evaluation made before any compute was spent (step 0) sits on the compute
 # axis: compute must be > 0 for Eq. 1, and this keeps the point as the curve's anchor.
 ZERO_COMPUTE = 1e-9
 RUN_RESAMPLES = 200  # bootstrap resamples behind a run's reported intervals (~0.5 s)
-
-
-class RpcFailed(ServiceError):
-    """A call failed with a status no domain error stands for (INTERNAL, UNKNOWN,
-    DEADLINE_EXCEEDED, ...); `status` is that status's name, str() the details."""
-
-    def __init__(self, code: str, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-
-    @property
-    def status(self) -> str:  # type: ignore[override]  # per instance, not per class
-        return self.code
 
 
 class _Result(BaseModel):
@@ -215,7 +192,7 @@ def write_curve_json(path: Path, fit: FitSummary) -> Path:
 
 
 class EvalPoint(Protocol):
-    """One held-out evaluation of a run (what `learner_service.records.EvalRecord` holds):
+    """One held-out evaluation of a run (what `scalerl.run_folder.EvalRecord` holds):
     compute in `scalerl.compute.COMPUTE_UNIT`, pass_rate in [0, 1] and its standard error
     (0 or None = unknown). Read-only, so a frozen record satisfies it."""
 
@@ -427,13 +404,16 @@ class TrimmedRun(_Result):
     fit: FitSummary | None
 
 
-class CurveClient:
+class CurveClient(RpcClient):
     """Typed calls to a CurveService at `address` (host:port), each bounded by timeout_s
-    seconds. compute_unit labels every returned fit. security: token and TLS (default: the
-    process's, `scalerl.rpc.security.current`). wait_for_ready: a call to a service that is
-    down (restarting) waits for it until its deadline instead of failing at once
-    (UNAVAILABLE). Use as a context manager, or close().
-    """
+    seconds (`RpcClient`). compute_unit labels every returned fit. security: token and TLS
+    (default: the process's). wait_for_ready: a call to a service that is down
+    (restarting) waits for it until its deadline instead of failing at once. Use as a
+    context manager, or close(). `CurveClient.in_process(servicer)` calls a
+    `curve_service.server.CurveServicer` in this process instead (`scalerl curve`)."""
+
+    service = CURVE
+    compute_unit: str | None = None  # in_process clients label fits only when asked
 
     def __init__(
         self,
@@ -443,33 +423,8 @@ class CurveClient:
         security: Security | None = None,
         wait_for_ready: bool = False,
     ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.wait_for_ready = wait_for_ready
+        super().__init__(address, timeout_s, security, wait_for_ready)
         self.compute_unit = compute_unit
-        self._channel: grpc.Channel | None = channel(address, security)
-        self._stub: Any = curve_pb2_grpc.CurveServiceStub(self._channel)
-
-    @classmethod
-    def in_process(cls, servicer: Any, compute_unit: str | None = None) -> CurveClient:
-        """A client whose calls go to `servicer` (a `CurveServiceServicer`) in this process:
-        the same requests, replies and domain errors as over gRPC, without a server or a
-        port (`scalerl curve` without --server)."""
-        client = cls.__new__(cls)
-        client.address, client.timeout_s, client.wait_for_ready = "in-process", 0.0, False
-        client.compute_unit = compute_unit
-        client._channel, client._stub = None, _InProcessStub(servicer)
-        return client
-
-    def __enter__(self) -> CurveClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
 
     def fit(self, spec: FitSpec) -> FitSummary:
         """Fit paper Eq. 1 to `spec`'s points. Raises InvalidArgument naming the request
@@ -589,49 +544,3 @@ class CurveClient:
         request = spec.to_proto()
         request.run_id, request.task = run_id, task
         return FitSummary.from_proto(self._call("Fit", request), self.compute_unit)
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(
-                request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready
-            )
-        except grpc.RpcError as exc:
-            raise domain_error(exc) from exc
-
-
-class _InProcessStub:
-    """A stub that calls a servicer's handler in this process (context None); its domain
-    errors reach the caller as they are, as `domain_error` would rebuild them."""
-
-    def __init__(self, servicer: Any) -> None:
-        self._servicer = servicer
-
-    def __getattr__(self, method: str) -> Any:
-        handler = getattr(self._servicer, method)
-        return lambda request, **_options: handler(request, None)
-
-
-_ERRORS: dict[str, type[ServiceError]] = {
-    cls.status: cls
-    for cls in (
-        NotFound,
-        AlreadyExists,
-        FailedPrecondition,
-        ResourceExhausted,
-        Unavailable,
-        DataLoss,
-        Unauthenticated,
-    )
-}
-
-
-def domain_error(exc: grpc.RpcError) -> ServiceError:
-    """The domain error a failed call's status stands for: INVALID_ARGUMENT "field:
-    message" -> InvalidArgument(field, message); NOT_FOUND -> NotFound; ...; other
-    statuses -> RpcFailed."""
-    code, details = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        name, sep, message = details.partition(": ")
-        return InvalidArgument(name, message) if sep else InvalidArgument("request", details)
-    error = _ERRORS.get(code.name)
-    return error(details) if error is not None else RpcFailed(code.name, details)
