@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import redis
 
-from scalerl.run_folder import StepRecord
 from scalerl.config import FleetConfig, RunConfig
 from scalerl.fleet import FleetState, desired_replicas
+from scalerl.run_folder import StepRecord
 from scalerl.state.push_blocked import PushBlockedSeconds
 from scalerl.state.registry import WorkerInfo, WorkerRegistry
 

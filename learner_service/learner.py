@@ -35,7 +35,6 @@ from learner_service.intake.batches import BatchCollector, finish_reason_counts,
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.progress import RunProgress
-from scalerl.run_folder import StepRecord, append_record
 from learner_service.server import LearnerStatus, serve
 from learner_service.task_stats import task_step_stats
 from learner_service.timing import LearnerTiming
@@ -47,14 +46,15 @@ from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import make_sender
 from learner_service.weights.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
-from scalerl.config import RunConfig
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.offpolicy import consumer_for
+from scalerl.policy.hardware import ResolvedConfig
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
+from scalerl.run_folder import StepRecord, append_record
 from scalerl.staleness import staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
@@ -73,7 +73,7 @@ class Learner:
 
     def __init__(
         self,
-        config: RunConfig,
+        resolved: ResolvedConfig,
         redis_url: str,
         run_dir: Path,
         curve_address: str | None,
@@ -83,7 +83,8 @@ class Learner:
         advertise_host: str | None = None,
         ranks: LearnerRanks | None = None,
     ) -> None:
-        self.config = config
+        self.config = config = resolved.config
+        self.resolved = resolved
         self.ranks = ranks  # rank 0 of a sharded learner (`learner_service.train.ranks`), or None
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -135,8 +136,7 @@ class Learner:
         torch.set_num_threads(torch_threads(cfg.learner.threads))
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
-        device = cfg.device if cfg.device != "auto" else "cpu"
-        self.model.to(self.ranks.device if self.ranks else device)
+        self.model.to(self.ranks.device if self.ranks else self.resolved.device)
         self.tasks = build_tasks(cfg)
         register_verifier_metrics(self.metrics.registry, self.tasks)  # the evaluations'
         for task in self.tasks:
@@ -158,7 +158,7 @@ class Learner:
             self.registry,
             self.state,
             sender,
-            cfg.rollout.dtype if cfg.rollout.dtype != "auto" else "float32",
+            self.resolved.rollout_dtype,
             snapshot=self.trainer.snapshot
             if isinstance(self.trainer, DrivenTrainer)
             else snapshot_state_dict,

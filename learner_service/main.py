@@ -44,21 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     resolved = start_service("scalerl-learner", "learner", args.config, args.set)
     if not resolved:
         return 2
-    config, precision = resolved
-    from scalerl.rpc.security import configure, from_config
-
-    try:  # the token and TLS files of every server and channel of this process
-        configure(from_config(config.security))
-    except ValueError as exc:
-        print(f"scalerl-learner: {exc}", file=sys.stderr)
-        return 2
+    config, precision = resolved.config, resolved.precision
     if _run_already_finished(args, config):
         return 0
     from learner_service.train.ranks import LearnerRanks, follow
 
-    device = config.device if config.device != "auto" else "cpu"
     command_timeout_s = config.learner.batch_timeout_s + 3600  # a batch, then evaluations
-    ranks = LearnerRanks.from_environment(device, command_timeout_s)
+    ranks = LearnerRanks.from_environment(resolved.device, command_timeout_s)
     if ranks is not None and ranks.rank > 0:  # a follower: no Redis, no server, no metrics
         # SIGTERM is for rank 0, which finishes the run (its final checkpoint gathers from
         # every rank) and then announces stop; torchrun's SIGKILL still ends a follower.
@@ -82,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_metrics(registry, args.metrics_port, args.host)
     stop = stop_on_signals()
     learner = Learner(
-        config,
+        resolved,
         args.redis_url,
         args.run_dir,
         args.curve_address,

@@ -21,9 +21,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from scalerl.run_folder import EvalRecord, StepRecord
 from learner_service.weights.broadcast import Delivery
 from scalerl.obs.metrics import service_registry
+from scalerl.run_folder import EvalRecord, StepRecord
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
 TRUNCATION_WARNING_RATE = 0.10

@@ -38,14 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not resolved:
         return 2
-    config, precision = resolved
-    from scalerl.rpc.security import configure, from_config
-
-    try:  # the token and TLS files of every server and channel of this process
-        configure(from_config(config.security))
-    except ValueError as exc:
-        print(f"scalerl-rollout: {exc}", file=sys.stderr)
-        return 2
+    precision = resolved.precision
     from rollout_service.worker import RolloutWorker
     from scalerl.obs.metrics import service_registry
 
@@ -53,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = stop_on_signals()
     worker = RolloutWorker(
-        config,
+        resolved,
         args.redis_url,
         args.worker_id,
         args.host,

@@ -31,11 +31,11 @@ from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
 from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.compute import ComputeCounters, ComputeReporter
-from scalerl.config import RunConfig
 from scalerl.cores import torch_threads
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
+from scalerl.policy.hardware import ResolvedConfig
 from scalerl.policy.models import load_policy
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
@@ -55,7 +55,7 @@ class RolloutWorker:
 
     def __init__(
         self,
-        config: RunConfig,
+        resolved: ResolvedConfig,
         redis_url: str,
         worker_id: str,
         host: str,
@@ -64,7 +64,8 @@ class RolloutWorker:
         metrics_port: int,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.config = config
+        self.resolved = resolved
+        self.config = config = resolved.config
         self.worker_id = worker_id
         self.host, self.advertise_host, self.port = host, advertise_host, port
         self.metrics_port = metrics_port
@@ -93,7 +94,7 @@ class RolloutWorker:
         check_budgets(self.config.rollout, self.tokenizer.encode)
         self.metrics = RolloutMetrics(self.metrics_registry)
         rollout = self.config.rollout
-        self.engine = build_engine(self.config, model, self.tokenizer, self.metrics)
+        self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
         self.follower = make_follower(self.config, self.engine, self.state)
         servicer = RolloutServicer(

@@ -7,8 +7,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from scalerl.config import RunConfig, load_config
+
+if TYPE_CHECKING:  # the module stays torch-free until a device is resolved
+    from scalerl.policy.hardware import ResolvedConfig
 
 
 def config_error(exc: Exception) -> str:
@@ -39,19 +43,20 @@ def load_config_or_none(
         return None
 
 
-def resolve_hardware_or_none(prog: str, config: RunConfig):
-    """(config with device and precision resolved for this machine, its
-    `scalerl.policy.hardware.Precision`), logged; or None after printing `prog: <one line>` when
+def resolve_hardware_or_none(prog: str, config: RunConfig) -> ResolvedConfig | None:
+    """The config resolved for this machine (`scalerl.policy.hardware.ResolvedConfig`:
+    device and dtypes concrete), logged; or None after printing `prog: <one line>` when
     the device asked for is not there (the caller exits with code 2). Imports torch."""
     import logging
 
     from scalerl.policy.hardware import resolved_config
 
     try:
-        resolved, precision = resolved_config(config)
+        resolved = resolved_config(config)
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
+    precision = resolved.precision
     logging.getLogger(prog).info(
         "device %s, rollout dtype %s, learner body %s (%s)",
         precision.device,
@@ -59,26 +64,35 @@ def resolve_hardware_or_none(prog: str, config: RunConfig):
         precision.learner_dtype,
         precision.reason,
     )
-    return resolved, precision
+    return resolved
 
 
 def start_service(
     prog: str, service: str, config_path: str, overrides: list[str], worker_id: str = ""
-):
+) -> ResolvedConfig | None:
     """The start of `scalerl-rollout` and `scalerl-learner`: the one log format
-    (`scalerl.obs.logging`), the validated config and its device/precision for this machine.
+    (`scalerl.obs.logging`), the validated config, its device and dtypes for this machine,
+    and the process's token and TLS files (`scalerl.rpc.security.configure`, for every
+    server and channel it opens).
 
-    Returns (config, `scalerl.policy.hardware.Precision`), or None after printing
-    `prog: <one line>` (the caller exits with code 2). Imports torch (to resolve the device).
+    Returns the `ResolvedConfig`, or None after printing `prog: <one line>` (the caller
+    exits with code 2). Imports torch (to resolve the device).
     """
     from scalerl.obs.logging import set_run_id, setup_logging
+    from scalerl.rpc.security import configure, from_config
 
     setup_logging(service, worker_id=worker_id)
     config = load_config_or_none(prog, config_path, overrides)
     resolved = config and resolve_hardware_or_none(prog, config)
-    if resolved:
-        set_run_id(resolved[0].run_id)
-    return resolved or None
+    if not resolved:
+        return None
+    set_run_id(resolved.config.run_id)
+    try:
+        configure(from_config(resolved.config.security))
+    except ValueError as exc:  # a file that cannot be read, or half a TLS pair
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return resolved
 
 
 def stop_on_signals() -> threading.Event:

@@ -26,6 +26,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported only once an evaluation starts
+    from scalerl.policy.hardware import ResolvedConfig
 
 SEED_STRIDE = 7919  # the learner's evaluation seed: config.seed + 7919 x step
 
@@ -87,10 +91,14 @@ def main(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     seed = args.seed if args.seed is not None else config.seed + SEED_STRIDE * (source.step or 0)
+    from scalerl.entrypoint import resolve_hardware_or_none
     from scalerl.rpc.errors import InvalidArgument
 
+    resolved = resolve_hardware_or_none("scalerl eval", config)
+    if resolved is None:  # the device asked for is not here: said in one line
+        return 2
     try:
-        result = evaluate_checkpoint(config, source, seed, args)
+        result = evaluate_checkpoint(resolved, source, seed, args)
     except InvalidArgument as exc:
         print(f"scalerl eval: {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
@@ -145,8 +153,11 @@ def _config(args: argparse.Namespace, source: Source):
     return load_config_or_none("scalerl eval", name, overrides, args.recipe, args.leave_out)
 
 
-def evaluate_checkpoint(config, source: Source, seed: int, args: argparse.Namespace) -> dict:
-    """Load the weights into an engine served on a local port, score the held-out split
+def evaluate_checkpoint(
+    resolved: ResolvedConfig, source: Source, seed: int, args: argparse.Namespace
+) -> dict:
+    """Load the weights into an engine (on the resolved device and dtype) served on a
+    local port, score the held-out split
     (every prompt, or the `--prompts` subset) and return the result as a dict. Raises
     InvalidArgument naming the first bad tensor when the weights do not fit the model."""
     import torch
@@ -156,20 +167,18 @@ def evaluate_checkpoint(config, source: Source, seed: int, args: argparse.Namesp
     from rollout_service.engines.weight_check import load_state_dict
     from rollout_service.server import RolloutServicer, start_server
     from scalerl.cores import torch_threads
-    from scalerl.entrypoint import resolve_hardware_or_none
     from scalerl.length_control import check_budgets
     from scalerl.policy.models import load_policy
     from scalerl.tasks import build_tasks
 
-    resolved = resolve_hardware_or_none("scalerl eval", config)
-    config = resolved[0] if resolved else config
+    config = resolved.config
     torch.set_num_threads(torch_threads(args.threads))
     model, tokenizer = load_policy(config.model, seed=config.seed)
     check_budgets(config.rollout, tokenizer.encode)
     weights: dict = {}
     for file in source.weights:
         weights.update(load_state_dict(file))
-    engine = build_engine(config, model, tokenizer, None)
+    engine = build_engine(resolved, model, tokenizer, None)
     try:
         engine.stage_weights(weights, 1).result(timeout=600)
         r = config.rollout

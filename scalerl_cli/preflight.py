@@ -36,15 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if config.model.kind == "smollm2":
             smollm2_dir(config.model.cache_dir)
-        resolved, precision = resolved_config(config)
-        check_budgets(resolved.rollout, load_tokenizer(resolved.model).encode)
-        build_tasks(resolved).close()
+        resolved = resolved_config(config)
+        check_budgets(resolved.config.rollout, load_tokenizer(resolved.config.model).encode)
+        build_tasks(resolved.config).close()
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
     payload = {
-        "config": resolved.model_dump(mode="json"),
-        "precision": dataclasses.asdict(precision),
+        "config": resolved.config.model_dump(mode="json"),
+        "precision": dataclasses.asdict(resolved.precision),
     }
     print(json.dumps(payload))
     return 0

@@ -13,14 +13,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from scalerl.run_folder import (
-    EvalRecord,
-    ResumeRecord,
-    StepRecord,
-    evals_by_task,
-    read_records,
-    run_evals,
-)
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
@@ -32,6 +24,14 @@ from scalerl.rpc.clients.curve import (
     write_curve_json,
 )
 from scalerl.rpc.errors import ServiceError
+from scalerl.run_folder import (
+    EvalRecord,
+    ResumeRecord,
+    StepRecord,
+    evals_by_task,
+    read_records,
+    run_evals,
+)
 from scalerl.state.client import connect
 from scalerl.state.replay import replay_accounting
 from scalerl.state.worker_stats import WorkerStats

@@ -29,7 +29,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from scalerl.run_folder import EvalRecord, read_records, run_evals
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
@@ -38,6 +37,7 @@ from scalerl.rpc.channel import wait_healthy
 from scalerl.rpc.clients.curve import Comparison, CurveClient, FitSpec
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import Security
+from scalerl.run_folder import EvalRecord, read_records, run_evals
 from scalerl_cli.processes import start_child, stop_children
 
 console = Console(stderr=True, soft_wrap=True)

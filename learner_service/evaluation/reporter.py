@@ -11,10 +11,10 @@ from pathlib import Path
 from learner_service.evaluation.schedule import EvalJob
 from learner_service.metrics import LearnerMetrics
 from learner_service.progress import RunProgress
-from scalerl.run_folder import EvalRecord, append_record, read_records
 from learner_service.server import LearnerStatus
 from scalerl.rpc.clients.curve import ZERO_COMPUTE, CurveClient
 from scalerl.rpc.errors import ServiceError
+from scalerl.run_folder import EvalRecord, append_record, read_records
 
 log = logging.getLogger("learner_service.learner")
 

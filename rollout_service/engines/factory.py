@@ -17,11 +17,15 @@ from typing import Any
 from rollout_service.engines.api import RolloutEngine
 from scalerl.config import RunConfig
 from scalerl.cores import torch_threads
+from scalerl.policy.hardware import ResolvedConfig
 from scalerl.ports import free_port
 
 
-def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) -> RolloutEngine:
-    """The engine named by `config.rollout.engine`, started and serving version 0.
+def build_engine(
+    resolved: ResolvedConfig, model: Any, tokenizer: Any, metrics: Any
+) -> RolloutEngine:
+    """The engine named by `config.rollout.engine`, started and serving version 0, on
+    the resolved device in the resolved dtype.
 
     model: the policy as loaded by `scalerl.policy.models.load_policy` (the torch engine takes
     ownership of it; vLLM and SGLang load the model folder themselves and use it only
@@ -29,6 +33,7 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
     token ids). metrics: a `RolloutMetrics` or None. Raises ImportError naming the
     package when the engine's package is not installed.
     """
+    config = resolved.config
     rollout = config.rollout
     stops = tokenizer.stop_token_ids
     if rollout.engine == "torch":
@@ -39,8 +44,8 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             stops,
             rollout.max_batch,
             rollout.max_seq_len,
-            _concrete(rollout.dtype),
-            device=config.device if config.device != "auto" else "cpu",
+            resolved.rollout_dtype,
+            device=resolved.device,
             metrics=metrics,
         )
     if rollout.engine == "vllm":
@@ -54,35 +59,30 @@ def build_engine(config: RunConfig, model: Any, tokenizer: Any, metrics: Any) ->
             stops,
             max_batch=rollout.max_batch,
             max_seq_len=rollout.max_seq_len,
-            dtype=_concrete(rollout.dtype),
+            dtype=resolved.rollout_dtype,
             metrics=metrics,
             enforce_eager=rollout.vllm_enforce_eager,
             kv_cache_gib=rollout.vllm_kv_cache_gib,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
             threads=torch_threads(rollout.threads),
         )
-    return _build_sglang(config, model_folder(config, model), stops, metrics)
+    return _build_sglang(resolved, model_folder(config, model), stops, metrics)
 
 
-def _concrete(dtype: str) -> str:
-    """The engine dtype; "auto" must have been resolved by `scalerl.policy.hardware` first (the
-    worker's entry point does), so an unresolved one falls back to float32, never to a
-    bf16 that may be emulated."""
-    return "float32" if dtype == "auto" else dtype
-
-
-def _build_sglang(config: RunConfig, folder: Path, stops: Any, metrics: Any) -> RolloutEngine:
+def _build_sglang(
+    resolved: ResolvedConfig, folder: Path, stops: Any, metrics: Any
+) -> RolloutEngine:
     """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
     when this process exits) when that is empty."""
     from rollout_service.engines.sglang.engine import SGLangEngine
     from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
     from rollout_service.engines.weight_check import folder_shapes
 
-    rollout = config.rollout
+    rollout = resolved.config.rollout
     url = rollout.sglang_url
     if not url:
         port = free_port()
-        process = launch_sglang_server(str(folder), port, dtype=_concrete(rollout.dtype))
+        process = launch_sglang_server(str(folder), port, dtype=resolved.rollout_dtype)
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, process=process)

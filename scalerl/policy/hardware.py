@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from scalerl.config import RunConfig
+
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA) at or above its first bf16-arithmetic ISA.
 _ONEDNN_BF16_ISAS = frozenset(
     {
@@ -143,16 +145,38 @@ def resolve_precision(config) -> Precision:
     )
 
 
-def resolved_config(config):
-    """A copy of `config` with device, rollout.dtype and learner.autocast_bf16 resolved
-    for this machine (what the launcher writes to the run's config.yaml), and the
-    `Precision` it came from."""
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A run config resolved for this machine, with the `Precision` it came from: its
+    device, rollout.dtype and learner.autocast_bf16 are concrete, never "auto". The
+    engine factory and the learner take this, not a `RunConfig`, so none of them decides
+    "auto" on its own: an unresolved config is a type error, not a silent fallback."""
+
+    config: RunConfig
+    precision: Precision
+
+    @property
+    def device(self) -> str:
+        """ "cpu", "cuda" or "cuda:N"."""
+        return self.precision.device
+
+    @property
+    def rollout_dtype(self) -> str:
+        """The engine's and the published weights' dtype: "float32" or "bfloat16"."""
+        return self.precision.rollout_dtype
+
+
+def resolved_config(config: RunConfig) -> ResolvedConfig:
+    """`config` resolved for this machine: a copy with device, rollout.dtype and
+    learner.autocast_bf16 set from `resolve_precision` (what the launcher writes to the
+    run's config.yaml), with that Precision. Raises ValueError when the device asked for
+    is not there."""
     precision = resolve_precision(config)
     resolved = config.model_copy(deep=True)
     resolved.device = precision.device
-    resolved.rollout.dtype = precision.rollout_dtype
+    resolved.rollout.dtype = precision.rollout_dtype  # type: ignore[assignment]
     resolved.learner.autocast_bf16 = precision.autocast_bf16
-    return resolved, precision
+    return ResolvedConfig(resolved, precision)
 
 
 # Dense bf16 peak of accelerators, FLOP/s (vendors' datasheets, without sparsity), by a

@@ -82,11 +82,12 @@ def test_build_engine_selects_the_configured_engine():
     from rollout_service.engines.factory import build_engine
     from rollout_service.engines.torch.engine import TorchEngine
     from scalerl.config import load_config
+    from scalerl.policy.hardware import resolved_config
     from scalerl.policy.models import load_policy
 
     config = load_config("tiny", ["rollout.max_batch=3", "rollout.max_seq_len=40"])
     model, tokenizer = load_policy(config.model)
-    engine = build_engine(config, model, tokenizer, None)
+    engine = build_engine(resolved_config(config), model, tokenizer, None)
     try:
         assert isinstance(engine, TorchEngine) and isinstance(engine, RolloutEngine)
         assert (engine.max_batch, engine.max_seq_len, engine.vocab_size) == (3, 40, 21)
@@ -96,7 +97,7 @@ def test_build_engine_selects_the_configured_engine():
     if _VLLM_MISSING:
         config = load_config("tiny", ["rollout.engine=vllm"])
         with pytest.raises(ImportError, match="vllm package"):
-            build_engine(config, model, tokenizer, None)
+            build_engine(resolved_config(config), model, tokenizer, None)
 
 
 def test_the_contract_and_length_control_load_no_torch():

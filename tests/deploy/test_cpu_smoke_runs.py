@@ -24,8 +24,8 @@ from deploy_manifests import DEPLOY, KubectlMissing, render
 from learning import assert_pass_rate_rose
 from local_pods import LOOPBACK, LocalProcess, local_processes, stop_all
 
-from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.config import load_config
+from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.worker_stats import WorkerStats

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.run_folder import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 from scalerl.crash_points import CRASH_AT_ENV, CRASH_MARKER_ENV
+from scalerl.run_folder import EvalRecord, ResumeRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 from scalerl.ports import free_port
 from scalerl.rpc.security import TOKEN_ENV
+from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

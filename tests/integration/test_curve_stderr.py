@@ -22,9 +22,9 @@ from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore, RunSnapshot, RunStore
 from learner_service.evaluation.reporter import EvalReporter
 from learner_service.progress import RunProgress
-from scalerl.run_folder import EvalRecord, append_record
 from scalerl.rpc.clients.curve import ZERO_COMPUTE, CurveClient
 from scalerl.rpc.errors import InvalidArgument
+from scalerl.run_folder import EvalRecord, append_record
 from scalerl.state.client import connect
 from scalerl.state.keys import RunKeys, run_key
 from scalerl.v1 import curve_pb2

@@ -17,8 +17,8 @@ from rich.console import Console
 from curve_service.fit import fit_sigmoid
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.verdict import stable_from
-from scalerl.run_folder import EvalRecord, append_record, read_records, run_evals
 from scalerl.rpc.clients.curve import CurveClient, FitSpec
+from scalerl.run_folder import EvalRecord, append_record, read_records, run_evals
 from scalerl.v1 import curve_pb2
 from scalerl_cli import main as cli
 from scalerl_cli import sweep

@@ -12,6 +12,7 @@ import pytest
 
 from learner_service.learner import Learner
 from scalerl.config import load_config
+from scalerl.policy.hardware import resolved_config
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry
 
@@ -32,7 +33,7 @@ def test_max_minutes_holds_when_no_group_arrives(
     )
     # A registered worker that never produces a group and cannot evaluate.
     WorkerRegistry(connect(redis_url), run_id).heartbeat("silent", "127.0.0.1:9", 120)
-    learner = Learner(config, redis_url, tmp_path, curve_address=None)
+    learner = Learner(resolved_config(config), redis_url, tmp_path, curve_address=None)
     returned: list[int] = []
     start = time.monotonic()
     with caplog.at_level(logging.INFO):
@@ -59,7 +60,7 @@ def test_a_stop_while_waiting_for_workers_ends_quietly(
     for the run's workers."""
     run_id = f"t-{uuid.uuid4().hex[:12]}"
     config = load_config("tiny", [f"run_id={run_id}", "model.warmup_steps=0", "rollout.workers=1"])
-    learner = Learner(config, redis_url, tmp_path, curve_address=None)
+    learner = Learner(resolved_config(config), redis_url, tmp_path, curve_address=None)
     stop = threading.Event()
     stop.set()
     with caplog.at_level(logging.INFO):

@@ -56,17 +56,19 @@ def test_auto_follows_the_hardware_and_explicit_values_win():
 def test_resolved_config_on_this_machine():
     native, reason = native_bf16("cpu")
     assert "bf16" in reason
-    config, precision = resolved_config(load_config("default"))
+    resolved = resolved_config(load_config("default"))
+    config, precision = resolved.config, resolved.precision
+    assert (resolved.device, resolved.rollout_dtype) == (config.device, config.rollout.dtype)
     expected = "bfloat16" if native else "float32"
     assert config.rollout.dtype == precision.rollout_dtype == expected
     assert config.learner.autocast_bf16 is precision.autocast_bf16 is native
     if not torch.cuda.is_available():
         assert config.device == precision.device == "cpu"
-    explicit, _ = resolved_config(
+    explicit = resolved_config(
         load_config(
             "default", ["rollout.dtype=bfloat16", "learner.autocast_bf16=false", "device=cpu"]
         )
-    )
+    ).config
     assert (explicit.rollout.dtype, explicit.learner.autocast_bf16) == ("bfloat16", False)
     assert explicit.device == "cpu"
 
@@ -78,7 +80,7 @@ def test_capped_cpu_resolves_to_fp32_in_a_fresh_process():
     code = (
         "import json; from scalerl.policy.hardware import resolved_config; "
         "from scalerl.config import load_config; "
-        "c, p = resolved_config(load_config('default')); "
+        "p = resolved_config(load_config('default')).precision; "
         "print(json.dumps([p.rollout_dtype, p.autocast_bf16, p.reason]))"
     )
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")

@@ -14,11 +14,11 @@ from learner_service.evaluation.evaluate import EvalResult
 from learner_service.evaluation.reporter import EvalReporter, eval_records
 from learner_service.evaluation.schedule import EvalJob
 from learner_service.progress import RunProgress
-from scalerl.run_folder import EvalRecord, read_records
 from learner_service.server import LearnerStatus
 from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.run_folder import EvalRecord, read_records
 
 torch.set_num_threads(1)
 
