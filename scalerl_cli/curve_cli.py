@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalerl.rpc.clients.curve import Comparison, CurveClient, FitSpec, FitSummary, RankedRun
+from scalerl.rpc.clients.curve import CurveClient, FitSpec
+from scalerl.rpc.clients.curve_results import Comparison, FitSummary, RankedRun
 from scalerl.rpc.errors import InvalidArgument, ServiceError
 
 EXIT_BAD_INPUT = 2

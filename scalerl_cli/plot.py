@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalerl.rpc.clients.curve import FitSummary, Prediction
+from scalerl.rpc.clients.curve_results import FitSummary, Prediction
 
 CURVE_SAMPLES = 200
 EXTEND = 2.0  # without a band, the curve runs to this multiple of the largest compute

@@ -16,13 +16,8 @@ from rich.markup import escape
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig
 from scalerl.policy.hardware import Precision
-from scalerl.rpc.clients.curve import (
-    RUN_RESAMPLES,
-    CurveClient,
-    FitSpec,
-    FitSummary,
-    write_curve_json,
-)
+from scalerl.rpc.clients.curve import RUN_RESAMPLES, CurveClient, FitSpec
+from scalerl.rpc.clients.curve_results import FitSummary, write_curve_json
 from scalerl.rpc.errors import ServiceError
 from scalerl.run_folder import (
     EvalRecord,

@@ -34,7 +34,8 @@ from scalerl.config import RunConfig, load_config, parse_override, resolve_key
 from scalerl.entrypoint import config_error
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
-from scalerl.rpc.clients.curve import Comparison, CurveClient, FitSpec
+from scalerl.rpc.clients.curve import CurveClient, FitSpec
+from scalerl.rpc.clients.curve_results import Comparison
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import Security
 from scalerl.run_folder import EvalRecord, read_records, run_evals

@@ -18,13 +18,11 @@ from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore
 from scalerl.ports import free_port
 from scalerl.rpc.clients.base import RpcFailed
-from scalerl.rpc.clients.curve import (
+from scalerl.rpc.clients.curve import ZERO_COMPUTE, CurveClient, FitSpec
+from scalerl.rpc.clients.curve_results import (
     FIT_KEYS,
     RANKED_RUN_KEYS,
     STABILITY_KEYS,
-    ZERO_COMPUTE,
-    CurveClient,
-    FitSpec,
     FitSummary,
     Prediction,
     RankedRun,

@@ -21,7 +21,7 @@ from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore, RunStore
 from scalerl.rpc import channel as grpc_channel
-from scalerl.rpc.clients.curve import FIT_KEYS
+from scalerl.rpc.clients.curve_results import FIT_KEYS
 from scalerl.state.client import connect
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 from scalerl_cli import main as cli

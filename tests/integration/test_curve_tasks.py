@@ -23,7 +23,8 @@ from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MAX_TASKS, MemoryRunStore, RunStore
 from scalerl.rpc import channel as grpc_channel
-from scalerl.rpc.clients.curve import CurveClient, FitSpec, RecordedRun
+from scalerl.rpc.clients.curve import CurveClient, FitSpec
+from scalerl.rpc.clients.curve_results import RecordedRun
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scalerl.state.client import connect
 from scalerl.state.keys import TASK_NAME_PATTERN, RunKeys, run_key

@@ -1,32 +1,30 @@
-"""The one client of `scalerl.v1.CurveService` and the one shape of a fit result.
+"""The one client of `scalerl.v1.CurveService`.
 
 `FitSpec` is what to fit (points, R0, window, bootstrap and extrapolation options): the
-only place a FitRequest is built. `FitSummary` is a fitted curve of paper Eq. 1,
-R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), made from a FitResponse, with ONE dict form
-(`FIT_KEYS`), the form `curve.json` and run reports hold (`write_curve_json`).
-`CurveClient` calls the service and returns these typed values (`RecordedPoint`,
-`TrimmedRun`, `RecordedRun`); a failed call raises the domain error of its status
-(`scalerl.rpc.errors`): InvalidArgument (with the request's field), NotFound,
+only place a FitRequest is built. `CurveClient` calls the service and returns the typed
+answers of `scalerl.rpc.clients.curve_results` (`FitSummary`, `Comparison`,
+`RecordedPoint`, `TrimmedRun`, `RecordedRun`); a failed call raises the domain error of
+its status (`scalerl.rpc.errors`): InvalidArgument (with the request's field), NotFound,
 FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without a domain error
 (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed` (`scalerl.rpc.clients.base`). A run's
 calls take the series' `task` ("" = the run's total, the only series of a single-task
-run).
-
-The results are frozen pydantic models: their JSON keys (`FIT_KEYS`, ...) are derived from
-their fields. Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
+run). Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from scalerl.rpc.clients.base import RpcClient
+from scalerl.rpc.clients.curve_results import (
+    Comparison,
+    FitSummary,
+    RecordedPoint,
+    RecordedRun,
+    TrimmedRun,
+)
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import CURVE
 from scalerl.v1 import curve_pb2
@@ -35,160 +33,6 @@ from scalerl.v1 import curve_pb2
 # axis: compute must be > 0 for Eq. 1, and this keeps the point as the curve's anchor.
 ZERO_COMPUTE = 1e-9
 RUN_RESAMPLES = 200  # bootstrap resamples behind a run's reported intervals (~0.5 s)
-
-
-class _Result(BaseModel):
-    """A value the service answered: frozen; built by field name, written out
-    (`to_dict`) by its JSON name, the alias where one is set."""
-
-    model_config = ConfigDict(
-        frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: every field by its JSON name, None where there is no value."""
-        return self.model_dump(mode="json")
-
-
-def json_keys(model: type[BaseModel]) -> tuple[str, ...]:
-    """The keys of a result's `to_dict`, in field order (derived, never written out)."""
-    return tuple(f.serialization_alias or f.alias or name for name, f in model.model_fields.items())
-
-
-class Prediction(_Result):
-    """Predicted reward at `compute` (the points' unit) with its band [lower, upper];
-    lower = upper = reward when no uncertainty was asked for."""
-
-    compute: float
-    reward: float
-    lower: float
-    upper: float
-
-    @classmethod
-    def from_proto(cls, p: curve_pb2.Prediction) -> Prediction:
-        return cls(compute=p.compute, reward=p.reward, lower=p.lower, upper=p.upper)
-
-
-def _predictions(rows: Any) -> tuple[Prediction, ...]:
-    return tuple(Prediction.from_proto(q) for q in rows)
-
-
-class Stability(_Result):
-    """How stable a fit's extrapolation is (FitResponse.stability): its prediction at
-    `target_compute` (the points' unit) from the fit and from refits without the last
-    j = 1..3 evaluations (`history`, the fit's first with its band), the largest move
-    (`moved`, reward), half the fit's band there, their ratio, and the verdict: "too few
-    points", "stable" (ratio <= 0.5), "settling" (<= 1) or "unstable"; `summary` in one
-    line."""
-
-    target_compute: float
-    history: tuple[Prediction, ...]
-    moved: float
-    band_half_width: float
-    ratio: float
-    verdict: str
-    summary: str
-
-    @classmethod
-    def from_proto(cls, s: curve_pb2.Stability) -> Stability:
-        return cls(
-            target_compute=s.target_compute,
-            history=_predictions(s.history),
-            moved=s.moved,
-            band_half_width=s.band_half_width,
-            ratio=s.ratio,
-            verdict=s.verdict,
-            summary=s.summary,
-        )
-
-
-class PowerLaw(_Result):
-    """The power law R = A - D / C^B (paper App. A.4) fitted to the same points; d is in
-    reward x compute^B of the points' unit, sse in reward^2."""
-
-    a: float = Field(alias="A")
-    d: float = Field(alias="D")
-    b: float = Field(alias="B")
-    sse: float
-
-
-class FitSummary(_Result):
-    """A fitted paper Eq. 1 curve as the curve service reports it; `to_dict` is the one
-    dict form (`FIT_KEYS`) that curve.json and run reports hold.
-
-    a, r0: rewards; b: the exponent; c_mid: compute at half the gain, in `compute_unit`.
-    *_interval: central bootstrap intervals (lower, upper) at `interval_level` from
-    `interval_resamples` resamples, None without a bootstrap. sse: sum of squared residuals
-    over the `points_used` points (reward^2). grid: the (A, C_mid) grid searched, in words.
-    predictions: one per requested compute, in request order. stability: how stable the
-    extrapolation is (None only in a reply from a service that does not report it).
-    """
-
-    a: float = Field(alias="A")
-    b: float = Field(alias="B")
-    c_mid: float = Field(alias="C_mid")
-    r0: float = Field(alias="R0")
-    a_interval: tuple[float, float] | None = Field(None, alias="A_interval")
-    b_interval: tuple[float, float] | None = Field(None, alias="B_interval")
-    c_mid_interval: tuple[float, float] | None = Field(None, alias="C_mid_interval")
-    interval_level: float | None = None
-    interval_resamples: int = 0
-    sse: float
-    points_used: int
-    warnings: tuple[str, ...] = ()
-    grid: str = ""
-    predictions: tuple[Prediction, ...] = ()
-    power_law: PowerLaw | None = None
-    power_law_predictions: tuple[Prediction, ...] = ()
-    compute_unit: str | None = None
-    stability: Stability | None = None
-
-    @classmethod
-    def from_proto(
-        cls, reply: curve_pb2.FitResponse, compute_unit: str | None = None
-    ) -> FitSummary:
-        """The summary of a FitResponse; compute_unit names the points' compute unit."""
-        p, iv = reply.params, reply.intervals
-        has_iv = reply.HasField("intervals")
-        law = reply.power_law
-        return cls(
-            a=p.a,
-            b=p.b,
-            c_mid=p.c_mid,
-            r0=p.r0,
-            sse=reply.sse,
-            points_used=reply.points_used,
-            warnings=tuple(reply.warnings),
-            grid=reply.grid.description,
-            a_interval=(iv.a.lower, iv.a.upper) if has_iv else None,
-            b_interval=(iv.b.lower, iv.b.upper) if has_iv else None,
-            c_mid_interval=(iv.c_mid.lower, iv.c_mid.upper) if has_iv else None,
-            interval_level=iv.level if has_iv else None,
-            interval_resamples=iv.resamples if has_iv else 0,
-            predictions=_predictions(reply.predictions),
-            power_law=(
-                PowerLaw(a=law.a, d=law.d, b=law.b, sse=law.sse)
-                if reply.HasField("power_law")
-                else None
-            ),
-            power_law_predictions=_predictions(reply.power_law_predictions),
-            compute_unit=compute_unit,
-            stability=(
-                Stability.from_proto(reply.stability) if reply.HasField("stability") else None
-            ),
-        )
-
-
-FIT_KEYS = json_keys(FitSummary)
-PREDICTION_KEYS = json_keys(Prediction)
-STABILITY_KEYS = json_keys(Stability)
-
-
-def write_curve_json(path: Path, fit: FitSummary) -> Path:
-    """Write `fit.to_dict()` to `path` (a run folder's curve.json); returns path. Raises
-    OSError when it cannot be written."""
-    path.write_text(json.dumps(fit.to_dict(), indent=2) + "\n")
-    return path
 
 
 class EvalPoint(Protocol):
@@ -293,115 +137,6 @@ class FitSpec:
             if value is not None:
                 setattr(request, name, value)
         return request
-
-
-class RankedRun(_Result):
-    """One run of a comparison: its position in the request, rank (1 = best), fit, B and
-    C_mid refitted at the shared A (set for runs within the A margin of the best), the
-    probability that it has the best A (joint bootstrap draws) and, for the runs within
-    the margin when B decided, that its B is the highest of them. `to_dict` flattens the
-    fit's keys in beside the comparison's (`RANKED_RUN_KEYS`) and leaves out the index."""
-
-    index: int = Field(exclude=True)
-    rank: int
-    b_at_shared_a: float | None = Field(None, alias="B_at_shared_A")
-    c_mid_at_shared_a: float | None = Field(None, alias="C_mid_at_shared_A")
-    p_best_a: float | None = Field(None, alias="p_best_A")
-    p_best_b: float | None = Field(None, alias="p_best_B")
-    fit: FitSummary = Field(exclude=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), **self.fit.to_dict()}
-
-
-RANKED_RUN_KEYS = (
-    *(key for key in json_keys(RankedRun) if key not in ("index", "fit")),
-    *FIT_KEYS,
-)
-
-
-class Comparison(_Result):
-    """CompareRuns' verdict (paper Sec. 3 / App. A.7): runs in request order, the index of
-    the best, "A" or "B" (what decided), the shared A when B decided, a one-line summary
-    naming runs by index ("run 1"); the early verdict: the smallest compute from which the
-    comparison on the points up to it has named the same best run (None when it has not
-    settled before the last point) and one line with the best run's probability."""
-
-    runs: tuple[RankedRun, ...]
-    best: int
-    decided_by: str
-    shared_a: float | None
-    summary: str
-    verdict_stable_from_compute: float | None = None
-    early_verdict: str = ""
-
-    @classmethod
-    def from_proto(
-        cls, reply: curve_pb2.CompareRunsResponse, compute_unit: str | None = None
-    ) -> Comparison:
-        runs = sorted(reply.runs, key=lambda r: r.index)
-        return cls(
-            runs=tuple(
-                RankedRun(
-                    index=r.index,
-                    rank=r.rank,
-                    fit=FitSummary.from_proto(r.fit, compute_unit),
-                    b_at_shared_a=r.b_at_shared_a if r.HasField("b_at_shared_a") else None,
-                    c_mid_at_shared_a=(
-                        r.c_mid_at_shared_a if r.HasField("c_mid_at_shared_a") else None
-                    ),
-                    p_best_a=r.p_best_a,
-                    p_best_b=r.p_best_b if r.HasField("p_best_b") else None,
-                )
-                for r in runs
-            ),
-            best=reply.best,
-            decided_by=reply.decided_by,
-            shared_a=reply.shared_a if reply.HasField("shared_a") else None,
-            summary=reply.summary,
-            verdict_stable_from_compute=(
-                reply.verdict_stable_from_compute
-                if reply.HasField("verdict_stable_from_compute")
-                else None
-            ),
-            early_verdict=reply.early_verdict,
-        )
-
-
-class RecordedPoint(_Result):
-    """RecordPoint's answer: the run's point count and its refreshed fit (None while the
-    run has fewer than 4 points or its fit failed)."""
-
-    points: int
-    fit: FitSummary | None
-
-
-class RecordedRun(_Result):
-    """GetRun's answer: one series of a recorded run.
-
-    task: the series read ("" = the run's total); points: ((compute, reward), ...) compute
-    ascending, in the unit they were recorded in; fit: its fit (None while it has fewer than
-    4 points or its fit failed); tasks: the names of the run's task series other than "",
-    sorted; stderr: each point's recorded standard error (reward units, 0.0 = unknown),
-    aligned with points.
-    """
-
-    run_id: str
-    task: str
-    points: tuple[tuple[float, float], ...]
-    fit: FitSummary | None
-    tasks: tuple[str, ...]
-    stderr: tuple[float, ...] = ()
-
-
-class TrimmedRun(_Result):
-    """TrimRun's answer: how many points were removed over every series of the run, how
-    many its total series "" still holds, and the total's refreshed fit (None while it has
-    fewer than 4 points or its fit failed)."""
-
-    points_removed: int
-    points: int
-    fit: FitSummary | None
 
 
 class CurveClient(RpcClient):
