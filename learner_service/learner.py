@@ -10,7 +10,7 @@ A round of the loop reads, trains and publishes as the off-policy mode's Consume
 k x P groups of one version).
 
 Batches come from `learner_service.intake.batches`, evaluations run through
-`learner_service.evaluation.schedule`, and every step and evaluation is written as a typed
+`learner_service.evaluation.coordinator`, and every step and evaluation is written as a typed
 record (`scalerl.run_folder`).
 """
 
@@ -26,10 +26,10 @@ import torch
 from learner_service.checkpoint.checkpointer import Checkpointer
 from learner_service.checkpoint.files import checkpoint_exists
 from learner_service.checkpoint.resume import resume_run
-from learner_service.evaluation.budget import EvalSpend, eval_cadence, final_eval_seconds
+from learner_service.evaluation.coordinator import EvalCoordinator
 from learner_service.evaluation.evaluate import evaluator_for
 from learner_service.evaluation.reporter import EvalReporter
-from learner_service.evaluation.schedule import EvalJob, EvalScheduler
+from learner_service.evaluation.schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
 from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
 from learner_service.intake.ticket_reclaim import TicketReclaimer
@@ -123,8 +123,6 @@ class Learner:
         self._published = -1  # policy version of the weights last published
         self.reporter = EvalReporter(self.run_dir, run_id, curve_address, self.status, self.metrics)
         self.timing = LearnerTiming()
-        self.eval_spend = EvalSpend()  # tokens generated for evaluations (`eval_budget`)
-        self.cadence = eval_cadence(config.eval)
         self.worker_stats = WorkerStats(client, run_id)
         self._started = time.monotonic()
         self.fleet = FleetSignals.for_run(config, self.registry, client)  # workers to ask for
@@ -165,7 +163,18 @@ class Learner:
         )
         self.publisher.start(self._closing)  # stream: re-sends to workers behind
         evaluator = evaluator_for(cfg, self.tasks, self.tokenizer)
-        self.evals = EvalScheduler(evaluator, retries=cfg.eval.retries)
+        self.evaluations = EvalCoordinator(
+            cfg,
+            EvalScheduler(evaluator, retries=cfg.eval.retries),
+            self.reporter,
+            self.timing,
+            self.compute,
+            self.registry,
+            self.worker_stats,
+            publish_if_new=self._publish_if_new,
+            wait_served=self.publisher.wait_served,
+            started=self._started,
+        )
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoint", cfg.learner, self.trainer, self.pools, self.compute
         )
@@ -260,8 +269,9 @@ class Learner:
         if self.progress.r0 is None:  # not a resume from a checkpoint, which holds R0
             self._checkpoint()  # the warmed-up weights survive an early crash
             # PipelineRL trains on the first groups while R0 runs (its weights wait).
-            full_r0 = self.config.eval.full_r0 or self.evals.evaluator.subset_is_all
-            self._evaluate(background=self.consumer.background_evaluations, full=full_r0)
+            full_r0 = self.config.eval.full_r0 or self.evaluations.subset_is_all
+            background = self.consumer.background_evaluations
+            self.evaluations.start(self.progress, background=background, full=full_r0)
             last_full = self.progress.step if full_r0 else -1
         else:
             last_full = self.progress.step
@@ -273,63 +283,31 @@ class Learner:
             self._round(stop)
             if self.batches.gave_up:
                 break  # logged by the collector: the time budget, or no worker producing
-            self._finish_evaluation(block=False)
-            if self.progress.step < cfg.max_steps and self._evaluation_due(evaluated_at):
-                full = self.evals.evaluator.subset_is_all  # then no final one is needed
+            self.evaluations.finish(self.progress, block=False)
+            step = self.progress.step
+            if step < cfg.max_steps and self.evaluations.due(step, evaluated_at):
+                full = self.evaluations.subset_is_all  # then no final one is needed
                 background = self.consumer.background_evaluations
-                self._evaluate(background=background, full=full, budgeted=True)
+                self.evaluations.start(self.progress, background, full=full, budgeted=True)
                 evaluated_at = self.progress.step
                 last_full = self.progress.step if full else last_full
             if self.checkpointer.due(self.progress.step):
                 self._checkpoint()
         try:  # the final evaluation, while the workers still serve (the launcher stops
             # the learner first); the checkpoint is written even if it fails
-            self._finish_evaluation(block=True)
+            self.evaluations.finish(self.progress, block=True)
             if last_full != self.progress.step:
-                self._evaluate(background=False, full=True)
+                self.evaluations.start(self.progress, background=False, full=True)
         finally:
             checkpoint_start = time.monotonic()
             self._checkpoint(final=True)
             self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
         self.timing.write(
-            self.run_dir / "learner_timing.json", self.compute.by_role(), self._eval_summary()
+            self.run_dir / "learner_timing.json", self.compute.by_role(), self.evaluations.summary()
         )
         self.state.request_stop()
         return 0
-
-    def _usage(self) -> tuple[float, float, float]:
-        """(the run's compute, the workers' busy seconds, the tokens they generated)."""
-        by_role = self.compute.by_role()
-        tokens = sum(s["tokens_generated"] for s in self.worker_stats.by_worker().values())
-        return sum(by_role.values()), by_role.get("rollout", 0.0), tokens
-
-    def _evaluation_due(self, evaluated_at: int) -> bool:
-        """Whether an evaluation of the subset starts now (`learner_service.evaluation.budget`);
-        never while one runs under the budget (the fixed schedule waits for it)."""
-        if self.evals.running and self.config.eval.every == 0:
-            return False
-        cost = self.evals.evaluator.completions(full=False)
-        return self.cadence.due(
-            self.progress.step, evaluated_at, self.eval_spend, cost, self._usage()
-        )
-
-    def _eval_summary(self) -> dict:
-        """The evaluations' budget and what they took, for learner_timing.json."""
-        usage = self._usage()
-        shares = self.eval_spend.shares(*usage)
-        elapsed = time.monotonic() - self._started
-        return {
-            "budget_fraction": self.config.eval.budget_fraction,
-            "every": self.config.eval.every,
-            "evaluations": self.eval_spend.evaluations,
-            "tokens_between": self.eval_spend.between,
-            "tokens_full": self.eval_spend.full,
-            "tokens_generated": usage[2],
-            "compute_share_between": shares["between"],
-            "compute_share_all": shares["all"],
-            "wait_share": self.timing.wait_share(elapsed),
-        }
 
     def _round(self, stop: threading.Event) -> None:
         """One round of the off-policy mode (`scalerl.offpolicy.Consumer`): read its
@@ -364,63 +342,9 @@ class Learner:
             want,
             admissible,
             self.progress.version,
-            lambda: self._finish_evaluation(block=False),
+            lambda: self.evaluations.finish(self.progress, block=False),
             deadline=self._deadline - self.timing.reserve_s(),
             fill_up_to=fill_up_to,
-        )
-
-    def _evaluate(self, background: bool, full: bool = True, budgeted: bool = False) -> None:
-        """Score the held-out split (`full`: every prompt, as the final evaluation and,
-        with `eval.full_r0`, R0 do; else the evaluator's fixed subset) at the current
-        policy version on the workers; `budgeted`: one between R0 and the final one,
-        whose cost the budget caps.
-
-        background (PipelineRL mode): the learner goes on training while the workers
-        evaluate, and holds its new weights back until the evaluation ends (at most k
-        steps, then the replay stream runs out of admissible groups); the point is
-        recorded at the compute and version of the evaluation's start. Otherwise the
-        learner waits for it."""
-        self._finish_evaluation(block=True)
-        self._publish_if_new()
-        self.publisher.wait_served()  # every worker serves the current version
-        step = self.progress.step
-        self.evals.start(
-            step,
-            self.progress.version,
-            self.compute.total_hours(),
-            lambda: sorted(self.registry.workers().values()),
-            seed=self.config.seed + 7919 * step,
-            full=full,
-            budgeted=budgeted,
-        )
-        if not background:
-            self._finish_evaluation(block=True)
-
-    def _finish_evaluation(self, block: bool) -> None:
-        """Record the running evaluation once it is done (waiting for it when `block`),
-        then publish the weights it held back. Re-raises the evaluation's error."""
-        job = self.evals.take(block)
-        if job is None:
-            return
-        self.timing.evaluation(job.seconds, job.waited_s, self._final_eval_estimate(job))
-        self.eval_spend.add(job.scored.completions, job.scored.mean_tokens, job.budgeted)
-        self.reporter.record(job, self.progress)
-        self._publish_if_new()
-
-    def _final_eval_estimate(self, job: EvalJob) -> float:
-        """Wall seconds the final evaluation will take: what `job` took when it scored
-        every prompt too, else `evaluation.budget.final_eval_seconds`."""
-        if job.full:
-            return job.seconds
-        _, rollout_s, tokens = self._usage()
-        return final_eval_seconds(
-            job.seconds,
-            job.scored.completions,
-            job.scored.mean_tokens,
-            self.evals.evaluator.completions(full=True),
-            rollout_s,
-            tokens,
-            len(self.registry.workers()),
         )
 
     def _publish_if_new(self) -> None:
@@ -429,7 +353,7 @@ class Learner:
         one policy version, so the weights wait until it ends."""
         if self.state.get_policy_version() != self.progress.version:
             self.state.set_policy_version(self.progress.version)
-        if self._published != self.progress.version and not self.evals.running:
+        if self._published != self.progress.version and not self.evaluations.running:
             start = time.monotonic()
             self.publisher.publish(self.model, self.progress.version)
             self._published = self.progress.version
@@ -502,8 +426,8 @@ class Learner:
             publish_seconds=self.publisher.last_seconds,
             publish_block_seconds=self.timing.take_publish_block(),
             eval_wait_seconds=self.timing.take_eval_wait(),
-            eval_wait_share=self.timing.wait_share(time.monotonic() - self._started),
-            eval_compute_share=self.eval_spend.shares(*self._usage())["between"],
+            eval_wait_share=self.evaluations.wait_share(),
+            eval_compute_share=self.evaluations.compute_share(),
             busy_seconds_by_role=self.compute.by_role(),
             queue_depth=self.replay.depth(),
             staleness_mean=sum(stale) / len(stale),
