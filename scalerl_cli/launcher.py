@@ -119,7 +119,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
         if resume:
             prepare_resume(redis_server.url, config.run_id)
         try:
-            curve_address, fleet = _start_services(
+            curve_address, learner_address, fleet = _start_services(
                 config,
                 config_path,
                 run_dir,
@@ -130,7 +130,6 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
                 launcher_metrics=f"127.0.0.1:{metrics_port}",
                 plan=plan,
             )
-            learner_address = children[-1].learner_address
             _watch(
                 children,
                 learner_address,
@@ -233,12 +232,12 @@ def _start_services(
     env: dict[str, str] | None = None,
     launcher_metrics: str | None = None,
     plan: CorePlan | None = None,
-) -> tuple[str, LauncherFleet]:
+) -> tuple[str, str, LauncherFleet]:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses (and the launcher's own /metrics,
     `launcher_metrics`) to services.json; with a core `plan`, the workers and the learner
-    are pinned to their cores (`scalerl.cores`). Returns (the curve address, the workers'
-    `LauncherFleet`)."""
+    are pinned to their cores (`scalerl.cores`). Returns (the curve address, the learner's
+    address, the workers' `LauncherFleet`)."""
     env = env or {}
     worker_env = {**env, **cpus_env(plan.worker_cpus)} if plan else env
     learner_env = {**env, **cpus_env(plan.learner_cpus)} if plan else env
@@ -295,14 +294,11 @@ def _start_services(
         logs,
         learner_env,
     )
-    learner.learner_address = f"127.0.0.1:{learner_port}"
-    services["learner"] = {
-        "grpc": learner.learner_address,
-        "metrics": f"127.0.0.1:{learner_metrics}",
-    }
+    learner_address = f"127.0.0.1:{learner_port}"
+    services["learner"] = {"grpc": learner_address, "metrics": f"127.0.0.1:{learner_metrics}"}
     children.append(learner)
     services_path.write_text(json.dumps(services, indent=2))
-    return curve_address, fleet
+    return curve_address, learner_address, fleet
 
 
 def _learner_command(world_size: int) -> tuple[str, list[str]]:
@@ -366,7 +362,7 @@ def _watch(
                 if redis_server is not None and redis_server.pid is not None:
                     pids["redis"] = redis_server.pid
                 profile.sample(pids)
-            if curve_client is not None:
+            if curve_client is not None and curve is not None:
                 verdict = _fit_verdict(curve_client, curve[1]) or verdict
             line = _progress_line(learner_client, time.monotonic() - start, verdict) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))

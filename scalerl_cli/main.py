@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"scalerl: {problem}", file=sys.stderr)
         return 2
-    config_source = str(run_dir / "config.yaml") if args.resume else args.config
+    config_source = str(args.resume / "config.yaml") if args.resume else args.config
     config = load_config_or_none("scalerl", config_source, overrides, args.recipe, args.leave_out)
     if config is None:
         return 2

@@ -41,11 +41,12 @@ class TicketReclaimer:
     ) -> None:
         if not (isinstance(period_s, Real) and math.isfinite(period_s) and period_s >= 0):
             raise ValueError(f"period_s must be a finite number >= 0 seconds, got {period_s!r}")
-        self._state = state
-        self._registry = registry
-        self._period_s = float(period_s)
-        self._clock = clock
-        self._checked_at = -math.inf
+        # Annotated: mypy reads the numbers.Real check above as unreachable for a float.
+        self._state: RunState = state
+        self._registry: WorkerRegistry = registry
+        self._period_s: float = float(period_s)
+        self._clock: Callable[[], float] = clock
+        self._checked_at: float = -math.inf
 
     def check(self, version: int) -> int:
         """Re-issue the tickets of policy `version` held by workers no longer registered,

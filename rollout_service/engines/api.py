@@ -146,7 +146,7 @@ class GenerationStream:
     def poll(self) -> list[Chunk]:
         """Chunks available now, without waiting (empty when none). Raises EngineError if
         the engine failed on this request."""
-        ready = []
+        ready: list[Chunk] = []
         while True:
             try:
                 item = self._queue.get_nowait()

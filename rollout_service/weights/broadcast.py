@@ -126,7 +126,8 @@ class BroadcastReceiver:
                     f"epoch: this worker is not in epoch {epoch} (joined: {self._group.epoch})"
                 )
             state_dict = self._received()
-            sent = self._group.last_transfer.version
+            transfer = self._group.last_transfer
+            sent = transfer.version if transfer is not None else None
             if sent != version:
                 raise InvalidArgument("version", f"broadcast carried {sent}, asked for {version}")
             self._observe(state_dict)

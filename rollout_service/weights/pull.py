@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import closing
 
 import grpc
@@ -54,7 +54,7 @@ def pull_weights(
 
 def fetched_requests(
     ref: WeightsRef, timeout_s: float = FETCH_TIMEOUT_S, resumes: int = RESUMES
-) -> Iterator[rollout_pb2.UpdateWeightsRequest]:
+) -> Generator[rollout_pb2.UpdateWeightsRequest, None, None]:
     """The UpdateWeights messages (header, then chunks in order) of `ref`'s payload, as
     FetchWeights from `ref.source` streams them, each chunk checked before it is yielded.
 

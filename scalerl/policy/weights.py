@@ -85,12 +85,11 @@ def wire_tensors(
         state = dict(model_or_sd)
         head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
         tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    wire: torch.dtype | None = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     for name, tensor in state.items():
         if tied and name == "lm_head.weight":
             continue
-        yield name, tensor, torch.float32 if name in keep_fp32 else (dtype or tensor.dtype)
+        yield name, tensor, torch.float32 if name in keep_fp32 else (wire or tensor.dtype)
 
 
 def serialize_state_dict(

@@ -127,7 +127,8 @@ class PromptPool:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         if rng is None or self.eligible_count() > SEEDED_SAMPLE_LIMIT:
-            return [text(m) for m in self._client.srandmember(self._eligible, count)]
+            drawn = self._client.srandmember(self._eligible, count)  # a list, given a count
+            return [text(m) for m in drawn] if isinstance(drawn, list) else []
         members = sorted(text(m) for m in self._client.smembers(self._eligible))
         return rng.sample(members, min(count, len(members)))
 
@@ -247,9 +248,9 @@ class PromptPool:
             if retired:
                 pipe.sadd(self._retired, *retired)
             if attempts:
-                pipe.hset(self._attempts, mapping=attempts)
+                pipe.hset(self._attempts, mapping={k: n for k, n in attempts.items()})
             if passes:
-                pipe.hset(self._passes, mapping=passes)
+                pipe.hset(self._passes, mapping={k: n for k, n in passes.items()})
             if initialized:
                 pipe.set(self._initialized, "1")
             pipe.set(self._revision, revision)

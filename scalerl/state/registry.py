@@ -22,6 +22,7 @@ from numbers import Real
 
 import redis
 
+from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
 
 log = logging.getLogger(__name__)
@@ -155,10 +156,10 @@ class WorkerRegistry:
         return bool(self._client.delete(self._keys.worker(worker_id)))
 
 
-def _parse(value: bytes) -> WorkerInfo:
+def _parse(value: bytes | str) -> WorkerInfo:
     """A registry value: the JSON object of `heartbeat`, or a bare address (older
     workers)."""
-    raw = value.decode()
+    raw = text(value)
     if not raw.startswith("{"):
         return WorkerInfo(raw)
     data = json.loads(raw)

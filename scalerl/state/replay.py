@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -211,7 +211,7 @@ class ReplayStream:
         empty): a resumed learner's versions must start above it."""
         versions = [
             group.max_policy_version
-            for _, fields in self._client.xrange(self._key, count=max(1, self._capacity))
+            for _, fields in self._client.xrange(self._key, count=max(1, self._capacity)) or []
             if (group := _parse(fields)) is not None
         ]
         return max(versions, default=None)
@@ -391,9 +391,10 @@ class ReplayStream:
         """The oldest `count` dead-lettered entries: reason, detail, entry (str) and g
         (the payload bytes)."""
         out = []
-        for _, fields in self._client.xrange(self._dead_letter_key, count=count):
+        for _, fields in self._client.xrange(self._dead_letter_key, count=count) or []:
+            fields = fields or {}
             item: dict[str, str | bytes] = {
-                k.decode(): text(v) for k, v in fields.items() if k != ENTRY_FIELD
+                text(k): text(v) for k, v in fields.items() if k != ENTRY_FIELD
             }
             item["g"] = fields.get(ENTRY_FIELD, b"")
             out.append(item)
@@ -526,7 +527,7 @@ def _serialize(group: rollout_pb2.RolloutGroup) -> bytes:
     return group.SerializeToString()
 
 
-def _parse(fields: dict[bytes, bytes] | None) -> rollout_pb2.RolloutGroup | None:
+def _parse(fields: Mapping[Any, Any] | None) -> rollout_pb2.RolloutGroup | None:
     if not fields or ENTRY_FIELD not in fields:
         return None
     try:

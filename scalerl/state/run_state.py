@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
+from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -190,10 +191,10 @@ class RunState:
             return None
         return WeightsRef(
             version=int(fields[b"version"]),
-            uri=fields[b"uri"].decode(),
-            sha256=fields[b"sha256"].decode(),
+            uri=text(fields[b"uri"]),
+            sha256=text(fields[b"sha256"]),
             total_bytes=int(fields[b"total_bytes"]),
-            source=fields.get(b"source", b"").decode(),
+            source=text(fields.get(b"source", b"")),
         )
 
     def set_latest_weights(self, ref: WeightsRef) -> None:
@@ -201,14 +202,16 @@ class RunState:
         `source` is always written, so an older publication's never lingers)."""
         if not isinstance(ref, WeightsRef):
             raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
-        mapping = {
-            "version": ref.version,
-            "uri": ref.uri,
-            "sha256": ref.sha256,
-            "total_bytes": ref.total_bytes,
-            "source": ref.source,
-        }
-        self._client.hset(self._weights, mapping=mapping)
+        self._client.hset(
+            self._weights,
+            mapping={
+                "version": ref.version,
+                "uri": ref.uri,
+                "sha256": ref.sha256,
+                "total_bytes": ref.total_bytes,
+                "source": ref.source,
+            },
+        )
 
     def forget_latest_weights(self) -> None:
         """Drop the publication record (its file is gone: a finished run's launcher
@@ -274,7 +277,7 @@ class RunState:
 
     def generation_tickets(self) -> GenerationTickets:
         """The quota's version, remainder and held counts, read in one HGETALL."""
-        fields = {k.decode(): int(v) for k, v in self._client.hgetall(self._quota).items()}
+        fields = {text(k): int(v) for k, v in self._client.hgetall(self._quota).items()}
         held = {
             name.removeprefix(HELD_PREFIX): count
             for name, count in sorted(fields.items())

@@ -45,9 +45,9 @@ def chat_messages(value: Any) -> tuple[dict[str, str], ...]:
     """`value` as chat messages: a list of {role, content} texts, one from the user at
     least (other keys dropped). Raises BadValue otherwise."""
     if isinstance(value, list) and value:
-        messages = [_message(m) for m in value]
-        if all(messages) and any(m["role"] == "user" for m in messages):
-            return tuple(messages)  # type: ignore[arg-type]
+        messages = [m for m in map(_message, value) if m is not None]
+        if len(messages) == len(value) and any(m["role"] == "user" for m in messages):
+            return tuple(messages)
     raise BadValue(
         "must be a text or a list of chat messages ({role, content} texts, one from the "
         f"user), got {_shown(value)}"
@@ -135,7 +135,7 @@ def index_rows(reader: RowReader, config: TaskConfig) -> RowIndex:
             if value not in splits and len(others) < SHOWN_VALUES:
                 others.add(value)
     repeated = ids.freeze() if ids is not None else None
-    if repeated is not None:
+    if ids is not None and repeated is not None:
         first, second = repeated
         raise ValueError(
             f"id_field {config.id_field!r} repeats the id {ids.row_id(first)!r} "
@@ -225,7 +225,7 @@ class FileTask(Task):
         self._membership[split.heldout] = HELDOUT
         self.train_ids = PromptIds(self.name, split.train, self._row_id, self._in(TRAIN))
         self.heldout_ids = PromptIds(self.name, split.heldout, self._row_id, self._in(HELDOUT))
-        self.source = f"file {config.path} ({self._reader.kind}, {self.rows} rows)"
+        self.source = f"file {config.path} ({self._rows.kind}, {self.rows} rows)"
         log.info(
             "task %s: %d training and %d held-out prompts from %d rows (%d duplicates, %d "
             "training rows repeating held-out ones, %d of other splits left out)",
@@ -238,11 +238,18 @@ class FileTask(Task):
             self.ignored_rows,
         )
 
+    @property
+    def _rows(self) -> RowReader:
+        """The open file; raises ValueError once `close_file` closed it."""
+        if self._reader is None:
+            raise ValueError(f"task {self.name!r}: its file is closed")
+        return self._reader
+
     def _row_id(self, row: int) -> str:
-        return self._ids.row_id(row) if self._ids is not None else self._reader.row_id(row)
+        return self._ids.row_id(row) if self._ids is not None else self._rows.row_id(row)
 
     def _row_of(self, row_id: str) -> int:
-        row = self._ids.row_of(row_id) if self._ids is not None else self._reader.row_of(row_id)
+        row = self._ids.row_of(row_id) if self._ids is not None else self._rows.row_of(row_id)
         if not self._membership[row]:
             raise KeyError(row_id)  # a dropped duplicate or a row of another split
         return row
@@ -258,7 +265,7 @@ class FileTask(Task):
 
     def load(self, row_id: str) -> Problem:
         row = self._row_of(row_id)
-        record = self._reader.read(row, self._columns)
+        record = self._rows.read(row, self._columns)
         prompt, answer = record[self._columns[0]], record[self._columns[1]]
         if isinstance(prompt, str):
             return Problem(self.prompt_id(row_id), render(self._template, prompt), answer)

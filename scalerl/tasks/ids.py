@@ -111,6 +111,7 @@ class RowIds:
     def add(self, row_id: str) -> None:
         """Append the next row's id (already checked: non-empty, no whitespace)."""
         self._text += row_id.encode("utf-8")
+        assert isinstance(self._ends, array), "RowIds.add after freeze"
         self._ends.append(len(self._text))
         self._digests += text_digest(row_id)
 

@@ -76,7 +76,7 @@ def build_task(config: TaskConfig, end_of_thinking: str = "") -> Task:
 
     Raises ValueError (one line naming the task and field) for a missing file or column,
     a bad split or an unknown dataset; the sources' own loaders say which."""
-    common = {
+    common: dict[str, Any] = {
         "name": config.name,
         "weight": config.weight,
         "system_prompt": config.effective_system_prompt,

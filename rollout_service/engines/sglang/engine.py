@@ -194,11 +194,14 @@ class SGLangEngine:
                 "the SGLang adapter does not detect an end-of-thinking marker yet; leave "
                 "rollout.think_end empty with rollout.engine=sglang",
             )
+        pool = self._pool
+        if pool is None:
+            raise EngineStopped("the engine is not started")
         stream = GenerationStream(self, request)
         job = _Job(request, stream)
         self._requests.add(job)
         try:
-            self._pool.submit(self._run, job)
+            pool.submit(self._run, job)
         except RuntimeError as exc:  # the pool shut down since: stop() ended the job
             raise EngineStopped() from exc
         return stream
