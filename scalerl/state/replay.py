@@ -42,7 +42,8 @@ from google.protobuf.message import DecodeError
 
 from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
-from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA, held_field
+from scalerl.state.replay_scripts import ACK_LUA, DEAD_LETTER_LUA, PUSH_LUA, RECONCILE_LUA
+from scalerl.state.run_state import held_field
 from scalerl.state.worker_stats import stat_field
 from scalerl.v1 import rollout_pb2
 
@@ -55,71 +56,6 @@ DEFAULT_CLAIM_IDLE_MS = 120_000
 _MAX_CLAIM_ROUNDS = 64
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.1
-
-# Atomic bounded append, counted in the ledger and in the pushing worker's stats
-# (`scalerl.state.worker_stats`), and, under PPO-off-policy-k, settling the group's
-# generation ticket (`scalerl.state.run_state`): returns the new entry id, or nil (None)
-# when full. The ticket is settled here, not by the worker after the push returns: a
-# worker killed between the two would leave a pushed group's ticket counted as held, and
-# the learner would re-issue it when the registration expires (one group too many of
-# that version, a group of the next batch displaced). In one script, a group is either
-# in the stream or its ticket is still held, never both.
-_PUSH_LUA = (
-    """
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
-  return false
-end
-local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
-redis.call('HINCRBY', KEYS[2], 'pushed', 1)
-redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-"""
-    + SETTLE_PUSHED_TICKET_LUA
-    + """
-return id
-"""
-)
-
-# Acknowledge and delete entries, counting in the ledger under ARGV[2] those this call
-# deleted (a repeated call, e.g. a client's retry after a lost reply, counts nothing).
-# KEYS: stream, ledger; ARGV: group, outcome, ids... Returns the number deleted.
-_ACK_LUA = """
-local deleted = 0
-for i = 3, #ARGV do
-  deleted = deleted + redis.call('XDEL', KEYS[1], ARGV[i])
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-end
-if deleted > 0 then
-  redis.call('HINCRBY', KEYS[2], ARGV[2], deleted)
-end
-return deleted
-"""
-
-# A resume's reconciliation: `trained` above the checkpoint's count (ARGV[1]) are groups
-# of discarded steps; they move to `lost`. Idempotent. Returns the number moved.
-_RECONCILE_LUA = """
-local extra = tonumber(redis.call('HGET', KEYS[1], 'trained') or '0') - tonumber(ARGV[1])
-if extra <= 0 then
-  return 0
-end
-redis.call('HINCRBY', KEYS[1], 'trained', -extra)
-redis.call('HINCRBY', KEYS[1], 'lost', extra)
-return extra
-"""
-
-# Move one entry to the dead-letter stream, counted under dead_letter:{reason}, if this
-# call deletes it. KEYS: stream, dead-letter stream, ledger; ARGV: group, id, maxlen,
-# payload, reason, detail. Returns 1 when moved, 0 when the entry was already gone.
-_DEAD_LETTER_LUA = """
-local deleted = redis.call('XDEL', KEYS[1], ARGV[2])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-if deleted == 0 then
-  return 0
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*',
-           'g', ARGV[4], 'reason', ARGV[5], 'detail', ARGV[6], 'entry', ARGV[2])
-redis.call('HINCRBY', KEYS[3], 'dead_letter:' .. ARGV[5], 1)
-return 1
-"""
 
 # What `ack` may count an entry as (dead letters and lost groups have their own paths).
 ACK_OUTCOMES = ("trained", "stale", "future_version")
@@ -171,10 +107,10 @@ class ReplayStream:
         self._capacity = capacity
         self._consumer_group = consumer_group
         self._claim_idle_ms = int(claim_idle_ms)
-        self._push_script = client.register_script(_PUSH_LUA)
-        self._ack_script = client.register_script(_ACK_LUA)
-        self._reconcile_script = client.register_script(_RECONCILE_LUA)
-        self._dead_letter_script = client.register_script(_DEAD_LETTER_LUA)
+        self._push_script = client.register_script(PUSH_LUA)
+        self._ack_script = client.register_script(ACK_LUA)
+        self._reconcile_script = client.register_script(RECONCILE_LUA)
+        self._dead_letter_script = client.register_script(DEAD_LETTER_LUA)
         self._lock = threading.Lock()
         self._held: set[str] = set()  # delivered to this instance, not yet acknowledged
         self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
