@@ -127,6 +127,9 @@ def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path):
     assert resume.policy_version > max(s.policy_version for s in crashed)
     assert steps[checkpoint_step].policy_version > resume.policy_version
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["resumes"]["groups_lost"] == resume.groups_lost == report["groups"]["lost"]
+    # The ledger counts `lost` only once a group is lost: on a fast CPU the kill can land
+    # right after a checkpoint, with no step discarded.
+    lost = report["groups"].get("lost", 0)
+    assert report["resumes"]["groups_lost"] == resume.groups_lost == lost
     assert report["groups"]["unaccounted"] == 0
     assert "curve service:" not in _learner_log(run_dir)
