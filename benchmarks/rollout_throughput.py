@@ -20,10 +20,12 @@ Every float32 run is also set against this CPU's own bound: the fp32 matmul rate
 at start (GFLOP/s of the model's own weight shapes at the scenario's batch, `--threads`
 threads) divided by the model's FLOPs per generated token (2 x the matmul parameters,
 LM head included, plus 4 x layers x hidden x context for attention; Kaplan et al. 2020,
-Sec. 2.1). The fraction printed is measured tokens/s over that bound.
+Sec. 2.1). The fraction printed is measured tokens/s over that bound. With `--device
+cuda` the torch engine runs on the GPU (cuda:0) and no CPU bound is computed.
 
     python benchmarks/rollout_throughput.py [--scenario rl|eval|prefill|all] [--threads 1]
         [--max-prefill-tokens N] [--engine torch|vllm] [--dtypes bfloat16 float32]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -122,12 +124,17 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
     max_len = max(len(p) for p in prompts) + scenario.new_tokens
     rows = len(requests)
     context = (sum(map(len, prompts)) / len(prompts)) + scenario.new_tokens / 2
-    bound = matmul_gflops(model.config, rows) * 1e9 / flops_per_token(model.config, context)
+    on_cpu = args.device == "cpu"
+    bound = (
+        matmul_gflops(model.config, rows) * 1e9 / flops_per_token(model.config, context)
+        if on_cpu
+        else 0.0
+    )
     print(
         f"[{name}] {scenario.prompts} prompts x {scenario.group_size} samples = "
         f"{len(requests)} sequences x {scenario.new_tokens} new tokens, prompts of "
         f"{min(len(p) for p in prompts)}-{max(len(p) for p in prompts)} tokens, "
-        f"{args.threads} thread(s)"
+        f"{args.threads} thread(s), {args.device}"
     )
     extra = {}
     if args.max_prefill_tokens is not None:
@@ -156,6 +163,7 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
                 max_batch=len(requests),
                 max_seq_len=max_len,
                 dtype=dtype,
+                device=args.device,
                 **extra,
             )
         load_before = load_average()
@@ -173,7 +181,7 @@ def run_scenario(name: str, scenario: Scenario, model, tokenizer, system: str, a
             f"{(tokens - len(first)) / after_first:.1f} tokens/s); load average "
             f"{load_before} before, {load_average()} after"
         )
-        if dtype == "float32":
+        if dtype == "float32" and on_cpu:
             print(
                 f"  fp32 bound {bound:.1f} tokens/s (matmul rate at {rows} rows / "
                 f"{flops_per_token(model.config, context) / 1e9:.3f} GFLOP per token): "
@@ -221,7 +229,15 @@ def main() -> None:
     parser.add_argument(
         "--dtypes", nargs="+", choices=["bfloat16", "float32"], help="override the scenario's"
     )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the torch engine runs (cuda: cuda:0; vLLM picks its own device)",
+    )
     args = parser.parse_args()
+    if args.device == "cuda":
+        args.device = "cuda:0"
     if args.engine == "vllm" and "prefill" in ([args.scenario] if args.scenario != "all" else []):
         parser.error("--scenario prefill times the torch engine's forward only")
 

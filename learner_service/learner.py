@@ -51,7 +51,7 @@ from scalerl.crash_points import crash_point
 from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.offpolicy import consumer_for
-from scalerl.policy.hardware import ResolvedConfig
+from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import StepRecord, append_record
@@ -134,7 +134,8 @@ class Learner:
         torch.set_num_threads(torch_threads(cfg.learner.threads))
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
-        self.model.to(self.ranks.device if self.ranks else self.resolved.device)
+        device = str(self.ranks.device if self.ranks else self.resolved.device)
+        self.model.to(device)
         self.tasks = build_tasks(cfg)
         register_verifier_metrics(self.metrics.registry, self.tasks)  # the evaluations'
         for task in self.tasks:
@@ -151,6 +152,7 @@ class Learner:
             self.weights_source,
             self._hosts,
             on_broadcast=self.metrics.observe_broadcast,
+            gpu=gpu_uuid(device),
         )
         self.publisher = WeightPublisher(
             self.registry,

@@ -35,7 +35,7 @@ from scalerl.cores import torch_threads
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
-from scalerl.policy.hardware import ResolvedConfig
+from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.models import load_policy
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
@@ -67,6 +67,8 @@ class RolloutWorker:
         self.resolved = resolved
         self.config = config = resolved.config
         self.worker_id = worker_id
+        # Heartbeats carry the GPU: the learner's weight group picks its backend by it.
+        self.gpu = gpu_uuid(resolved.device)
         self.host, self.advertise_host, self.port = host, advertise_host, port
         self.metrics_port = metrics_port
         self.metrics_registry = registry
@@ -96,7 +98,7 @@ class RolloutWorker:
         rollout = self.config.rollout
         self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
-        self.follower = make_follower(self.config, self.engine, self.state)
+        self.follower = make_follower(self.config, self.engine, self.state, self.resolved.device)
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -233,7 +235,13 @@ class RolloutWorker:
             if now_tokens != tokens or active == 0:
                 tokens, moved = now_tokens, time.time()
             progress = WorkerProgress(
-                self.engine.policy_version, self.ready, now_tokens, active, moved, self._state
+                self.engine.policy_version,
+                self.ready,
+                now_tokens,
+                active,
+                moved,
+                self._state,
+                self.gpu,
             )
             try:
                 self.registry.heartbeat(self.worker_id, address, 3 * period, progress)

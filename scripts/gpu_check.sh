@@ -1,83 +1,162 @@
 #!/usr/bin/env bash
-# Prove a GPU machine in one command: the engine contract suite for every engine available
-# in one Python environment (table: engine / passed / failed / skipped / rollout tokens per
-# second), the engine vs learner log-prob agreement and the fp32-head checks on the CUDA
-# device, the broadcast weight group over NCCL (tests/integration/test_weight_group.py with
-# SCALERL_WEIGHT_GROUP_BACKEND=nccl; NCCL wants one CUDA device per member, so its tests
-# skip on a machine with fewer than 2-4 devices), the FSDP2 learner's equality with one
-# process over NCCL (tests/integration/test_fsdp_trainer.py; 2 ranks on 2 GPUs, one
-# sharded rank on a single GPU), and the tiny job end to end with `device: auto` (engine
-# and learner on cuda:0).
+# Prove a GPU machine in one command. Each section runs under its own time limit (a hung
+# section is reported and the next one runs), most telling first:
 #
-#   scripts/gpu_check.sh [PYTHON]
+#  1. the tiny job end to end with `device: auto` (engine and learner on cuda:0) and the
+#     default weight transport (uri);
+#  2. the tiny job with `learner.weights.transport=broadcast`, whose `backend: auto` is
+#     nccl on CUDA: per worker, how many versions arrived by broadcast and how many by a
+#     fallback pull, and the learner's weight group epochs;
+#  3. the FSDP2 learner's equality with one process over NCCL
+#     (tests/integration/test_fsdp_trainer.py; 2 ranks on 2 GPUs, one sharded rank on one);
+#  4. engine vs learner log-prob agreement and the fp32 head on the CUDA device;
+#  5. the broadcast weight group over NCCL (tests/integration/test_weight_group.py with
+#     SCALERL_WEIGHT_GROUP_BACKEND=nccl; NCCL wants one CUDA device per member, so its
+#     tests skip on a machine with fewer than 2-4 devices);
+#  6. the broadcast's flatness in N: benchmarks/weight_delivery.py over gloo with 1, 2, 4
+#     and 8 receivers where the machine has a core for each process (no oversubscription,
+#     which a 2-core machine cannot give), broadcast vs pull vs the loopback TCP limit;
+#  7. rollout tokens per second of the torch engine on cuda:0 (benchmarks/rollout_throughput.py,
+#     SmolLM2-135M, 8 prompts x 8 samples x 48 new tokens, bfloat16), and of vLLM when it
+#     is installed;
+#  8. the engine contract suite for every engine available in this Python environment
+#     (table: engine / passed / failed / skipped / tokens per second);
+#  9. the in-engine weight updates of vLLM and SGLang over NCCL: reported as not checked
+#     (the adapters reload each version from its file).
 #
+#   scripts/gpu_check.sh [PYTHON] [SECTIONS]
+#
+# SECTIONS: the numbers to run, comma-separated (default: all), e.g. `2,3` to rerun two.
 # PYTHON defaults to .venv-vllm/bin/python when it exists (vLLM installed), else
-# .venv/bin/python. On a GPU machine, install `vllm` (and `sglang`) into that environment
-# first; engines whose package is missing show up as skipped. Tokens per second come from
-# benchmarks/rollout_throughput.py (SmolLM2-135M, 8 prompts x 8 samples x 48 new tokens,
-# bfloat16) for the torch engine and for vLLM when it is installed.
+# .venv/bin/python, else python3. On a GPU machine, install `vllm` (and `sglang`) into that
+# environment first; engines whose package is missing show up as skipped. Sections 6 and 7
+# load SmolLM2-135M-Instruct (`scalerl.policy.models.smollm2_dir`, under SCALERL_CACHE).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${1:-}"
+SECTIONS=",${2:-1,2,3,4,5,6,7,8,9},"
 if [[ -z "$PYTHON" ]]; then
-  if [[ -x .venv-vllm/bin/python ]]; then PYTHON=.venv-vllm/bin/python; else PYTHON=.venv/bin/python; fi
+  for candidate in .venv-vllm/bin/python .venv/bin/python python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
+  done
 fi
-OUT="$(mktemp -d)"
-trap 'rm -rf "$OUT"' EXIT
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONUNBUFFERED=1
+
+# section N TITLE: print the heading and succeed when section N is to run.
+section() {
+  [[ "$SECTIONS" == *",$1,"* ]] || return 1
+  echo; echo "== $1. ${*:2} ($(date -u +%H:%M:%S))"
+}
+# within SECONDS COMMAND...: run it, and say so when it was stopped at its limit.
+within() {
+  local limit=$1
+  shift
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then echo "STOPPED at its ${limit} s limit"; fi
+  return $rc
+}
+has_cuda() { "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+has_module() { "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 
 echo "python: $PYTHON"
-"$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/contract/test_engine_contract.py \
-  --junitxml="$OUT/contract.xml" >"$OUT/contract.log" 2>&1
-tail -n 3 "$OUT/contract.log"
-
-for engine in torch vllm; do
-  if [[ "$engine" == vllm ]] && ! "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
-    continue
-  fi
-  "$PYTHON" benchmarks/rollout_throughput.py --scenario rl --engine "$engine" \
-    --dtypes bfloat16 >"$OUT/bench-$engine.log" 2>&1
-done
-
-echo "== log-prob agreement and fp32 head, CPU and CUDA"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/unit/test_logprob_agreement.py \
-  tests/unit/test_fp32_head.py 2>&1 | tail -n 6
-
-echo "== the broadcast weight group over NCCL"
-if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  SCALERL_WEIGHT_GROUP_BACKEND=nccl TORCH_NCCL_ASYNC_ERROR_HANDLING=2 "$PYTHON" -m pytest -q \
-    -p no:cacheprovider -rs tests/integration/test_weight_group.py 2>&1 | tail -n 8
-else
-  echo "no CUDA device: skipped"
-fi
-
-echo "== the FSDP2 learner: 2 ranks (1 with one GPU) equal one process, over NCCL"
+"$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+echo "CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p'), $(nproc) cores"
 GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-if [[ "$GPUS" -ge 1 ]]; then
-  SCALERL_FSDP_BACKEND=nccl SCALERL_FSDP_WORLD=$(( GPUS >= 2 ? 2 : 1 )) "$PYTHON" -m pytest -q \
-    -p no:cacheprovider -rs tests/integration/test_fsdp_trainer.py -k "not torchrun" 2>&1 | tail -n 6
-else
-  echo "no CUDA device: skipped"
-fi
 
-echo "== the tiny job end to end (device auto)"
-if "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$OUT/tiny" >"$OUT/tiny.log" 2>&1; then
-  "$PYTHON" - "$OUT/tiny/report.json" <<'EOF'
+report_tiny() {  # report_tiny RUN_DIR: the run's precision, pass rates and time
+  "$PYTHON" - "$1/report.json" <<'EOF'
 import json
 import sys
 
 report = json.load(open(sys.argv[1]))
 print("tiny job:", report["precision"], "pass rate", report["pass_rate_step0"], "->",
-      report["pass_rate_final"], "in", round(report["wall_seconds"]), "s")
+      report["pass_rate_final"], "at step", report["final_step"], "in",
+      round(report["wall_seconds"]), "s; groups", report["groups"])
 EOF
-else
-  echo "tiny job FAILED:"; tail -n 20 "$OUT/tiny.log"
+}
+
+if section 1 "the tiny job end to end (device auto, weights by uri)"; then
+  if within 300 "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$WORK/tiny" >"$WORK/tiny.log" 2>&1; then
+    report_tiny "$WORK/tiny"
+  else
+    echo "tiny job FAILED:"; tail -n 30 "$WORK/tiny.log"
+  fi
 fi
 
-"$PYTHON" - "$OUT" <<'EOF'
+if section 2 "the tiny job with the broadcast weight transport (backend auto)"; then
+  if within 240 "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$WORK/bcast" \
+    --set learner.weights.transport=broadcast --set learner.weights.timeout_s=20 \
+    --set learner.max_steps=15 --set model.warmup_steps=100 >"$WORK/bcast.log" 2>&1; then
+    report_tiny "$WORK/bcast"
+  else
+    echo "broadcast tiny job FAILED:"; tail -n 30 "$WORK/bcast.log"
+  fi
+  for log in "$WORK"/bcast/logs/rollout-*.log; do
+    [[ -f "$log" ]] || continue
+    echo "$(basename "$log" .log): $(grep -c 'broadcast weights of policy version' "$log") versions by broadcast, $(grep -c 'pulled policy version' "$log") pulled"
+  done
+  grep -h -E "weight group epoch|nccl|NCCL" "$WORK"/bcast/logs/learner.log 2>/dev/null | tail -n 8
+fi
+
+if section 3 "the FSDP2 learner: 2 ranks (1 with one GPU) equal one process, over NCCL"; then
+  if [[ "$GPUS" -ge 1 ]]; then
+    SCALERL_FSDP_BACKEND=nccl SCALERL_FSDP_WORLD=$(( GPUS >= 2 ? 2 : 1 )) within 240 "$PYTHON" -m pytest -q \
+      -p no:cacheprovider -rs tests/integration/test_fsdp_trainer.py -k "not torchrun" 2>&1 | tail -n 6
+  else
+    echo "no CUDA device: skipped"
+  fi
+fi
+
+if section 4 "log-prob agreement and fp32 head, CPU and CUDA"; then
+  within 240 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/unit/test_logprob_agreement.py \
+    tests/unit/test_fp32_head.py 2>&1 | tail -n 6
+fi
+
+if section 5 "the broadcast weight group over NCCL"; then
+  if has_cuda; then
+    SCALERL_WEIGHT_GROUP_BACKEND=nccl TORCH_NCCL_ASYNC_ERROR_HANDLING=2 within 240 "$PYTHON" -m pytest -q \
+      -p no:cacheprovider -rs tests/integration/test_weight_group.py 2>&1 | tail -n 8
+  else
+    echo "no CUDA device: skipped"
+  fi
+fi
+
+if section 6 "the broadcast's flatness in N (gloo, one core per process)"; then
+  CORES=$(nproc)
+  RECEIVERS=$(for n in 1 2 4 8; do (( n + 1 <= CORES )) && echo -n "$n,"; done)
+  RECEIVERS=${RECEIVERS%,}
+  if [[ -n "$RECEIVERS" ]]; then
+    within 300 "$PYTHON" benchmarks/weight_delivery.py --workers "$RECEIVERS" --repeats 3 \
+      --out "$WORK/delivery.json" 2>&1 | tail -n 20
+  else
+    echo "fewer than 2 cores: skipped"
+  fi
+fi
+
+if section 7 "rollout tokens per second, the torch engine on cuda:0 where there is one (SmolLM2-135M, rl shape, bfloat16)"; then
+  for engine in torch vllm; do
+    if [[ "$engine" == vllm ]] && ! has_module vllm; then
+      echo "vllm: not installed"; continue
+    fi
+    device=cpu
+    if [[ "$engine" == torch ]] && has_cuda; then device=cuda; fi
+    within 240 "$PYTHON" benchmarks/rollout_throughput.py --scenario rl --engine "$engine" \
+      --dtypes bfloat16 --device "$device" >"$WORK/bench-$engine.log" 2>&1
+    grep -E "tokens/s overall" "$WORK/bench-$engine.log" || tail -n 5 "$WORK/bench-$engine.log"
+  done
+fi
+
+if section 8 "the engine contract suite"; then
+  within 300 "$PYTHON" -m pytest -q -p no:cacheprovider tests/contract/test_engine_contract.py \
+    --junitxml="$WORK/contract.xml" >"$WORK/contract.log" 2>&1
+  tail -n 3 "$WORK/contract.log"
+  if [[ -f "$WORK/contract.xml" ]]; then
+    "$PYTHON" - "$WORK" <<'EOF'
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -107,3 +186,14 @@ for engine, row in sorted(counts.items()):
         f"{speed.get(engine, '-'):>9}"
     )
 EOF
+  fi
+fi
+
+if section 9 "vLLM and SGLang weight updates inside the engine over NCCL"; then
+  # The adapters load each version from its safetensors file (vLLM: collective_rpc
+  # reload_weights; SGLang: /update_weights_from_disk); neither joins the learner's NCCL group.
+  for module in vllm sglang; do
+    if has_module "$module"; then state="installed"; else state="not installed"; fi
+    echo "$module ($state): NOT CHECKED, the adapter has no in-engine NCCL update route"
+  done
+fi

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
-from scalerl.policy.weight_group import EpochFailed, WeightGroup, WeightGroupError
+from scalerl.policy.weight_group import EpochFailed, WeightGroup, WeightGroupError, epoch_backend
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import ROLLOUT
 from scalerl.state.registry import WorkerRegistry
@@ -59,9 +59,12 @@ class WeightBroadcaster:
     """Rank 0 of the weight group; one thread calls `send` at a time (the publisher's).
 
     host: where the learner serves the group's store; advertise_host: the address the
-    workers dial for it; port: the store's port (1..65535). backend: "gloo" or "nccl".
-    timeout_s: deadline of the join and of each collective (seconds). rejoin_after_s: how
-    long a dropped member stays out. clock: monotonic seconds.
+    workers dial for it; port: the store's port (1..65535). backend: "gloo", "nccl" or
+    "auto" (per epoch: nccl when the learner and every member have a GPU of their own,
+    `epoch_backend`); gpu: UUID of the learner's CUDA device ("" on the CPU; with "nccl"
+    its tensors go to the current CUDA device). timeout_s: deadline of the join and of
+    each collective (seconds). rejoin_after_s: how long a dropped member stays out.
+    clock: monotonic seconds.
     """
 
     def __init__(
@@ -71,13 +74,15 @@ class WeightBroadcaster:
         advertise_host: str,
         port: int,
         backend: str = "gloo",
+        gpu: str = "",
         timeout_s: float = 60.0,
         rejoin_after_s: float = REJOIN_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
         self.host, self.advertise_host, self.port = host, advertise_host, port
-        self.backend = backend
+        self.backend, self.gpu = backend, gpu
+        epoch_backend(backend, gpu, ())  # a bad setting fails here, not at the first epoch
         self.timeout_s = timeout_s
         self.rejoin_after_s = rejoin_after_s
         self._clock = clock
@@ -85,6 +90,7 @@ class WeightBroadcaster:
         self._members: dict[str, str] = {}  # worker id -> address, rank = position + 1
         self._formed = False  # the current epoch is usable
         self._dropped_until: dict[str, float] = {}
+        self._gpus: dict[str, str] = {}  # READY worker id -> its GPU's UUID ("" = CPU)
 
     @property
     def epoch(self) -> int:
@@ -124,16 +130,20 @@ class WeightBroadcaster:
     # ----- epochs ------------------------------------------------------------------------
 
     def _candidates(self) -> dict[str, str]:
+        """READY workers not dropped: worker id -> address, sorted; their GPUs go to
+        `_gpus` for the next epoch's backend."""
         now = self._clock()
         self._dropped_until = {w: t for w, t in self._dropped_until.items() if t > now}
-        ready = self.registry.workers()
-        return {w: a for w, a in sorted(ready.items()) if w not in self._dropped_until}
+        ready = self.registry.ready()
+        self._gpus = {w: i.progress.gpu if i.progress else "" for w, i in ready.items()}
+        return {w: i.address for w, i in sorted(ready.items()) if w not in self._dropped_until}
 
     def _form(self, candidates: dict[str, str]) -> list[str]:
         """Form epoch + 1 of the learner and `candidates`; returns the members dropped
         for `rejoin_after_s` (those whose join failed other than ABORTED; `_formed`
         says whether the epoch formed: if not, nobody gets this version by broadcast)."""
         epoch, world_size = self.epoch + 1, len(candidates) + 1
+        backend = epoch_backend(self.backend, self.gpu, (self._gpus[w] for w in candidates))
         requests = {
             worker: rollout_pb2.JoinWeightGroupRequest(
                 epoch=epoch,
@@ -142,7 +152,7 @@ class WeightBroadcaster:
                 rank=rank,
                 world_size=world_size,
                 timeout_s=self.timeout_s,
-                backend=self.backend,
+                backend=backend,
             )
             for rank, worker in enumerate(candidates, start=1)
         }
@@ -153,7 +163,7 @@ class WeightBroadcaster:
             }
             try:
                 self._group.join(
-                    epoch, 0, world_size, self.host, self.port, self.timeout_s, self.backend,
+                    epoch, 0, world_size, self.host, self.port, self.timeout_s, backend,
                     is_store_server=True,
                 )  # fmt: skip
                 self._formed = True
@@ -165,7 +175,7 @@ class WeightBroadcaster:
         if not self._formed:
             self._drop(failed)
             return sorted(worker for worker, code in failed.items() if code is not None)
-        log.info("weight group epoch %d formed: %s", epoch, ", ".join(candidates))
+        log.info("weight group epoch %d formed (%s): %s", epoch, backend, ", ".join(candidates))
         return []
 
     def _transfer(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Delivery:

@@ -242,11 +242,14 @@ def make_sender(
     hosts: tuple[str, str],
     on_broadcast: Callable[[Delivery], None] | None = None,
     timeout_s: float = 120.0,
+    gpu: str = "",
 ) -> Sender:
     """The sender of `config.learner.weights`. weights_dir: where payload files go;
     store and source: the versions FetchWeights serves and its address; hosts: (bound,
     dialed) host of the broadcast group's store; timeout_s: one UpdateWeights call's
-    deadline. Raises ValueError for a pull or broadcast transport without a source."""
+    deadline; gpu: UUID of the learner's CUDA device, "" on the CPU (the broadcast
+    group's `backend: auto` looks at it). Raises ValueError for a pull or broadcast
+    transport without a source."""
     weights = config.learner.weights
     if isinstance(weights, UriWeights):
         return UriSender(registry, weights_dir, timeout_s)
@@ -263,14 +266,12 @@ def make_sender(
     if isinstance(weights, PullWeights):
         return PullSender(store, source)
     assert isinstance(weights, BroadcastWeights)
-    backend = weights.backend
-    if backend == "auto":
-        backend = "nccl" if str(config.device).startswith("cuda") else "gloo"
     broadcaster = WeightBroadcaster(
         registry,
         *hosts,
         port=weights.port or free_port(),
-        backend=backend,
+        backend=weights.backend,
+        gpu=gpu,
         timeout_s=weights.timeout_s,
     )
     return BroadcastSender(store, source, broadcaster, on_broadcast)

@@ -55,14 +55,21 @@ class BroadcastReceiver:
     the last state dict this worker staged: a worker always pulls before it is READY
     (`recording` wraps the engine it pulls with), so the template is the learner's wire
     layout, whatever dtype this machine's engine computes in. apply_timeout_s: deadline of
-    the engine's swap, seconds. Thread-safe: one join or receive at a time.
+    the engine's swap, seconds. cuda_device: where received tensors land under
+    nccl (the engine's "cuda:N"; None: the current CUDA device). Thread-safe: one join
+    or receive at a time.
     """
 
-    def __init__(self, engine: RolloutEngine, apply_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        apply_timeout_s: float = 120.0,
+        cuda_device: str | None = None,
+    ) -> None:
         self._engine = engine
         self._template: dict[str, torch.Tensor] = {}
         self._apply_timeout_s = apply_timeout_s
-        self._group = WeightGroup()
+        self._group = WeightGroup(cuda_device)
         self._lock = threading.Lock()
 
     @property

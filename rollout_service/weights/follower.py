@@ -160,10 +160,13 @@ class WeightFollower:
             self.broadcast.close()
 
 
-def make_follower(config: RunConfig, engine: RolloutEngine, state: RunState) -> WeightFollower:
+def make_follower(
+    config: RunConfig, engine: RolloutEngine, state: RunState, device: str = "cpu"
+) -> WeightFollower:
     """The follower of `config.learner.weights`: pull transports check every
     `POLL_S` seconds at most (nothing is pushed), push transports every heartbeat; the
-    broadcast transport's follower is a member of the weight group."""
+    broadcast transport's follower is a member of the weight group, its tensors on
+    `device` (the engine's) when the group runs over nccl."""
     weights = config.learner.weights
     pulls = isinstance(weights, PullWeights | BroadcastWeights)
     heartbeat = config.rollout.heartbeat_s
@@ -174,5 +177,9 @@ def make_follower(config: RunConfig, engine: RolloutEngine, state: RunState) -> 
         pulls=pulls,
         k=config.learner.off_policy_k,
         period_s=min(POLL_S, heartbeat) if pulls else heartbeat,
-        broadcast=BroadcastReceiver(engine) if isinstance(weights, BroadcastWeights) else None,
+        broadcast=(
+            BroadcastReceiver(engine, cuda_device=device if device.startswith("cuda") else None)
+            if isinstance(weights, BroadcastWeights)
+            else None
+        ),
     )

@@ -50,8 +50,9 @@ class BroadcastWeights(_Section):
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto",
-        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; the "
-        "workers' engines on GPUs too); auto = nccl when the learner's device is CUDA.",
+        description="Backend of the broadcast group: gloo (CPU tensors), nccl (CUDA; every "
+        "member needs a GPU of its own); auto = per epoch, nccl when the learner and every "
+        "member report a GPU of their own, else gloo (one machine with one GPU: gloo).",
     )
     timeout_s: float = Field(
         60.0,

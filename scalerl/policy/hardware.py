@@ -99,6 +99,17 @@ def resolve_device(setting: str) -> str:
     return f"cuda:{rank}"
 
 
+def gpu_uuid(device: str) -> str:
+    """UUID of the CUDA device that `device` ("cuda", "cuda:N") names, "" for any other
+    device. Processes on one GPU report the same UUID, whatever index they see it at."""
+    if not device.startswith("cuda"):
+        return ""
+    import torch
+
+    index = torch.device(device).index
+    return str(torch.cuda.get_device_properties(index or 0).uuid)
+
+
 def native_bf16(device: str) -> tuple[bool, str]:
     """(whether `device` computes bf16 natively, a one-line reason)."""
     import torch

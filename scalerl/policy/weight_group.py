@@ -30,6 +30,10 @@ every survivor with `EpochFailed` at its next collective, at the latest `timeout
 after that collective started; the group is then unusable and the caller forms a higher
 epoch without the member.
 
+NCCL needs a CUDA device of its own for every member: two ranks on one GPU make it refuse
+the group (ncclInvalidUsage, seen on one H200 with the learner and two workers on cuda:0).
+`epoch_backend` picks gloo for such an epoch when the backend is left to "auto".
+
 With NCCL, start the process with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (clean up only): the
 default makes NCCL's watchdog end the whole process when a collective times out, where
 this module wants to raise EpochFailed and let the caller form the next epoch.
@@ -40,7 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -53,6 +57,19 @@ from scalerl.crash_points import crash_point
 BACKENDS = ("gloo", "nccl")
 ROOT_RANK = 0
 MAX_PORT = 65535
+
+
+def epoch_backend(setting: str, learner_gpu: str, member_gpus: Iterable[str]) -> str:
+    """The backend of one epoch. setting: "gloo" or "nccl" (taken as given) or "auto":
+    nccl when the learner and every member compute on a CUDA device of their own, else
+    gloo. learner_gpu, member_gpus: UUIDs of their CUDA devices, "" for a CPU
+    (`scalerl.policy.hardware.gpu_uuid`). Raises ValueError for another setting."""
+    if setting in BACKENDS:
+        return setting
+    if setting != "auto":
+        raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {setting!r}")
+    gpus = [learner_gpu, *member_gpus]
+    return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
 class WeightGroupError(RuntimeError):
@@ -123,7 +140,10 @@ class WeightGroup:
     Not thread-safe: one thread drives a member.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_device: str | None = None) -> None:
+        """cuda_device: where this member's tensors live under nccl ("cuda:N"; None: the
+        current CUDA device)."""
+        self._cuda_device = cuda_device
         self._server: dist.TCPStore | None = None
         self._server_address: tuple[str, int] | None = None
         self._group: Any = None  # a c10d backend: ProcessGroupGloo or ProcessGroupNCCL
@@ -164,7 +184,7 @@ class WeightGroup:
         `timeout_s` (seconds) bounds this join and every later collective of the epoch,
         each tensor's broadcast included: size it for the largest tensor at link speed.
         `backend`: "gloo" (CPU tensors; the interface follows GLOO_SOCKET_IFNAME) or "nccl"
-        (tensors on the current CUDA device). `epoch` must exceed every epoch this object
+        (tensors on this member's `cuda_device`). `epoch` must exceed every epoch this object
         joined before: the store prefix `epoch-{epoch}` must be new on the store.
 
         Raises ValueError naming the argument and its allowed range (nothing changes), or
@@ -175,7 +195,7 @@ class WeightGroup:
         timeout = timedelta(seconds=timeout_s)
         self._epoch, self._rank, self._world_size = epoch, rank, world_size
         self._timeout, self._backend, self._broken = timeout, backend, None
-        self._device = _device(backend)
+        self._device = _device(backend, self._cuda_device)
         began = time.monotonic()
         try:
             store = self._store(host, port, timeout, is_store_server)
@@ -432,9 +452,9 @@ def _check_join(
         raise ValueError("backend 'nccl' needs a CUDA device; none is visible")
 
 
-def _device(backend: str) -> torch.device:
+def _device(backend: str, cuda_device: str | None) -> torch.device:
     if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(cuda_device or f"cuda:{torch.cuda.current_device()}")
     return torch.device("cpu")
 
 

@@ -39,7 +39,9 @@ class WorkerProgress:
     yet within k of the learner), READY, or LEAVING (SIGTERM: finishing its groups in
     flight, takes nothing new); tokens_generated:
     completion tokens since start; active_requests: requests in the engine now;
-    progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle.
+    progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle;
+    gpu: UUID of the CUDA device its engine computes on, "" on the CPU (the learner's
+    weight group picks its backend by it: `scalerl.policy.weight_group.epoch_backend`).
     """
 
     serving_version: int
@@ -48,6 +50,7 @@ class WorkerProgress:
     active_requests: int = 0
     progress_unix_s: float = 0.0
     state: str = ""  # "" from workers that predate the states
+    gpu: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ class WorkerRegistry:
     def workers(self) -> dict[str, str]:
         """Workers to push weights to and evaluate on: ready and not stalled. worker_id ->
         address, sorted by id. A worker left out as stalled is logged once per stall."""
+        return {worker_id: info.address for worker_id, info in self.ready().items()}
+
+    def ready(self) -> dict[str, WorkerInfo]:
+        """`workers()` with what each one reported: worker_id -> WorkerInfo, sorted by id."""
         now = self._clock()
         view = {}
         for worker_id, info in self.states().items():
@@ -148,7 +155,7 @@ class WorkerRegistry:
                     )
                 continue
             self._stalled_logged.discard(worker_id)
-            view[worker_id] = info.address
+            view[worker_id] = info
         return view
 
     def remove(self, worker_id: str) -> bool:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 K = 2
 MAX_STEPS = 80  # room after the kill for the group to re-form (a collective deadline)
-EPOCH = re.compile(r"weight group epoch \d+ formed: (.*)")
+EPOCH = re.compile(r"weight group epoch \d+ formed \(\w+\): (.*)")
 ALL_THREE = {"rollout-0", "rollout-1", "manual-0"}  # the workers at the fleet's largest
 READY_LINE = re.compile(r"ready at policy version (\d+) \(learner at (\d+), k=(\d+)\)")
 

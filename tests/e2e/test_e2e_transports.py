@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 15
 PULLED = re.compile(r"pulled policy version (\d+) \(\d+ bytes\) from grpc://127\.0\.0\.1:\d+")
 BROADCAST = re.compile(r"broadcast weights of policy version (\d+) applied")
-EPOCH = re.compile(r"weight group epoch (\d+) formed: (.*)")
+EPOCH = re.compile(r"weight group epoch (\d+) formed \(\w+\): (.*)")
 
 
 @pytest.mark.parametrize(

@@ -60,15 +60,21 @@ class NoTokens:
 
 
 def serve(
-    worker_id: str, redis_url: str, run_id: str, digests_path: str, crash_at: str = ""
+    worker_id: str,
+    redis_url: str,
+    run_id: str,
+    digests_path: str,
+    crash_at: str = "",
+    gpu: str = "",
 ) -> None:
-    """Run worker `worker_id` until SIGTERM: serve, take the run's weights, heartbeat."""
+    """Run worker `worker_id` until SIGTERM: serve, take the run's weights, heartbeat
+    (reporting `gpu` as its device's UUID)."""
     if crash_at:
         os.environ[CRASH_AT_ENV] = crash_at
     torch.set_num_threads(1)
     engine = DigestEngine(Path(digests_path))
     worker = worker_fakes.make_worker(
-        connect(redis_url), run_id, engine, transport="broadcast", heartbeat_s=0.2
+        connect(redis_url), run_id, engine, transport="broadcast", heartbeat_s=0.2, gpu=gpu
     )
     worker.worker_id = worker_id
     servicer = RolloutServicer(

@@ -199,8 +199,9 @@ def test_checkpoints_move_between_world_sizes_with_identical_weights(two_ranks) 
         )
     # 2 ranks -> 1 process: the sharded checkpoint holds exactly the ranks' weights, and
     # the exported model.safetensors too; 2 ranks -> 2 ranks as well.
-    assert (folder / "two" / "shards" / ".metadata").is_file()
-    assert not (folder / "two" / "optimizer.pt").exists()
+    # A learner of one rank saves the plain form (learner_service.checkpoint.files).
+    assert (folder / "two" / "shards" / ".metadata").is_file() == (WORLD > 1)
+    assert (folder / "two" / "optimizer.pt").exists() == (WORLD == 1)
     back = Trainer(tiny(), config(*CASES[0]), temperature=1.0)
     load_checkpoint(folder / "two", back)
     exported = load_file(folder / "two" / "model.safetensors")

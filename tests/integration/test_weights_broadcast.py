@@ -7,6 +7,7 @@ tensor it serves, computed after the swap, independently of the group's own chec
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import time
 from pathlib import Path
@@ -91,12 +92,13 @@ class Job:
         self.publisher.publish(self.model, version, wait=True)
         return {name: tensor_sha256(t) for name, t in self.model.state_dict().items()}
 
-    def start(self, worker_id: str, crash_at: str = "") -> None:
+    def start(self, worker_id: str, crash_at: str = "", gpu: str = "") -> None:
         import broadcast_member
 
+        digests = str(self.digests(worker_id))
         process = multiprocessing.get_context("spawn").Process(
             target=broadcast_member.serve,
-            args=(worker_id, self.redis_url, self.run_id, str(self.digests(worker_id)), crash_at),
+            args=(worker_id, self.redis_url, self.run_id, digests, crash_at, gpu),
             daemon=True,
         )
         process.start()
@@ -179,6 +181,22 @@ def test_epochs_follow_the_ready_set_and_a_worker_killed_mid_broadcast_is_droppe
     assert value("scalerl_weight_broadcast_delivered_workers") == 2
     assert value("scalerl_weight_broadcast_dropped_total") == 1
     assert value("scalerl_weight_broadcast_seconds_count") == 5  # v1..v5 went out by broadcast
+
+
+def test_auto_backend_is_gloo_when_members_share_a_gpu(job, caplog) -> None:
+    """`backend: auto` with the learner and a worker reporting one GPU (one machine with one
+    GPU, where NCCL refused the group with ncclInvalidUsage): the epoch forms over gloo and
+    delivers, and the worker's heartbeat carried its GPU to the learner."""
+    job.broadcaster.backend, job.broadcaster.gpu = "auto", "GPU-shared"
+    job.publish(0)  # what the worker pulls to become READY
+    job.start("a", gpu="GPU-shared")
+    job.wait_ready("a")
+    assert job.registry.ready()["a"].progress.gpu == "GPU-shared"
+    with caplog.at_level(logging.INFO, logger="learner_service.weights.broadcast"):
+        digests = job.publish(1)
+    assert job.sender.last_delivery.delivered == ["a"]
+    assert job.served("a") == (1, digests)
+    assert "weight group epoch 1 formed (gloo): a" in caplog.text
 
 
 def _rollout_server(broadcast: BroadcastReceiver | None):

@@ -25,8 +25,10 @@ def make_worker(
     weights_root: Path | None = None,
     transport: str = "uri",
     heartbeat_s: float = 0.05,
+    gpu: str = "",
 ) -> RolloutWorker:
-    """Worker "w0" at 127.0.0.1:5000 over `engine`, SYNCING, k = 2."""
+    """Worker "w0" at 127.0.0.1:5000 over `engine`, SYNCING, k = 2; its heartbeats
+    report `gpu` as its device's UUID."""
     worker = object.__new__(RolloutWorker)
     worker.engine = engine
     worker.state = RunState(client, run_id)
@@ -38,6 +40,7 @@ def make_worker(
         security=SimpleNamespace(weights_root=str(weights_root) if weights_root else ""),
     )
     worker.worker_id, worker.advertise_host, worker.port = "w0", "127.0.0.1", 5000
+    worker.gpu = gpu
     worker._closing = threading.Event()
     worker._threads = []
     pulls = transport in ("pull", "broadcast")
