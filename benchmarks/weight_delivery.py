@@ -106,7 +106,7 @@ def _receive(state: dict) -> tuple[float, float]:
 def _pull(state: dict, ref_fields: tuple) -> float:
     """Fetch the announced payload, check it whole; the monotonic end."""
     from rollout_service.weights.pull import fetched_requests
-    from scalerl.state.run_state import WeightsRef
+    from scalerl.state.version_board import WeightsRef
 
     ref = WeightsRef(*ref_fields)
     buffer = bytearray()

@@ -183,7 +183,7 @@ class Learner:
         self._resume()
         if self.progress.step < cfg.learner.max_steps:
             self.state.clear_stop()  # a finished run resumed with new limits goes on
-        self.state.set_policy_version(self.progress.version)
+        self.state.versions.announce(self.progress.version)
         obs_logging.set_policy_version(self.progress.version)
         self.consumer.open_round(self.state, self.progress.version)
         self.publisher.publish(self.model, self.progress.version, force_file=True, wait=True)
@@ -353,8 +353,8 @@ class Learner:
         """Announce the learner's version (staleness checks use it at once) and publish
         its weights, unless an evaluation is running: its completions must all come from
         one policy version, so the weights wait until it ends."""
-        if self.state.get_policy_version() != self.progress.version:
-            self.state.set_policy_version(self.progress.version)
+        if self.state.versions.announced() != self.progress.version:
+            self.state.versions.announce(self.progress.version)
         if self._published != self.progress.version and not self.evaluations.running:
             start = time.monotonic()
             self.publisher.publish(self.model, self.progress.version)

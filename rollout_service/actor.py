@@ -230,7 +230,7 @@ class ActorLoop:
             group.verdicts = self._submit_scoring(group)
         verdicts = [future.result() for future in group.verdicts]  # never raise
         message = build_group(group, group.completions, verdicts, self.worker_id)
-        learner_version = self.state.get_policy_version()
+        learner_version = self.state.versions.announced()
         if not is_admissible(
             learner_version, message.min_policy_version, self.config.learner.off_policy_k
         ):

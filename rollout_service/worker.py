@@ -48,6 +48,8 @@ from scalerl.tasks import build_tasks
 
 log = logging.getLogger(__name__)
 READY_HEALTH_NAME = "scalerl.ready"
+# How often the heartbeat thread looks for a new served version or state to report at once.
+CHANGE_POLL_S = 0.05
 
 
 class RolloutWorker:
@@ -98,7 +100,9 @@ class RolloutWorker:
         rollout = self.config.rollout
         self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
-        self.follower = make_follower(self.config, self.engine, self.state, self.resolved.device)
+        self.follower = make_follower(
+            self.config, self.engine, self.state.versions, self.resolved.device
+        )
         servicer = RolloutServicer(
             self.engine,
             self.tokenizer,
@@ -178,7 +182,7 @@ class RolloutWorker:
         log.info(
             "ready at policy version %d (learner at %d, k=%d)",
             self.engine.policy_version,
-            self.state.get_policy_version(),
+            self.state.versions.announced(),
             self.follower.k,
         )
 
@@ -226,7 +230,9 @@ class RolloutWorker:
     def _heartbeat(self) -> None:
         """Renew the registration every period with the worker's progress: the tokens it
         generated, the requests in its engine and when tokens last moved (the learner
-        leaves out a worker that has work and no progress: `WorkerRegistry`)."""
+        leaves out a worker that has work and no progress: `WorkerRegistry`). A change of
+        the served version or the state beats at once, so the run's `VersionBoard`
+        trails a weight swap by at most `CHANGE_POLL_S`."""
         period = self.config.rollout.heartbeat_s
         address = f"{self.advertise_host}:{self.port}"
         tokens, moved, counted = -1, time.time(), 0
@@ -249,7 +255,17 @@ class RolloutWorker:
                 counted = now_tokens
             except Exception as exc:  # noqa: BLE001 - keep beating through Redis hiccups
                 log.warning("heartbeat failed: %s", exc)
-            self._closing.wait(period)
+            self._wait_for_change(period, (progress.serving_version, progress.state))
+
+    def _wait_for_change(self, period: float, beaten: tuple[int, str]) -> None:
+        """Wait `period` seconds, or less once the (served version, state) differs from
+        `beaten`, or until closing."""
+        deadline = time.monotonic() + period
+        while not self._closing.wait(max(0.0, min(CHANGE_POLL_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return
+            if (self.engine.policy_version, self._state) != beaten:
+                return
 
     def _report_compute(self) -> None:
         """Add this process's busy device-seconds (time with requests in the engine)

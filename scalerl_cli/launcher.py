@@ -206,11 +206,11 @@ def prepare_resume(redis_url: str, run_id: str) -> None:
     they wait for the resumed learner's instead."""
     state = RunState(connect(redis_url), run_id)
     state.clear_stop()
-    latest = state.get_latest_weights()
+    latest = state.versions.published()
     if latest is None:
         return
     if latest.source or (latest.uri and not Path(latest.uri).exists()):
-        state.forget_latest_weights()
+        state.versions.forget_published()
 
 
 def _stop_in_order(children: list[Child], learner_grace_s: float = 300.0) -> None:

@@ -109,8 +109,8 @@ def resumed_version(checkpoint_version: int, labels: list[int | None]) -> int:
 
 def redis_labels(state: RunState, replay: ReplayStream) -> list[int | None]:
     """Every policy-version label the run's Redis holds: the announced version and latest
-    weights (`RunState.highest_version_label`), the newest group in the replay stream."""
-    return [state.highest_version_label(), replay.max_policy_version()]
+    weights (`VersionBoard.highest_label`), the newest group in the replay stream."""
+    return [state.versions.highest_label(), replay.max_policy_version()]
 
 
 def one_timeline(

@@ -24,8 +24,6 @@ from safetensors.torch import save as save_safetensors
 
 from learner_service.weights.senders import Sender
 from scalerl.policy.weights import head_names, snapshot_state_dict
-from scalerl.rpc.clients.rollout import RolloutClient
-from scalerl.rpc.errors import ServiceError
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
@@ -96,20 +94,19 @@ class WeightPublisher:
 
     def wait_served(self, poll_s: float = 0.1) -> list[str]:
         """`wait`, then, where the workers fetch the versions the learner holds, also until
-        every registered worker serves the last one or a newer one (asked by GetStatus
-        every `poll_s` seconds, for at most `timeout_s`; a worker that leaves the registry
-        is no longer waited for). With the push transports `wait` already means that.
-        Returns the addresses still behind at the deadline (logged), [] when all serve it.
-        Raises what `wait` raises."""
+        every READY worker serves the last one or a newer one (`VersionBoard.serving`,
+        read every `poll_s` seconds, for at most `timeout_s`; a worker that leaves the
+        registry is no longer waited for). With the push transports `wait` already means
+        that. Returns the ids of the workers still behind at the deadline (logged), []
+        when all serve it. Raises what `wait` raises."""
         self.wait()
         version = self.sender.held_version()
         if version is None:
             return []
         deadline = time.monotonic() + self.timeout_s
         while True:
-            behind = sorted(
-                a for a in self.registry.workers().values() if _serving(a, poll_s) < version
-            )
+            serving = self.state.versions.serving(self.registry)
+            behind = [worker for worker, served in serving.items() if served < version]
             if not behind or time.monotonic() > deadline:
                 break
             time.sleep(poll_s)
@@ -145,18 +142,8 @@ class WeightPublisher:
                 sha256=hashlib.sha256(payload).hexdigest(),
                 uri=str(path) if path is not None else "",
             )
-            self.sender.deliver(header, payload, self.state.set_latest_weights)
+            self.sender.deliver(header, payload, self.state.versions.publish)
             self.last_seconds = time.monotonic() - start
         except Exception as exc:  # noqa: BLE001 - handed to the learner's thread by wait()
             log.exception("publishing policy version %d failed", version)
             self._error = exc
-
-
-def _serving(address: str, timeout_s: float) -> int:
-    """The policy version the worker at `address` serves (GetStatus), -1 when it does not
-    answer within `timeout_s` (at least a second)."""
-    try:
-        with RolloutClient(address, timeout_s=max(timeout_s, 1.0)) as worker:
-            return worker.status().policy_version
-    except ServiceError:
-        return -1

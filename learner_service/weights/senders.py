@@ -3,7 +3,7 @@
 
 The publisher (`learner_service.weights.publish`) snapshots, serializes and checksums a
 version, then hands it to its sender, which delivers it and announces it in Redis
-(`RunState.set_latest_weights`) in the order its transport needs:
+(`VersionBoard.publish`) in the order its transport needs:
 - `uri`: write the payload file, announce it, send every worker the header;
 - `stream`: announce, send every worker the payload in chunks, keep it to send again to a
   worker whose heartbeat says it is behind (`learner_service.weights.catch_up`);
@@ -33,7 +33,7 @@ from scalerl.ports import free_port
 from scalerl.rpc.clients.rollout import RolloutClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import WeightsRef
+from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ worker's side that reads `learner.weights.transport`.
 
 Timeline of one worker (the learner's side is `learner_service.weights`):
 1. Start-up: the engine serves its start-up weights, which are no version of the run. The
-   worker loads the latest announced version (`RunState.get_latest_weights`) as soon as
+   worker loads the latest announced version (`VersionBoard.published`) as soon as
    one exists: from its file (`uri`, `stream`'s first version) or from the learner's
    FetchWeights (`pull`, `broadcast`); with `stream` a later version has no file, and the
    learner's catch-up pushes it once the heartbeat says this worker is behind.
@@ -31,14 +31,15 @@ from rollout_service.weights.pull import POLL_S, pull_weights
 from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig
 from scalerl.policy.weights import weights_uri_request
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.version_board import VersionBoard, WeightsRef
 
 log = logging.getLogger("rollout_service.worker")
 
 
 class WeightFollower:
-    """Keeps `engine` at the run's latest published version (announced in `state`).
+    """Keeps `engine` at the run's latest published version (`board.published`).
 
+    board: the run's versions (a fake with `announced()` and `published()` in tests).
     weights_root: the folder `uri` payloads must lie in (None: every uri refused). pulls:
     the learner holds the versions for the workers to fetch (nothing is pushed). k: the
     READY rule's bound, `learner.off_policy_k`. period_s: how often `follow` checks.
@@ -47,7 +48,7 @@ class WeightFollower:
     def __init__(
         self,
         engine: RolloutEngine,
-        state: RunState,
+        board: VersionBoard,
         weights_root: str | Path | None,
         pulls: bool,
         k: int,
@@ -55,7 +56,7 @@ class WeightFollower:
         broadcast: BroadcastReceiver | None = None,
     ) -> None:
         self.engine = engine
-        self.state = state
+        self.board = board
         self.weights_root = weights_root or None
         self.pulls = pulls
         self.k = k
@@ -75,12 +76,12 @@ class WeightFollower:
         the learner's announced one."""
         if not self.serves_run_weights:
             return False
-        return self.state.get_policy_version() - self.engine.policy_version <= self.k
+        return self.board.announced() - self.engine.policy_version <= self.k
 
     def newer(self) -> WeightsRef | None:
         """The latest publication when it has a file or a FetchWeights source and is newer
         than what the engine serves (or the engine serves none of the run's), else None."""
-        ref = self.state.get_latest_weights()
+        ref = self.board.published()
         if ref is None or not (ref.uri or ref.source):
             return None
         if self.serves_run_weights and ref.version <= self.engine.policy_version:
@@ -161,7 +162,7 @@ class WeightFollower:
 
 
 def make_follower(
-    config: RunConfig, engine: RolloutEngine, state: RunState, device: str = "cpu"
+    config: RunConfig, engine: RolloutEngine, board: VersionBoard, device: str = "cpu"
 ) -> WeightFollower:
     """The follower of `config.learner.weights`: pull transports check every
     `POLL_S` seconds at most (nothing is pushed), push transports every heartbeat; the
@@ -172,7 +173,7 @@ def make_follower(
     heartbeat = config.rollout.heartbeat_s
     return WeightFollower(
         engine,
-        state,
+        board,
         config.security.weights_root,
         pulls=pulls,
         k=config.learner.off_policy_k,

@@ -23,7 +23,7 @@ from rollout_service.engines.api import RolloutEngine
 from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import LEARNER
-from scalerl.state.run_state import WeightsRef
+from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import learner_pb2, rollout_pb2
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included

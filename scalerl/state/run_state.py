@@ -1,11 +1,10 @@
-"""The run's shared state in Redis: policy version, latest published weights, stop flag and
-the PPO-off-policy-k generation quota.
+"""The run's shared state in Redis: the policy versions (`versions`, a
+`scalerl.state.version_board.VersionBoard`), the stop flag and the PPO-off-policy-k
+generation quota.
 
-Keys under `scalerl:{run_id}:state:` — `policy_version`, `latest_weights` (hash: version,
-uri, sha256, total_bytes, source; a hash written before `source` existed reads as source
-""), `stop`, `generation_quota` (hash: version, remaining, and `held:{worker_id}` = the
-tickets of that version a worker took and has neither pushed nor given back;
-PPO-off-policy-k only).
+Keys under `scalerl:{run_id}:state:` — `stop`, `generation_quota` (hash: version,
+remaining, and `held:{worker_id}` = the tickets of that version a worker took and has
+neither pushed nor given back; PPO-off-policy-k only); the board's keys are in its module.
 
 The held counts are what lets the learner re-issue a dead worker's tickets once its
 registration expires (`learner_service.intake.ticket_reclaim`) without re-issuing any ticket
@@ -16,17 +15,13 @@ drops them with the old version.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-# A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
-SOURCE_RE = re.compile(r"^grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+from scalerl.state.version_board import VersionBoard
 
 HELD_PREFIX = "held:"  # quota hash field prefix of a worker's held tickets
 
@@ -102,122 +97,20 @@ class GenerationTickets:
     held: dict[str, int]
 
 
-@dataclass(frozen=True)
-class WeightsRef:
-    """Where the weights of one policy version can be fetched (UpdateWeights header fields).
-
-    `uri` is a path on shared storage, or "" when the weights are only sent over gRPC.
-    `source` is "grpc://host:port" of the learner whose FetchWeights serves them
-    (`weights.transport: pull`), or "" (the learner pushes them, or they are at `uri`).
-    `total_bytes` in bytes, `sha256` lower-case hex of the payload.
-    """
-
-    version: int
-    uri: str
-    sha256: str
-    total_bytes: int
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.version, bool) or not isinstance(self.version, int):
-            raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
-        if self.version < 0:
-            raise ValueError(f"version must be an integer >= 0, got {self.version}")
-        if not isinstance(self.uri, str):
-            raise ValueError(f"uri must be a string, got {type(self.uri).__name__}")
-        if not isinstance(self.sha256, str) or not _SHA256_RE.fullmatch(self.sha256):
-            raise ValueError(f"sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
-        if isinstance(self.total_bytes, bool) or not isinstance(self.total_bytes, int):
-            raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes!r}")
-        if self.total_bytes < 0:
-            raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes}")
-        if not isinstance(self.source, str) or not (
-            self.source == "" or _valid_source(self.source)
-        ):
-            raise ValueError(
-                f'source must be "" or grpc://host:port (port 1-65535), got {self.source!r}'
-            )
-
-    @property
-    def source_address(self) -> str:
-        """`source` as the host:port a channel dials ("" when there is no source)."""
-        return self.source.removeprefix("grpc://")
-
-
-def _valid_source(source: str) -> bool:
-    match = SOURCE_RE.fullmatch(source)
-    return match is not None and 1 <= int(match.group(2)) <= 65_535
-
-
 class RunState:
-    """The run's shared state: current policy version, latest published weights, stop flag."""
+    """The run's shared state: `versions` (announced, published, serving), the stop flag
+    and the PPO-off-policy-k generation quota."""
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
+        self.versions = VersionBoard(client, run_id)
         keys = RunKeys(run_id)
-        self._version = keys.policy_version
-        self._weights = keys.latest_weights
         self._stop = keys.stop
         self._quota = keys.generation_quota
         self._keys = keys
         self._take_ticket = client.register_script(_TAKE_TICKET_LUA)
         self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
         self._return_held = client.register_script(_RETURN_HELD_LUA)
-
-    def get_policy_version(self) -> int:
-        """The learner's current policy version; 0 before the first step."""
-        value = self._client.get(self._version)
-        return int(value) if value is not None else 0
-
-    def set_policy_version(self, version: int) -> None:
-        """Set the policy version. Raises ValueError for a negative or non-integer value."""
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"policy_version must be an integer >= 0, got {version!r}")
-        self._client.set(self._version, version)
-
-    def highest_version_label(self) -> int | None:
-        """The highest policy version the run's state names (the announced version, the
-        latest published weights); None for a run that never announced one."""
-        with self._client.pipeline(transaction=False) as pipe:
-            pipe.get(self._version)
-            pipe.hget(self._weights, "version")
-            labels = [int(v) for v in pipe.execute() if v is not None]
-        return max(labels, default=None)
-
-    def get_latest_weights(self) -> WeightsRef | None:
-        """The most recently published weights, or None before the first publication."""
-        fields = self._client.hgetall(self._weights)
-        if not fields:
-            return None
-        return WeightsRef(
-            version=int(fields[b"version"]),
-            uri=text(fields[b"uri"]),
-            sha256=text(fields[b"sha256"]),
-            total_bytes=int(fields[b"total_bytes"]),
-            source=text(fields.get(b"source", b"")),
-        )
-
-    def set_latest_weights(self, ref: WeightsRef) -> None:
-        """Record a publication (all five fields in one HSET, so readers never see a mix;
-        `source` is always written, so an older publication's never lingers)."""
-        if not isinstance(ref, WeightsRef):
-            raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
-        self._client.hset(
-            self._weights,
-            mapping={
-                "version": ref.version,
-                "uri": ref.uri,
-                "sha256": ref.sha256,
-                "total_bytes": ref.total_bytes,
-                "source": ref.source,
-            },
-        )
-
-    def forget_latest_weights(self) -> None:
-        """Drop the publication record (its file is gone: a finished run's launcher
-        removes transient payloads); workers then wait for the learner's next publish.
-        The announced policy version stays."""
-        self._client.delete(self._weights)
 
     def set_generation_quota(self, version: int, groups: int) -> None:
         """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated

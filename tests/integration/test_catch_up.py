@@ -13,8 +13,9 @@ import redis
 from worker_fakes import make_worker
 
 from learner_service.weights.catch_up import WeightCatchUp
-from scalerl.state.registry import SYNCING, WorkerProgress, WorkerRegistry
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.registry import READY, SYNCING, WorkerProgress, WorkerRegistry
+from scalerl.state.run_state import RunState
+from scalerl.state.version_board import WeightsRef
 
 
 class FakeEngine:
@@ -37,7 +38,7 @@ class FakeEngine:
 def publish_file(state: RunState, folder: Path, version: int) -> str:
     path = folder / f"policy-v{version}.safetensors"
     path.write_bytes(b"weights of version %d" % version)
-    state.set_latest_weights(WeightsRef(version, str(path), _sha(path), path.stat().st_size))
+    state.versions.publish(WeightsRef(version, str(path), _sha(path), path.stat().st_size))
     return str(path)
 
 
@@ -98,7 +99,7 @@ def test_a_joiner_turns_ready_only_within_k_of_the_learner(
     SYNCING; once it serves v7 it is READY, counted as one join."""
     engine = FakeEngine()
     worker = make_worker(redis_client, run_id, engine, weights_root=tmp_path)
-    worker.state.set_policy_version(9)
+    worker.state.versions.announce(9)
     publish_file(worker.state, tmp_path, 5)
     assert worker.follower.load_if_behind()
     assert not worker.follower.may_serve()  # v5 is 4 behind the learner's v9
@@ -115,7 +116,7 @@ def test_stream_worker_waits_for_run_weights_before_generating(
     engine = FakeEngine()
     worker = make_worker(redis_client, run_id, engine)
     sha = "0" * 64
-    worker.state.set_latest_weights(WeightsRef(4, "", sha, 10))  # streamed: no file
+    worker.state.versions.publish(WeightsRef(4, "", sha, 10))  # streamed: no file
     stop = threading.Event()
     started: list[bool] = []
     thread = threading.Thread(target=lambda: started.append(worker._await_initial_weights(stop)))
@@ -184,3 +185,22 @@ def test_stream_catch_up_resends_to_workers_behind(redis_client: redis.Redis, ru
     assert catch_up.run_once() == []  # just sent: its heartbeat may lag
     publisher.latest_version = None  # a publish is in flight: nobody is behind yet
     assert catch_up.run_once() == []
+
+
+def test_a_new_served_version_reaches_the_version_board_before_the_next_period(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """The heartbeat period is 30 s here; a swap is on the board within a poll or two."""
+    engine = FakeEngine(version=3)
+    worker = make_worker(redis_client, run_id, engine, heartbeat_s=30.0)
+    worker._state = READY
+    board = RunState(redis_client, run_id).versions
+    worker._spawn(worker._heartbeat)
+    try:
+        assert wait_until(lambda: board.serving() == {"w0": 3})
+        began = time.monotonic()
+        engine.policy_version = 4  # the engine swapped in version 4
+        assert wait_until(lambda: board.serving() == {"w0": 4})
+        assert time.monotonic() - began < 2.0  # not the 30 s period
+    finally:
+        worker._closing.set()

@@ -14,7 +14,8 @@ from redis.connection import SSLConnection
 from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.security import TOKEN_ENV
 from scalerl.state.client import connect, redact_url
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.run_state import RunState
+from scalerl.state.version_board import WeightsRef
 from scalerl_cli.redis_server import RedisServer
 
 PASSWORD = "pw-7f3a9c"
@@ -31,8 +32,8 @@ def test_the_url_carries_the_password_and_clients_need_it(protected):
     assert protected.url == f"redis://:{PASSWORD}@127.0.0.1:{protected.port}/0"
     client = connect(protected.url)
     state = RunState(client, "r-auth")
-    state.set_latest_weights(WeightsRef(3, "", "ab" * 32, 10))
-    assert state.get_latest_weights().version == 3
+    state.versions.publish(WeightsRef(3, "", "ab" * 32, 10))
+    assert state.versions.published().version == 3
     client.close()
     anonymous = connect(f"redis://127.0.0.1:{protected.port}/0")
     with pytest.raises(redis.AuthenticationError):

@@ -7,7 +7,8 @@ import redis
 
 from learner_service.checkpoint.resume import redis_labels, resumed_version
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import RunState, WeightsRef
+from scalerl.state.run_state import RunState
+from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
 
 
@@ -21,8 +22,8 @@ def test_labels_of_a_crashed_run(redis_client: redis.Redis, run_id: str) -> None
     state = RunState(redis_client, run_id)
     replay = ReplayStream(redis_client, run_id, capacity=8)
     assert redis_labels(state, replay) == [None, None]  # a fresh run
-    state.set_policy_version(12)
-    state.set_latest_weights(WeightsRef(11, "", "0" * 64, 10))
+    state.versions.announce(12)
+    state.versions.publish(WeightsRef(11, "", "0" * 64, 10))
     for version in (9, 13, 10):
         replay.push(_group(version))
     assert redis_labels(state, replay) == [12, 13]
@@ -39,20 +40,20 @@ def test_prepare_resume_clears_the_stop_flag_and_a_missing_payload(
     from scalerl_cli.launcher import prepare_resume
 
     state = RunState(connect(redis_url), "resume-prep")
-    state.set_policy_version(10)
-    state.set_latest_weights(WeightsRef(10, str(tmp_path / "gone.safetensors"), "0" * 64, 9))
+    state.versions.announce(10)
+    state.versions.publish(WeightsRef(10, str(tmp_path / "gone.safetensors"), "0" * 64, 9))
     state.request_stop()
     prepare_resume(redis_url, "resume-prep")
     assert not state.stop_requested()
-    assert state.get_latest_weights() is None
-    assert state.highest_version_label() == 10
+    assert state.versions.published() is None
+    assert state.versions.highest_label() == 10
     kept = tmp_path / "there.safetensors"
     kept.write_bytes(b"x")
-    state.set_latest_weights(WeightsRef(11, str(kept), "0" * 64, 1))
+    state.versions.publish(WeightsRef(11, str(kept), "0" * 64, 1))
     prepare_resume(redis_url, "resume-prep")
-    assert state.get_latest_weights().version == 11
+    assert state.versions.published().version == 11
     # `pull`: the bytes were in the previous learner's memory, gone with it.
-    state.set_latest_weights(WeightsRef(12, "", "0" * 64, 1, source="grpc://127.0.0.1:5"))
+    state.versions.publish(WeightsRef(12, "", "0" * 64, 1, source="grpc://127.0.0.1:5"))
     prepare_resume(redis_url, "resume-prep")
-    assert state.get_latest_weights() is None
-    assert state.highest_version_label() == 10
+    assert state.versions.published() is None
+    assert state.versions.highest_label() == 10

@@ -12,7 +12,8 @@ import redis
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import GenerationTickets, RunState, WeightsRef
+from scalerl.state.run_state import GenerationTickets, RunState
+from scalerl.state.version_board import WeightsRef
 
 
 def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
@@ -36,20 +37,20 @@ def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
 
 def test_run_state(redis_client: redis.Redis, run_id: str) -> None:
     state = RunState(redis_client, run_id)
-    assert state.get_policy_version() == 0
-    state.set_policy_version(12)
-    assert state.get_policy_version() == 12
-    assert state.get_latest_weights() is None
+    assert state.versions.announced() == 0
+    state.versions.announce(12)
+    assert state.versions.announced() == 12
+    assert state.versions.published() is None
     ref = WeightsRef(version=12, uri="/shared/w12.safetensors", sha256="ab" * 32, total_bytes=99)
-    state.set_latest_weights(ref)
-    assert state.get_latest_weights() == ref
+    state.versions.publish(ref)
+    assert state.versions.published() == ref
     assert state.stop_requested() is False
     state.request_stop()
     assert state.stop_requested() is True
     state.clear_stop()
     assert state.stop_requested() is False
     with pytest.raises(ValueError, match="policy_version"):
-        state.set_policy_version(-1)
+        state.versions.announce(-1)
     with pytest.raises(ValueError, match="sha256"):
         WeightsRef(version=1, uri="", sha256="xyz", total_bytes=1)
 
@@ -59,17 +60,17 @@ def test_latest_weights_carry_a_fetch_source(redis_client: redis.Redis, run_id: 
     `source` existed reads as source "", and a later publication never inherits one."""
     state = RunState(redis_client, run_id)
     pulled = WeightsRef(3, "", "ab" * 32, 99, source="grpc://10.0.0.7:50051")
-    state.set_latest_weights(pulled)
-    assert state.get_latest_weights() == pulled
+    state.versions.publish(pulled)
+    assert state.versions.published() == pulled
     assert pulled.source_address == "10.0.0.7:50051"
-    state.set_latest_weights(WeightsRef(4, "/shared/w4.safetensors", "ab" * 32, 99))
-    assert state.get_latest_weights().source == ""
+    state.versions.publish(WeightsRef(4, "/shared/w4.safetensors", "ab" * 32, 99))
+    assert state.versions.published().source == ""
     key = RunKeys(run_id).latest_weights
     redis_client.delete(key)
     redis_client.hset(
         key, mapping={"version": 2, "uri": "/w", "sha256": "cd" * 32, "total_bytes": 5}
     )
-    assert state.get_latest_weights() == WeightsRef(2, "/w", "cd" * 32, 5)
+    assert state.versions.published() == WeightsRef(2, "/w", "cd" * 32, 5)
     assert WeightsRef(1, "", "ab" * 32, 1, source="grpc://[::1]:7").source_address == "[::1]:7"
     for bad in ("10.0.0.7:50051", "grpc://host", "grpc://host:0", "grpc://host:70000", 5):
         with pytest.raises(ValueError, match="source must be"):

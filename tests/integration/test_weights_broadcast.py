@@ -88,7 +88,7 @@ class Job:
     def publish(self, version: int) -> dict[str, str]:
         """Publish `version`; returns the learner's sha256 per tensor."""
         self.model.set_version(version)
-        self.state.set_policy_version(version)
+        self.state.versions.announce(version)
         self.publisher.publish(self.model, version, wait=True)
         return {name: tensor_sha256(t) for name, t in self.model.state_dict().items()}
 

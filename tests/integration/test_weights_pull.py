@@ -35,10 +35,10 @@ from scalerl.policy.weights import serialize_state_dict
 from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import Unavailable
 from scalerl.rpc.security import Security
-from scalerl.rpc.server import make_server
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
-from scalerl.state.run_state import RunState, WeightsRef
-from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from scalerl.state.run_state import RunState
+from scalerl.state.version_board import WeightsRef
+from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0
@@ -126,7 +126,7 @@ def test_a_worker_that_joins_after_v5_loads_v5_before_it_is_ready(
         publisher.publish(model, version, force_file=True, wait=True)
     assert store.versions == [4, 5]  # the newest two, in RAM
     assert list(tmp_path.iterdir()) == []  # no shared disk used
-    ref = state.get_latest_weights()
+    ref = state.versions.published()
     assert (ref.version, ref.uri, ref.source) == (5, "", source)
     v5 = store.get(5)[1]
     assert (ref.total_bytes, ref.sha256) == (len(v5), hashlib.sha256(v5).hexdigest())
@@ -155,43 +155,32 @@ def test_a_worker_that_joins_after_v5_loads_v5_before_it_is_ready(
         worker._closing.set()
 
 
-class StatusOnly(rollout_pb2_grpc.RolloutServiceServicer):
-    """A rollout server that only answers GetStatus, at `version`."""
-
-    def __init__(self, version: int) -> None:
-        self.version = version
-
-    def GetStatus(self, request, context) -> rollout_pb2.GetRolloutStatusResponse:
-        return rollout_pb2.GetRolloutStatusResponse(policy_version=self.version)
-
-
 def test_before_an_evaluation_the_learner_waits_until_every_worker_serves_the_version(
     redis_client: redis.Redis, run_id: str, tmp_path: Path, learner
 ) -> None:
-    """`wait_served`: with pull the publish ends at the announcement, so the learner asks
-    the registered workers (GetStatus) until each serves the version, or the deadline."""
+    """`wait_served`: with pull the publish ends at the announcement, so the learner reads
+    the VersionBoard (the workers' heartbeats) until each READY worker serves the
+    version, or the deadline; a worker that is not READY is not waited for."""
     store, source = learner()
     registry = WorkerRegistry(redis_client, run_id)
-    worker = StatusOnly(version=0)
-    server, port, _ = make_server(
-        [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, worker, "w")], 0
-    )
-    address = f"127.0.0.1:{port}"
-    registry.heartbeat("w0", address, 30, WorkerProgress(0, True, 0, 0, time.time()))
+
+    def beat(worker: str, version: int, ready: bool = True) -> None:
+        progress = WorkerProgress(version, ready, 0, 0, time.time())
+        registry.heartbeat(worker, f"127.0.0.1:{5000 + len(worker)}", 30, progress)
+
+    beat("w0", 0)
+    beat("syncing", 0, ready=False)
     publisher = WeightPublisher(
         registry, RunState(redis_client, run_id), PullSender(store, source), "float32", 0.5
     )
-    try:
-        publisher.publish(Linear(), 1, wait=True)
-        start = time.monotonic()
-        assert publisher.wait_served() == [address]  # still at v0 after 0.5 s
-        assert time.monotonic() - start >= 0.5
-        threading.Timer(0.2, lambda: setattr(worker, "version", 1)).start()
-        start = time.monotonic()
-        assert publisher.wait_served() == []
-        assert 0.2 <= time.monotonic() - start < 0.5
-    finally:
-        server.stop(None)
+    publisher.publish(Linear(), 1, wait=True)
+    start = time.monotonic()
+    assert publisher.wait_served() == ["w0"]  # still at v0 after 0.5 s
+    assert time.monotonic() - start >= 0.5
+    threading.Timer(0.2, beat, ("w0", 1)).start()
+    start = time.monotonic()
+    assert publisher.wait_served() == []
+    assert 0.2 <= time.monotonic() - start < 0.5
 
 
 def test_workers_fetch_in_parallel_each_on_its_own_stream(
@@ -249,7 +238,7 @@ def test_a_corrupted_chunk_is_rejected_and_the_old_weights_keep_serving(
     store.put(header_of(tiny_payload, 4), tiny_payload)
     state = RunState(redis_client, run_id)
     sha = hashlib.sha256(tiny_payload).hexdigest()
-    state.set_latest_weights(WeightsRef(4, "", sha, len(tiny_payload), source=source))
+    state.versions.publish(WeightsRef(4, "", sha, len(tiny_payload), source=source))
     model = load_policy(ModelConfig(kind="tiny"), seed=0)[0]
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=1, max_seq_len=32)
     try:

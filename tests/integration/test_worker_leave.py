@@ -90,7 +90,7 @@ def test_a_leaving_worker_interrupts_finishes_and_pushes_its_groups(
 ) -> None:
     engine = FakeEngine()
     actor = _actor(redis_client, run_id, engine, "pipeline", thinking=5)
-    actor.state.set_policy_version(3)
+    actor.state.versions.announce(3)
     in_flight = _groups(engine, ["p1", "p2", "p3"])
     actor._leave(in_flight, grace_s=5.0, should_stop=lambda: False)
     assert len(engine.interrupted) == 6 and {m for _, m in engine.interrupted} == {1}  # TRUNCATE
@@ -106,7 +106,7 @@ def test_what_cannot_finish_in_the_grace_period_is_given_back(
     0.3 s grace: it is cancelled and its ticket returned (3 left, not 2)."""
     engine = FakeEngine(hanging={"p2-0"})
     actor = _actor(redis_client, run_id, engine, "ppo", thinking=5)
-    actor.state.set_policy_version(3)
+    actor.state.versions.announce(3)
     actor.state.set_generation_quota(3, 4)
     assert actor.state.take_generation_ticket(3, "w0") and actor.state.take_generation_ticket(
         3, "w0"

@@ -46,7 +46,7 @@ def make_worker(
     pulls = transport in ("pull", "broadcast")
     worker.follower = WeightFollower(
         engine,
-        worker.state,
+        worker.state.versions,
         str(weights_root) if weights_root else None,
         pulls=pulls,
         k=2,

@@ -54,7 +54,7 @@ def publish(redis_client, run_id: str, model, dtype: str, folder: Path) -> Path:
     sender = UriSender(registry, folder, timeout_s=120.0)
     publisher = WeightPublisher(registry, RunState(redis_client, run_id), sender, dtype)
     publisher.publish(model, 1, wait=True)
-    ref = RunState(redis_client, run_id).get_latest_weights()
+    ref = RunState(redis_client, run_id).versions.published()
     assert ref is not None and ref.version == 1
     return Path(ref.uri)
 

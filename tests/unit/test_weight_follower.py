@@ -19,7 +19,7 @@ from learner_service.weights.senders import (
 from learner_service.weights.weight_store import WeightStore
 from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.config import load_config
-from scalerl.state.run_state import WeightsRef
+from scalerl.state.version_board import WeightsRef
 
 SHA = "0" * 64
 
@@ -27,13 +27,13 @@ SHA = "0" * 64
 class _Board:
     """What the follower reads of Redis: the announced version and the latest weights."""
 
-    def __init__(self, announced: int = 0, latest: WeightsRef | None = None) -> None:
-        self.announced, self.latest = announced, latest
+    def __init__(self, version: int = 0, latest: WeightsRef | None = None) -> None:
+        self.version, self.latest = version, latest
 
-    def get_policy_version(self) -> int:
-        return self.announced
+    def announced(self) -> int:
+        return self.version
 
-    def get_latest_weights(self) -> WeightsRef | None:
+    def published(self) -> WeightsRef | None:
         return self.latest
 
 
@@ -61,16 +61,16 @@ def _follower(board: _Board, engine: _Engine, pulls: bool = False) -> WeightFoll
 
 
 def test_the_ready_rule_holds_within_k_of_the_learner_and_never_on_start_up_weights() -> None:
-    board, engine = _Board(announced=0), _Engine(version=0)
+    board, engine = _Board(version=0), _Engine(version=0)
     follower = _follower(board, engine)
     assert not follower.may_serve()  # version 0 of the start-up weights is no run version
     board.latest = WeightsRef(7, "/w/policy-v7.safetensors", SHA, 10)
-    board.announced = 9
+    board.version = 9
     assert follower.load_if_behind() and follower.serves_run_weights
     assert follower.may_serve()  # 9 - 7 = 2 = k
-    board.announced = 10
+    board.version = 10
     assert not follower.may_serve()  # 3 behind
-    pushed = _follower(_Board(announced=3), _Engine(version=0))
+    pushed = _follower(_Board(version=3), _Engine(version=0))
     pushed.engine.policy_version = 3  # a push swapped the weights: the version moved
     assert pushed.may_serve()
 

@@ -23,11 +23,6 @@ class RolloutClient(RpcClient):
 
     service = ROLLOUT
 
-    def status(self) -> rollout_pb2.GetRolloutStatusResponse:
-        """The worker's status: the policy version it serves, its engine's slots and
-        load. Raises a ServiceError (Unavailable when the worker is down)."""
-        return self._call("GetStatus", rollout_pb2.GetRolloutStatusRequest())
-
     def generate(
         self, request: rollout_pb2.GenerateRequest
     ) -> Iterator[rollout_pb2.GenerateResponse]:

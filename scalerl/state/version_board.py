@@ -1,0 +1,152 @@
+"""Which policy version: the one answer, in Redis, to what the learner announced, what
+it published and what each worker serves.
+
+- announced: the learner's current policy version, set after every optimizer step
+  (`scalerl:{run_id}:state:policy_version`; 0 before the first). Off-policyness is counted
+  from it: a worker serves only within k of it, a group is admissible only within k of
+  it (paper Sec. 3.1, PipelineRL's max off-policyness).
+- published: the newest weights a worker can load, a `WeightsRef`
+  (`scalerl:{run_id}:state:latest_weights`, a hash: version, uri, sha256, total_bytes,
+  source; one written before `source` existed reads as source ""). It trails announced
+  while a version is being delivered.
+- serving: the version each worker's engine serves, as its registry heartbeat reported
+  it (`scalerl.state.registry.WorkerProgress.serving_version`; a worker beats again at
+  once when its version changes, so the board trails a swap by one Redis write).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import redis
+
+from scalerl.state.client import text
+from scalerl.state.keys import RunKeys
+from scalerl.state.registry import WorkerRegistry
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
+SOURCE_RE = re.compile(r"^grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """Where the weights of one policy version can be fetched (UpdateWeights header fields).
+
+    `uri` is a path on shared storage, or "" when the weights are only sent over gRPC.
+    `source` is "grpc://host:port" of the learner whose FetchWeights serves them
+    (`weights.transport: pull`), or "" (the learner pushes them, or they are at `uri`).
+    `total_bytes` in bytes, `sha256` lower-case hex of the payload.
+    """
+
+    version: int
+    uri: str
+    sha256: str
+    total_bytes: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.version, bool) or not isinstance(self.version, int):
+            raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
+        if self.version < 0:
+            raise ValueError(f"version must be an integer >= 0, got {self.version}")
+        if not isinstance(self.uri, str):
+            raise ValueError(f"uri must be a string, got {type(self.uri).__name__}")
+        if not isinstance(self.sha256, str) or not _SHA256_RE.fullmatch(self.sha256):
+            raise ValueError(f"sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
+        if isinstance(self.total_bytes, bool) or not isinstance(self.total_bytes, int):
+            raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes!r}")
+        if self.total_bytes < 0:
+            raise ValueError(f"total_bytes must be an integer >= 0, got {self.total_bytes}")
+        if not isinstance(self.source, str) or not (
+            self.source == "" or _valid_source(self.source)
+        ):
+            raise ValueError(
+                f'source must be "" or grpc://host:port (port 1-65535), got {self.source!r}'
+            )
+
+    @property
+    def source_address(self) -> str:
+        """`source` as the host:port a channel dials ("" when there is no source)."""
+        return self.source.removeprefix("grpc://")
+
+
+def _valid_source(source: str) -> bool:
+    match = SOURCE_RE.fullmatch(source)
+    return match is not None and 1 <= int(match.group(2)) <= 65_535
+
+
+class VersionBoard:
+    """announced, published and serving(worker) of one run (module docstring)."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self._client = client
+        keys = RunKeys(run_id)
+        self._announced = keys.policy_version
+        self._published = keys.latest_weights
+        self._registry = WorkerRegistry(client, run_id)
+
+    def announced(self) -> int:
+        """The learner's current policy version; 0 before the first step."""
+        value = self._client.get(self._announced)
+        return int(value) if value is not None else 0
+
+    def announce(self, version: int) -> None:
+        """Set the announced version. Raises ValueError for a negative or non-integer value."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"policy_version must be an integer >= 0, got {version!r}")
+        self._client.set(self._announced, version)
+
+    def published(self) -> WeightsRef | None:
+        """The most recently published weights, or None before the first publication."""
+        fields = self._client.hgetall(self._published)
+        if not fields:
+            return None
+        return WeightsRef(
+            version=int(fields[b"version"]),
+            uri=text(fields[b"uri"]),
+            sha256=text(fields[b"sha256"]),
+            total_bytes=int(fields[b"total_bytes"]),
+            source=text(fields.get(b"source", b"")),
+        )
+
+    def publish(self, ref: WeightsRef) -> None:
+        """Record a publication (all five fields in one HSET, so readers never see a mix;
+        `source` is always written, so an older publication's never lingers). Raises
+        ValueError when `ref` is not a WeightsRef."""
+        if not isinstance(ref, WeightsRef):
+            raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
+        self._client.hset(
+            self._published,
+            mapping={
+                "version": ref.version,
+                "uri": ref.uri,
+                "sha256": ref.sha256,
+                "total_bytes": ref.total_bytes,
+                "source": ref.source,
+            },
+        )
+
+    def forget_published(self) -> None:
+        """Drop the publication record (its file is gone: a finished run's launcher
+        removes transient payloads); workers then wait for the learner's next publish.
+        The announced version stays."""
+        self._client.delete(self._published)
+
+    def highest_label(self) -> int | None:
+        """The highest policy version the board names (announced, published); None for a
+        run that never announced one."""
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.get(self._announced)
+            pipe.hget(self._published, "version")
+            labels = [int(v) for v in pipe.execute() if v is not None]
+        return max(labels, default=None)
+
+    def serving(self, registry: WorkerRegistry | None = None) -> dict[str, int]:
+        """worker_id -> the version its engine serves, for the workers that take work
+        (`WorkerRegistry.ready`: READY and, under `registry`'s stall rule, not stalled;
+        default: the board's own view, which has none); -1 for one whose heartbeat
+        carries no progress. Sorted by worker id."""
+        ready = (registry or self._registry).ready()
+        return {w: i.progress.serving_version if i.progress else -1 for w, i in ready.items()}
