@@ -30,6 +30,7 @@ from rollout_service.engines.api import (
     GenerationRequest,
     GenerationStream,
     RolloutEngine,
+    finish_reason_enum,
 )
 from scalerl.config import RunConfig
 from scalerl.length_control import forced_ids, scored_ids
@@ -274,7 +275,7 @@ def build_group(
                 policy_versions=done.versions,
                 forced=done.forced,
                 reward=verdict.reward,
-                finish_reason=done.finish_reason,
+                finish_reason=finish_reason_enum(done.finish_reason),
                 parse_failed=verdict.parse_failed,
             )
         )

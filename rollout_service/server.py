@@ -9,6 +9,7 @@ import logging
 import math
 import uuid
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health
@@ -19,6 +20,7 @@ from rollout_service.engines.api import (
     GenerationRequest,
     RolloutEngine,
     check_interrupt_mode,
+    finish_reason_enum,
 )
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.weights.broadcast import BroadcastReceiver
@@ -32,6 +34,13 @@ from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 log = logging.getLogger(__name__)
 # Two full-precision copies of a ~0.5 GB policy (security.max_inflight_weight_bytes).
 DEFAULT_INFLIGHT_WEIGHT_BYTES = 2 * 1024**3
+
+
+class TextEncoder(Protocol):
+    """What the servicer needs of a tokenizer: text -> token ids (KeyError or ValueError
+    for text it cannot encode)."""
+
+    def encode(self, text: str) -> list[int]: ...
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -53,7 +62,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(
         self,
         engine: RolloutEngine,
-        tokenizer: object,
+        tokenizer: TextEncoder,
         worker_id: str,
         model_name: str,
         default_interrupt_text: str,
@@ -234,7 +243,7 @@ def _response(request_id: str, prompt_tokens: int, chunk: Chunk) -> rollout_pb2.
         logprobs=chunk.logprobs,
         policy_versions=chunk.versions,
         forced=chunk.forced,
-        finish_reason=chunk.finish_reason,
+        finish_reason=finish_reason_enum(chunk.finish_reason),
         prompt_tokens=prompt_tokens,
     )
 

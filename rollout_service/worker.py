@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 
+import grpc
 import torch
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health, health_pb2
 from prometheus_client import CollectorRegistry
 
 from rollout_service.actor import ActorLoop
@@ -83,10 +84,11 @@ class RolloutWorker:
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
         self.stats = WorkerStats(self.client, run_id)
         self.push_blocked = PushBlockedSeconds(self.client, run_id)
-        self.server = None
-        self.health = None
-        self.engine: RolloutEngine | None = None
-        self.follower: WeightFollower | None = None  # keeps the engine at the latest version
+        self.server: grpc.Server | None = None
+        self.health: health.HealthServicer | None = None
+        # Built by `start` (the model loads there); every other method runs after it.
+        self.engine: RolloutEngine
+        self.follower: WeightFollower  # keeps the engine at the latest version
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
         self._state = SYNCING
@@ -116,8 +118,9 @@ class RolloutWorker:
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
             broadcast=self.follower.broadcast,
         )
-        self.server, self.port, self.health = start_server(servicer, self.port, self.host)
-        self.health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server, self.port, ready_health = start_server(servicer, self.port, self.host)
+        ready_health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health = ready_health
         if self.metrics_port:
             serve_metrics(self.metrics.registry, self.metrics_port, self.host)
         self._spawn(self._report_compute)
@@ -217,9 +220,9 @@ class RolloutWorker:
             pass
         if self.server is not None:
             self.server.stop(grace=2).wait()
-        if self.follower is not None:
+        if hasattr(self, "follower"):  # close() before start() has nothing more to stop
             self.follower.close()
-        if self.engine is not None:
+        if hasattr(self, "engine"):
             self.engine.stop()
 
     def _spawn(self, target) -> None:

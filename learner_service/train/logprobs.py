@@ -1,15 +1,20 @@
 """The learner's log-probabilities of completion tokens under the tempered policy, with
 an fp32 LM head (paper Sec. 3.2 and 4): per sample (`token_logprobs`) or with each
 shared prompt computed once (`prefix_logprobs`). Both feed the importance ratio
-exp(logp - logp_gen) of the policy loss."""
+exp(logp - logp_gen) of the policy loss.
+
+The model is a Hugging Face causal LM whose `model` (the body) and `lm_head` are read by
+name; torch types a submodule as `Tensor | Module`, so it is taken as Any."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 
 def token_logprobs(
-    model: torch.nn.Module,
+    model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
@@ -70,7 +75,7 @@ def token_logprobs(
 
 
 def prefix_logprobs(
-    model: torch.nn.Module,
+    model: Any,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -153,7 +158,7 @@ def prefix_logprobs(
 _CACHE_KWARG: dict[type, str] = {}
 
 
-def _cache_kwarg(body: torch.nn.Module) -> str:
+def _cache_kwarg(body: Any) -> str:
     """The KV-cache argument's name: `cache` since transformers 5.24, `past_key_values`
     before (vLLM's environment pins an older transformers)."""
     import inspect
@@ -161,7 +166,7 @@ def _cache_kwarg(body: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
-def _fp32_head(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def _fp32_head(head: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head in fp32 (paper Sec. 3.2): hidden [..., H] -> logits [..., V] fp32."""
     logits = hidden.float() @ head.weight.float().T
     if getattr(head, "bias", None) is not None:

@@ -17,6 +17,8 @@ order of float additions.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -60,7 +62,8 @@ def shard_policy(
         assert isinstance(unit, FSDPModule)
         unit.set_gradient_divide_factor(1.0)  # the ranks' partial losses add up
         unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
-    return root
+    # fully_shard returns the module itself, its class extended with FSDPModule.
+    return cast(LogprobModule, root)
 
 
 def assign_spans(tokens: list[int], world_size: int) -> list[list[int]]:
@@ -74,7 +77,8 @@ def assign_spans(tokens: list[int], world_size: int) -> list[list[int]]:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if world_size == 1:
         return [list(range(len(tokens)))]
-    loads, assigned = [0] * world_size, [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    assigned: list[list[int]] = [[] for _ in range(world_size)]
     for index in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
         rank = min(range(world_size), key=lambda r: (loads[r], r))
         loads[rank] += tokens[index]

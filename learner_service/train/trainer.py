@@ -93,6 +93,8 @@ class Trainer:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.model = model
+        hf: Any = model  # an HF causal LM: its head is read by name
+        self.vocab_size = int(hf.lm_head.weight.shape[0])
         self.config = config
         self.temperature = temperature
         self.hyperparameters = dict(
@@ -118,7 +120,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.lr,
-            betas=tuple(config.betas),
+            betas=(config.betas[0], config.betas[1]),
             weight_decay=config.weight_decay,
         )
         self.steps = 0
@@ -178,7 +180,7 @@ class Trainer:
         """(rollout metrics, the batch to train on or None, groups used)."""
         groups = list(groups)
         full = pack_groups(groups, self.pad_id)
-        vocab = self.model.lm_head.weight.shape[0]
+        vocab = self.vocab_size
         if int(full.input_ids.max()) >= vocab:
             raise ValueError(
                 f"token ids must be < vocabulary size {vocab}, got {int(full.input_ids.max())}"

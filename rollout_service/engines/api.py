@@ -35,7 +35,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from scalerl.rpc.errors import AlreadyExists, InvalidArgument, ServiceError, Unavailable
 from scalerl.v1 import rollout_pb2
@@ -253,6 +253,13 @@ class RolloutEngine(Protocol):
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """As `stage_weights`, from one safetensors file with HF parameter names."""
         ...
+
+
+def finish_reason_enum(value: int) -> rollout_pb2.FinishReason:
+    """A chunk's `finish_reason` as the proto enum it is one of. Raises ValueError for a
+    value outside `FinishReason`."""
+    rollout_pb2.FinishReason.Name(value)  # raises ValueError for an unknown value
+    return cast(rollout_pb2.FinishReason, value)
 
 
 def check_interrupt_mode(mode: int) -> None:

@@ -114,6 +114,8 @@ def model_folder(config: RunConfig, model: Any) -> Path:
     if kind == "smollm2":
         return smollm2_dir(config.model.cache_dir)
     if kind == "path":
+        if not config.model.path:
+            raise ValueError("model.path: required when model.kind is 'path'")
         return Path(config.model.path)
     folder = Path(tempfile.mkdtemp(prefix="scalerl-tiny-"))
     model.save_pretrained(folder)

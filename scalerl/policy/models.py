@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,7 +50,9 @@ class CharTokenizer:
 class PolicyTokenizer:
     """Prompt formatting, encoding and stop tokens for one model kind."""
 
-    tokenizer: object
+    # A Hugging Face tokenizer (chat models) or a CharTokenizer (tiny): called by duck
+    # typing, as transformers' own tokenizer classes share no typed protocol.
+    tokenizer: Any
     chat: bool
     stop_token_ids: frozenset[int]
     pad_token_id: int

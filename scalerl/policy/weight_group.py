@@ -128,7 +128,7 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     """Hex sha256 of a tensor's bytes in row-major order (any device and dtype; a CUDA
     tensor is copied to the host first)."""
     raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(raw.numpy()).hexdigest()
+    return hashlib.sha256(raw.numpy().data).hexdigest()
 
 
 class WeightGroup:
@@ -360,7 +360,7 @@ class WeightGroup:
 
     def _allreduce(self, step: str, tensor: torch.Tensor) -> None:
         options = dist.AllreduceOptions()
-        options.reduceOp, options.timeout = dist.ReduceOp.SUM, self._timeout
+        options.reduceOp, options.timeout = dist.ReduceOp(dist.ReduceOp.SUM), self._timeout
         self._run(step, lambda group: group.allreduce([tensor], options))
 
     def _run(self, step: str, start: Callable[[Any], dist.Work]) -> None:

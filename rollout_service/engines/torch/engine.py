@@ -48,7 +48,7 @@ from rollout_service.engines.api import (
 )
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
-from rollout_service.engines.torch.llama import SlotLlama
+from rollout_service.engines.torch.llama import SlotLlama, StagedWeights
 from rollout_service.engines.torch.sampling import sample
 from rollout_service.engines.weight_check import WeightSpec, load_state_dict
 from rollout_service.metrics import RolloutMetrics
@@ -74,10 +74,16 @@ class _Seq(LiveRequest):
     def __post_init__(self) -> None:
         self.budget = LengthBudget(self.request)
 
+    def pending_logits(self) -> torch.Tensor:
+        """`next_logits` [vocab] fp32; raises RuntimeError before the prefill set them."""
+        if self.next_logits is None:
+            raise RuntimeError(f"request {self.request.request_id!r} has no logits yet")
+        return self.next_logits
+
 
 @dataclass(eq=False)
 class _Staged:
-    staged: object
+    staged: StagedWeights
     version: int
     future: Future
 
@@ -112,8 +118,8 @@ class TorchEngine:
         autostart: bool = True,
         max_prefill_tokens: int = 2048,
     ) -> None:
-        torch_dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-        if torch_dtype not in DTYPES.values():
+        torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+        if torch_dtype is None or torch_dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if max_batch < 1 or max_seq_len < 2:
             raise ValueError(
@@ -360,7 +366,7 @@ class TorchEngine:
         log-prob. The batch holds at most max_batch rows of 1 + len(phrase) tokens."""
         phrases = []
         for seq in seqs:
-            reason, seq.want_force = seq.want_force, None
+            reason, seq.want_force = seq.want_force or "", None
             self._requests.count_interrupt(reason)
             phrases.append(list(seq.budget.force()))
         rows = [(seq, phrase) for seq, phrase in zip(seqs, phrases, strict=True) if phrase]
@@ -386,7 +392,7 @@ class TorchEngine:
         """Update `seq` after its phrase went into the cache; out [len(chunk), vocab] fp32
         are the logits of the extended chunk ([unfed] + phrase, or phrase alone)."""
         if seq.unfed is None:  # the first phrase token is predicted by the pending logits
-            out = torch.cat([seq.next_logits[None], out])
+            out = torch.cat([seq.pending_logits()[None], out])
         logp = torch.log_softmax(out[: len(phrase)], dim=-1)
         picked = logp.gather(1, torch.tensor(phrase)[:, None].to(logp.device))[:, 0]
         seq.length += len(phrase) + (0 if seq.unfed is None else 1)
@@ -411,7 +417,7 @@ class TorchEngine:
                 seq.unfed = None
         seqs = list(self._active.values())
         tokens, logprobs = sample(
-            torch.stack([seq.next_logits for seq in seqs]),
+            torch.stack([seq.pending_logits() for seq in seqs]),
             [seq.request.temperature for seq in seqs],
             [seq.request.top_p for seq in seqs],
             [seq.generator for seq in seqs],

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -173,10 +174,13 @@ class SlotLlama:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        config = model.config
+        # An HF Llama whose submodules are read by name: torch types a submodule as
+        # `Tensor | Module`, so the tree is held as Any.
+        hf: Any = model
+        config = hf.config
         theta = default_rope_theta(config)
-        self.head_fp32 = model.lm_head.weight.detach().to(device, torch.float32).clone()
-        self.model = model.to(device=device, dtype=dtype).eval()
+        self.head_fp32 = hf.lm_head.weight.detach().to(device, torch.float32).clone()
+        self.model: Any = hf.to(device=device, dtype=dtype).eval()
         self.dtype = dtype
         self.device = torch.device(device)
         self.num_heads = config.num_attention_heads
@@ -184,10 +188,10 @@ class SlotLlama:
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        self.vocab_size = config.vocab_size
+        self.vocab_size: int = config.vocab_size
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.tied = model.lm_head.weight is model.model.embed_tokens.weight
+        self.tied = hf.lm_head.weight is hf.model.embed_tokens.weight
         self.head_name = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
         self.cache = SlotKVCache(
             config.num_hidden_layers,
@@ -333,7 +337,7 @@ class SlotLlama:
 
     def _attention(
         self,
-        attn: torch.nn.Module,
+        attn: Any,
         x: torch.Tensor,
         layer: int,
         slots: torch.Tensor,

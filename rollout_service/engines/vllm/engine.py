@@ -161,7 +161,7 @@ class VLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
         self._thread.daemon = True
         self._thread.start()
-        self._swap_lock: asyncio.Lock | None = None
+        self._swap_lock = asyncio.Lock()  # binds to the engine's loop at first use
         try:
             self._call(self._create(), start_timeout_s)
         except BaseException:
@@ -265,7 +265,6 @@ class VLLMEngine:
             **self._options,
         )
         self._llm = AsyncLLM.from_engine_args(args)
-        self._swap_lock = asyncio.Lock()
         await self._llm.engine_core.set_weight_version_async(str(self.policy_version))
 
     def _stage(self, path: str, version: int, remove: bool) -> Future:
@@ -341,7 +340,8 @@ class VLLMEngine:
                     try:
                         reason = await state.phase
                     except asyncio.CancelledError:
-                        if state.want_force != "truncate" or state.task.cancelling():
+                        cancelling = state.task is not None and state.task.cancelling()
+                        if state.want_force != "truncate" or cancelling:
                             raise
                     finally:
                         state.phase = None
@@ -464,7 +464,7 @@ class VLLMEngine:
         for index in range(start, start + count):
             label = next((v for v, s in reversed(starts) if s <= index), None)
             known = label is not None and label.isdigit()
-            versions.append(int(label) if known else self.policy_version)
+            versions.append(int(label) if known and label is not None else self.policy_version)
         return versions
 
     async def _shutdown(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 
 def require_vllm() -> None:
@@ -43,8 +44,9 @@ class WorkerExtension:
         """
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-        self.reload_weights(weights_path=weights_path)
-        for module in self.model_runner.get_model().modules():
+        worker: Any = self  # vLLM's worker class, which this one is mixed into
+        worker.reload_weights(weights_path=weights_path)
+        for module in worker.model_runner.get_model().modules():
             packed = isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear")
             if packed and module.weight.numel() > 0:
                 module.quant_method.process_weights_after_loading(module)
