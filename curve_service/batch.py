@@ -80,7 +80,8 @@ def _residual(
 ) -> NDArray[np.float64]:
     """Weighted residuals [S, N] of Eq. 1 at x [S, 3]."""
     s = gain_fraction(log_c, np.exp(x[:, 1:2]), x[:, 2:3])
-    return (r0 + (x[:, 0:1] - r0) * s - rewards) * root_w
+    residuals: NDArray[np.float64] = (r0 + (x[:, 0:1] - r0) * s - rewards) * root_w
+    return residuals
 
 
 def _jacobian(

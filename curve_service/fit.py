@@ -362,5 +362,5 @@ def _parabolic_min(sse: NDArray[np.float64]) -> NDArray[np.float64]:
     curv = fm - 2.0 * f0 + fp
     with np.errstate(divide="ignore", invalid="ignore"):
         drop = np.where(curv > 0, (fm - fp) ** 2 / (8.0 * curv), 0.0)
-    best = np.minimum(sse.min(axis=-1), f0 - np.minimum(drop, np.abs(fm - fp)))
+    best: NDArray[np.float64] = np.minimum(sse.min(axis=-1), f0 - np.minimum(drop, np.abs(fm - fp)))
     return best

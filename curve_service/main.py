@@ -21,6 +21,10 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scalerl.rpc.security import Security
 
 GRACE_S = 5.0  # seconds in-flight RPCs get to finish on shutdown
 
@@ -59,7 +63,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _security(args: argparse.Namespace):
+def _security(args: argparse.Namespace) -> Security:
     """The `Security` the flags (and SCALERL_AUTH_TOKEN) describe; raises ValueError."""
     from scalerl.config import SecurityConfig
     from scalerl.rpc.security import from_config

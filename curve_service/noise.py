@@ -85,7 +85,8 @@ def fit_weights(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] | Non
     if se is None:
         return None
     w = 1.0 / np.square(se)
-    return w / w.mean()
+    scaled: NDArray[np.float64] = w / w.mean()
+    return scaled
 
 
 def point_noise(

@@ -144,4 +144,5 @@ def _batch_sse(
     x = np.exp(-b[:, None] * log_x[None, :])  # [K, N]
     a, d = _batch_linear(x[None, :, :], rewards[:, None, :], w)  # [S, K]
     resid = rewards[:, None, :] - (a[..., None] - d[..., None] * x[None])
-    return np.einsum("skn,skn,n->sk", resid, resid, w)
+    sse: NDArray[np.float64] = np.einsum("skn,skn,n->sk", resid, resid, w)
+    return sse

@@ -46,7 +46,8 @@ class RevisionCache:
         with self._lock:
             cached = self._values.get(key)
         if cached is not None and cached[0] == snap.revision:
-            return cached[1]
+            hit: T = cached[1]
+            return hit
         value = compute()
         with self._lock:
             self._values[key] = (snap.revision, value)

@@ -38,18 +38,23 @@ class SigmoidParams:
     r0: float
 
 
-def gain_fraction(log_compute: ArrayLike, b: ArrayLike, log_c_mid: ArrayLike) -> NDArray:
+def gain_fraction(
+    log_compute: ArrayLike, b: ArrayLike, log_c_mid: ArrayLike
+) -> NDArray[np.float64]:
     """s = 1 / (1 + (C_mid / C)^B) = expit(B (ln C - ln C_mid)), the fraction of the gain
     A - R0 reached at C (Eq. 1's shape, independent of A and R0); broadcasts."""
-    return expit(np.asarray(b) * (np.asarray(log_compute) - np.asarray(log_c_mid)))
+    s: NDArray[np.float64] = expit(
+        np.asarray(b) * (np.asarray(log_compute) - np.asarray(log_c_mid))
+    )
+    return s
 
 
 def sigmoid_log(
     log_compute: ArrayLike, a: ArrayLike, b: ArrayLike, log_c_mid: ArrayLike, r0: ArrayLike
 ) -> NDArray[np.float64]:
     """Paper Eq. 1 at ln C given ln C_mid (what the fit's inner loops hold); broadcasts."""
-    r0 = np.asarray(r0)
-    return r0 + (np.asarray(a) - r0) * gain_fraction(log_compute, b, log_c_mid)
+    base = np.asarray(r0, dtype=np.float64)
+    return base + (np.asarray(a) - base) * gain_fraction(log_compute, b, log_c_mid)
 
 
 def sigmoid(

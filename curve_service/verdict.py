@@ -186,7 +186,8 @@ def _joint_draws(drawn: list[NDArray[np.float64]], seeds: Sequence[int]) -> NDAr
 def _p_best(values: NDArray[np.float64]) -> NDArray[np.float64]:
     """[R] fraction of rows of values [J, R] in which each column holds the largest."""
     winners = np.argmax(values, axis=1)
-    return np.bincount(winners, minlength=values.shape[1]) / values.shape[0]
+    share: NDArray[np.float64] = np.bincount(winners, minlength=values.shape[1]) / values.shape[0]
+    return share
 
 
 def _line(

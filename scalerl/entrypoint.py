@@ -21,7 +21,7 @@ def config_error(exc: Exception) -> str:
     if callable(errors):
         first = errors()[0]
         if not first["loc"] or first["type"] == "value_error":  # our validators name fields
-            return first["msg"].removeprefix("Value error, ")
+            return str(first["msg"]).removeprefix("Value error, ")
         field = ".".join(str(p) for p in first["loc"])
         return f"{field}: {first['msg']} (got {first.get('input')!r})"
     return str(exc).splitlines()[0]

@@ -14,14 +14,20 @@ still thinking earns nothing. A sample that was never interrupted is scored whol
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scalerl.config import RolloutConfig
 
 
-def forced_ids(interrupt_text: str, think_end: str, encode: Callable[[str], list[int]]):
+def forced_ids(
+    interrupt_text: str, think_end: str, encode: Callable[[str], list[int]]
+) -> tuple[int, ...]:
     """Token ids forced at the interrupt: the phrase, then the end-of-thinking marker."""
     return tuple(encode(interrupt_text)) + (tuple(encode(think_end)) if think_end else ())
 
 
-def check_budgets(rollout, encode: Callable[[str], list[int]]) -> None:
+def check_budgets(rollout: RolloutConfig, encode: Callable[[str], list[int]]) -> None:
     """Refuse budgets that cannot all fit in `rollout.max_new_tokens`.
 
     rollout: a `RolloutConfig`; encode: the policy tokenizer's text -> ids (no special

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import BinaryIO, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -299,7 +299,7 @@ def append_record(run_dir: Path, record: _Record) -> None:
         handle.write(line.encode())
 
 
-def _cut_partial_line(handle) -> None:
+def _cut_partial_line(handle: BinaryIO) -> None:
     """Truncate an append-mode file after its last newline (nothing when it ends in one)."""
     size = handle.seek(0, os.SEEK_END)
     if size == 0:

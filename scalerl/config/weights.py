@@ -68,8 +68,10 @@ def _transport_of(value: Any) -> str | None:
     """The variant `learner.weights` names: its `transport`, `uri` when left out (so a
     field of another transport is reported as not permitted for `uri`)."""
     if isinstance(value, dict):
-        return value.get("transport", "uri")
-    return getattr(value, "transport", None)
+        transport = value.get("transport", "uri")
+    else:
+        transport = getattr(value, "transport", None)
+    return None if transport is None else str(transport)
 
 
 # `learner.weights`: one variant per transport, told apart by `transport`.

@@ -8,6 +8,8 @@ of a ratio that can be derived from counters (rates are computed by the dashboar
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 import scalerl
@@ -40,7 +42,9 @@ def service_registry(
     return registry
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> tuple:
+def serve_metrics(
+    registry: CollectorRegistry, port: int, host: str = "127.0.0.1"
+) -> tuple[Any, Any]:
     """Serve `registry` over HTTP at /metrics on host:port (0 = a free port).
 
     Returns (server, bound_port); the caller shuts it down with `server.shutdown()`.

@@ -5,9 +5,13 @@ never stopping the run) shows on a dashboard instead of only lowering the reward
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from scalerl.tasks.taskset import TaskSet
 
 # VerifierStats counter -> the `outcome` label (calls is the total; the rest are subsets).
 _OUTCOMES = {"errors": "error", "timeouts": "timeout", "parse_failures": "parse_failure"}
@@ -19,7 +23,7 @@ class VerifierCollector:
     timeout: stopped at its limit; parse_failure: no answer parsed, failures included),
     read from the tasks' verifiers at each scrape."""
 
-    def __init__(self, tasks) -> None:
+    def __init__(self, tasks: TaskSet) -> None:
         self._tasks = tasks
 
     def collect(self) -> Iterator[Metric]:
@@ -41,7 +45,7 @@ class VerifierCollector:
         yield failures
 
 
-def register_verifier_metrics(registry: CollectorRegistry, tasks) -> VerifierCollector:
+def register_verifier_metrics(registry: CollectorRegistry, tasks: TaskSet) -> VerifierCollector:
     """Register the collector of `tasks` (a `scalerl.tasks.TaskSet`) on `registry`."""
     collector = VerifierCollector(tasks)
     registry.register(collector)

@@ -43,6 +43,9 @@ PRIVILEGED_METHODS = frozenset(
     }
 )
 _HEADER = "authorization"
+# A server interceptor's `continuation`: the method's details -> its handler (None when
+# the server has no such method).
+Continuation = Callable[[grpc.HandlerCallDetails], "grpc.RpcMethodHandler | None"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._privileged = privileged
 
     def intercept_service(
-        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         method = handler_call_details.method
@@ -187,7 +190,9 @@ def channel_credentials(security: Security) -> grpc.ChannelCredentials | None:
 
 
 class _Call(grpc.ClientCallDetails):
-    def __init__(self, details: grpc.ClientCallDetails, metadata: list) -> None:
+    def __init__(
+        self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]
+    ) -> None:
         self.method = details.method
         self.timeout = details.timeout
         self.metadata = metadata
@@ -211,14 +216,28 @@ class TokenInterceptor(
     def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         return _Call(details, [*(details.metadata or ()), self._pair])
 
-    def intercept_unary_unary(self, continuation, details, request):
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(self._with_token(details), request)
 
-    def intercept_unary_stream(self, continuation, details, request):
+    def intercept_unary_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(self._with_token(details), request)
 
-    def intercept_stream_unary(self, continuation, details, request_iterator):
+    def intercept_stream_unary(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
         return continuation(self._with_token(details), request_iterator)
 
-    def intercept_stream_stream(self, continuation, details, request_iterator):
+    def intercept_stream_stream(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
         return continuation(self._with_token(details), request_iterator)

@@ -18,12 +18,15 @@ from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import (
     PRIVILEGED_METHODS,
     AuthInterceptor,
+    Continuation,
     Security,
     current,
     server_credentials,
 )
 
 log = logging.getLogger(__name__)
+# A method's behavior: (request or request iterator, context) -> response or responses.
+Behavior = Callable[[Any, grpc.ServicerContext], Any]
 
 
 def abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -> None:
@@ -42,7 +45,7 @@ def abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) ->
     )
 
 
-def _unary(behavior: Callable, method: str) -> Callable:
+def _unary(behavior: Behavior, method: str) -> Behavior:
     def handler(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         try:
             return behavior(request_or_iterator, context)
@@ -52,7 +55,7 @@ def _unary(behavior: Callable, method: str) -> Callable:
     return handler
 
 
-def _streaming(behavior: Callable, method: str) -> Callable:
+def _streaming(behavior: Behavior, method: str) -> Behavior:
     def handler(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             yield from behavior(request_or_iterator, context)
@@ -66,7 +69,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps every exception leaving a handler to a status (see `abort_for`)."""
 
     def intercept_service(
-        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None:
@@ -82,7 +85,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
 
 def make_server(
-    registrations: list[tuple[Callable, object, str]],
+    registrations: list[tuple[Callable[[Any, grpc.Server], None], object, str]],
     port: int = 0,
     host: str = "127.0.0.1",
     max_workers: int = 16,

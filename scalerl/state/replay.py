@@ -460,14 +460,16 @@ def _ticket_args(worker_id: str, ticket_version: int | None) -> tuple[str, str]:
 def _serialize(group: rollout_pb2.RolloutGroup) -> bytes:
     if not isinstance(group, rollout_pb2.RolloutGroup):
         raise TypeError(f"group must be a RolloutGroup, got {type(group).__name__}")
-    return group.SerializeToString()
+    raw: bytes = group.SerializeToString()
+    return raw
 
 
 def _parse(fields: Mapping[Any, Any] | None) -> rollout_pb2.RolloutGroup | None:
     if not fields or ENTRY_FIELD not in fields:
         return None
     try:
-        return rollout_pb2.RolloutGroup.FromString(fields[ENTRY_FIELD])
+        group: rollout_pb2.RolloutGroup = rollout_pb2.RolloutGroup.FromString(fields[ENTRY_FIELD])
+        return group
     except DecodeError:
         return None
 

@@ -37,4 +37,5 @@ class RolloutClient(RpcClient):
         """Stream one policy version (header, then its chunks, or a header with a uri) to
         the worker, which swaps it in whole or not at all. Raises InvalidArgument (a bad
         header, chunk or hash) or another ServiceError."""
-        return self._call("UpdateWeights", iter(requests))
+        response: rollout_pb2.UpdateWeightsResponse = self._call("UpdateWeights", iter(requests))
+        return response
