@@ -16,6 +16,7 @@ the core modules, raising `CurveInputError` named by the core's field (`compute[
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -206,7 +207,7 @@ def _with_power_law(analysis: Analysis) -> Analysis:
     if method.resamples and targets.size:
         draws = bootstrap_power_law(fit, law, method.resamples, method.seed)
         band = Band(targets, *power_law_band(fit, law, draws, targets, method.band))
-    return Analysis(**{**analysis.__dict__, "power_law": law, "power_law_predictions": band})
+    return dataclasses.replace(analysis, power_law=law, power_law_predictions=band)
 
 
 def extrapolation_targets(compute: Sequence[float]) -> NDArray[np.float64]:

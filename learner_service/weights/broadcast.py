@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
-from scalerl.policy.weight_group import EpochFailed, WeightGroup, WeightGroupError, epoch_backend
+from scalerl.policy.weight_group import BACKENDS, EpochFailed, WeightGroup, WeightGroupError
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import ROLLOUT
 from scalerl.state.registry import WorkerRegistry
@@ -53,6 +53,19 @@ class Delivery:
     delivered: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+
+def epoch_backend(setting: str, learner_gpu: str, member_gpus: Iterable[str]) -> str:
+    """The backend of one epoch. setting: "gloo" or "nccl" (taken as given) or "auto":
+    nccl when the learner and every member compute on a CUDA device of their own, else
+    gloo. learner_gpu, member_gpus: UUIDs of their CUDA devices, "" for a CPU
+    (`scalerl.policy.hardware.gpu_uuid`). Raises ValueError for another setting."""
+    if setting in BACKENDS:
+        return setting
+    if setting != "auto":
+        raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {setting!r}")
+    gpus = [learner_gpu, *member_gpus]
+    return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
 class WeightBroadcaster:

@@ -32,7 +32,8 @@ epoch without the member.
 
 NCCL needs a CUDA device of its own for every member: two ranks on one GPU make it refuse
 the group (ncclInvalidUsage, seen on one H200 with the learner and two workers on cuda:0).
-`epoch_backend` picks gloo for such an epoch when the backend is left to "auto".
+The learner's broadcaster (`learner_service.weights.broadcast.epoch_backend`) picks gloo
+for such an epoch when the backend is left to "auto".
 
 With NCCL, start the process with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (clean up only): the
 default makes NCCL's watchdog end the whole process when a collective times out, where
@@ -44,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -57,19 +58,6 @@ from scalerl.crash_points import crash_point
 BACKENDS = ("gloo", "nccl")
 ROOT_RANK = 0
 MAX_PORT = 65535
-
-
-def epoch_backend(setting: str, learner_gpu: str, member_gpus: Iterable[str]) -> str:
-    """The backend of one epoch. setting: "gloo" or "nccl" (taken as given) or "auto":
-    nccl when the learner and every member compute on a CUDA device of their own, else
-    gloo. learner_gpu, member_gpus: UUIDs of their CUDA devices, "" for a CPU
-    (`scalerl.policy.hardware.gpu_uuid`). Raises ValueError for another setting."""
-    if setting in BACKENDS:
-        return setting
-    if setting != "auto":
-        raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {setting!r}")
-    gpus = [learner_gpu, *member_gpus]
-    return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
 class WeightGroupError(RuntimeError):

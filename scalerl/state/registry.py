@@ -41,7 +41,7 @@ class WorkerProgress:
     completion tokens since start; active_requests: requests in the engine now;
     progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle;
     gpu: UUID of the CUDA device its engine computes on, "" on the CPU (the learner's
-    weight group picks its backend by it: `scalerl.policy.weight_group.epoch_backend`).
+    weight group picks its backend by it: `learner_service.weights.broadcast.epoch_backend`).
     """
 
     serving_version: int

@@ -22,7 +22,6 @@ from scalerl.policy.hardware import (
     resolve_dtype,
     resolved_config,
 )
-from scalerl.policy.weight_group import epoch_backend
 
 
 @pytest.mark.parametrize(
@@ -123,28 +122,6 @@ def test_device_resolution_picks_the_local_rank(monkeypatch):
 def test_bad_precision_settings_name_the_field(override, field):
     with pytest.raises(ValueError, match=field):
         load_config("default", [override])
-
-
-@pytest.mark.parametrize(
-    ("setting", "learner", "members", "backend"),
-    [
-        ("auto", "GPU-0", ["GPU-1", "GPU-2"], "nccl"),  # a GPU each: NCCL
-        ("auto", "GPU-0", ["GPU-0", "GPU-1"], "gloo"),  # learner and a worker on one GPU
-        ("auto", "GPU-0", ["GPU-1", "GPU-1"], "gloo"),  # two workers on one GPU
-        ("auto", "GPU-0", ["GPU-1", ""], "gloo"),  # a worker on the CPU
-        ("auto", "", ["GPU-1"], "gloo"),  # the learner on the CPU
-        ("auto", "GPU-0", [], "nccl"),  # nobody else yet
-        ("gloo", "GPU-0", ["GPU-1"], "gloo"),  # explicit settings win
-        ("nccl", "GPU-0", ["GPU-0"], "nccl"),
-    ],
-)
-def test_epoch_backend_wants_a_gpu_of_its_own_for_every_member(setting, learner, members, backend):
-    assert epoch_backend(setting, learner, members) == backend
-
-
-def test_epoch_backend_names_the_bad_setting():
-    with pytest.raises(ValueError, match="backend must be one of"):
-        epoch_backend("mpi", "", [])
 
 
 def test_gpu_uuid_is_empty_off_cuda():

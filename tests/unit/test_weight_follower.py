@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from learner_service.weights.broadcast import epoch_backend
 from learner_service.weights.senders import (
     BroadcastSender,
     PullSender,
@@ -145,3 +146,25 @@ def test_the_broadcast_variant_carries_its_own_fields_and_others_refuse_them() -
         _config("carrier")
     with pytest.raises(ValueError, match="needs a FetchWeights source"):
         PullSender(WeightStore(), "")
+
+
+@pytest.mark.parametrize(
+    ("setting", "learner", "members", "backend"),
+    [
+        ("auto", "GPU-0", ["GPU-1", "GPU-2"], "nccl"),  # a GPU each: NCCL
+        ("auto", "GPU-0", ["GPU-0", "GPU-1"], "gloo"),  # learner and a worker on one GPU
+        ("auto", "GPU-0", ["GPU-1", "GPU-1"], "gloo"),  # two workers on one GPU
+        ("auto", "GPU-0", ["GPU-1", ""], "gloo"),  # a worker on the CPU
+        ("auto", "", ["GPU-1"], "gloo"),  # the learner on the CPU
+        ("auto", "GPU-0", [], "nccl"),  # nobody else yet
+        ("gloo", "GPU-0", ["GPU-1"], "gloo"),  # explicit settings win
+        ("nccl", "GPU-0", ["GPU-0"], "nccl"),
+    ],
+)
+def test_epoch_backend_wants_a_gpu_of_its_own_for_every_member(setting, learner, members, backend):
+    assert epoch_backend(setting, learner, members) == backend
+
+
+def test_epoch_backend_names_the_bad_setting():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        epoch_backend("mpi", "", [])
