@@ -45,7 +45,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind both servers on.")
     parser.add_argument(
-        "--redis-url", default=None, help="Keep runs in Redis (redis://HOST:PORT/DB)."
+        "--redis-url",
+        default=None,
+        help="Keep runs in Redis (redis://[:PASSWORD@]HOST:PORT/DB; default: "
+        "$SCALERL_REDIS_URL, else in memory).",
     )
     parser.add_argument(
         "--target-compute",
@@ -89,6 +92,9 @@ def _positive(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)  # before the heavier imports, so --help stays fast
+    from scalerl.state.client import take_redis_url
+
+    args.redis_url = take_redis_url(args.redis_url)
     from scalerl.obs.logging import setup_logging
 
     setup_logging("curve")

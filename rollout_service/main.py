@@ -9,11 +9,17 @@ import argparse
 import sys
 import time
 
+from scalerl.state.client import REDIS_URL_ENV, take_redis_url
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scalerl-rollout", description=__doc__)
     parser.add_argument("--config", required=True, help="Run config: built-in name or YAML.")
-    parser.add_argument("--redis-url", required=True, help="redis://host:port/db")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help=f"redis://[:password@]host:port/db (default: ${REDIS_URL_ENV})",
+    )
     parser.add_argument("--worker-id", required=True, help="Unique worker name.")
     parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
     parser.add_argument("--advertise-host", default=None, help="Address others dial.")
@@ -26,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="Config override, e.g. rollout.temperature=0.7 (repeatable).",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.redis_url = take_redis_url(args.redis_url)
+    if not args.redis_url:
+        parser.error(f"--redis-url: required (or ${REDIS_URL_ENV})")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ class LauncherFleet:
     """Starts and stops the launcher-managed workers of one run.
 
     services: the run's services.json content (updated in `services_path` whenever a
-    worker starts); env: the workers' environment (token)."""
+    worker starts); env: the workers' environment (the token and the Redis URL)."""
 
     config_path: Path
     redis_url: str
@@ -60,11 +61,12 @@ class LauncherFleet:
         name = f"{WORKER_PREFIX}{self.next_index}"
         self.next_index += 1
         port, metrics = free_port(), free_port()
-        args = ["--config", str(self.config_path), "--redis-url", self.redis_url]
+        # The Redis URL (with its password) comes in the environment: self.env.
+        args = ["--config", str(self.config_path)]
         args += ["--worker-id", name, "--port", str(port), "--metrics-port", str(metrics)]
         child = start_child(name, "rollout_service.main", args, self.logs, self.env)
         self.services[name] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
-        self.services_path.write_text(json.dumps(self.services, indent=2))
+        write_services(self.services_path, self.services)
         return child
 
     def reconcile(self, children: list[Child]) -> None:
@@ -95,6 +97,16 @@ class LauncherFleet:
             except ValueError:
                 pass  # already 0
         log.info("%s left the run", child.name)
+
+
+def write_services(path: Path, services: dict[str, object]) -> None:
+    """Write the run's services.json (its Redis URL holds the password) readable by this
+    user only, replacing the old file whole."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(services, indent=2))
+    tmp.replace(path)
 
 
 def workers_command(action: str, run_dir: Path, count: int) -> int:

@@ -34,10 +34,10 @@ from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
-from scalerl.state.client import connect
+from scalerl.state.client import REDIS_URL_ENV, connect
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
-from scalerl_cli.fleet import LauncherFleet, is_worker
+from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
 from scalerl_cli.processes import Child, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
 from scalerl_cli.report import finish_report
@@ -115,7 +115,8 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     metrics_server, metrics_port = serve_metrics(registry, 0)
     started, started_unix = time.monotonic(), time.time()
     profile = CpuProfile()
-    with RedisServer(persistent=True, data_dir=run_dir / "redis") as redis_server:
+    with launcher_redis(run_dir) as redis_server:
+        child_env = {**child_env, REDIS_URL_ENV: redis_server.url}
         if resume:
             prepare_resume(redis_server.url, config.run_id)
         try:
@@ -168,6 +169,17 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     shutil.rmtree(run_dir / "weights", ignore_errors=True)
     console.print(f"run folder: {run_dir}")
     return 0
+
+
+def launcher_redis(run_dir: Path) -> RedisServer:
+    """The run's Redis (not started): persistent in RUN_DIR/redis, with a fresh random
+    password (in a file of this user's, never on a command line; the children get the URL
+    in their environment) and the commands a run never sends renamed away
+    (`LOCKED_COMMANDS`: no CONFIG SET dir + SAVE to write files, no MODULE, no
+    REPLICAOF). Another user of the machine reaches 127.0.0.1 too."""
+    return RedisServer(
+        persistent=True, data_dir=run_dir / "redis", password=secrets.token_urlsafe(32), locked=True
+    )
 
 
 def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, str]]:
@@ -256,10 +268,8 @@ def _start_services(
                 str(curve_port),
                 "--metrics-port",
                 str(curve_metrics),
-                "--redis-url",
-                redis_url,
                 *_curve_security_args(config),
-            ],  # the run's points survive a curve-service restart
+            ],  # in Redis (the URL in env), the run's points survive a curve restart
             logs,
             env,
         )
@@ -280,8 +290,6 @@ def _start_services(
             *leading,
             "--config",
             str(config_path),
-            "--redis-url",
-            redis_url,
             "--run-dir",
             str(run_dir),
             "--curve-address",
@@ -297,7 +305,7 @@ def _start_services(
     learner_address = f"127.0.0.1:{learner_port}"
     services["learner"] = {"grpc": learner_address, "metrics": f"127.0.0.1:{learner_metrics}"}
     children.append(learner)
-    services_path.write_text(json.dumps(services, indent=2))
+    write_services(services_path, services)
     return curve_address, learner_address, fleet
 
 

@@ -33,6 +33,29 @@ from scalerl_cli.processes import spawn_tied
 log = logging.getLogger(__name__)
 
 _PORT_RETRIES = 3
+# Commands a run never sends and an intruder would use: to write files where it likes
+# (CONFIG SET dir/dbfilename + SAVE), load code (MODULE), copy or hand the data elsewhere
+# (SLAVEOF/REPLICAOF, MIGRATE, SYNC), watch every command (MONITOR), stop or wipe the
+# server, or change the users. A locked server renames them to nothing: "unknown command".
+LOCKED_COMMANDS = (
+    "ACL",
+    "BGREWRITEAOF",
+    "BGSAVE",
+    "CONFIG",
+    "DEBUG",
+    "FAILOVER",
+    "FLUSHALL",
+    "FLUSHDB",
+    "MIGRATE",
+    "MODULE",
+    "MONITOR",
+    "PSYNC",
+    "REPLICAOF",
+    "SAVE",
+    "SHUTDOWN",
+    "SLAVEOF",
+    "SYNC",
+)
 _LOG_TAIL_LINES = 20
 
 
@@ -84,7 +107,8 @@ class RedisServer:
     file lives in `data_dir` (created if missing; required) and survives restarts.
 
     With a `password`, clients must AUTH (`requirepass`, written to a config file readable
-    by this user only, so it never shows on a command line) and `url` carries it.
+    by this user only, so it never shows on a command line) and `url` carries it. With
+    `locked`, `LOCKED_COMMANDS` are renamed away in that file too (unknown to every client).
 
     `stop()` also runs when the object is garbage collected or the interpreter exits, so
     a server is not left behind by a normal exit; a SIGKILLed parent cannot clean up.
@@ -100,6 +124,7 @@ class RedisServer:
         startup_timeout_s: float = 10.0,
         extra_args: Sequence[str] = (),
         password: str = "",
+        locked: bool = False,
     ) -> None:
         """Configure (does not start). Raises ValueError for persistent=True without data_dir,
         a port outside 1..65535, a non-positive startup_timeout_s, or a password with
@@ -113,6 +138,7 @@ class RedisServer:
         if password and not re.fullmatch(r"[A-Za-z0-9_\-.~]+", password):
             raise ValueError("password must use only letters, digits and -._~")
         self._password = password
+        self._locked = locked
         self._persistent = persistent
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._requested_port = port
@@ -252,10 +278,12 @@ class RedisServer:
         workdir = self._workdir()
         assert workdir is not None
         cmd = [binary]
-        if self._password:
+        lines = [f"requirepass {self._password}"] if self._password else []
+        lines += [f'rename-command {name} ""' for name in LOCKED_COMMANDS if self._locked]
+        if lines:
             conf = workdir / "auth.conf"
             conf.touch(mode=0o600)
-            conf.write_text(f"requirepass {self._password}\n")
+            conf.write_text("\n".join(lines) + "\n")
             cmd.append(str(conf))  # the config file comes first, before any option
         cmd += ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
         cmd += ["--daemonize", "no", "--save", ""]

@@ -5,6 +5,7 @@ a silent hang."""
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -13,6 +14,9 @@ from redis.retry import Retry
 
 # Above every blocking stream read of the run (`ReplayStream.read` checks its `block_ms`
 # against it), so a reply that never comes is a TimeoutError, not a hang.
+# Where `scalerl run` hands its children the Redis URL (its password included): the
+# environment, readable by this user only, where a command line is readable by everyone.
+REDIS_URL_ENV = "SCALERL_REDIS_URL"
 SOCKET_TIMEOUT_S = 30.0
 RETRIES = 6  # back-off 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: about 5 s before the error surfaces
 _BACKOFF_BASE_S = 0.1
@@ -73,3 +77,12 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def take_redis_url(flag: str | None) -> str | None:
+    """The Redis URL a service dials: `--redis-url` when given, else SCALERL_REDIS_URL,
+    which is then removed from this process's environment so that the processes it
+    starts (verifier workers running model-written programs among them) do not inherit
+    the password. None when neither is set."""
+    from_env = os.environ.pop(REDIS_URL_ENV, None)
+    return flag or from_env or None

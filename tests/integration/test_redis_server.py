@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
-from scalerl.state.client import connect
+from scalerl.state.client import REDIS_URL_ENV, connect, take_redis_url
 from scalerl.state.keys import run_key
+from scalerl_cli.launcher import launcher_redis
 from scalerl_cli.redis_server import RedisServer, find_redis_binary
 
 
@@ -120,3 +122,49 @@ def test_run_keys_name_the_whole_schema() -> None:
         RunKeys("a:b")
     with pytest.raises(ValueError, match="task name must match"):
         keys.pool_keys("Math*")
+
+
+def test_the_launchers_redis_refuses_strangers_and_the_commands_that_write_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scalerl run`'s Redis (`launcher_redis`): a client without the password gets NOAUTH;
+    with it, the run's commands work and CONFIG (SET dir + SAVE wrote files before),
+    MODULE, REPLICAOF, FLUSHALL and SHUTDOWN are unknown. The password is on no command
+    line; the children find the URL in SCALERL_REDIS_URL, which a service takes out of its
+    environment once read."""
+    with launcher_redis(tmp_path) as server:
+        stranger = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
+        with pytest.raises(redis.AuthenticationError):
+            stranger.ping()
+        with pytest.raises(redis.AuthenticationError):
+            stranger.set("scalerl:x:state:stop", "1")
+        client = connect(server.url)
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        for command in (
+            ("CONFIG", "SET", "dir", str(tmp_path)),
+            ("CONFIG", "GET", "requirepass"),
+            ("SAVE",),
+            ("MODULE", "LIST"),
+            ("REPLICAOF", "127.0.0.1", "1"),
+            ("FLUSHALL",),
+            ("SHUTDOWN", "NOSAVE"),
+        ):
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                client.execute_command(*command)
+        assert client.get("k") == b"v"  # nothing was flushed or shut down
+        password = server.url.split(":")[2].split("@")[0]
+        assert len(password) >= 32
+        cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert password.encode() not in cmdline
+        conf = tmp_path / "redis" / "auth.conf"
+        assert conf.stat().st_mode & 0o077 == 0  # this user's only
+        client.close()
+
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://:pw@127.0.0.1:1/0")
+    assert take_redis_url(None) == "redis://:pw@127.0.0.1:1/0"
+    assert REDIS_URL_ENV not in os.environ  # the processes it starts do not inherit it
+    assert take_redis_url(None) is None
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://:pw@127.0.0.1:1/0")
+    assert take_redis_url("redis://127.0.0.1:2/0") == "redis://127.0.0.1:2/0"  # the flag wins
+    assert REDIS_URL_ENV not in os.environ
