@@ -22,7 +22,11 @@
 #  8. the engine contract suite for every engine available in this Python environment
 #     (table: engine / passed / failed / skipped / tokens per second);
 #  9. the in-engine weight updates of vLLM and SGLang over NCCL: reported as not checked
-#     (the adapters reload each version from its file).
+#     (the adapters reload each version from its file);
+# 10. the code sandbox on a GPU node: the program sees no GPU device node (/dev/nvidia*,
+#     /dev/dri), cannot load CUDA, reads no secret, reaches no network, and its forgeries
+#     score 0, as root and as a non-root uid (tests/integration/test_code_sandbox.py and
+#     test_sandbox_nonroot.py).
 #
 #   scripts/gpu_check.sh [PYTHON] [SECTIONS]
 #
@@ -35,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${1:-}"
-SECTIONS=",${2:-1,2,3,4,5,6,7,8,9},"
+SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10},"
 if [[ -z "$PYTHON" ]]; then
   for candidate in .venv-vllm/bin/python .venv/bin/python python3; do
     if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
@@ -196,4 +200,27 @@ if section 9 "vLLM and SGLang weight updates inside the engine over NCCL"; then
     if has_module "$module"; then state="installed"; else state="not installed"; fi
     echo "$module ($state): NOT CHECKED, the adapter has no in-engine NCCL update route"
   done
+fi
+
+if section 10 "the code sandbox on a GPU node"; then
+  ls /dev/nvidia* /dev/dri 2>/dev/null | head -n 4 | sed 's/^/host device: /'
+  within 60 "$PYTHON" - <<'EOF'
+from scalerl.verifiers.sandbox import SandboxLimits, containment, run_program
+
+limits = SandboxLimits(wall_s=20, cpu_s=10, memory_bytes=1 << 30)
+print("containment:", containment(limits))
+probe = (
+    "import ctypes, glob, os\n"
+    "print('devices', glob.glob('/dev/nvidia*') + glob.glob('/dev/dri/*'))\n"
+    "for name in ('libcuda.so.1', 'libcuda.so'):\n"
+    "    try:\n"
+    "        ctypes.CDLL(name).cuInit(0)\n"
+    "        print('cuda', name, 'LOADED')\n"
+    "    except OSError as exc:\n"
+    "        print('cuda', name, 'refused:', str(exc)[:80])\n"
+)
+print(run_program(probe, "stdio", [""], limits).outcomes[0].stdout, end="")
+EOF
+  within 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/integration/test_code_sandbox.py \
+    tests/integration/test_sandbox_nonroot.py 2>&1 | tail -n 5
 fi

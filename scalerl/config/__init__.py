@@ -22,7 +22,13 @@ from scalerl.config.run import (
     resolve_key,
 )
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
-from scalerl.config.task import ADDITIONS_SYSTEM_PROMPT, TASK_SOURCES, TaskConfig
+from scalerl.config.task import (
+    ADDITIONS_SYSTEM_PROMPT,
+    TASK_SOURCES,
+    CodeVerifierConfig,
+    TaskConfig,
+    VerifierConfig,
+)
 from scalerl.config.weights import (
     BroadcastWeights,
     PullWeights,
@@ -50,6 +56,8 @@ __all__ = [
     "StreamWeights",
     "TASK_SOURCES",
     "TaskConfig",
+    "CodeVerifierConfig",
+    "VerifierConfig",
     "UriWeights",
     "WeightsConfig",
     "dump_config",

@@ -22,7 +22,7 @@ from scalerl.config.learner import LearnerConfig
 from scalerl.config.model import ModelConfig
 from scalerl.config.rollout import RolloutConfig
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
-from scalerl.config.task import TaskConfig, as_task_list
+from scalerl.config.task import TaskConfig, VerifierConfig, as_task_list
 from scalerl.state.keys import RUN_ID_PATTERN
 
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
@@ -54,6 +54,7 @@ class RunConfig(BaseSettings):
         max_length=64,
         description="The run's tasks (one mapping is a list of one).",
     )
+    verifier: VerifierConfig = VerifierConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     eval: EvalConfig = EvalConfig()

@@ -122,6 +122,23 @@ class TaskConfig(_Section):
         return ADDITIONS_SYSTEM_PROMPT if self.source == "additions" else ""
 
 
+class CodeVerifierConfig(_Section):
+    """The `code` verifier's sandbox (`scalerl.verifiers.sandbox`)."""
+
+    allow_uncontained: bool = Field(
+        False,
+        description="Run model-written programs even where the sandbox cannot contain them "
+        "(no user namespaces): they would run with this process's uid, files and network. "
+        "Off: a run with a code task refuses to start there.",
+    )
+
+
+class VerifierConfig(_Section):
+    """Settings of the verifiers shared by every task."""
+
+    code: CodeVerifierConfig = CodeVerifierConfig()
+
+
 def as_task_list(value: Any) -> Any:
     """`task:` may be one mapping (a run of one task) or a list of them."""
     return [value] if isinstance(value, dict) else value

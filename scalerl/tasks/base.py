@@ -108,10 +108,12 @@ def task_verifier(
     end_of_thinking: str = "",
     default: str = "last_integer",
     options: dict[str, Any] | None = None,
+    settings: Any = None,
 ) -> Verifier:
     """The verifier a task's config (`scalerl.config.TaskConfig`) names, `default` (its
     source's own) when unset, with `options` and the run's end-of-thinking marker, so a
-    reasoning model is scored on its answer part only.
+    reasoning model is scored on its answer part only; settings: the run's `verifier`
+    section (`scalerl.config.VerifierConfig`, None = defaults).
 
     Raises ValueError for an unknown verifier or bad option (the message names the task)."""
     name = config.verifier or default
@@ -119,6 +121,6 @@ def task_verifier(
     if end_of_thinking:
         options["end_of_thinking"] = end_of_thinking
     try:
-        return build_verifier(name, config.verifier_timeout_s, **options)
+        return build_verifier(name, config.verifier_timeout_s, settings, **options)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"task {config.name!r}: verifier: {exc}") from None

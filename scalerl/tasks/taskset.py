@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from scalerl.config import RunConfig, TaskConfig
+from scalerl.config import RunConfig, TaskConfig, VerifierConfig
 from scalerl.tasks.base import Problem, Task, task_of, task_verifier
 from scalerl.verifiers import Verdict
 
@@ -71,8 +71,10 @@ class TaskSet:
             task.close()
 
 
-def build_task(config: TaskConfig, end_of_thinking: str = "") -> Task:
-    """The task one `TaskConfig` describes.
+def build_task(
+    config: TaskConfig, end_of_thinking: str = "", settings: VerifierConfig | None = None
+) -> Task:
+    """The task one `TaskConfig` describes; settings: the run's `verifier` section.
 
     Raises ValueError (one line naming the task and field) for a missing file or column,
     a bad split or an unknown dataset; the sources' own loaders say which."""
@@ -89,18 +91,20 @@ def build_task(config: TaskConfig, end_of_thinking: str = "") -> Task:
             config.large_max,
             config.heldout_size,
             config.seed,
-            verifier=task_verifier(config, end_of_thinking),
+            verifier=task_verifier(config, end_of_thinking, settings=settings),
             **common,
         )
     if config.source == "file":
         from scalerl.tasks.files import FileTask
 
-        return FileTask(config, task_verifier(config, end_of_thinking))
+        return FileTask(config, task_verifier(config, end_of_thinking, settings=settings))
     from scalerl.tasks.generators import ReasoningGymTask
 
     return ReasoningGymTask(config, end_of_thinking)
 
 
 def build_tasks(config: RunConfig) -> TaskSet:
-    """Every task of the run (`RunConfig.task`), scored with `rollout.think_end`."""
-    return TaskSet([build_task(t, config.rollout.think_end) for t in config.task])
+    """Every task of the run (`RunConfig.task`), scored with `rollout.think_end` and the
+    run's `verifier` settings."""
+    end = config.rollout.think_end
+    return TaskSet([build_task(t, end, config.verifier) for t in config.task])

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl.verifiers.base import Verifier
 from scalerl.verifiers.custom import PREFIX, PythonVerifier
 from scalerl.verifiers.last_integer import LastIntegerVerifier
+
+if TYPE_CHECKING:
+    from scalerl.config.task import VerifierConfig
 
 # The verifiers with a fixed name; `python:MODULE:FUNCTION` (a user's function) and
 # `reasoning_gym:DATASET` (a reasoning-gym dataset's scorer) name one of a family.
@@ -16,7 +19,12 @@ VERIFIER_NAMES = ("last_integer", "math", "code")
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
-def build_verifier(name: str, timeout_s: float | None = None, **options: Any) -> Verifier:
+def build_verifier(
+    name: str,
+    timeout_s: float | None = None,
+    settings: VerifierConfig | None = None,
+    **options: Any,
+) -> Verifier:
     """A new verifier named `name`, with its own counters.
 
     timeout_s: the time limit of one check in seconds (None: the verifier's default):
@@ -26,8 +34,10 @@ def build_verifier(name: str, timeout_s: float | None = None, **options: Any) ->
     end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
     `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
     workers, memory_bytes; its reference answer is the item, or the answer text alone).
-    Raises ValueError for an unknown name or dataset, a bad option value or a python:
-    function that does not import; TypeError for an option the verifier does not take.
+    settings: the run's `verifier` section (`code.allow_uncontained`); None = defaults.
+    Raises ValueError for an unknown name or dataset, a bad option value, a python:
+    function that does not import or a `code` sandbox that cannot contain programs here;
+    TypeError for an option the verifier does not take.
     """
     if timeout_s is not None and not 0.1 <= timeout_s <= 600:
         raise ValueError(f"timeout_s must be in [0.1, 600] seconds, got {timeout_s}")
@@ -42,7 +52,8 @@ def build_verifier(name: str, timeout_s: float | None = None, **options: Any) ->
 
         if timeout_s is not None:
             options["limits"] = _code_limits(options.get("limits"), timeout_s)
-        return CodeVerifier(**options)
+        allow = settings is not None and settings.code.allow_uncontained
+        return CodeVerifier(**options, allow_uncontained=allow)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))
     if name.startswith(REASONING_GYM_PREFIX):

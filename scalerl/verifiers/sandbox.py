@@ -1,19 +1,28 @@
-"""Run untrusted Python (a completion's program) and its tests in a contained subprocess.
+"""Run untrusted Python (a completion's program) in a contained subprocess.
 
-Containment (`_sandbox_child.py` does the child's side):
-- a fresh folder: a size-limited tmpfs on /tmp in the sandbox's own mount namespace (else a
-  new host folder owned by the sandbox uid), removed afterwards; the other world-writable
-  folders (/var/tmp, /dev/shm) read-only and empty; a folder closed to the sandbox uid
-  (such as /root) stays hidden;
-- no network: an empty network namespace (not even loopback is up);
-- its own PID namespace: when the sandbox ends, every process it started ends with it;
+Containment (`_sandbox_child.py` does the child's side), as any user, root or not:
+- namespaces: a user namespace when not root (so no privilege is needed), and mount, PID,
+  network, IPC and UTS namespaces: no network at all (not even loopback is up), every
+  process the program starts ends with the sandbox;
+- a minimal read-only root: the interpreter and the shared libraries, /dev's harmless
+  nodes, a private /proc, and a size-limited private /tmp (its folder). No /etc, /home,
+  /root, /run, no project files, no secrets: the host's file system is not reachable;
+- no privileges (the sandbox uid when started as root, no capabilities in the user
+  namespace), no_new_privs and a seccomp filter (no ptrace, mounts, namespaces, keyrings,
+  eBPF, io_uring, sockets other than AF_UNIX);
 - limits (`SandboxLimits`): CPU time, wall time, address space, processes, file size, open
-  files; no core dumps;
-- no inherited environment (a fixed PATH, LANG, HOME and TMPDIR) and a private result
-  channel; as root it drops to an unprivileged uid/gid (default nobody, 65534), since
-  RLIMIT_NPROC does not apply to root.
-The namespaces need root (CAP_SYS_ADMIN); without them the sandbox still runs with the
-limits and the uid, logs why once, and `SandboxRun.containment` says so.
+  files; no core dumps; no inherited environment (a fixed PATH, LANG, HOME and TMPDIR).
+
+The program holds no channel that the caller trusts. It gets its cases, and each result
+comes back on its stdout as a claim ("case 3 returned the value 5", "case 3 printed
+...") which the caller judges outside the sandbox, against expected values that never
+enter it (`scalerl.verifiers.code`). What containment was set up comes back on a second
+channel that is closed before the program starts.
+
+Where the kernel refuses the namespaces (a container without user namespaces), the
+report names what is missing (`SandboxRun.containment.missing`, `containment_missing()`),
+and the `code` verifier refuses to run programs unless allowed
+(`verifier.code.allow_uncontained`).
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -40,12 +48,12 @@ CHILD = Path(__file__).with_name("_sandbox_child.py")
 _MiB = 1 << 20
 # Parent-side cap on what the sandbox may send back: a program cannot grow our memory.
 _MAX_CHANNEL_BYTES = 16 * _MiB
-_logged: set[str] = set()
+_MAX_REPORT_BYTES = 1 * _MiB
+KINDS = ("values", "stdio")
 
 
 class SandboxLimits(BaseModel):
-    """Limits of one sandboxed run. The sandbox uid's processes share RLIMIT_NPROC across
-    concurrent runs (it counts per user)."""
+    """Limits of one sandboxed run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,38 +71,52 @@ class SandboxLimits(BaseModel):
     )
     open_files: int = Field(64, ge=16, le=4096, description="Open file descriptors.")
     output_bytes: int = Field(
-        64 << 10, ge=1024, le=16 * _MiB, description="Captured stdout kept per test."
+        64 << 10, ge=1024, le=16 * _MiB, description="Captured stdout (or value) kept per case."
     )
     uid: int = Field(65534, ge=1, le=2**31 - 2, description="Sandbox uid when run as root.")
     gid: int = Field(65534, ge=1, le=2**31 - 2, description="Sandbox gid when run as root.")
     namespaces: bool = Field(
-        True, description="Unshare mount, PID and network namespaces where allowed."
+        True, description="Use namespaces and the minimal root (off: uncontained, for tests)."
     )
 
 
 @dataclass(frozen=True)
+class Containment:
+    """What the sandbox set up. missing: each required layer it could not have, with why
+    (empty = contained); notes: what it did without that weakens nothing (no /proc); uid:
+    the uid the program ran as (outside any user namespace it is the same)."""
+
+    missing: tuple[str, ...] = ("not reported",)
+    notes: tuple[str, ...] = ()
+    uid: int = -1
+
+    @property
+    def contained(self) -> bool:
+        return not self.missing
+
+
+@dataclass(frozen=True)
 class CaseOutcome:
-    """One test's result: ok (assert tests; None for stdio, compared by the caller), the
-    program's captured stdout (stdio tests), the error it raised ("" for none)."""
+    """What the program claims for one case: value (the repr of an expression's value,
+    kind "values"; None when it raised), stdout (kind "stdio"), error ("" = none)."""
 
     index: int
-    ok: bool | None
+    value: str | None = None
     stdout: str = ""
     error: str = ""
 
 
 @dataclass
 class SandboxRun:
-    """What a run produced. outcomes: the tests that finished, in order; syntax_error: the
-    program did not compile; stopped: "" when it ran to the end, else why it was stopped
-    ("wall time", "CPU time", "killed by signal N", "exited (code N)"); containment: what
-    the child could set up (a non-empty "namespaces" or "mounts" value says what is missing).
-    """
+    """What a run produced. outcomes: per case index, the first claim the program made;
+    syntax_error: the program did not compile; stopped: "" when it ran to the end, else
+    why it was stopped ("wall time", "CPU time", "killed by signal N", "exited (code N)");
+    containment: from the trusted channel."""
 
-    outcomes: list[CaseOutcome] = field(default_factory=list)
+    outcomes: dict[int, CaseOutcome] = field(default_factory=dict)
     syntax_error: str = ""
     stopped: str = ""
-    containment: dict = field(default_factory=dict)
+    containment: Containment = field(default_factory=Containment)
     seconds: float = 0.0
 
     @property
@@ -104,68 +126,84 @@ class SandboxRun:
 
 
 def run_program(code: str, kind: str, cases: list[str], limits: SandboxLimits) -> SandboxRun:
-    """Run `code` against `cases` in a sandbox and return what came back.
+    """Run `code` in a sandbox, then its cases, and return what came back.
 
-    kind "assert": the program runs once, then each case (Python code, e.g. an assert) in
-    its namespace; kind "stdio": the program runs once per case with the case as stdin,
-    and its stdout comes back (the caller compares it: expected outputs never enter the
-    sandbox). Raises ValueError for another kind, RuntimeError when the sandbox itself
-    failed to start (not for anything the program does).
+    kind "values": the program runs once, then each case (a Python expression, e.g.
+    "add(1, 2)") is evaluated in its namespace and its value comes back as the repr of
+    plain data (None, bool, numbers, str, bytes and containers of them; anything else is
+    an error); kind "stdio": the program runs once per case with the case as stdin, and
+    its stdout comes back. Expected values never enter the sandbox: the caller compares.
+    Raises ValueError for another kind, RuntimeError when the sandbox itself failed to
+    start (never for anything the program does).
     """
-    if kind not in ("assert", "stdio"):
-        raise ValueError(f"kind must be 'assert' or 'stdio', got {kind!r}")
-    nonce = secrets.token_hex(16)
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     folder = _new_folder(limits)
-    job = {
-        "nonce": nonce,
-        "limits": limits.model_dump(),
-        "folder": folder,
-        "code": code,
-        "kind": kind,
-        "cases": cases,
-    }
+    job = {"limits": limits.model_dump(), "folder": folder, "code": code, "kind": kind}
+    job["cases"] = cases
     started = time.monotonic()
     try:
-        proc, read_fd = _start(folder)
+        proc, report_fd, data_fd = _start(folder)
         try:
             _send_job(proc, job)
-            run = _collect(read_fd, nonce, started + limits.wall_s)
-            status = _end(proc, run)
+            run, report = _collect(proc, report_fd, data_fd, len(cases), limits, started)
+            if not run.stopped:
+                _wait_briefly(proc)
         finally:
-            os.close(read_fd)
+            os.close(report_fd)
+            os.close(data_fd)
             _kill_group(proc)
             proc.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     run.seconds = time.monotonic() - started
-    return _finish(run, status)
+    return _finish(run, report, proc.returncode)
 
 
-def _start(folder: str) -> tuple[subprocess.Popen, int]:
-    """The child process and the read end of its private result channel."""
-    read_fd, write_fd = os.pipe()
+_containment_cache: dict[bool, Containment] = {}
+
+
+def containment(limits: SandboxLimits | None = None) -> Containment:
+    """What this machine's sandbox can set up, probed once per process (a trivial program
+    in a sandbox, about 40 ms); a sandbox that cannot start at all is missing everything."""
+    limits = limits or SandboxLimits()
+    if limits.namespaces not in _containment_cache:
+        try:
+            found = run_program("pass", "stdio", [""], limits).containment
+        except RuntimeError as exc:
+            found = Containment((str(exc),))
+        _containment_cache[limits.namespaces] = found
+    return _containment_cache[limits.namespaces]
+
+
+def _start(folder: str) -> tuple[subprocess.Popen, int, int]:
+    """The child process, and the read ends of its report and data channels."""
+    report_r, report_w = os.pipe()
+    data_r, data_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(CHILD), str(write_fd)],
+            [sys.executable, "-I", "-S", str(CHILD), str(report_w), str(data_w)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            pass_fds=(write_fd,),
+            pass_fds=(report_w, data_w),
             cwd=folder,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": folder, "TMPDIR": folder},
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,
         )
     except BaseException:
-        os.close(read_fd)
+        os.close(report_r)
+        os.close(data_r)
         raise
     finally:
-        os.close(write_fd)
-    return proc, read_fd
+        os.close(report_w)
+        os.close(data_w)
+    return proc, report_r, data_r
 
 
 def _new_folder(limits: SandboxLimits) -> str:
     folder = tempfile.mkdtemp(prefix="scalerl-sandbox-")
-    if os.geteuid() == 0:
+    if os.geteuid() == 0:  # the folder is the program's only when uncontained
         os.chown(folder, limits.uid, limits.gid)
     return folder
 
@@ -180,62 +218,95 @@ def _send_job(proc: subprocess.Popen, job: dict) -> None:
         pass
 
 
-def _collect(read_fd: int, nonce: str, deadline: float) -> SandboxRun:
-    """Read result lines until the "done" event, the end of the pipe or the deadline."""
-    run, buffer, received, done = SandboxRun(), b"", 0, False
-    while not done:
+class _Lines:
+    """A channel read in chunks, cut into lines, capped in bytes."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap, self.buffer, self.received, self.open = fd, cap, b"", 0, True
+
+    def read(self) -> list[bytes]:
+        chunk = os.read(self.fd, 1 << 16)
+        self.received += len(chunk)
+        if not chunk or self.received > self.cap:
+            self.open = False
+            return [self.buffer] if chunk == b"" and self.buffer else []
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        return lines
+
+
+def _collect(
+    proc: subprocess.Popen,
+    report_fd: int,
+    data_fd: int,
+    n_cases: int,
+    limits: SandboxLimits,
+    started: float,
+) -> tuple[SandboxRun, dict]:
+    """Read both channels until both end or the wall time passes."""
+    run, report = SandboxRun(), dict[str, dict]()
+    channels = {report_fd: _Lines(report_fd, _MAX_REPORT_BYTES)}
+    channels[data_fd] = _Lines(data_fd, _MAX_CHANNEL_BYTES)
+    deadline = started + limits.wall_s
+    while any(c.open for c in channels.values()):
         left = deadline - time.monotonic()
         if left <= 0:
             run.stopped = "wall time"
             break
-        ready, _, _ = select.select([read_fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 1 << 16)
-        received += len(chunk)
-        if not chunk or received > _MAX_CHANNEL_BYTES:
-            run.stopped = "ended early" if chunk == b"" else "output too large"
+        fds = [fd for fd, c in channels.items() if c.open]
+        ready, _, _ = select.select(fds, [], [], min(left, 0.1))
+        for fd in ready:
+            for line in channels[fd].read():
+                if fd == report_fd:
+                    _take_report(report, line)
+                else:
+                    _take_claim(run, line, n_cases, limits.output_bytes)
+        if channels[data_fd].received > _MAX_CHANNEL_BYTES:
+            run.stopped = "output too large"
             break
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            done = _take(run, line, nonce) or done
-    return run
+        if not ready and proc.poll() is not None and not channels[report_fd].open:
+            break  # ended; a process it left behind holds the data channel open
+    return run, report
 
 
-def _take(run: SandboxRun, line: bytes, nonce: str) -> bool:
-    """Apply one result line (others, e.g. without the nonce, are ignored); True at done."""
+def _take_report(report: dict, line: bytes) -> None:
     try:
         event = json.loads(line)
     except ValueError:
-        return False
-    if not isinstance(event, dict) or event.get("nonce") != nonce:
-        return False
-    kind = event.get("event")
-    if kind == "start":
-        run.containment = event.get("containment", {})
-    elif kind == "case":
-        run.outcomes.append(
-            CaseOutcome(
-                int(event["index"]), event.get("ok"), event.get("stdout", ""), event["error"]
-            )
-        )
-    elif kind == "syntax_error":
-        run.syntax_error = event["error"]
-    elif kind == "error":
-        raise RuntimeError(f"the sandbox failed: {event['error'].strip().splitlines()[-1]}")
-    return kind == "done"
+        return
+    if isinstance(event, dict) and event.get("event") in ("containment", "error"):
+        report[event["event"]] = event
 
 
-def _end(proc: subprocess.Popen, run: SandboxRun) -> int | None:
-    """The child's exit code when it ended by itself (it exits right after its last line
-    or its death closed the channel), None when it was stopped: it is killed then."""
-    if run.stopped in ("wall time", "output too large"):
-        return None
+def _take_claim(run: SandboxRun, line: bytes, n_cases: int, output_bytes: int) -> None:
+    """Keep the first well-formed claim per case; drop anything else."""
     try:
-        return proc.wait(timeout=1.0)
+        claim = json.loads(line)
+    except ValueError:
+        return
+    if not isinstance(claim, dict):
+        return
+    if isinstance(claim.get("syntax_error"), str) and not run.outcomes:
+        run.syntax_error = claim["syntax_error"][:500]
+        return
+    index, value, stdout, error = (claim.get(k) for k in ("i", "value", "stdout", "error"))
+    if type(index) is not int or not 0 <= index < n_cases or index in run.outcomes:
+        return
+    if not isinstance(error, str) or not isinstance(value, str | None):
+        return
+    if not isinstance(stdout, str | None):
+        return
+    if value is not None and len(value) > output_bytes:
+        return
+    run.outcomes[index] = CaseOutcome(index, value, (stdout or "")[:output_bytes], error[:500])
+
+
+def _wait_briefly(proc: subprocess.Popen) -> None:
+    # Its channels ended with the program: the launcher exits right after, with its code.
+    try:
+        proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
-        return None
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -247,26 +318,32 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _finish(run: SandboxRun, status: int | None) -> SandboxRun:
-    if run.stopped == "ended early":
+def _finish(run: SandboxRun, report: dict, status: int | None) -> SandboxRun:
+    if "error" in report:
+        error = str(report["error"].get("error", "")).strip().splitlines() or ["?"]
+        raise RuntimeError(f"the sandbox failed: {error[-1]}")
+    started = report.get("containment")
+    if started is None:
+        if run.stopped in ("wall time", "CPU time"):
+            return run
+        raise RuntimeError(f"the sandbox did not start ({_why_ended(status)})")
+    run.containment = Containment(
+        tuple(str(m) for m in started.get("missing", [])),
+        tuple(str(n) for n in started.get("notes", [])),
+        int(started.get("uid", -1)),
+    )
+    if not run.stopped and status not in (0, None):
         run.stopped = _why_ended(status)
-    if not run.containment and run.stopped not in ("wall time", "CPU time"):
-        raise RuntimeError(f"the sandbox did not start ({run.stopped or 'no start event'})")
-    for key in ("namespaces", "mounts", "interpreter"):
-        reason = run.containment.get(key, "")
-        wanted = key != "namespaces" or not reason.startswith("turned off")
-        if reason and wanted and not reason.startswith("exposed") and reason not in _logged:
-            _logged.add(reason)
-            log.warning("code sandbox degraded: %s", reason)
     return run
 
 
 def _why_ended(status: int | None) -> str:
     if status is None:
         return "killed"
-    if status == 128 + signal.SIGXCPU or status == 128 + signal.SIGKILL:
-        # The CPU limit sends SIGXCPU, then SIGKILL a second later.
-        return "CPU time" if status == 128 + signal.SIGXCPU else "killed by signal 9"
+    if status == 128 + signal.SIGXCPU:
+        return "CPU time"  # the CPU limit sends SIGXCPU, then SIGKILL a second later
     if status > 128:
         return f"killed by signal {status - 128}"
+    if status < 0:
+        return f"killed by signal {-status}"
     return f"exited (code {status})"

@@ -1,6 +1,7 @@
 """The `code` verifier's sandbox: programs that pass, fail or earn partial credit, and
 programs that loop, sleep, fork-bomb, hog memory, write outside their folder, read a
-secret or reach the network: each contained and scored 0, the host unaffected.
+secret, reach the network or forge their verdict: each contained and scored 0, the host
+unaffected. The same holds as a non-root user (tests/integration/nonroot.py).
 
 The fork bomb runs only after a bounded probe (20 forks) proved the process cap; every
 limit is small (1 s CPU, 1.5 s wall, 256 MiB, 16 processes).
@@ -17,8 +18,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from verifier_cases import (
+    ADD_TESTS,
     CODE,
+    FORGERIES,
     FORK_BOMB,
     SECRET_NAME,
     SECRET_VALUE,
@@ -28,8 +32,8 @@ from verifier_cases import (
     write_outside,
 )
 
-from scalerl.verifiers.code import CodeVerifier
-from scalerl.verifiers.sandbox import SandboxLimits, run_program
+from scalerl.verifiers.code import ALLOW_UNCONTAINED, CodeVerifier
+from scalerl.verifiers.sandbox import Containment, SandboxLimits, containment, run_program
 
 LIMITS = SandboxLimits(cpu_s=1, wall_s=TIMEOUT_S, memory_bytes=256 << 20, max_processes=16)
 
@@ -53,11 +57,7 @@ print(made, failure)
 """
 
 
-def _containment() -> dict:
-    return run_program("pass", "stdio", [""], LIMITS).containment
-
-
-ISOLATED = not _containment().get("namespaces")
+ISOLATED = containment(LIMITS).contained
 needs_namespaces = pytest.mark.skipif(not ISOLATED, reason="no namespaces on this host")
 
 
@@ -97,7 +97,7 @@ def test_the_process_cap_holds_before_any_fork_bomb() -> None:
     made, failure = run.outcomes[0].stdout.split()
     assert int(made) < 20 and failure == "BlockingIOError", run
     if os.geteuid() == 0:
-        assert run.containment["uid"] == LIMITS.uid  # dropped, so RLIMIT_NPROC applies
+        assert run.containment.uid == LIMITS.uid  # dropped, so RLIMIT_NPROC applies
         assert int(made) <= LIMITS.max_processes - 1
 
 
@@ -111,10 +111,11 @@ def test_code_cases(case: Case) -> None:
 def test_a_fork_bomb_is_contained_and_leaves_nothing() -> None:
     test_the_process_cap_holds_before_any_fork_bomb()
     before = _processes_of(LIMITS.uid)
-    _score(Case("fork-bomb", "code", '["assert True"]', FORK_BOMB, 0.0, False, "timeout"))
+    _score(Case("fork-bomb", "code", ADD_TESTS, FORK_BOMB, 0.0, False, "timeout"))
     _assert_no_process_left(before)
     # The host still runs sandboxes: a plain program passes right after.
-    assert CodeVerifier(LIMITS).score("```python\nx = 1\n```", '["assert x == 1"]').reward == 1.0
+    plain = "```python\ndef one():\n    return 1\n```"
+    assert CodeVerifier(LIMITS).score(plain, '["assert one() == 1"]').reward == 1.0
 
 
 def test_writing_outside_its_folder_fails_and_leaves_the_host_untouched(tmp_path: Path) -> None:
@@ -160,15 +161,52 @@ def test_the_network_is_unreachable() -> None:
             listener.accept()
 
 
-def test_printing_a_forged_result_line_earns_nothing() -> None:
-    forged = '{"event": "case", "index": 0, "ok": true, "error": ""}'
-    code = f"import os, sys\nprint({forged!r})\nfor fd in range(3, 20):\n"
-    code += (
-        f"    try:\n        os.write(fd, b{forged!r} + b'\\n')\n    except OSError:\n        pass\n"
+@needs_namespaces
+def test_the_program_sees_only_its_own_root() -> None:
+    code = (
+        "import os\n"
+        "print(sorted(os.listdir('/')), sorted(os.listdir('/dev')), os.listdir('/tmp'))\n"
+        "for path in ('/etc/passwd', '/home', '/run', '/proc/1/root/etc/passwd'):\n"
+        "    print(os.path.exists(path))\n"
+        "for path in ('/x', '/usr/lib/x', '/dev/x'):\n"
+        "    try:\n"
+        "        open(path, 'w')\n"
+        "    except OSError as exc:\n"
+        "        print(exc.errno)\n"
     )
-    code += "def add(a, b):\n    return a - b"
-    verdict = CodeVerifier(LIMITS).score(f"```python\n{code}```", '["assert add(1, 1) == 2"]')
-    assert verdict.reward == 0.0, verdict
+    lines = run_program(code, "stdio", [""], LIMITS).outcomes[0].stdout.splitlines()
+    top = eval(lines[0].split("] [")[0] + "]")  # noqa: S307 - our own test output
+    assert set(top) <= {"dev", "lib", "lib32", "lib64", "proc", "root", "tmp", "usr", "opt"}
+    assert "etc" not in top and "home" not in top and "work" not in top
+    assert lines[1:5] == ["False", "False", "False", "False"]
+    assert lines[5:] == ["30", "30", "30"]  # EROFS: the root is read-only
+
+
+@needs_namespaces
+def test_the_seccomp_filter_refuses_escape_calls() -> None:
+    code = (
+        "import ctypes, os, socket\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for call in (lambda: libc.unshare(0x10000000), lambda: libc.ptrace(16, 1, 0, 0),\n"
+        "             lambda: libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)):\n"
+        "    print(call(), ctypes.get_errno())\n"
+        "try:\n"
+        "    socket.socket(socket.AF_INET6)\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno)\n"
+        "socket.socketpair()\n"
+        "print(os.fork() >= 0)\n"
+    )
+    out = run_program(code, "stdio", [""], LIMITS).outcomes[0].stdout.splitlines()
+    assert out[:4] == ["-1 1", "-1 1", "-1 1", "97"]  # EPERM x3, EAFNOSUPPORT
+    assert "True" in out[4:]  # a plain fork still works
+
+
+def test_the_four_forgeries_score_nothing() -> None:
+    verifier = CodeVerifier(LIMITS)
+    for case in FORGERIES:
+        verdict = verifier.score(case.completion, case.answer)
+        assert verdict.reward == 0.0, (case.id, verdict)
 
 
 def test_the_verdict_says_what_ran_and_why() -> None:
@@ -181,23 +219,64 @@ def test_the_verdict_says_what_ran_and_why() -> None:
     assert verdict.detail.startswith("1/2 tests passed; test 1 failed: AssertionError")
 
 
-# Without namespaces (a host that refuses them, or turned off): the uid, the limits and
-# the process group still contain the program.
+# Without namespaces (a host that refuses them, or turned off): the verifier refuses to run
+# programs unless allowed; allowed, the uid, the limits and the process group hold.
 PLAIN = LIMITS.model_copy(update={"namespaces": False})
+
+
+def test_without_containment_the_verifier_refuses_unless_allowed() -> None:
+    assert containment(PLAIN).missing[0] == "namespaces: turned off (SandboxLimits.namespaces)"
+    with pytest.raises(
+        ValueError, match=f"cannot contain programs here .*; set {ALLOW_UNCONTAINED}"
+    ):
+        CodeVerifier(PLAIN)
 
 
 def test_without_namespaces_the_cap_and_the_limits_still_hold(tmp_path: Path) -> None:
     run = run_program(PROBE, "stdio", [""], PLAIN)
-    assert run.containment["namespaces"] == "turned off (SandboxLimits.namespaces)"
+    assert not run.containment.contained
     made, failure = run.outcomes[0].stdout.split()
     assert int(made) < 20 and failure == "BlockingIOError", run
     before = _processes_of(PLAIN.uid)
-    verifier = CodeVerifier(PLAIN)
+    verifier = CodeVerifier(PLAIN, allow_uncontained=True)
     cases = [c for c in CODE if c.id in ("passes", "partial-credit", "memory-hog")]
-    cases += [Case("fork-bomb", "code", '["assert True"]', FORK_BOMB, 0.0, False, "timeout")]
+    cases += [Case("fork-bomb", "code", ADD_TESTS, FORK_BOMB, 0.0, False, "timeout")]
     cases += [write_outside(str(tmp_path / "escaped.txt"))]
     for case in cases:
         verdict = verifier.score(case.completion, case.answer)
         assert (verdict.reward, verdict.failure) == (pytest.approx(case.reward), case.failure)
     assert not (tmp_path / "escaped.txt").exists()
     _assert_no_process_left(before)
+
+
+def test_a_run_with_a_code_task_refuses_to_start_uncontained(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`scalerl run`'s preflight: one line naming the setting, exit code 2; allowed, it starts."""
+    from scalerl.verifiers import code as code_verifier
+    from scalerl_cli import preflight
+
+    refused = Containment(("namespaces: unshare refused (Operation not permitted)",))
+    monkeypatch.setattr(code_verifier, "containment", lambda limits: refused)
+    config = {
+        "model": {"kind": "tiny"},
+        "task": {
+            "name": "code",
+            "source": "file",
+            "path": str(Path("examples/data/code.jsonl").resolve()),
+            "prompt_field": "prompt",
+            "answer_field": "tests",
+            "verifier": "code",
+            "heldout_size": 4,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert preflight.main([str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "task 'code': verifier: the code sandbox cannot contain programs here (namespaces: "
+        "unshare refused (Operation not permitted)); set verifier.code.allow_uncontained: "
+        "true to run them uncontained"
+    ]
+    path.write_text(yaml.safe_dump({**config, "verifier": {"code": {"allow_uncontained": True}}}))
+    assert preflight.main([str(path)]) == 0

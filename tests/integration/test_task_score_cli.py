@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from verifier_cases import (
+    ADD_TESTS,
     CODE,
     FORK_BOMB,
     MATH,
@@ -27,11 +28,11 @@ from verifier_cases import (
 from scalerl.config import TaskConfig
 from scalerl.tasks import build_task
 from scalerl.verifiers import build_verifier
-from scalerl.verifiers.sandbox import SandboxLimits, run_program
+from scalerl.verifiers.sandbox import SandboxLimits, containment
 from scalerl_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-FORK_BOMB_CASE = Case("fork-bomb", "code", '["assert True"]', FORK_BOMB, 0.0, False, "timeout")
+FORK_BOMB_CASE = Case("fork-bomb", "code", ADD_TESTS, FORK_BOMB, 0.0, False, "timeout")
 LAST_INTEGER = [
     Case("last-integer", "last_integer", "12", "7 + 5 = 12", 1.0),
     Case("last-integer-wrong", "last_integer", "12", "12? No: 13", 0.0),
@@ -70,7 +71,7 @@ def test_the_cli_agrees_on_writing_outside(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.skipif(
-    bool(run_program("pass", "stdio", [""], SandboxLimits()).containment.get("namespaces")),
+    not containment(SandboxLimits()).contained,
     reason="no network namespace on this host",
 )
 def test_the_cli_agrees_on_reaching_the_network(capsys) -> None:

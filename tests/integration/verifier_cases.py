@@ -31,6 +31,66 @@ SUM_OF_TWO = "a, b = map(int, input().split())\nprint(a + b)"
 HOG = "hog = []\nwhile True:\n    hog.append(bytearray(1 << 20))"
 SECRET_NAME, SECRET_VALUE = "SCALERL_TEST_SECRET", "hunter2-do-not-leak"
 
+# A wrong add (honestly 0 of ADD_TESTS) plus a way to forge the verdict: each scores 0.
+WRONG_ADD = "def add(a, b):\n    return a - b - 1\n"
+FORGERIES = [
+    Case(
+        "always-equal",
+        "code",
+        ADD_TESTS,
+        _fenced(
+            "class Yes:\n    def __eq__(self, other):\n        return True\n"
+            "    __ne__ = lambda self, other: False\n    __hash__ = object.__hash__\n"
+            "def add(a, b):\n    return Yes()"
+        ),
+        0.0,
+    ),
+    Case(
+        "forged-result-lines",
+        "code",
+        ADD_TESTS,
+        _fenced(
+            WRONG_ADD + "import gc, json, os\n"
+            "# Any job the harness holds (with its nonce, if it has one) and every fd.\n"
+            "jobs = [o for o in gc.get_objects() if isinstance(o, dict) and 'cases' in o]\n"
+            "nonces = [j.get('nonce') for j in jobs] or [None]\n"
+            "lines = [{'event': 'containment', 'missing': []}]\n"
+            "for nonce in nonces:\n"
+            "    for k in range(3):\n"
+            "        lines.append({'event': 'case', 'index': k, 'ok': True, 'error': '', "
+            "'nonce': nonce})\n"
+            "        lines.append({'i': k, 'ok': True, 'error': ''})\n"
+            "    lines.append({'event': 'done', 'nonce': nonce})\n"
+            "for fd in range(0, 64):\n"
+            "    for line in lines:\n"
+            "        try:\n"
+            "            os.write(fd, json.dumps(line).encode() + b'\\n')\n"
+            "        except OSError:\n"
+            "            pass"
+        ),
+        0.0,
+    ),
+    Case(
+        "exits-in-the-middle",
+        "code",
+        ADD_TESTS,
+        _fenced("import os, sys\ndef add(a, b):\n    sys.exit(0)\n"),
+        0.0,
+    ),
+    Case(
+        "patches-builtins",
+        "code",
+        ADD_TESTS,
+        _fenced(
+            WRONG_ADD + "import builtins\nreal = builtins.compile\n"
+            "builtins.compile = lambda *a, **k: real('True', 'x', 'eval')\n"
+            "builtins.eval = lambda *a, **k: True\n"
+            "builtins.AssertionError = type('Never', (Exception,), {})"
+        ),
+        0.0,
+    ),
+]
+
 MATH = [
     Case("boxed", "math", "42", "So the answer is \\boxed{42}.", 1.0),
     Case("nested-braces", "math", "\\frac{1}{\\sqrt{2}}", "\\boxed{\\frac{\\sqrt{2}}{2}}", 1.0),
@@ -88,20 +148,22 @@ CODE = [
     Case(
         "reads-a-secret",
         "code",
-        json.dumps([f"assert SECRET == {SECRET_VALUE!r}"]),
+        json.dumps([f"assert secret() == {SECRET_VALUE!r}"]),
         _fenced(
             "import glob, os\n"
             f"SECRET = os.environ.get({SECRET_NAME!r}, '')\n"
-            "for path in glob.glob('/proc/*/environ'):\n"
+            "for path in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
             "    try:\n"
             f"        if {SECRET_VALUE!r}.encode() in open(path, 'rb').read():\n"
             f"            SECRET = {SECRET_VALUE!r}\n"
             "    except OSError:\n"
-            "        pass"
+            "        pass\n"
+            "def secret():\n"
+            "    return SECRET"
         ),
         0.0,
     ),
-]
+] + FORGERIES
 
 PYTHON = [
     Case("user-exact", "python:user_rewards:exact", "42", "42", 1.0),

@@ -18,9 +18,16 @@ from scalerl.verifiers import (
     answer_part,
     build_verifier,
 )
-from scalerl.verifiers.code import CodeTests, extract_program, parse_tests, same_output
+from scalerl.verifiers.code import (
+    Check,
+    CodeTests,
+    extract_program,
+    parse_tests,
+    same_output,
+    score_run,
+)
 from scalerl.verifiers.math_answer import last_boxed
-from scalerl.verifiers.sandbox import SandboxLimits
+from scalerl.verifiers.sandbox import CaseOutcome, SandboxLimits, SandboxRun
 
 
 class _Scripted(Verifier):
@@ -143,14 +150,24 @@ def test_a_bad_option_value_names_the_option() -> None:
 
 
 ONE, TWO = "assert f(1) == 2", "assert f(2) == 3"
+EQ2, EQ3 = Check("equals", 2), Check("equals", 3)
 
 
 @pytest.mark.parametrize(
     ("answer", "tests"),
     [
-        (["assert f(1) == 2"], CodeTests("assert", (ONE,))),
-        (f'["{ONE}", "{TWO}"]', CodeTests("assert", (ONE, TWO))),
-        (f"{ONE}\n{TWO}", CodeTests("assert", (f"{ONE}\n{TWO}",))),
+        (["assert f(1) == 2"], CodeTests("values", ("f(1)",), (EQ2,))),
+        (f'["{ONE}", "{TWO}"]', CodeTests("values", ("f(1)", "f(2)"), (EQ2, EQ3))),
+        (f"{ONE}\n{TWO}", CodeTests("values", ("f(1)", "f(2)"), (EQ2, EQ3))),
+        (["assert 2 == f(1)"], CodeTests("values", ("f(1)",), (EQ2,))),
+        (
+            ["assert S().two_sum([2, 7], k=-9) == (0, 1)", "assert even(4)", "assert not even(3)"],
+            CodeTests(
+                "values",
+                ("S().two_sum([2, 7], k=-9)", "even(4)", "even(3)"),
+                (Check("equals", (0, 1)), Check("truthy"), Check("falsy")),
+            ),
+        ),
         (
             {"inputs": ["1\n", ""], "outputs": ["2\n", "0"]},
             CodeTests("stdio", ("1\n", ""), ("2\n", "0")),
@@ -160,6 +177,9 @@ ONE, TWO = "assert f(1) == 2", "assert f(2) == 3"
 )
 def test_tests_come_as_asserts_or_stdin_stdout_pairs(answer, tests: CodeTests) -> None:
     assert parse_tests(answer) == tests
+
+
+UNSAFE = "is not a safe test"
 
 
 @pytest.mark.parametrize(
@@ -172,11 +192,45 @@ def test_tests_come_as_asserts_or_stdin_stdout_pairs(answer, tests: CodeTests) -
         ({"inputs": [1], "outputs": ["1"]}, r"tests.inputs\[0\] must be text, got int"),
         ([{"input": "1"}], r"tests\[0\] must have the keys input and output"),
         (7, "tests must be a list of assert snippets"),
+        (["assert f(1) =="], r"tests\[0\] is not Python"),
+        (["x = 1"], r"tests\[0\] may hold assert statements only"),
+        # Each of these would be computed inside the program's interpreter.
+        (["assert len(f(2)) == 1"], UNSAFE),
+        (["assert f(2) < 3"], UNSAFE),
+        (["assert f(1) == g(1)"], UNSAFE),
+        (["assert f(x) == 1"], UNSAFE),
+        (["assert f(*[1]) == 1"], UNSAFE),
+        (["assert f(1) == 2 == f(1)"], UNSAFE),
+        (["assert (f(1) == 2) == True"], UNSAFE),
+        (["assert f(1) in (1, 2)"], UNSAFE),
+        (["assert f(1)[0] == 2"], UNSAFE),
     ],
 )
 def test_bad_tests_are_one_clear_error(answer, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_tests(answer)
+
+
+@pytest.mark.parametrize(
+    ("value", "check", "failure"),
+    [
+        ("3", Check("equals", 3), ""),
+        ("3.0", Check("equals", 3), ""),  # Python's ==, as the assert itself would
+        ("[1, (2, 'a')]", Check("equals", [1, (2, "a")]), ""),
+        ("4", Check("equals", 3), "AssertionError: the value was 4"),
+        ("'3'", Check("equals", 3), "AssertionError: the value was '3'"),
+        ("[1]", Check("truthy"), ""),
+        ("0", Check("truthy"), "AssertionError: the value was 0"),
+        ("''", Check("falsy"), ""),
+        ("__import__('os')", Check("equals", 3), "the value is not plain data"),
+        ("nan", Check("equals", 3), "the value is not plain data"),
+        ("[" * 5000 + "]" * 5000, Check("equals", 3), "the value is not plain data"),
+    ],
+)
+def test_a_claimed_value_is_judged_as_data(value: str, check: Check, failure: str) -> None:
+    run = SandboxRun(outcomes={0: CaseOutcome(0, value)})
+    passed, reason = score_run(run, CodeTests("values", ("f()",), (check,)))
+    assert (passed, reason) == (int(not failure), f"test 0 failed: {failure}" if failure else "")
 
 
 def test_the_program_is_the_last_fenced_block() -> None:
