@@ -1,9 +1,9 @@
 """Run a Python snippet as a non-root uid, for the sandbox's containment tests.
 
 Not root: as ourselves. Root: as uid/gid 10001, in a private mount namespace where a
-folder above the interpreter that others cannot enter (a Python under /root) is covered by
-an empty tmpfs with the interpreter's prefix bound back, so the unprivileged process can
-start Python at all. Nothing else of the host changes.
+folder that others cannot enter above the interpreter, the project or a PYTHONPATH entry
+(a Python under /root) is covered by an empty tmpfs with those paths bound back, so the
+unprivileged process can start Python at all. Nothing else of the host changes.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def _mount(
         raise OSError(ctypes.get_errno(), f"mount {target}")
 
 
-def _closed_parent(prefix: str) -> str | None:
-    parts = prefix.strip("/").split("/")
+def _closed_parent(path: str) -> str | None:
+    """The outermost folder above `path` that others cannot enter, or None."""
+    parts = path.strip("/").split("/")
     for depth in range(1, len(parts)):
         folder = "/" + "/".join(parts[:depth])
         if not os.stat(folder).st_mode & stat.S_IXOTH:
@@ -59,19 +60,34 @@ def _closed_parent(prefix: str) -> str | None:
     return None
 
 
+def _needed() -> list[str]:
+    """The interpreter's prefix, the project and PYTHONPATH: what the child must reach."""
+    paths = [os.path.realpath(sys.base_prefix), os.getcwd()]
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [os.path.realpath(p) for p in paths if os.path.exists(p)]
+
+
 def _become_nonroot() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(_CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
-    prefix = os.path.realpath(sys.base_prefix)
-    closed = _closed_parent(prefix)
-    if closed is not None:
-        stage = tempfile.mkdtemp()
-        _mount(libc, prefix, stage, None, _MS_BIND | _MS_REC)
+    by_parent: dict[str, list[str]] = {}
+    for path in _needed():
+        closed = _closed_parent(path)
+        if closed is not None:
+            by_parent.setdefault(closed, []).append(path)
+    for closed, paths in by_parent.items():
+        # Stage each path, cover the closed folder with an open tmpfs, move them back.
+        staged = []
+        for path in paths:
+            stage = tempfile.mkdtemp()
+            _mount(libc, path, stage, None, _MS_BIND | _MS_REC)
+            staged.append((stage, path))
         _mount(libc, "tmpfs", closed, "tmpfs", 0, "size=64k,mode=0755")
-        os.makedirs(prefix)
-        _mount(libc, stage, prefix, None, _MS_MOVE)
+        for stage, path in staged:
+            os.makedirs(path, exist_ok=True)
+            _mount(libc, stage, path, None, _MS_MOVE)
     os.setgroups([])
     os.setgid(NONROOT_UID)
     os.setuid(NONROOT_UID)

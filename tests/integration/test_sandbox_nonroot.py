@@ -56,7 +56,7 @@ print(json.dumps({"missing": [], "uid": os.getuid(), "sandbox_uid": int(uid),
 
 def test_as_a_non_root_uid_the_program_is_contained() -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", SECRET_NAME: SECRET_VALUE}
-    env["PYTHONPATH"] = os.getcwd()
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
     out = json.loads(run_as_nonroot(SCRIPT, env).strip().splitlines()[-1])
     if out["missing"]:
         pytest.skip(f"no containment for a non-root uid here: {out['missing']}")
