@@ -71,12 +71,16 @@ class Security:
 
 def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = None) -> Security:
     """The `Security` of a config section: the token from SCALERL_AUTH_TOKEN, else from
-    `token_file` (surrounding whitespace stripped), PEM files read now.
+    `token_file` (surrounding whitespace stripped), PEM files read now. Read from this
+    process's own environment (environ None), the variable is then removed from it, so
+    the processes it starts (verifier workers among them) do not inherit the token.
 
-    Raises ValueError naming the field when a file cannot be read or the token file is
-    empty."""
-    environ = os.environ if environ is None else environ
-    token = environ.get(TOKEN_ENV, "").strip()
+    Raises ValueError naming the field when a file cannot be read, or the token file or
+    a set SCALERL_AUTH_TOKEN is empty (an empty secret never means "no auth")."""
+    given = os.environ.pop(TOKEN_ENV, None) if environ is None else environ.get(TOKEN_ENV)
+    if given is not None and not given.strip():
+        raise ValueError(f"{TOKEN_ENV} is set but empty: unset it, or give the run's token")
+    token = (given or "").strip()
     if not token and section.token_file:
         token = _read("security.token_file", section.token_file).decode().strip()
         if not token:
@@ -111,7 +115,7 @@ def configure(security: Security) -> None:
 
 def current() -> Security:
     """The process's `Security`: the one `configure` installed, else the token of
-    SCALERL_AUTH_TOKEN alone (so a child of `scalerl run` and a test both find it)."""
+    SCALERL_AUTH_TOKEN alone (a process that never called `from_config`, such as a test)."""
     if _current != Security():
         return _current
     return Security(token=os.environ.get(TOKEN_ENV, "").strip())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from scalerl.config import RunConfig
-from scalerl.rpc.security import TOKEN_ENV, Security, configure, current
+from scalerl.config import RunConfig, SecurityConfig
+from scalerl.rpc.security import TOKEN_ENV, Security, configure, current, from_config
 from scalerl_cli.launcher import _curve_security_args, secure_run
 
 
@@ -40,6 +42,25 @@ def test_an_unreadable_token_file_is_one_error_naming_the_field(tmp_path):
     config = RunConfig(security={"token_file": str(tmp_path / "absent")})
     with pytest.raises(ValueError, match="security.token_file: cannot read"):
         secure_run(config, tmp_path)
+
+
+def test_a_service_takes_the_token_out_of_its_environment(monkeypatch):
+    """What it starts (verifier workers running model-written code) cannot inherit it."""
+    monkeypatch.setenv(TOKEN_ENV, "the-runs-token")
+    assert from_config(SecurityConfig()).token == "the-runs-token"
+    assert TOKEN_ENV not in os.environ
+    # Given an environment of its own (the launcher's children's), it leaves ours alone.
+    assert from_config(SecurityConfig(), {TOKEN_ENV: "x"}).token == "x"
+
+
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_an_empty_token_fails_loudly(monkeypatch, tmp_path, blank):
+    monkeypatch.setenv(TOKEN_ENV, blank)
+    with pytest.raises(ValueError, match=f"{TOKEN_ENV} is set but empty"):
+        from_config(SecurityConfig())
+    (tmp_path / "token").write_text(blank)
+    with pytest.raises(ValueError, match="security.token_file: .* is empty"):
+        from_config(SecurityConfig(token_file=str(tmp_path / "token")), {})
 
 
 def test_the_curve_child_gets_the_tls_flags():
