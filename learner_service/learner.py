@@ -32,6 +32,7 @@ from learner_service.evaluation.reporter import EvalReporter
 from learner_service.evaluation.schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
 from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.intake.group_check import GroupLimits
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
 from learner_service.progress import RunProgress
@@ -143,6 +144,11 @@ class Learner:
         # The warm-up runs on the whole model before it is sharded; a resume overwrites it.
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
             self._warmup()
+        # The vocabulary and length checks of intake need the model: set before training.
+        vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.batches.limits = GroupLimits(
+            cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len
+        )
         self.trainer = self._trainer()
         sender = make_sender(
             cfg,

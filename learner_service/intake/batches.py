@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from learner_service.intake.group_check import group_problem
+from learner_service.intake.group_check import GroupLimits, group_problem
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import LearnerMetrics
 from scalerl.state.replay import ReplayStream
@@ -38,7 +38,8 @@ class BatchCollector:
     tickets of a worker whose registration expired while the collector waits, and, the
     last resort, when no group arrived for `refill_s` seconds every missing ticket is
     issued again (e.g. a worker that still beats but is wedged). group_size: the run's G
-    (groups of another size are dead-lettered). timeout_s: longest wait without an
+    (groups of another size are dead-lettered); `limits`, set once the model is loaded,
+    adds the vocabulary and length checks (`GroupLimits`). timeout_s: longest wait without an
     admissible group, seconds. clock: monotonic seconds.
     """
 
@@ -62,7 +63,7 @@ class BatchCollector:
         self.metrics = metrics
         self.tickets = tickets
         self.refill_s = refill_s
-        self.group_size = group_size
+        self.limits = None if group_size is None else GroupLimits(group_size)
         self.timeout_s = timeout_s
         self.read_block_ms = read_block_ms
         self.clock = clock
@@ -183,9 +184,9 @@ class BatchCollector:
 
     def _dead_letter_if_malformed(self, entry_id: str, group: rollout_pb2.RolloutGroup) -> bool:
         """Move a group that cannot be trained on to the dead-letter stream. True if so."""
-        if self.group_size is None:
+        if self.limits is None:
             return False
-        problem = group_problem(group, self.group_size)
+        problem = group_problem(group, self.limits)
         if problem is None:
             return False
         reason, detail = problem

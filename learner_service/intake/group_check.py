@@ -10,6 +10,8 @@ with that reason, acknowledges it and counts it by reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scalerl.v1 import rollout_pb2
 
@@ -25,19 +27,36 @@ REASONS = (
     "non_finite_logprob",
     "non_finite_reward",
     "bad_version",
+    "token_out_of_vocab",
+    "too_long",
 )
 
 
-def group_problem(group: rollout_pb2.RolloutGroup, group_size: int) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class GroupLimits:
+    """What a trainable group must fit. group_size: the run's G; vocab_size: every token
+    id (prompt and completion) is below it (None: unchecked, before the model is loaded);
+    max_tokens: a sample's prompt plus completion, tokens (`rollout.max_seq_len`; None:
+    unchecked)."""
+
+    group_size: int
+    vocab_size: int | None = None
+    max_tokens: int | None = None
+
+
+def group_problem(group: rollout_pb2.RolloutGroup, limits: GroupLimits) -> tuple[str, str] | None:
     """(reason, detail) of the first problem of `group`, or None when it can be trained on.
 
-    Checks: G = `group_size` samples; a non-empty prompt; min_policy_version <=
-    max_policy_version; per sample log-probs, policy versions and forced flags (when
-    present) with one entry per token, log-probs finite and <= 0 (they are
+    Checks: G = `limits.group_size` samples; a non-empty prompt; min_policy_version <=
+    max_policy_version, and every token's policy version within them (a group claiming to
+    be fresher than its tokens would pass the off-policy filter); token ids inside the
+    vocabulary (the trainer's embedding lookup would raise on every restart); prompt plus
+    completion within max_tokens; per sample log-probs, policy versions and forced flags
+    (when present) with one entry per token, log-probs finite and <= 0 (they are
     log-probabilities), a finite reward.
     """
-    if len(group.samples) != group_size:
-        return "group_size", f"{len(group.samples)} samples, the run's G is {group_size}"
+    if len(group.samples) != limits.group_size:
+        return "group_size", f"{len(group.samples)} samples, the run's G is {limits.group_size}"
     if not group.prompt_token_ids:
         return "empty_prompt", "no prompt_token_ids"
     if group.min_policy_version > group.max_policy_version:
@@ -45,10 +64,42 @@ def group_problem(group: rollout_pb2.RolloutGroup, group_size: int) -> tuple[str
             f"min_policy_version {group.min_policy_version} > "
             f"max_policy_version {group.max_policy_version}"
         )
+    problem = _out_of_vocab(group.prompt_token_ids, limits.vocab_size)
+    if problem is not None:
+        return "token_out_of_vocab", f"prompt_token_ids: {problem}"
     for index, sample in enumerate(group.samples):
-        problem = sample_problem(sample)
+        problem = sample_problem(sample) or _sample_fit(group, sample, limits)
         if problem is not None:
             return problem[0], f"samples[{index}]: {problem[1]}"
+    return None
+
+
+def _out_of_vocab(token_ids: Sequence[int], vocab_size: int | None) -> str | None:
+    if vocab_size is None or not token_ids:
+        return None
+    highest = max(token_ids)  # uint32 on the wire: never negative
+    if highest >= vocab_size:
+        return f"token id {highest} outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+def _sample_fit(
+    group: rollout_pb2.RolloutGroup, sample: rollout_pb2.Sample, limits: GroupLimits
+) -> tuple[str, str] | None:
+    """A sample's versions, vocabulary and length against the group and the limits."""
+    if sample.policy_versions:
+        low, high = min(sample.policy_versions), max(sample.policy_versions)
+        if low < group.min_policy_version or high > group.max_policy_version:
+            return "bad_version", (
+                f"token policy versions {low}..{high} outside the group's "
+                f"{group.min_policy_version}..{group.max_policy_version}"
+            )
+    problem = _out_of_vocab(sample.token_ids, limits.vocab_size)
+    if problem is not None:
+        return "token_out_of_vocab", problem
+    total = len(group.prompt_token_ids) + len(sample.token_ids)
+    if limits.max_tokens is not None and total > limits.max_tokens:
+        return "too_long", f"{total} tokens (prompt and completion), over {limits.max_tokens}"
     return None
 
 

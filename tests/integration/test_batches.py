@@ -12,13 +12,14 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from learner_service.intake.batches import BatchCollector, informative
-from learner_service.intake.group_check import group_problem
+from learner_service.intake.group_check import GroupLimits, group_problem
 from learner_service.metrics import LearnerMetrics
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
 
 G = 2
+VOCAB, MAX_TOKENS = 100, 16
 
 
 def make_group(prompt_id: str, logprob: float = -0.5, tokens: int = 3) -> rollout_pb2.RolloutGroup:
@@ -55,13 +56,17 @@ def test_malformed_groups_are_dead_lettered_not_trained_on(
     redis_client: redis.Redis, run_id: str
 ) -> None:
     replay, metrics, collector = make_collector(redis_client, run_id)
+    collector.limits = GroupLimits(G, VOCAB, MAX_TOKENS)  # as the learner sets once loaded
     nan = make_group("nan", logprob=math.nan)
     short = make_group("short")
     del short.samples[0].logprobs[-1]
+    out_of_vocab = make_group("oov")
+    out_of_vocab.samples[1].token_ids[0] = VOCAB
     replay.push(nan)
     replay.push(short)
     redis_client.xadd(replay.key, {b"g": b"\xff\x00 not a protobuf"})
     replay.push(make_group("ok-1"))
+    replay.push(out_of_vocab)
     replay.push(make_group("ok-2"))
     groups, entry_ids = collect(collector, 2)
     assert [g.prompt_id for g in groups] == ["ok-1", "ok-2"]
@@ -71,12 +76,13 @@ def test_malformed_groups_are_dead_lettered_not_trained_on(
         "non_finite_logprob",
         "length_mismatch",
         "undecodable",
+        "token_out_of_vocab",
     ]
     assert "samples[0]: 2 logprobs for 3 tokens" in letters[1]["detail"]
     assert rollout_pb2.RolloutGroup.FromString(letters[0]["g"]).prompt_id == "nan"
     assert replay.depth() == 0 and replay.pending() == 0  # all acknowledged and deleted
-    assert collector.dead_lettered_total == 3
-    for reason in ("non_finite_logprob", "length_mismatch", "undecodable"):
+    assert collector.dead_lettered_total == 4
+    for reason in ("non_finite_logprob", "length_mismatch", "undecodable", "token_out_of_vocab"):
         value = metrics.registry.get_sample_value(
             "scalerl_replay_groups_dead_lettered_total", {"reason": reason}
         )
@@ -114,13 +120,28 @@ def test_the_wait_ends_when_no_group_arrives(redis_client: redis.Redis, run_id: 
         (lambda g: setattr(g, "min_policy_version", 3), "bad_version"),
         (lambda g: g.samples[0].logprobs.__setitem__(1, 0.5), "non_finite_logprob"),
         (lambda g: g.samples[0].forced.extend([True]), "length_mismatch"),
+        # The trainer's embedding lookup would raise on these, before the ack, each restart.
+        (lambda g: g.samples[0].token_ids.__setitem__(2, VOCAB), "token_out_of_vocab"),
+        (lambda g: g.prompt_token_ids.append(VOCAB + 5), "token_out_of_vocab"),
+        (lambda g: g.prompt_token_ids.extend([1] * (MAX_TOKENS - 4)), "too_long"),
+        # Claims to be fresher than its tokens (version 0): the off-policy filter is fooled.
+        (
+            lambda g: setattr(g, "min_policy_version", 1) or setattr(g, "max_policy_version", 1),
+            "bad_version",
+        ),
+        (lambda g: g.samples[0].policy_versions.__setitem__(1, 2), "bad_version"),
     ],
 )
 def test_group_problem_names_the_reason(change, reason) -> None:
     group = make_group("p")
-    assert group_problem(group, G) is None
+    limits = GroupLimits(G, VOCAB, MAX_TOKENS)
+    assert group_problem(group, limits) is None
+    group.prompt_token_ids.extend([1] * (MAX_TOKENS - 5))  # exactly at the limit
+    group.samples[0].token_ids[2] = VOCAB - 1  # the largest id
+    assert group_problem(group, limits) is None
+    del group.prompt_token_ids[2:]
     change(group)
-    assert group_problem(group, G)[0] == reason
+    assert group_problem(group, limits)[0] == reason
 
 
 def mixed_group(prompt_id: str, rewards: tuple[float, ...]) -> rollout_pb2.RolloutGroup:
