@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -145,7 +146,8 @@ class Learner:
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
             self._warmup()
         # The vocabulary and length checks of intake need the model: set before training.
-        vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        hf: Any = self.model  # an HF causal LM: its head is read by name
+        vocab_size = int(hf.lm_head.weight.shape[0])
         self.batches.limits = GroupLimits(
             cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len
         )

@@ -64,9 +64,9 @@ def group_problem(group: rollout_pb2.RolloutGroup, limits: GroupLimits) -> tuple
             f"min_policy_version {group.min_policy_version} > "
             f"max_policy_version {group.max_policy_version}"
         )
-    problem = _out_of_vocab(group.prompt_token_ids, limits.vocab_size)
-    if problem is not None:
-        return "token_out_of_vocab", f"prompt_token_ids: {problem}"
+    outside = _out_of_vocab(group.prompt_token_ids, limits.vocab_size)
+    if outside is not None:
+        return "token_out_of_vocab", f"prompt_token_ids: {outside}"
     for index, sample in enumerate(group.samples):
         problem = sample_problem(sample) or _sample_fit(group, sample, limits)
         if problem is not None:
