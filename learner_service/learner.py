@@ -56,7 +56,7 @@ from scalerl.offpolicy import consumer_for
 from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
-from scalerl.run_folder import StepRecord, append_record
+from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
 from scalerl.staleness import staleness
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
@@ -262,7 +262,9 @@ class Learner:
 
     def run(self, stop: threading.Event) -> int:
         """Train until max_steps, max_minutes or `stop`; always ends with an evaluation
-        (recorded on the curve service) and a checkpoint. Returns 0.
+        (recorded on the curve service), a checkpoint and an `EndRecord` (ends.jsonl).
+        Returns 0, or GAVE_UP_EXIT when no admissible group came for
+        `learner.batch_timeout_s` (the run did not finish; the launcher exits 1).
 
         `max_minutes` bounds the whole learner, set-up and the final evaluation included:
         training stops early enough for one more step and the final evaluation to fit
@@ -285,24 +287,7 @@ class Learner:
             last_full = self.progress.step if full_r0 else -1
         else:
             last_full = self.progress.step
-        evaluated_at = self.progress.step
-        while self.progress.step < cfg.max_steps and not stop.is_set():
-            if time.monotonic() + self.timing.reserve_s() > deadline:
-                log.info("time budget of %.1f minutes reached", cfg.max_minutes)
-                break
-            self._round(stop)
-            if self.batches.gave_up:
-                break  # logged by the collector: the time budget, or no worker producing
-            self.evaluations.finish(self.progress, block=False)
-            step = self.progress.step
-            if step < cfg.max_steps and self.evaluations.due(step, evaluated_at):
-                full = self.evaluations.subset_is_all  # then no final one is needed
-                background = self.consumer.background_evaluations
-                self.evaluations.start(self.progress, background, full=full, budgeted=True)
-                evaluated_at = self.progress.step
-                last_full = self.progress.step if full else last_full
-            if self.checkpointer.due(self.progress.step):
-                self._checkpoint()
+        ending, last_full = self._train(stop, deadline, last_full)
         try:  # the final evaluation, while the workers still serve (the launcher stops
             # the learner first); the checkpoint is written even if it fails
             self.evaluations.finish(self.progress, block=True)
@@ -316,8 +301,43 @@ class Learner:
         self.timing.write(
             self.run_dir / "learner_timing.json", self.compute.by_role(), self.evaluations.summary()
         )
+        append_record(self.run_dir, ending)
         self.state.request_stop()
-        return 0
+        return GAVE_UP_EXIT if ending.ended == "gave_up" else 0
+
+    def _train(
+        self, stop: threading.Event, deadline: float, last_full: int
+    ) -> tuple[EndRecord, int]:
+        """Rounds until max_steps, the deadline, `stop` or a give-up, with the evaluations
+        due on the way: (how it ended, the step of the last full evaluation)."""
+        cfg = self.config.learner
+        evaluated_at = self.progress.step
+        ended, reason = "max_steps", f"max_steps {cfg.max_steps} reached"
+        while self.progress.step < cfg.max_steps:
+            if stop.is_set():
+                ended, reason = "stopped", "stopped by a signal or the run's stop flag"
+                break
+            if time.monotonic() + self.timing.reserve_s() > deadline:
+                ended, reason = "time_budget", f"time budget of {cfg.max_minutes:g} minutes reached"
+                log.info("%s", reason)
+                break
+            self._round(stop)
+            if self.batches.gave_up:  # logged by the collector
+                ended = "time_budget" if time.monotonic() >= deadline else "gave_up"
+                reason = self.batches.gave_up
+                break
+            self.evaluations.finish(self.progress, block=False)
+            step = self.progress.step
+            if step < cfg.max_steps and self.evaluations.due(step, evaluated_at):
+                full = self.evaluations.subset_is_all  # then no final one is needed
+                background = self.consumer.background_evaluations
+                self.evaluations.start(self.progress, background, full=full, budgeted=True)
+                evaluated_at = self.progress.step
+                last_full = self.progress.step if full else last_full
+            if self.checkpointer.due(self.progress.step):
+                self._checkpoint()
+        ending = EndRecord(step=self.progress.step, ended=ended, reason=reason, time=time.time())
+        return ending, last_full
 
     def _round(self, stop: threading.Event) -> None:
         """One round of the off-policy mode (`scalerl.offpolicy.Consumer`): read its

@@ -1,6 +1,6 @@
 """The run folder's records: one `StepRecord` per optimizer step in metrics.jsonl, one
 `EvalRecord` per held-out evaluation in eval.jsonl, one `ResumeRecord` per resume in
-resumes.jsonl.
+resumes.jsonl, one `EndRecord` per learner process that reached its end in ends.jsonl.
 
 One writer (`append_record`) and one reader (`read_records`) for every file, so the
 learner, the launcher's report, the sweep and the benchmarks agree on every field. The
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import BinaryIO, ClassVar, TypeVar
+from typing import BinaryIO, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -267,6 +267,27 @@ class ResumeRecord(_Record):
         "held an older or no pool)."
     )
     time: float = Field(description="Unix seconds of the resume.")
+
+
+# The learner's exit code when it gave up (no admissible group for
+# `learner.batch_timeout_s`): the launcher does not restart it, and `scalerl run` exits 1.
+GAVE_UP_EXIT = 3
+
+
+class EndRecord(_Record):
+    """How one learner process ended the run (a line of ends.jsonl; a resumed run has one
+    per process that reached its end)."""
+
+    FILE: ClassVar[str] = "ends.jsonl"
+
+    step: int = Field(description="The last optimizer step.")
+    ended: Literal["max_steps", "time_budget", "stopped", "gave_up"] = Field(
+        description="max_steps reached, time_budget (max_minutes) reached, stopped (a "
+        "signal or the run's stop flag), or gave_up (no admissible group for "
+        "learner.batch_timeout_s: the run did not finish)."
+    )
+    reason: str = Field(description="What the learner logged about its end.")
+    time: float = Field(description="Unix seconds of the end.")
 
 
 R = TypeVar("R", bound=_Record)

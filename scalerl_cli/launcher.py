@@ -34,6 +34,7 @@ from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
+from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
 from scalerl.state.client import REDIS_URL_ENV, connect
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
@@ -87,8 +88,9 @@ def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
 
 
 def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
-    """Run one training job end to end; returns the process exit code (0 = success, 2 =
-    a config this machine or model cannot run, printed as one line).
+    """Run one training job end to end; returns the process exit code (0 = success, 1 =
+    failed or gave up (no admissible group for `learner.batch_timeout_s`; report.json says
+    `ended: gave_up`), 2 = a config this machine or model cannot run, printed as one line).
 
     resume: continue the run in `run_dir` (its Redis data, its checkpoint, the learner
     cuts its records to one timeline); the stop flag a finished run left is cleared
@@ -153,6 +155,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
         finally:
             metrics_server.shutdown()
         wall = time.monotonic() - started
+        gave_up = children[-1].poll() == GAVE_UP_EXIT
         finish_report(
             run_dir,
             config,
@@ -168,6 +171,11 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     # the final weights.
     shutil.rmtree(run_dir / "weights", ignore_errors=True)
     console.print(f"run folder: {run_dir}")
+    if gave_up:
+        ends = read_records(run_dir, EndRecord)
+        reason = ends[-1].reason if ends else "see the learner's log"
+        console.print(f"[red]run gave up:[/] {escape(reason)}")
+        return 1
     return 0
 
 
@@ -328,7 +336,8 @@ def _watch(
     curve: tuple[str, str] | None = None,
     profile: CpuProfile | None = None,
 ) -> None:
-    """Show progress until the learner exits 0, with the verdict of the run's latest fit
+    """Show progress until the learner exits 0 (or GAVE_UP_EXIT: it ended the run
+    unfinished), with the verdict of the run's latest fit
     when `curve` = (curve service address, run id) is given, sampling each process's CPU
     seconds into `profile`. A child that exits otherwise
     is restarted by `supervisor` (in place in `children`), and so is `redis_server` (on its
@@ -345,7 +354,7 @@ def _watch(
     ):
         start = time.monotonic()
         line = verdict = ""
-        while learner.poll() != 0:
+        while learner.poll() not in (0, GAVE_UP_EXIT):
             if redis_server is not None:
                 _revive_redis(redis_server, supervisor)
             if fleet is not None:
@@ -355,6 +364,8 @@ def _watch(
                 code = child.poll()
                 if code is None or (code == 0 and is_worker(child)):
                     continue  # running, or left (forgotten at the next turn)
+                if child is learner and code == GAVE_UP_EXIT:
+                    break  # it ended the run unfinished: not restarted
                 if code == 0 and _learner_finishes(learner):
                     continue
                 try:

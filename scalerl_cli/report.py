@@ -20,6 +20,7 @@ from scalerl.rpc.clients.curve import RUN_RESAMPLES, CurveClient, FitSpec
 from scalerl.rpc.clients.curve_results import FitSummary, write_curve_json
 from scalerl.rpc.errors import ServiceError
 from scalerl.run_folder import (
+    EndRecord,
     EvalRecord,
     ResumeRecord,
     StepRecord,
@@ -200,6 +201,14 @@ def fleet_summary(steps: list[StepRecord]) -> dict:
     }
 
 
+def ending_summary(ends: list[EndRecord]) -> dict:
+    """report.json's `ended` (max_steps, time_budget, stopped or gave_up; "unknown" when
+    the learner wrote no end) and `ended_reason`, from the last learner's `EndRecord`."""
+    if not ends:
+        return {"ended": "unknown", "ended_reason": ""}
+    return {"ended": ends[-1].ended, "ended_reason": ends[-1].reason}
+
+
 def resume_summary(resumes: list[ResumeRecord]) -> dict:
     """The run's resumes from its checkpoint (resumes.jsonl): how many, the groups
     acknowledged after a checkpoint by steps a crash lost (lost) and those read but never
@@ -303,6 +312,7 @@ def finish_report(
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers)
         | ({"processes": processes} if processes else {}),
         "resumes": resume_summary(read_records(run_dir, ResumeRecord)),
+        **ending_summary(read_records(run_dir, EndRecord)),
         "restarts": dict(restarts),
         "groups": groups,
         "workers": WorkerStats(connect(redis_url), config.run_id).by_worker(),

@@ -1,5 +1,7 @@
 """The learner's time budget holds when no data arrives: it stops on time with one line
-saying what it waited for, instead of waiting for a batch forever."""
+saying what it waited for, instead of waiting for a batch forever. Waiting past
+`learner.batch_timeout_s` is a give-up, not a success: the learner exits GAVE_UP_EXIT and
+ends.jsonl says why."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from learner_service.learner import Learner
 from scalerl.config import load_config
 from scalerl.policy.hardware import resolved_config
+from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry
 
@@ -50,6 +53,35 @@ def test_max_minutes_holds_when_no_group_arrives(
         "time budget reached while waiting for a batch: 0 of 8 admissible groups had arrived"
     ]
     assert (tmp_path / "checkpoint" / "state.json").exists()
+    [end] = read_records(tmp_path, EndRecord)
+    assert (end.ended, end.step) == ("time_budget", 0)
+
+
+def _run_silently(config, redis_url: str, run_dir) -> int:
+    """The learner of `config` against one registered worker that never produces."""
+    WorkerRegistry(connect(redis_url), config.run_id).heartbeat("silent", "127.0.0.1:9", 120)
+    learner = Learner(resolved_config(config), redis_url, run_dir, curve_address=None)
+    returned: list[int] = []
+    thread = threading.Thread(
+        target=lambda: returned.append(learner.run(threading.Event())), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=60)
+    learner.close()
+    return returned[0]
+
+
+def test_no_admissible_group_for_batch_timeout_is_a_give_up(redis_url: str, tmp_path) -> None:
+    run_id = f"t-{uuid.uuid4().hex[:12]}"
+    overrides = [f"run_id={run_id}", "model.warmup_steps=0", "rollout.workers=1"]
+    overrides += ["learner.batch_timeout_s=1", "eval.retries=0"]
+    assert _run_silently(load_config("tiny", overrides), redis_url, tmp_path) == GAVE_UP_EXIT
+    [end] = read_records(tmp_path, EndRecord)
+    assert end.ended == "gave_up"
+    assert end.reason == (
+        "no admissible group for 1s while waiting for 8 (0 arrived): no rollout worker is "
+        "producing; ending the run"
+    )
 
 
 def test_a_stop_while_waiting_for_workers_ends_quietly(
