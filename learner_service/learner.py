@@ -334,7 +334,9 @@ class Learner:
                 self.evaluations.start(self.progress, background, full=full, budgeted=True)
                 evaluated_at = self.progress.step
                 last_full = self.progress.step if full else last_full
-            if self.checkpointer.due(self.progress.step):
+            # Not before R0 is known (a background R0 runs for up to k steps): a resume
+            # from such a checkpoint could never measure step 0 again.
+            if self.progress.r0 is not None and self.checkpointer.due(self.progress.step):
                 self._checkpoint()
         ending = EndRecord(step=self.progress.step, ended=ended, reason=reason, time=time.time())
         return ending, last_full

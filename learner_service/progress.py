@@ -47,7 +47,8 @@ class RunProgress:
         else:
             self.r0_by_task[""] = r0
 
-    def note_r0(self, task: str, pass_rate: float) -> None:
-        """Take `pass_rate` as series `task`'s R0 unless it has one: the first evaluation
-        of each series is its R0."""
-        self.r0_by_task.setdefault(task, pass_rate)
+    def note_r0(self, task: str, pass_rate: float, step: int) -> None:
+        """Take `pass_rate`, measured at `step`, as series `task`'s R0 when it is the
+        step-0 evaluation and the series has none: R0 is only ever step 0's."""
+        if step == 0:
+            self.r0_by_task.setdefault(task, pass_rate)

@@ -42,13 +42,13 @@ class EvalReporter:
         self.metrics = metrics
 
     def record(self, job: EvalJob, progress: RunProgress) -> list[EvalRecord]:
-        """Write finished `job`'s records, take each series' first pass rate as its R0 in
-        `progress`, report it, and record its points on the curve. Returns the records
+        """Write finished `job`'s records, take each series' step-0 pass rate as its R0
+        in `progress`, report it, and record its points on the curve. Returns the records
         (the run's, task "", last)."""
         records = eval_records(job, progress.step)
         for record in records:
             append_record(self.run_dir, record)
-            progress.note_r0(record.task, record.pass_rate)
+            progress.note_r0(record.task, record.pass_rate, record.step)
         result = job.scored
         if self.status is not None:
             self.status.update(heldout_pass_rate=result.pass_rate)
@@ -74,11 +74,11 @@ class EvalReporter:
         """After a resume: make the curve service's points those of the kept evaluations.
         Removes the discarded ones (all at a higher compute) and records the kept ones
         again (idempotent there; a curve service that lost its store gets them back), each
-        series' first one as its R0 in `progress`."""
+        series' step-0 one as its R0 in `progress`."""
         kept = read_records(self.run_dir, EvalRecord)
         self.trim(max((max(r.compute, ZERO_COMPUTE) for r in kept), default=0.0))
         for record in kept:
-            progress.note_r0(record.task, record.pass_rate)
+            progress.note_r0(record.task, record.pass_rate, record.step)
         for record in kept:  # with its stderr, which a point recorded without one gains
             self.record_point(record, progress.r0_by_task.get(record.task), quiet=True)
 

@@ -73,6 +73,10 @@ class EvalJob:
         self.seconds = time.monotonic() - self.started
 
 
+class R0Failed(RuntimeError):
+    """Every try of the step-0 evaluation (R0) failed."""
+
+
 class EvalScheduler:
     """Starts evaluations with `evaluator` and hands each back once it has ended."""
 
@@ -123,7 +127,10 @@ class EvalScheduler:
     def take(self, block: bool) -> EvalJob | None:
         """The evaluation once it has ended (waiting for it when `block`), with its result
         and `waited_s`; None when none runs, (not block) it is still running, or every try
-        failed: that point is skipped, logged once, counted in `skipped`."""
+        failed: that point is skipped, logged once, counted in `skipped`.
+
+        Raises R0Failed when every try of the step-0 evaluation failed: R0 is never
+        taken from a later step."""
         job = self._job
         if job is None or job.thread is None or (not block and job.thread.is_alive()):
             return None
@@ -132,6 +139,12 @@ class EvalScheduler:
         job.waited_s = time.monotonic() - waited
         self._job = None
         if job.result is None:
+            if job.step == 0:  # R0: every later point is measured against it
+                raise R0Failed(
+                    f"the step-0 evaluation (R0) failed after {job.attempts} tries "
+                    f"({job.seconds:.0f}s): {job.error}; the curve cannot be fitted without "
+                    "it, so the learner stops (a restart resumes at step 0 and tries again)"
+                )
             self.skipped += 1
             log.warning(
                 "evaluation at step %d skipped after %d tries (%.0fs): %s",

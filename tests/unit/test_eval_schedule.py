@@ -1,5 +1,6 @@
 """A failing evaluation RPC is retried with back-off; when every try fails the point is
-skipped with one log line and the learner goes on (it used to re-raise and crash)."""
+skipped with one log line and the learner goes on (it used to re-raise and crash), except
+R0, which stops the learner (a restart measures step 0 again)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import grpc
 import pytest
 
 from learner_service.evaluation.evaluate import EvalResult
-from learner_service.evaluation.schedule import EvalScheduler
+from learner_service.evaluation.schedule import EvalScheduler, R0Failed
+from learner_service.progress import RunProgress
 
 RESULT = EvalResult(0.5, 0.0, 8, 3.0, 0.0)
 
@@ -59,6 +61,20 @@ def test_an_evaluation_that_keeps_failing_is_skipped_once(
     evaluator.failures = 0
     schedule.start(step=15, version=15, compute=0.3, workers=["a:1"], seed=2)
     assert schedule.take(block=True).result == RESULT
+
+
+def test_r0_that_keeps_failing_stops_the_learner() -> None:
+    """R0 is step 0's evaluation only: it is never skipped and taken from a later one."""
+    schedule = EvalScheduler(FlakyEvaluator(failures=99), retries=1, backoff_s=0.01)
+    schedule.start(step=0, version=0, compute=0.0, workers=["a:1"], seed=1)
+    with pytest.raises(R0Failed, match=r"the step-0 evaluation \(R0\) failed after 2 tries"):
+        schedule.take(block=True)
+    progress = RunProgress()
+    progress.note_r0("", 0.4, step=3)  # a later evaluation is no R0
+    assert progress.r0 is None
+    progress.note_r0("", 0.2, step=0)
+    progress.note_r0("", 0.3, step=0)  # the first step-0 record stands
+    assert progress.r0 == 0.2
 
 
 def test_bad_retry_settings_are_refused() -> None:

@@ -86,8 +86,8 @@ def test_a_saved_checkpoint_gives_back_the_progress_and_the_batch_totals(tmp_pat
     progress = RunProgress(step=10, version=12, lost_versions=(3, 5))
     progress.counters["groups_trained_total"] = 80
     progress.counters["prompts_retired_total"] = 2
-    progress.note_r0("", 0.25)
-    progress.note_r0("math", 0.5)  # a task's R0 is its first eval.jsonl record's, not saved
+    progress.note_r0("", 0.25, 0)
+    progress.note_r0("math", 0.5, 0)  # a task's R0 is its first eval.jsonl record's, not saved
     source.save(progress, {"groups_stale_total": 6, "groups_future_total": 1})
     assert not source.due(10)  # no second checkpoint of step 10
     clock.now += 16 * 60
@@ -148,15 +148,15 @@ def test_an_evaluation_writes_one_record_per_task_then_the_runs(tmp_path) -> Non
     }
     assert {r.learner_steps_meanwhile for r in records} == {2}  # steps 4 and 5 meanwhile
     assert read_records(tmp_path, EvalRecord) == records
-    assert progress.r0_by_task == {"math": 0.5, "code": 0.25, "": 0.375}
+    assert progress.r0_by_task == {}  # step 3's evaluation is no R0
     assert status.heldout_pass_rate == 0.375
 
 
-def test_only_each_series_first_evaluation_is_its_r0(tmp_path) -> None:
+def test_only_each_series_step_0_evaluation_is_its_r0(tmp_path) -> None:
     reporter = EvalReporter(tmp_path, "run-a", None)
-    progress = RunProgress(step=3, version=4)
-    progress.note_r0("", 0.1)  # R0 from a checkpoint
-    reporter.record(_job(step=3), progress)
+    progress = RunProgress(step=0, version=0)
+    progress.note_r0("", 0.1, 0)  # R0 from a checkpoint
+    reporter.record(_job(step=0), progress)
     assert progress.r0 == 0.1 and progress.r0_by_task["math"] == 0.5
     reporter.record(_job(step=6, math_pass_rate=0.75), progress)
     assert progress.r0_by_task == {"": 0.1, "math": 0.5, "code": 0.25}
