@@ -1,10 +1,12 @@
 """The one way every service builds its gRPC server: thread pool, message limits, a cap on
-concurrent RPCs, the token check of privileged methods and the one error interceptor,
+concurrent RPCs, a cap on the open-ended streams anyone may open (health Watch,
+reflection), the token check of privileged methods and the one error interceptor,
 optional TLS (`scalerl.rpc.security`), grpc.health.v1 and server reflection."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -84,6 +86,52 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return handler._replace(stream_stream=_streaming(handler.stream_stream, method))
 
 
+# Streams any client may open, unauthenticated, that hold a server thread until the client
+# leaves: without a cap, a few of them take every thread of the pool.
+OPEN_ENDED_METHODS = frozenset(
+    {
+        "/grpc.health.v1.Health/Watch",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    }
+)
+
+
+class OpenStreamCap(grpc.ServerInterceptor):
+    """At most `limit` open-ended streams (`OPEN_ENDED_METHODS`) at once; one more is
+    answered RESOURCE_EXHAUSTED at once, so the rest of the pool stays free for Check and
+    the services' own methods."""
+
+    def __init__(self, limit: int, methods: frozenset[str] = OPEN_ENDED_METHODS) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.limit, self._methods = limit, methods
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method not in self._methods:
+            return handler
+        kind = "unary_stream" if handler.unary_stream else "stream_stream"
+        return handler._replace(**{kind: self._capped(getattr(handler, kind))})
+
+    def _capped(self, behavior: Behavior) -> Behavior:
+        def handler(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            if not self._slots.acquire(blocking=False):
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"at most {self.limit} open health Watch or reflection streams at once",
+                )
+            try:
+                yield from behavior(request_or_iterator, context)
+            finally:  # ended, cancelled, or closed by the server
+                self._slots.release()
+
+        return handler
+
+
 def make_server(
     registrations: list[tuple[Callable[[Any, grpc.Server], None], object, str]],
     port: int = 0,
@@ -103,13 +151,16 @@ def make_server(
     certificate, the port speaks TLS only (mutual TLS when it requires client
     certificates). maximum_concurrent_rpcs: RPCs beyond it are answered
     RESOURCE_EXHAUSTED (None = the security's cap, else `max_workers` x 4, so a flood
-    queues boundedly instead of without limit).
+    queues boundedly instead of without limit). Health Watch and reflection streams,
+    open to anyone and held open as long as the client likes, get a quarter of the pool
+    at most (`OpenStreamCap`).
 
     Returns (server, bound_port, health_servicer). Raises RuntimeError if the port
     cannot be bound.
     """
     security = current() if security is None else security
-    interceptors: list[grpc.ServerInterceptor] = [ErrorInterceptor()]
+    open_streams = max(1, max_workers // 4)
+    interceptors: list[grpc.ServerInterceptor] = [OpenStreamCap(open_streams), ErrorInterceptor()]
     if security.token:
         interceptors.insert(0, AuthInterceptor(security.token, privileged))
     server = grpc.server(
