@@ -56,6 +56,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Compute of the predicted-reward gauge (default 10x each run's largest).",
     )
+    parser.add_argument(
+        "--max-fit-cost",
+        type=_non_negative_int,
+        default=0,
+        help="Largest points x (bootstrap resamples + 80) of one Fit or CompareRuns "
+        "(0 = from this process's memory limit; curve_service.cost).",
+    )
     parser.add_argument("--token-file", default="", help="File holding the bearer token.")
     parser.add_argument("--tls-cert", default="", help="PEM certificate of the server.")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert.")
@@ -86,6 +93,13 @@ def _positive(text: str) -> float:
     value = float(text)
     if not (value > 0 and value < float("inf")):
         raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -127,7 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"scalerl-curve: --redis-url {url}: {exc}", file=sys.stderr)
             return 1
         store = RedisRunStore(client)
-    servicer = CurveServicer(store=store, target_compute=args.target_compute)
+    from curve_service.cost import FitBudget
+
+    budget = FitBudget(args.max_fit_cost)
+    servicer = CurveServicer(store=store, target_compute=args.target_compute, budget=budget)
     try:
         server, port, servicer = serve(port=args.port, host=args.host, servicer=servicer)
     except RuntimeError as exc:

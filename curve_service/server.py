@@ -38,7 +38,8 @@ from curve_service.analysis import (
     extrapolation_targets,
 )
 from curve_service.compare import DEFAULT_A_MARGIN, check_run_count
-from curve_service.errors import CurveInputError
+from curve_service.cost import FitBudget, fit_cost
+from curve_service.errors import CurveInputError, UnknownRunError, UnknownTaskError
 from curve_service.fit import FitResult
 from curve_service.grid import PAPER_GRID
 from curve_service.metrics import CurveMetrics
@@ -48,6 +49,7 @@ from curve_service.recorded import RecordedCurves
 from curve_service.sigmoid import SigmoidParams
 from curve_service.stability import Stability
 from curve_service.store import (
+    TOTAL,
     MemoryRunStore,
     RunSnapshot,
     RunStore,
@@ -70,23 +72,31 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         store: RunStore | None = None,
         metrics: CurveMetrics | None = None,
         target_compute: float | None = None,
+        budget: FitBudget | None = None,
     ) -> None:
         """target_compute: compute (runs' unit) of the predicted-reward gauge; None = 10x
-        each run's largest compute."""
+        each run's largest compute. budget: the cost limit of Fit and CompareRuns (None:
+        from this process's memory limit, `curve_service.cost`)."""
+        self.budget = budget or FitBudget()
         self.store = store or MemoryRunStore()
         self.metrics = metrics or CurveMetrics()
         self.runs = RecordedCurves(self.store, self.metrics, target_compute)
 
     def Fit(self, request: curve_pb2.FitRequest, context: Any) -> curve_pb2.FitResponse:
         """Fit paper Eq. 1 to the request's points, or to a recorded series (run_id), and
-        analyse it (`analysis.analyse`)."""
+        analyse it (`analysis.analyse`). RESOURCE_EXHAUSTED when its points x (resamples +
+        80) is over the service's cost limit (`curve_service.cost`)."""
+        self.budget.check(self._cost(request), "Fit: " + _cost_terms(request))
         return analysis_to_proto(self._analyse(request))
 
     def CompareRuns(
         self, request: curve_pb2.CompareRunsRequest, context: Any
     ) -> curve_pb2.CompareRunsResponse:
-        """Rank 2..16 runs (Sec. 3 / App. A.7) with the early verdict (`analysis.compare`)."""
+        """Rank 2..16 runs (Sec. 3 / App. A.7) with the early verdict (`analysis.compare`).
+        RESOURCE_EXHAUSTED when the runs' costs together are over the service's limit."""
         check_run_count(len(request.runs))
+        cost = sum(self._cost(run) for run in request.runs)
+        self.budget.check(cost, f"CompareRuns of {len(request.runs)} runs")
         analyses = []
         for i, run in enumerate(request.runs):
             with _request_fields(_prefixed(f"runs[{i}].")):
@@ -157,6 +167,17 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         return reply
 
     # --- request -> analysis ----------------------------------------------------------
+
+    def _cost(self, request: curve_pb2.FitRequest) -> int:
+        """The request's fit cost: its points, or its recorded series' (0 when the run is
+        not known: the fit then answers NOT_FOUND)."""
+        points = len(request.points)
+        if request.run_id and not points:
+            try:
+                points = len(self.store.get(request.run_id, request.task or TOTAL).points)
+            except (UnknownRunError, UnknownTaskError, CurveInputError):
+                points = 0
+        return fit_cost(points, max(0, request.method.bootstrap_resamples))
 
     def _analyse(self, request: curve_pb2.FitRequest) -> Analysis:
         """The analysis a FitRequest asks for, input errors named as in the request: the
@@ -251,6 +272,11 @@ def _points_field(field: str) -> str:
 def _prefixed(prefix: str) -> Callable[[str], str]:
     """A field renamer that puts the request path `prefix` before a field."""
     return lambda field: prefix + field
+
+
+def _cost_terms(request: curve_pb2.FitRequest) -> str:
+    points = len(request.points) or "recorded"
+    return f"{points} points x ({request.method.bootstrap_resamples} resamples + 80)"
 
 
 @contextmanager
