@@ -211,13 +211,20 @@ class TokenInterceptor(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds `authorization: Bearer <token>` to every call of a channel. (Call credentials
-    would need TLS; the token must also work on the plaintext laptop job.)"""
+    """Adds `authorization: Bearer <token>` to the calls of a channel that need it: the
+    `privileged` methods only, so a read (GetStatus, health) sent to a server that is not
+    the run's never carries the token. (Call credentials would need TLS; the token must
+    also work on the plaintext laptop job.)"""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, privileged: frozenset[str] = PRIVILEGED_METHODS) -> None:
         self._pair = (_HEADER, f"Bearer {token}")
+        self._privileged = privileged
 
     def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        method = details.method
+        name = method.decode() if isinstance(method, bytes) else method
+        if name not in self._privileged:
+            return details
         return _Call(details, [*(details.metadata or ()), self._pair])
 
     def intercept_unary_unary(

@@ -3,6 +3,10 @@
 Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (a JSON object: address and the
 worker's progress, with a TTL renewed by each heartbeat).
 
+With a run token, each entry carries an HMAC made with the run's secret
+(`scalerl.state.signing`): an entry someone else wrote (a rogue address that would receive
+the learner's bearer token) is not a worker.
+
 A heartbeat proves only that the worker's heartbeat thread runs; the progress it carries
 (tokens generated, requests in the engine, when tokens last moved, the version serving)
 tells a live worker from a wedged one: a worker with work whose tokens have not moved for
@@ -19,11 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from numbers import Real
+from typing import Any
 
 import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
+from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
 
 log = logging.getLogger(__name__)
 # A worker's states (`WorkerProgress.state`; rollout_service.worker has the diagram).
@@ -77,7 +83,9 @@ class WorkerRegistry:
     for `ttl_s` seconds disappears from `workers()` on its own (no coordinator).
 
     stall_s: seconds without progress while it has work after which a worker is left out
-    of `workers()` (None: never). clock: wall time in Unix seconds.
+    of `workers()` (None: never). clock: wall time in Unix seconds. signer: signs this
+    process's heartbeats and checks every entry read (default: keyed by the process's
+    bearer token, `scalerl.state.signing.process_signer`).
     """
 
     def __init__(
@@ -86,6 +94,7 @@ class WorkerRegistry:
         run_id: str,
         stall_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        signer: EntrySigner | None = None,
     ) -> None:
         if stall_s is not None and not (isinstance(stall_s, Real) and stall_s > 0):
             raise ValueError(f"stall_s must be a number > 0 seconds or None, got {stall_s!r}")
@@ -94,6 +103,8 @@ class WorkerRegistry:
         self._prefix = self._keys.workers_prefix
         self._stall_s = stall_s
         self._clock = clock
+        self._signer = signer or process_signer()
+        self._run_id = run_id
         self._stalled_logged: set[str] = set()
 
     def heartbeat(
@@ -110,9 +121,11 @@ class WorkerRegistry:
             raise ValueError("address must be a non-empty string (host:port)")
         if not (isinstance(ttl_s, Real) and math.isfinite(ttl_s) and ttl_s >= 0.001):
             raise ValueError(f"ttl_s must be a finite number >= 0.001 seconds, got {ttl_s!r}")
-        value = {"address": address}
+        value: dict[str, object] = {"address": address}
         if progress is not None:
             value["progress"] = asdict(progress)
+        if self._signer.enabled:
+            value[SIG_FIELD] = self._signer.sign("worker", self._entry(worker_id), value)
         self._client.set(
             self._keys.worker(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000))
         )
@@ -125,12 +138,19 @@ class WorkerRegistry:
             return {}
         values = self._client.mget(keys)
         start = len(self._prefix)
-        # A key may expire between SCAN and MGET; its None value is skipped.
-        return {
-            key.decode()[start:]: _parse(value)
-            for key, value in zip(keys, values, strict=True)
-            if value is not None
-        }
+        found = {}
+        for key, value in zip(keys, values, strict=True):
+            if value is None:  # expired between SCAN and MGET
+                continue
+            worker_id = key.decode()[start:]
+            data = _load(value)
+            sig = data.pop(SIG_FIELD, None)
+            if self._signer.verify("worker", self._entry(worker_id), data, sig):
+                found[worker_id] = _parse(data)
+        return found
+
+    def _entry(self, worker_id: str) -> str:
+        return f"{self._run_id}/{worker_id}"
 
     def workers(self) -> dict[str, str]:
         """Workers to push weights to and evaluate on: ready and not stalled. worker_id ->
@@ -163,13 +183,17 @@ class WorkerRegistry:
         return bool(self._client.delete(self._keys.worker(worker_id)))
 
 
-def _parse(value: bytes | str) -> WorkerInfo:
-    """A registry value: the JSON object of `heartbeat`, or a bare address (older
-    workers)."""
+def _load(value: bytes | str) -> dict[str, Any]:
+    """A registry value as its JSON object; a bare address (older workers) as {address}."""
     raw = text(value)
     if not raw.startswith("{"):
-        return WorkerInfo(raw)
+        return {"address": raw}
     data = json.loads(raw)
+    return data if isinstance(data, dict) else {"address": raw}
+
+
+def _parse(data: dict[str, Any]) -> WorkerInfo:
+    """A registry value's object (`_load`, its signature taken out)."""
     progress = data.get("progress")
     if progress:  # fields a newer worker adds are ignored, not an error
         known = WorkerProgress.__dataclass_fields__

@@ -24,6 +24,7 @@ import redis
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
+from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
@@ -78,14 +79,18 @@ def _valid_source(source: str) -> bool:
 
 
 class VersionBoard:
-    """announced, published and serving(worker) of one run (module docstring)."""
+    """announced, published and serving(worker) of one run (module docstring). signer:
+    signs and checks the publication record (default: keyed by the process's bearer
+    token, `scalerl.state.signing.process_signer`)."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: redis.Redis, run_id: str, signer: EntrySigner | None = None) -> None:
         self._client = client
         keys = RunKeys(run_id)
         self._announced = keys.policy_version
         self._published = keys.latest_weights
-        self._registry = WorkerRegistry(client, run_id)
+        self._signer = signer or process_signer()
+        self._registry = WorkerRegistry(client, run_id, signer=self._signer)
+        self._run_id = run_id
 
     def announced(self) -> int:
         """The learner's current policy version; 0 before the first step."""
@@ -99,21 +104,27 @@ class VersionBoard:
         self._client.set(self._announced, version)
 
     def published(self) -> WeightsRef | None:
-        """The most recently published weights, or None before the first publication."""
+        """The most recently published weights, or None before the first publication (or
+        when the record is not signed with the run's secret, `scalerl.state.signing`)."""
         fields = self._client.hgetall(self._published)
         if not fields:
             return None
-        return WeightsRef(
+        ref = WeightsRef(
             version=int(fields[b"version"]),
             uri=text(fields[b"uri"]),
             sha256=text(fields[b"sha256"]),
             total_bytes=int(fields[b"total_bytes"]),
             source=text(fields.get(b"source", b"")),
         )
+        sig = text(fields.get(SIG_FIELD.encode(), b""))
+        if not self._signer.verify("latest_weights", self._run_id, _signed(ref), sig):
+            return None  # not the learner's: its source would receive a worker's token
+        return ref
 
     def publish(self, ref: WeightsRef) -> None:
-        """Record a publication (all five fields in one HSET, so readers never see a mix;
-        `source` is always written, so an older publication's never lingers). Raises
+        """Record a publication (all five fields and their signature in one HSET, so
+        readers never see a mix; `source` is always written, so an older publication's
+        never lingers). Raises
         ValueError when `ref` is not a WeightsRef."""
         if not isinstance(ref, WeightsRef):
             raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
@@ -125,6 +136,7 @@ class VersionBoard:
                 "sha256": ref.sha256,
                 "total_bytes": ref.total_bytes,
                 "source": ref.source,
+                SIG_FIELD: self._signer.sign("latest_weights", self._run_id, _signed(ref)),
             },
         )
 
@@ -150,3 +162,14 @@ class VersionBoard:
         carries no progress. Sorted by worker id."""
         ready = (registry or self._registry).ready()
         return {w: i.progress.serving_version if i.progress else -1 for w, i in ready.items()}
+
+
+def _signed(ref: WeightsRef) -> dict[str, object]:
+    """The fields of a publication its signature covers: all five."""
+    return {
+        "version": ref.version,
+        "uri": ref.uri,
+        "sha256": ref.sha256,
+        "total_bytes": ref.total_bytes,
+        "source": ref.source,
+    }
