@@ -86,6 +86,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         """Fit paper Eq. 1 to the request's points, or to a recorded series (run_id), and
         analyse it (`analysis.analyse`). RESOURCE_EXHAUSTED when its points x (resamples +
         80) is over the service's cost limit (`curve_service.cost`)."""
+        check_max_points(len(request.points))  # INVALID_ARGUMENT first: a bad request
         self.budget.check(self._cost(request), "Fit: " + _cost_terms(request))
         return analysis_to_proto(self._analyse(request))
 
@@ -95,6 +96,9 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         """Rank 2..16 runs (Sec. 3 / App. A.7) with the early verdict (`analysis.compare`).
         RESOURCE_EXHAUSTED when the runs' costs together are over the service's limit."""
         check_run_count(len(request.runs))
+        for i, run in enumerate(request.runs):
+            with _request_fields(_prefixed(f"runs[{i}].")):
+                check_max_points(len(run.points))
         cost = sum(self._cost(run) for run in request.runs)
         self.budget.check(cost, f"CompareRuns of {len(request.runs)} runs")
         analyses = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -281,7 +282,7 @@ def build_group(
         )
         versions += done.versions or [group.submitted_version]
     return rollout_pb2.RolloutGroup(
-        group_id=f"{worker_id}-{group.streams[0].request_id}",
+        group_id=f"{worker_id}-{uuid.uuid4().hex}",  # unique: a push is deduplicated by it
         prompt_id=group.prompt_id,
         prompt_token_ids=group.prompt_ids,
         samples=samples,

@@ -24,6 +24,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys
+from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
 from scalerl.state.worker_stats import stat_field
 
 log = logging.getLogger(__name__)
@@ -34,20 +35,41 @@ COMPUTE_UNIT = "accelerator-hours"
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
+# KEYS: once, compute, worker_stats; ARGV: once TTL, role, seconds, worker stat field
+# ("" = none). Returns the role's total (a repeated call: the total as it is).
+_ADD_LUA = (
+    """
+local function again()
+  return redis.call('HGET', KEYS[2], ARGV[2]) or '0'
+end
+"""
+    + GUARD_LUA
+    + """
+local total = redis.call('HINCRBYFLOAT', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HINCRBYFLOAT', KEYS[3], ARGV[4], ARGV[3])
+end
+return total
+"""
+)
+
+
 class ComputeCounters:
     """Per-role busy accelerator-seconds of one run."""
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        keys = RunKeys(run_id)
-        self._key = keys.compute
-        self._worker_stats_key = keys.worker_stats
+        self._keys = RunKeys(run_id)
+        self._key = self._keys.compute
+        self._worker_stats_key = self._keys.worker_stats
+        self._add = client.register_script(_ADD_LUA)
 
     def add(self, role: str, device_seconds: float, worker_id: str | None = None) -> float:
         """Add `device_seconds` (devices x wall seconds, >= 0) to `role`, and, with a
         `worker_id`, to that worker's busy_seconds (`scalerl.state.worker_stats`) in the
-        same MULTI; returns the role's new total in seconds. Raises ValueError for a role
-        outside [a-z][a-z0-9_]{0,31} or a negative / non-finite amount."""
+        same script, once even when a lost reply makes redis-py send it again
+        (`scalerl.state.once`); returns the role's new total in seconds. Raises ValueError
+        for a role outside [a-z][a-z0-9_]{0,31} or a negative / non-finite amount."""
         _check_role(role)
         if not (
             isinstance(device_seconds, Real)
@@ -55,14 +77,11 @@ class ComputeCounters:
             and device_seconds >= 0
         ):
             raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds!r}")
-        if worker_id is None:
-            return float(self._client.hincrbyfloat(self._key, role, float(device_seconds)))
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hincrbyfloat(self._key, role, float(device_seconds))
-            pipe.hincrbyfloat(
-                self._worker_stats_key, stat_field(worker_id, "busy_seconds"), device_seconds
-            )
-            total, _ = pipe.execute()
+        field = "" if worker_id is None else stat_field(worker_id, "busy_seconds")
+        total = self._add(
+            keys=[self._keys.once(new_op_id()), self._key, self._worker_stats_key],
+            args=[ONCE_TTL_S, role, repr(float(device_seconds)), field],
+        )
         return float(total)
 
     def by_role(self) -> dict[str, float]:

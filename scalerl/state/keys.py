@@ -4,6 +4,7 @@ The modules of `scalerl.state` name their own sub-keys through `run_key`; nothin
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -99,6 +100,11 @@ class RunKeys:
         self.replay_dead_letter = run_key(run_id, "replay", "dead_letter")
         # Ledger (hash): groups pushed, and every group that left the stream by outcome.
         self.replay_ledger = run_key(run_id, "replay", "ledger")
+        # `replay:pushed:{sha256(group_id)}` -> the entry id of that group (a TTL): a second push
+        # of the same group (a retry whose first try landed) adds nothing.
+        self.replay_pushed_prefix = run_key(run_id, "replay", "pushed") + ":"
+        # `once:{op_id}` (a TTL): an increment with that idempotency key was applied.
+        self.once_prefix = run_key(run_id, "once") + ":"
         # Run state.
         self.policy_version = run_key(run_id, "state", "policy_version")
         self.latest_weights = run_key(run_id, "state", "latest_weights")
@@ -125,6 +131,14 @@ class RunKeys:
         """One worker's registry key, `workers:{worker_id}`. Raises ValueError for a
         worker_id outside `WORKER_ID_PATTERN`."""
         return self.workers_prefix + check_worker_id(worker_id)
+
+    def replay_pushed(self, group_id: str) -> str:
+        """The dedup key of one group id (any text: the key holds its sha256)."""
+        return self.replay_pushed_prefix + hashlib.sha256(group_id.encode()).hexdigest()
+
+    def once(self, op_id: str) -> str:
+        """The marker key of one idempotency key (`scalerl.state.once`)."""
+        return self.once_prefix + op_id
 
     def pool_keys(self, task: str) -> PoolKeys:
         """The prompt pool keys of one task, `scalerl:{run_id}:pool:{task}:...`. Raises

@@ -23,6 +23,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, task_of
+from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
 
 # Ids are added to `loading` in chunks (a million ids do not fit one call), then this
 # makes them the pool unless it was ever initialised (idempotent across learner restarts).
@@ -53,21 +54,33 @@ redis.call('INCR', KEYS[3])
 return 1
 """
 
-# Add attempts/passes, then retire when the pass rate reaches the threshold (NPR).
-# ARGV: prompt_id, attempts, passes, threshold, min_attempts. Returns {attempts, passes, retired}.
-_RECORD_RETIRE_LUA = """
-local a = redis.call('HINCRBY', KEYS[3], ARGV[1], ARGV[2])
-local p = redis.call('HINCRBY', KEYS[4], ARGV[1], ARGV[3])
-redis.call('INCR', KEYS[5])
+# Add attempts/passes once per idempotency key (`scalerl.state.once`), then, when asked
+# (ARGV[7] = '1'), retire when the pass rate reaches the threshold (NPR).
+# KEYS: once, eligible, retired, attempts, passes, revision; ARGV: once TTL, prompt_id,
+# attempts, passes, threshold, min_attempts, retire. Returns {attempts, passes, retired}.
+_RECORD_LUA = (
+    """
+local function again()
+  local a = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
+  local p = tonumber(redis.call('HGET', KEYS[5], ARGV[2]) or '0')
+  return {a, p, 0}
+end
+"""
+    + GUARD_LUA
+    + """
+local a = redis.call('HINCRBY', KEYS[4], ARGV[2], ARGV[3])
+local p = redis.call('HINCRBY', KEYS[5], ARGV[2], ARGV[4])
+redis.call('INCR', KEYS[6])
 local retired = 0
-if a >= tonumber(ARGV[5]) and p / a >= tonumber(ARGV[4])
-    and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1
-    and redis.call('SCARD', KEYS[1]) > 1 then
-  redis.call('SMOVE', KEYS[1], KEYS[2], ARGV[1])
+if ARGV[7] == '1' and a >= tonumber(ARGV[6]) and p / a >= tonumber(ARGV[5])
+    and redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1
+    and redis.call('SCARD', KEYS[2]) > 1 then
+  redis.call('SMOVE', KEYS[2], KEYS[3], ARGV[2])
   retired = 1
 end
 return {a, p, retired}
 """
+)
 
 
 class PromptPool:
@@ -79,7 +92,8 @@ class PromptPool:
     def __init__(self, client: redis.Redis, run_id: str, task: str) -> None:
         self._client = client
         self.task = task
-        keys = RunKeys(run_id).pool_keys(task)
+        run_keys = RunKeys(run_id)
+        keys = run_keys.pool_keys(task)
         self._eligible = keys.eligible
         self._retired = keys.retired
         self._attempts = keys.attempts
@@ -89,7 +103,8 @@ class PromptPool:
         self._revision = keys.revision
         self._init_script = client.register_script(_INIT_LUA)
         self._retire_script = client.register_script(_RETIRE_LUA)
-        self._record_retire_script = client.register_script(_RECORD_RETIRE_LUA)
+        self._record_script = client.register_script(_RECORD_LUA)
+        self._once = run_keys.once
 
     def init(self, prompt_ids: Iterable[str]) -> bool:
         """Fill the pool with `prompt_ids` unless it was ever initialised before.
@@ -133,17 +148,30 @@ class PromptPool:
         return rng.sample(members, min(count, len(members)))
 
     def record(self, prompt_id: str, attempts: int, passes: int) -> tuple[int, int]:
-        """Add one group's outcome; returns the cumulative (attempts, passes) of the prompt.
+        """Add one group's outcome, once even when a lost reply makes redis-py send it
+        again; returns the cumulative (attempts, passes) of the prompt.
 
         Raises ValueError unless 0 <= passes <= attempts.
         """
         _check_counts(prompt_id, attempts, passes)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hincrby(self._attempts, prompt_id, int(attempts))
-            pipe.hincrby(self._passes, prompt_id, int(passes))
-            pipe.incr(self._revision)
-            total_attempts, total_passes, _ = pipe.execute()
+        total_attempts, total_passes, _ = self._record(prompt_id, attempts, passes, 1.0, 1, False)
         return int(total_attempts), int(total_passes)
+
+    def _record(
+        self,
+        prompt_id: str,
+        attempts: int,
+        passes: int,
+        threshold: float,
+        min_attempts: int,
+        retire: bool,
+    ) -> list[int]:
+        """The record script, once per call (`scalerl.state.once`)."""
+        keys = [self._once(new_op_id()), self._eligible, self._retired]
+        keys += [self._attempts, self._passes, self._revision]
+        args: list[str | int] = [ONCE_TTL_S, prompt_id, int(attempts), int(passes)]
+        args += [repr(float(threshold)), int(min_attempts), "1" if retire else "0"]
+        return [int(x) for x in self._record_script(keys=keys, args=args)]
 
     def record_and_maybe_retire(
         self,
@@ -166,10 +194,7 @@ class PromptPool:
             raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
         if min_attempts < 1:
             raise ValueError(f"min_attempts must be >= 1, got {min_attempts}")
-        _, _, retired = self._record_retire_script(
-            keys=[self._eligible, self._retired, self._attempts, self._passes, self._revision],
-            args=[prompt_id, int(attempts), int(passes), repr(float(threshold)), min_attempts],
-        )
+        _, _, retired = self._record(prompt_id, attempts, passes, threshold, min_attempts, True)
         return bool(retired)
 
     def retire(self, prompt_id: str) -> bool:

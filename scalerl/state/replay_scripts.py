@@ -16,14 +16,26 @@ from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
 # the learner would re-issue it when the registration expires (one group too many of
 # that version, a group of the next batch displaced). In one script, a group is either
 # in the stream or its ticket is still held, never both.
+# A group's second push (redis-py's retry after a lost reply, its first try having landed)
+# answers the first one's entry id and changes nothing: KEYS[5], `replay:pushed:{group_id}`
+# (ARGV[7] = its TTL; '' = a group without an id, not deduplicated), holds that id.
 PUSH_LUA = (
     """
+if ARGV[7] ~= '' then
+  local first = redis.call('GET', KEYS[5])
+  if first then
+    return first
+  end
+end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   return false
 end
 local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'pushed', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+if ARGV[7] ~= '' then
+  redis.call('SET', KEYS[5], id, 'EX', ARGV[7])
+end
 """
     + SETTLE_PUSHED_TICKET_LUA
     + """

@@ -21,49 +21,82 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
+from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
 from scalerl.state.version_board import VersionBoard
 
 HELD_PREFIX = "held:"  # quota hash field prefix of a worker's held tickets
 
-# Take one generation ticket for the policy version in ARGV[1], held by the worker whose
-# field is ARGV[2]: 1 if the quota is for that version and not used up, else 0. One
-# script, so concurrent workers never overdraw it and the held count is never behind.
-_TAKE_TICKET_LUA = """
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
-if tonumber(redis.call('HGET', KEYS[1], 'remaining') or '0') <= 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'remaining', -1)
-redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
-return 1
-"""
-# The last resort's blanket re-issue: add ARGV[2] tickets if the quota is still for
-# version ARGV[1] and forget every held count (those tickets are among the ones added, so
-# a holder whose registration expires later must not have them issued a second time).
-# Returns the new remainder, or -1 when the quota is for another version.
-_ADD_TICKETS_LUA = """
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return -1 end
-for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if string.sub(field, 1, #ARGV[3]) == ARGV[3] then redis.call('HDEL', KEYS[1], field) end
+# The three quota scripts below run once per call: KEYS[1] is the call's idempotency key
+# and ARGV[1] its TTL (`scalerl.state.once`); a repeated call (redis-py's retry after a lost
+# reply) answers what the first one did, stored in that key, and changes nothing.
+_ONCE_ANSWER = """
+local function again()
+  return tonumber(redis.call('GET', KEYS[1]))
 end
-return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[2])
 """
-# Move at most ARGV[3] of the tickets held under field ARGV[2] back into the quota, if it
-# is still for version ARGV[1] and, when KEYS[2] (the worker's registration) is given,
+
+
+def _once(body: str) -> str:
+    """A quota script run once per call: `body` sets `answer`; it is kept in KEYS[1]."""
+    return (
+        _ONCE_ANSWER
+        + GUARD_LUA
+        + body
+        + """
+redis.call('SET', KEYS[1], answer, 'KEEPTTL')
+return answer
+"""
+    )
+
+
+# Take one generation ticket for the policy version in ARGV[2], held by the worker whose
+# field is ARGV[3]: 1 if the quota is for that version and not used up, else 0. One
+# script, so concurrent workers never overdraw it and the held count is never behind.
+# KEYS: once, quota.
+_TAKE_TICKET_LUA = _once("""
+local answer = 0
+if redis.call('HGET', KEYS[2], 'version') == ARGV[2]
+    and tonumber(redis.call('HGET', KEYS[2], 'remaining') or '0') > 0 then
+  redis.call('HINCRBY', KEYS[2], 'remaining', -1)
+  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+  answer = 1
+end
+""")
+# The last resort's blanket re-issue: add ARGV[3] tickets if the quota is still for
+# version ARGV[2] and forget every held count (those tickets are among the ones added, so
+# a holder whose registration expires later must not have them issued a second time).
+# Returns the new remainder, or -1 when the quota is for another version. KEYS: once, quota.
+_ADD_TICKETS_LUA = _once("""
+local answer = -1
+if redis.call('HGET', KEYS[2], 'version') == ARGV[2] then
+  for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if string.sub(field, 1, #ARGV[4]) == ARGV[4] then redis.call('HDEL', KEYS[2], field) end
+  end
+  answer = redis.call('HINCRBY', KEYS[2], 'remaining', ARGV[3])
+end
+""")
+# Move at most ARGV[4] of the tickets held under field ARGV[3] back into the quota, if it
+# is still for version ARGV[2] and, when KEYS[3] (the worker's registration) is given,
 # that registration has expired. Never more than are held, so a ticket cannot come back
 # twice (given back by a worker and re-issued for it). Returns the number moved.
-_RETURN_HELD_LUA = """
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
-if #KEYS > 1 and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local held = tonumber(redis.call('HGET', KEYS[1], ARGV[2]) or '0')
-local n = math.min(held, tonumber(ARGV[3]))
-if n <= 0 then return 0 end
-if n == held then
-  redis.call('HDEL', KEYS[1], ARGV[2])
-else
-  redis.call('HINCRBY', KEYS[1], ARGV[2], -n)
+# KEYS: once, quota[, registration].
+_RETURN_HELD_LUA = _once("""
+local answer = 0
+local open = redis.call('HGET', KEYS[2], 'version') == ARGV[2]
+if open and not (#KEYS > 2 and redis.call('EXISTS', KEYS[3]) == 1) then
+  local held = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+  local n = math.min(held, tonumber(ARGV[4]))
+  if n > 0 then
+    if n == held then
+      redis.call('HDEL', KEYS[2], ARGV[3])
+    else
+      redis.call('HINCRBY', KEYS[2], ARGV[3], -n)
+    end
+    redis.call('HINCRBY', KEYS[2], 'remaining', n)
+    answer = n
+  end
 end
-redis.call('HINCRBY', KEYS[1], 'remaining', n)
-return n
-"""
+""")
 # The Lua that settles one held ticket of a pushed group, for the replay stream's push
 # script (`scalerl.state.replay`): KEYS[4] the quota, ARGV[5] the ticket's version ("" =
 # no ticket), ARGV[6] the worker's held field. Nothing when the quota moved on.
@@ -112,6 +145,10 @@ class RunState:
         self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
         self._return_held = client.register_script(_RETURN_HELD_LUA)
 
+    def _once(self) -> str:
+        """A fresh idempotency key of one quota call (`scalerl.state.once`)."""
+        return self._keys.once(new_op_id())
+
     def set_generation_quota(self, version: int, groups: int) -> None:
         """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated
         with policy `version`, and none with any other. Replaces the previous quota and
@@ -134,7 +171,8 @@ class RunState:
         `version`. Raises ValueError for a negative version or groups."""
         _check_count("version", version)
         _check_count("groups", groups)
-        return int(self._add_tickets(keys=[self._quota], args=[version, groups, HELD_PREFIX]))
+        keys = [self._once(), self._quota]
+        return int(self._add_tickets(keys=keys, args=[ONCE_TTL_S, version, groups, HELD_PREFIX]))
 
     def take_generation_ticket(self, version: int, worker_id: str) -> bool:
         """Reserve one group's generation at `version` for `worker_id` (counted as held
@@ -142,7 +180,8 @@ class RunState:
         is for another version or used up (the worker then waits for new weights).
         Raises ValueError for a negative version or a malformed worker_id."""
         _check_count("version", version)
-        return bool(self._take_ticket(keys=[self._quota], args=[version, held_field(worker_id)]))
+        args: list[str | int] = [ONCE_TTL_S, version, held_field(worker_id)]
+        return bool(self._take_ticket(keys=[self._once(), self._quota], args=args))
 
     def give_back_generation_tickets(self, version: int, worker_id: str, groups: int = 1) -> int:
         """Return the tickets of `groups` groups at `version` that `worker_id` will not
@@ -152,8 +191,8 @@ class RunState:
         `take_generation_ticket`, or for a negative groups."""
         _check_count("version", version)
         _check_count("groups", groups)
-        reply = self._return_held(keys=[self._quota], args=[version, held_field(worker_id), groups])
-        return int(reply)
+        args: list[str | int] = [ONCE_TTL_S, version, held_field(worker_id), groups]
+        return int(self._return_held(keys=[self._once(), self._quota], args=args))
 
     def reissue_expired_tickets(self, version: int, worker_id: str) -> int:
         """Move every ticket `worker_id` holds at `version` back into the quota if its
@@ -163,8 +202,8 @@ class RunState:
         ValueError as `take_generation_ticket`."""
         _check_count("version", version)
         reply = self._return_held(
-            keys=[self._quota, self._keys.worker(worker_id)],
-            args=[version, held_field(worker_id), _ALL],
+            keys=[self._once(), self._quota, self._keys.worker(worker_id)],
+            args=[ONCE_TTL_S, version, held_field(worker_id), _ALL],
         )
         return int(reply)
 

@@ -17,6 +17,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import WORKER_ID_PATTERN, RunKeys
+from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
 
 STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "blocked_seconds", "joins", "leaves")
 _SECONDS = ("busy_seconds", "blocked_seconds")
@@ -33,23 +34,45 @@ def stat_field(worker_id: str, stat: str) -> str:
     return f"{worker_id}|{stat}"
 
 
+# KEYS: once, stats; ARGV: once TTL, field, HINCRBY or HINCRBYFLOAT, amount.
+_ADD_LUA = (
+    """
+local function again()
+  return redis.call('HGET', KEYS[2], ARGV[2]) or '0'
+end
+"""
+    + GUARD_LUA
+    + """
+return redis.call(ARGV[3], KEYS[2], ARGV[2], ARGV[4])
+"""
+)
+
+
 class WorkerStats:
     """Reads and adds to one run's per-worker accounting."""
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self._client = client
-        self.key = RunKeys(run_id).worker_stats
+        self._keys = RunKeys(run_id)
+        self.key = self._keys.worker_stats
+        self._add = client.register_script(_ADD_LUA)
 
     def add(self, worker_id: str, stat: str, amount: float = 1) -> float:
         """Add `amount` (finite, >= 0; seconds for the *_seconds stats, a count otherwise)
-        to a worker's stat; returns its new value. Raises ValueError for a bad stat or
-        amount."""
+        to a worker's stat, once even when a lost reply makes redis-py send it again
+        (`scalerl.state.once`); returns its new value. Raises ValueError for a bad stat
+        or amount."""
         if not (isinstance(amount, Real) and math.isfinite(amount) and amount >= 0):
             raise ValueError(f"amount must be finite and >= 0, got {amount!r}")
         field = stat_field(worker_id, stat)
-        if stat in _SECONDS:
-            return float(self._client.hincrbyfloat(self.key, field, float(amount)))
-        return float(self._client.hincrby(self.key, field, int(amount)))
+        command, value = (
+            ("HINCRBYFLOAT", repr(float(amount))) if stat in _SECONDS else ("HINCRBY", int(amount))
+        )
+        total = self._add(
+            keys=[self._keys.once(new_op_id()), self.key],
+            args=[ONCE_TTL_S, field, command, value],
+        )
+        return float(total)
 
     def by_worker(self) -> dict[str, dict[str, float]]:
         """worker_id -> {stat: value} for every worker that ever counted anything, each

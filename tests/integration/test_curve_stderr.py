@@ -312,7 +312,7 @@ def test_client_records_and_reads_stderr(client: CurveClient, run_id: str) -> No
 
 def _eval(compute: float, pass_rate: float, stderr: float | None, task: str = "") -> EvalRecord:
     return EvalRecord(
-        step=int(compute * 10),
+        step=int(compute * 10) - 1,  # the first, at compute 0.1, is step 0 (R0)
         policy_version=int(compute * 10),
         compute=compute,
         task=task,
@@ -363,7 +363,7 @@ def test_the_resumed_learner_re_records_its_points_with_their_stderr(
     run = client.get_run(run_id)
     assert run.points == ((0.1, 0.3), (0.2, 0.4), (0.4, 0.5))
     assert run.stderr == (0.04, 0.035, 0.0)
-    assert progress.r0 == 0.3  # the first kept evaluation is the run's R0 again
+    assert progress.r0 == 0.3  # the kept step-0 evaluation is the run's R0 again
 
 
 # --- scalerl curve fit ------------------------------------------------------------------------

@@ -12,12 +12,32 @@ import uuid
 
 import pytest
 
+from learner_service import learner as learner_module
+from learner_service.evaluation.evaluate import EvalResult
 from learner_service.learner import Learner
 from scalerl.config import load_config
 from scalerl.policy.hardware import resolved_config
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
 from scalerl.state.client import connect
 from scalerl.state.registry import WorkerRegistry
+
+
+class _Evaluator:
+    """Scores every held-out evaluation 0.25 without a worker: these tests are about the
+    batch wait (a failed R0 would stop the learner first, `R0Failed`)."""
+
+    subset_is_all = True
+
+    def completions(self, full: bool = False) -> int:
+        return 8
+
+    def evaluate(self, workers, seed: int, full: bool = True) -> EvalResult:
+        return EvalResult(0.25, 0.0, 8, 3.0, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_evaluates(monkeypatch) -> None:
+    monkeypatch.setattr(learner_module, "evaluator_for", lambda *args: _Evaluator())
 
 
 def test_max_minutes_holds_when_no_group_arrives(

@@ -1,0 +1,100 @@
+"""Exactly once under retries: a Redis stall longer than the client's socket timeout makes
+redis-py send a command again while the first one still sits in the server's socket
+buffer, and both run once the stall ends. A push (deduplicated by its group id) and every
+counter (an idempotency key per call) then land once, and the ledger identity holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from scalerl.compute import ComputeCounters
+from scalerl.state.client import connect
+from scalerl.state.prompt_pool import PromptPool
+from scalerl.state.replay import ReplayStream, replay_accounting
+from scalerl.state.run_state import RunState
+from scalerl.state.worker_stats import WorkerStats
+from scalerl.v1 import rollout_pb2
+
+# Blocks the (single-threaded) server for about `ARGV[1]` milliseconds.
+STALL_LUA = """
+local t = redis.call('TIME')
+local start = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+while true do
+  t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 - start > tonumber(ARGV[1]) then
+    return 1
+  end
+end
+"""
+SOCKET_TIMEOUT_S = 0.25
+
+
+def _during_a_stall(redis_url: str, call) -> None:
+    """Run `call` while another client stalls the server for 1.2 s (> 4 socket timeouts)."""
+    staller = connect(redis_url)
+    thread = threading.Thread(target=lambda: staller.eval(STALL_LUA, 0, 1200))
+    thread.start()
+    time.sleep(0.1)
+    try:
+        call()
+    finally:
+        thread.join()
+        staller.close()
+    time.sleep(0.2)  # what the closed connections left in the server's buffers has run
+
+
+def _group(group_id: str) -> rollout_pb2.RolloutGroup:
+    sample = rollout_pb2.Sample(token_ids=[5], logprobs=[-0.5], policy_versions=[0], reward=1.0)
+    return rollout_pb2.RolloutGroup(
+        group_id=group_id, prompt_id="p", prompt_token_ids=[1], samples=[sample], worker_id="w0"
+    )
+
+
+def _client(redis_url: str) -> redis.Redis:
+    return connect(redis_url, socket_timeout_s=SOCKET_TIMEOUT_S, retries=20)
+
+
+def test_a_push_during_a_stall_lands_once(redis_url: str, run_id: str) -> None:
+    client = _client(redis_url)
+    replay = ReplayStream(client, run_id, capacity=16)
+    replay.push(_group("w0-first"))  # the script is loaded: the stall hits the push itself
+    entries: list[str] = []
+    _during_a_stall(redis_url, lambda: entries.append(replay.push(_group("w0-abc"))))
+    assert replay.depth() == 2  # without the group id's check: 3 (two of w0-abc)
+    accounting = replay_accounting(client, run_id)
+    assert (accounting["pushed"], accounting["queued"], accounting["unaccounted"]) == (2, 2, 0)
+    # The same group pushed again later (a worker's own retry) is still the one entry.
+    assert replay.push(_group("w0-abc")) == entries[0]
+    assert replay.depth() == 2
+
+
+def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
+    client = _client(redis_url)
+    compute, stats = ComputeCounters(client, run_id), WorkerStats(client, run_id)
+    pool = PromptPool(client, run_id, "math")
+    pool.init(["math/1", "math/2"])
+
+    state = RunState(client, run_id)
+    state.set_generation_quota(version=3, groups=8)
+    # Each script loaded first, so the stall hits the calls themselves.
+    state.take_generation_ticket(3, "w0")
+    compute.add("warm_up", 1.0)
+    stats.add("w1", "tokens_generated", 1)
+    pool.record("math/2", 1, 0)
+
+    def add() -> None:
+        compute.add("rollout", 1.5, worker_id="w0")
+        stats.add("w0", "tokens_generated", 2)
+        pool.record("math/1", 8, 3)
+        assert state.take_generation_ticket(3, "w0")
+
+    _during_a_stall(redis_url, add)
+    tickets = state.generation_tickets()
+    assert (tickets.remaining, tickets.held) == (6, {"w0": 2})
+    assert compute.by_role() == {"rollout": 1.5, "warm_up": 1.0}
+    by_worker = stats.by_worker()["w0"]
+    assert (by_worker["busy_seconds"], by_worker["tokens_generated"]) == (1.5, 2)
+    assert pool.stats("math/1") == (8, 3)
