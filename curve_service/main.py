@@ -64,6 +64,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(0 = from this process's memory limit; curve_service.cost).",
     )
     parser.add_argument("--token-file", default="", help="File holding the bearer token.")
+    parser.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="Bind a non-loopback --host without a token (RecordPoint and TrimRun open).",
+    )
     parser.add_argument("--tls-cert", default="", help="PEM certificate of the server.")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert.")
     parser.add_argument("--tls-ca", default="", help="PEM CA of clients (mutual TLS).")
@@ -118,11 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda _signum, _frame: stop.set())
     from curve_service.metrics import start_metrics_server
     from curve_service.server import CurveServicer, serve
-    from scalerl.rpc.security import configure
+    from scalerl.rpc.security import check_bind, configure
 
     try:
-        configure(_security(args))
-    except ValueError as exc:  # a file that cannot be read, or half a TLS pair
+        security = _security(args)
+        check_bind(args.host, security, args.allow_insecure, "--allow-insecure", "--token-file")
+        configure(security)
+    except ValueError as exc:  # a file that cannot be read, half a TLS pair, open bind
         print(f"scalerl-curve: {exc}", file=sys.stderr)
         return 2
 

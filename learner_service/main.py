@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from scalerl.entrypoint import start_service, stop_on_signals
 
-    resolved = start_service("scalerl-learner", "learner", args.config, args.set)
+    resolved = start_service("scalerl-learner", "learner", args.config, args.set, host=args.host)
     if not resolved:
         return 2
     config, precision = resolved.config, resolved.precision

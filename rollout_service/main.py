@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl.entrypoint import start_service, stop_on_signals
 
     resolved = start_service(
-        "scalerl-rollout", "rollout", args.config, args.set, worker_id=args.worker_id
+        "scalerl-rollout",
+        "rollout",
+        args.config,
+        args.set,
+        worker_id=args.worker_id,
+        host=args.host,
     )
     if not resolved:
         return 2

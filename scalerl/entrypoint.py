@@ -68,18 +68,24 @@ def resolve_hardware_or_none(prog: str, config: RunConfig) -> ResolvedConfig | N
 
 
 def start_service(
-    prog: str, service: str, config_path: str, overrides: list[str], worker_id: str = ""
+    prog: str,
+    service: str,
+    config_path: str,
+    overrides: list[str],
+    worker_id: str = "",
+    host: str = "127.0.0.1",
 ) -> ResolvedConfig | None:
     """The start of `scalerl-rollout` and `scalerl-learner`: the one log format
     (`scalerl.obs.logging`), the validated config, its device and dtypes for this machine,
     and the process's token and TLS files (`scalerl.rpc.security.configure`, for every
-    server and channel it opens).
+    server and channel it opens); a server on a non-loopback `host` without a token is
+    refused (`scalerl.rpc.security.check_bind`).
 
     Returns the `ResolvedConfig`, or None after printing `prog: <one line>` (the caller
     exits with code 2). Imports torch (to resolve the device).
     """
     from scalerl.obs.logging import set_run_id, setup_logging
-    from scalerl.rpc.security import configure, from_config
+    from scalerl.rpc.security import check_bind, configure, from_config
 
     setup_logging(service, worker_id=worker_id)
     config = load_config_or_none(prog, config_path, overrides)
@@ -88,8 +94,10 @@ def start_service(
         return None
     set_run_id(resolved.config.run_id)
     try:
-        configure(from_config(resolved.config.security))
-    except ValueError as exc:  # a file that cannot be read, or half a TLS pair
+        security = from_config(resolved.config.security)
+        check_bind(host, security, resolved.config.security.allow_insecure)
+        configure(security)
+    except ValueError as exc:  # a file that cannot be read, half a TLS pair, open bind
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     return resolved

@@ -148,6 +148,11 @@ class SecurityConfig(_Section):
         description="Folder a `uri` weight reference must lie in ('' = the run's weights "
         "folder under `scalerl run`; a worker started alone then refuses `uri` updates).",
     )
+    allow_insecure: bool = Field(
+        False,
+        description="Let a service bind a non-loopback address without a token (every "
+        "privileged RPC then open to whoever reaches the port). Off: it refuses to start.",
+    )
     max_concurrent_rpcs: int = Field(
         256, ge=1, le=100_000, description="RPCs one server runs at once; more: RESOURCE_EXHAUSTED."
     )

@@ -19,6 +19,7 @@ points, nothing is written), GetRun, and health and reflection.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -102,6 +103,33 @@ def _read(field: str, path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"{field}: cannot read {path}: {exc.strerror}") from exc
+
+
+def check_bind(
+    host: str,
+    security: Security,
+    allow_insecure: bool,
+    allowed_by: str = "security.allow_insecure: true",
+    token_by: str = "security.token_file",
+) -> None:
+    """Refuse a server on a non-loopback `host` without a token: anyone who reaches the
+    port could then change the run (its privileged RPCs would be open). Raises ValueError,
+    one line naming the settings that allow it (`token_by`, `allowed_by`), unless allowed."""
+    if security.token or allow_insecure or _loopback(host):
+        return
+    raise ValueError(
+        f"binding {host} without a token would leave every privileged RPC open to whoever "
+        f"reaches the port: give {token_by} (or {TOKEN_ENV}), or set {allowed_by}"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
 
 
 _current = Security()

@@ -7,7 +7,14 @@ import os
 import pytest
 
 from scalerl.config import RunConfig, SecurityConfig
-from scalerl.rpc.security import TOKEN_ENV, Security, configure, current, from_config
+from scalerl.rpc.security import (
+    TOKEN_ENV,
+    Security,
+    check_bind,
+    configure,
+    current,
+    from_config,
+)
 from scalerl_cli.launcher import _curve_security_args, secure_run
 
 
@@ -76,3 +83,28 @@ def test_the_curve_child_gets_the_tls_flags():
         "--tls-cert", "s.pem", "--tls-key", "s.key", "--tls-ca", "ca.pem", "--require-client-cert"
     ]  # fmt: skip
     assert _curve_security_args(RunConfig()) == []
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::", "pod.ns.svc"])
+def test_a_server_on_an_open_address_without_a_token_refuses_to_start(host: str) -> None:
+    with pytest.raises(ValueError, match="set security.allow_insecure: true$"):
+        check_bind(host, Security(), allow_insecure=False)
+    check_bind(host, Security(token="t"), allow_insecure=False)  # with a token: fine
+    check_bind(host, Security(), allow_insecure=True)  # the operator's explicit choice
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "[::1]", "localhost"])
+def test_loopback_needs_no_token(host: str) -> None:
+    check_bind(host, Security(), allow_insecure=False)
+
+
+def test_the_services_refuse_an_open_bind_with_exit_code_2(capsys) -> None:
+    from curve_service.main import main as curve_main
+    from rollout_service.main import main as rollout_main
+
+    assert curve_main(["--port", "0", "--metrics-port", "0", "--host", "0.0.0.0"]) == 2
+    assert capsys.readouterr().err.strip().endswith("or set --allow-insecure")
+    argv = ["--config", "tiny", "--redis-url", "redis://127.0.0.1:1/0", "--worker-id", "w0"]
+    argv += ["--host", "0.0.0.0"]
+    assert rollout_main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("or set security.allow_insecure: true")
