@@ -1,0 +1,133 @@
+"""The NetworkPolicies of every render, evaluated: each pod's allowed peers and ports,
+listed and compared with the intended table (deploy/base/network-policies.yaml). A
+connection is allowed when the sender's egress and the receiver's ingress both allow it
+(NetworkPolicy semantics: a pod selected by no policy of a direction is open in it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deploy_manifests import find, pod_labels, workloads
+
+NAMESPACE = "scalerl"
+# The ports a connection may aim at: the services', the stores', DNS, HTTPS, and one
+# ephemeral port (torch.distributed's peer connections).
+PORTS = (53, 443, 6379, 9101, 9102, 9103, 29400, 29501, 50051, 50052, 50053, 40000)
+ANY = frozenset(PORTS)
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    namespace_labels: tuple[tuple[str, str], ...]
+    labels: tuple[tuple[str, str], ...]
+    ours: bool  # in the run's namespace: its own policies apply
+
+
+def _peers(docs: list[dict]) -> list[Peer]:
+    ns = (("kubernetes.io/metadata.name", NAMESPACE),)
+    pods = {
+        pod_labels(w)["app.kubernetes.io/component"]: Peer(
+            pod_labels(w)["app.kubernetes.io/component"], ns, tuple(pod_labels(w).items()), True
+        )
+        for w in workloads(docs)
+    }
+    outside = [
+        Peer("monitoring", (("scalerl.io/monitoring", "true"),), (), False),
+        Peer(
+            "curve-client",
+            (("scalerl.io/curve-client", "true"),),
+            (("scalerl.io/curve-client", "true"),),
+            False,
+        ),
+        Peer(
+            "kube-dns",
+            (("kubernetes.io/metadata.name", "kube-system"),),
+            (("k8s-app", "kube-dns"),),
+            False,
+        ),
+        Peer("elsewhere", (("kubernetes.io/metadata.name", "default"),), (("app", "x"),), False),
+    ]
+    return [*pods.values(), *outside]
+
+
+def _matches(selector: dict | None, labels: tuple[tuple[str, str], ...]) -> bool:
+    """A label selector (matchLabels only, as ours are); {} selects everything."""
+    wanted = (selector or {}).get("matchLabels", {})
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in wanted.items())
+
+
+def _peer_matches(entry: dict, peer: Peer) -> bool:
+    """One `from`/`to` entry: a podSelector alone means this namespace."""
+    if "namespaceSelector" in entry:
+        if not _matches(entry["namespaceSelector"], peer.namespace_labels):
+            return False
+    elif not peer.ours:
+        return False
+    return "podSelector" not in entry or _matches(entry["podSelector"], peer.labels)
+
+
+def _allowed_ports(policies: list[dict], pod: Peer, other: Peer, direction: str) -> frozenset:
+    kind = "Ingress" if direction == "ingress" else "Egress"
+    selecting = [
+        p
+        for p in policies
+        if kind in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], pod.labels)
+    ]
+    if not selecting:
+        return ANY
+    allowed: set[int] = set()
+    for policy in selecting:
+        for rule in policy["spec"].get(direction, []):
+            peers = rule.get("from" if direction == "ingress" else "to")
+            if peers is not None and not any(_peer_matches(e, other) for e in peers):
+                continue
+            ports = rule.get("ports")
+            allowed |= ANY if ports is None else {p["port"] for p in ports}
+    return frozenset(allowed)
+
+
+def allowed_peers(docs: list[dict]) -> dict[tuple[str, str], frozenset]:
+    """(sender, receiver) -> the ports it may reach, for every pair with any."""
+    policies = find(docs, "NetworkPolicy")
+    peers = _peers(docs)
+    table = {}
+    for sender in peers:
+        for receiver in peers:
+            out = _allowed_ports(policies, sender, receiver, "egress") if sender.ours else ANY
+            into = _allowed_ports(policies, receiver, sender, "ingress") if receiver.ours else ANY
+            if not (sender.ours or receiver.ours):
+                continue
+            ports = out & into
+            if ports:
+                table[(sender.name, receiver.name)] = ports
+    return table
+
+
+OURS = ("learner", "rollout", "curve", "redis")
+EXPECTED = {
+    **{(c, "kube-dns"): frozenset({53}) for c in OURS},
+    ("learner", "redis"): frozenset({6379}),
+    ("rollout", "redis"): frozenset({6379}),
+    ("curve", "redis"): frozenset({6379}),
+    ("learner", "curve"): frozenset({50053}),
+    ("curve-client", "curve"): frozenset({50053}),
+    ("learner", "learner"): ANY,
+    ("learner", "rollout"): ANY,
+    ("rollout", "learner"): ANY,
+    ("rollout", "rollout"): ANY,
+    ("monitoring", "learner"): frozenset({9101}),
+    ("monitoring", "rollout"): frozenset({9102}),
+    ("monitoring", "curve"): frozenset({9103}),
+}
+
+
+def test_each_pod_reaches_only_its_peers(docs: list[dict]) -> None:
+    assert {p.name for p in _peers(docs) if p.ours} == set(OURS)
+    assert allowed_peers(docs) == EXPECTED
+
+
+def test_everything_else_is_denied_by_default(docs: list[dict]) -> None:
+    [deny] = [p for p in find(docs, "NetworkPolicy") if p["metadata"]["name"] == "default-deny"]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
