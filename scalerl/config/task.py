@@ -123,7 +123,15 @@ class TaskConfig(_Section):
 
 
 class CodeVerifierConfig(_Section):
-    """The `code` verifier's sandbox (`scalerl.verifiers.sandbox`)."""
+    """The `code` verifier's sandbox (`scalerl.verifiers.sandbox`): in this process, or
+    the sandbox service (`scalerl-sandbox`) at `service`."""
+
+    service: str = Field(
+        "",
+        pattern=r"^$|^[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$",
+        description="host:port of the sandbox service to run programs on ('' = run them "
+        "in this process's own sandbox).",
+    )
 
     allow_uncontained: bool = Field(
         False,

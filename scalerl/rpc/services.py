@@ -1,4 +1,4 @@
-"""scalerl's three gRPC services, each once: its full name, its client stub and how a
+"""scalerl's gRPC services, each once: its full name, its client stub and how a
 servicer is added to a server; and the one `serve` that starts any of them.
 
 A process serves one service (`serve`); a client reaches one through
@@ -23,6 +23,8 @@ from scalerl.v1 import (
     learner_pb2_grpc,
     rollout_pb2,
     rollout_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
 )
 
 
@@ -48,6 +50,7 @@ def _service(module: Any, grpc_module: Any, short: str) -> Service:
 CURVE = _service(curve_pb2, curve_pb2_grpc, "CurveService")
 LEARNER = _service(learner_pb2, learner_pb2_grpc, "LearnerService")
 ROLLOUT = _service(rollout_pb2, rollout_pb2_grpc, "RolloutService")
+SANDBOX = _service(sandbox_pb2, sandbox_pb2_grpc, "SandboxService")
 
 
 def serve(

@@ -240,7 +240,8 @@ class CodeVerifier(Verifier):
     """The `code` verifier. limits: the sandbox's (`SandboxLimits`); end_of_thinking: the
     marker after which the answer starts ("" = the whole completion); allow_uncontained:
     run programs even where the sandbox cannot contain them (`verifier.code.
-    allow_uncontained`).
+    allow_uncontained`); service: host:port of the sandbox service (`scalerl-sandbox`) to
+    run them on instead of here (`verifier.code.service`; its wall time is `limits'`).
 
     Raises ValueError at construction when this machine's sandbox cannot contain a program
     (`scalerl.verifiers.sandbox.containment`) and allow_uncontained is False.
@@ -251,10 +252,14 @@ class CodeVerifier(Verifier):
         limits: SandboxLimits | None = None,
         end_of_thinking: str = END_OF_THINKING,
         allow_uncontained: bool = False,
+        service: str = "",
     ) -> None:
         super().__init__("code")
         self.limits = limits or SandboxLimits()
         self.end_of_thinking = end_of_thinking
+        self.service = service
+        if service:  # the service refuses to start where it cannot contain programs
+            return
         found = containment(self.limits)
         if found.contained:
             return
@@ -269,6 +274,15 @@ class CodeVerifier(Verifier):
     def validate_answer(self, answer: Any) -> None:
         parse_tests(answer)
 
+    def _run(self, program: str, tests: CodeTests) -> SandboxRun:
+        """The program's run: on the sandbox service when one is set, else here."""
+        if not self.service:
+            return run_program(program, tests.kind, list(tests.cases), self.limits)
+        from scalerl.rpc.clients.sandbox import SandboxClient
+
+        with SandboxClient(self.service) as client:
+            return client.execute(program, tests.kind, list(tests.cases), self.limits.wall_s)
+
     def check(self, completion: str, answer: Any) -> Verdict:
         tests = parse_tests(answer)
         label = "assert" if tests.kind == "values" else tests.kind
@@ -277,7 +291,7 @@ class CodeVerifier(Verifier):
         if text is None or not text.strip():
             return Verdict(0.0, True, expected=expected, detail="no program in the answer")
         program = extract_program(text)
-        run = run_program(program, tests.kind, list(tests.cases), self.limits)
+        run = self._run(program, tests)
         shown = program[:_SHOWN_CHARS]
         if run.syntax_error:
             return Verdict(0.0, True, shown, expected, f"does not compile: {run.syntax_error}")

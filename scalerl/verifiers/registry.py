@@ -34,7 +34,8 @@ def build_verifier(
     end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
     `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
     workers, memory_bytes; its reference answer is the item, or the answer text alone).
-    settings: the run's `verifier` section (`code.allow_uncontained`); None = defaults.
+    settings: the run's `verifier` section (`code.allow_uncontained`, `code.service`);
+    None = defaults.
     Raises ValueError for an unknown name or dataset, a bad option value, a python:
     function that does not import or a `code` sandbox that cannot contain programs here;
     TypeError for an option the verifier does not take.
@@ -52,8 +53,10 @@ def build_verifier(
 
         if timeout_s is not None:
             options["limits"] = _code_limits(options.get("limits"), timeout_s)
-        allow = settings is not None and settings.code.allow_uncontained
-        return CodeVerifier(**options, allow_uncontained=allow)
+        if settings is not None:
+            options["allow_uncontained"] = settings.code.allow_uncontained
+            options["service"] = settings.code.service
+        return CodeVerifier(**options)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))
     if name.startswith(REASONING_GYM_PREFIX):

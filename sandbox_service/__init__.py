@@ -1,0 +1,1 @@
+"""The code sandbox as a service (`scalerl-sandbox`): gRPC `SandboxService.Execute`."""
