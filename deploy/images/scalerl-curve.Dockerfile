@@ -13,6 +13,7 @@ COPY scalerl_cli ./scalerl_cli
 COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY curve_service ./curve_service
+COPY sandbox_service ./sandbox_service
 RUN python -m venv /opt/scalerl \
     && /opt/scalerl/bin/pip install --no-cache-dir .
 

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = ("cpu-smoke", "gpu-1node", "gpu-multinode")
 # Components that no overlay uses, rendered on the base with their prerequisites.
-COMPOSITIONS = {"gpu+engine-sglang": ("gpu", "engine-sglang")}
+COMPOSITIONS = {
+    "gpu+engine-sglang": ("gpu", "engine-sglang"),
+    "sandbox-gvisor": ("sandbox-gvisor",),
+}
 KUBERNETES_VERSION = "1.32"  # what kubernetes-validate checks against (kubectl 1.32 here)
 IMAGE_PREFIX = "ghcr.io/scalerl/"  # images built from deploy/images/<name>.Dockerfile
 CONFIG_PATH = "/etc/scalerl/scalerl.yaml"

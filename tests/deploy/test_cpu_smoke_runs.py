@@ -108,11 +108,13 @@ def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -
         "redis-0/redis",
         "rollout-local0/rollout",
         "rollout-local1/rollout",
+        "sandbox-local0/sandbox",
     ]
     [learner] = _by_pod(processes, "learner-")
     workers = _by_pod(processes, "rollout-")
     [curve] = _by_pod(processes, "curve-")
     [redis] = _by_pod(processes, "redis-")
+    [sandbox] = _by_pod(processes, "sandbox-")
     run_dir = Path(learner.argv[learner.argv.index("--run-dir") + 1])
     config = load_config(learner.argv[learner.argv.index("--config") + 1])
     client = connect(learner.env["REDIS_URL"])
@@ -150,7 +152,7 @@ def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -
 
         # The other worker leaves by itself once the learner raised the stop flag.
         assert _wait_exit(workers[1], LEAVE_TIMEOUT_S) == 0, workers[1].log_tail()
-        for p in (curve, redis):  # what does not end with the run stops on SIGTERM
+        for p in (curve, redis, sandbox):  # what does not end with the run stops on SIGTERM
             assert p.terminate() == 0, p.log_tail()
             assert p.stopped_in_s < p.pod.grace_s, (p.name, p.stopped_in_s)
     finally:

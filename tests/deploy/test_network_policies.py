@@ -12,7 +12,7 @@ from deploy_manifests import find, pod_labels, workloads
 NAMESPACE = "scalerl"
 # The ports a connection may aim at: the services', the stores', DNS, HTTPS, and one
 # ephemeral port (torch.distributed's peer connections).
-PORTS = (53, 443, 6379, 9101, 9102, 9103, 29400, 29501, 50051, 50052, 50053, 40000)
+PORTS = (53, 443, 6379, 9101, 9102, 9103, 29400, 29501, 50051, 50052, 50053, 50054, 40000)
 ANY = frozenset(PORTS)
 
 
@@ -52,10 +52,15 @@ def _peers(docs: list[dict]) -> list[Peer]:
 
 
 def _matches(selector: dict | None, labels: tuple[tuple[str, str], ...]) -> bool:
-    """A label selector (matchLabels only, as ours are); {} selects everything."""
-    wanted = (selector or {}).get("matchLabels", {})
-    have = dict(labels)
-    return all(have.get(k) == v for k, v in wanted.items())
+    """A label selector (matchLabels, and matchExpressions with In); {} selects all."""
+    selector, have = selector or {}, dict(labels)
+    if not all(have.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression  # the only one we use
+        if have.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
 
 
 def _peer_matches(entry: dict, peer: Peer) -> bool:
@@ -105,9 +110,11 @@ def allowed_peers(docs: list[dict]) -> dict[tuple[str, str], frozenset]:
     return table
 
 
-OURS = ("learner", "rollout", "curve", "redis")
+OURS = ("learner", "rollout", "curve", "redis", "sandbox")
 EXPECTED = {
-    **{(c, "kube-dns"): frozenset({53}) for c in OURS},
+    **{(c, "kube-dns"): frozenset({53}) for c in OURS if c != "sandbox"},
+    ("learner", "sandbox"): frozenset({50054}),
+    ("rollout", "sandbox"): frozenset({50054}),
     ("learner", "redis"): frozenset({6379}),
     ("rollout", "redis"): frozenset({6379}),
     ("curve", "redis"): frozenset({6379}),

@@ -154,6 +154,16 @@ def test_the_weight_transport_has_what_it_needs(docs, configs) -> None:
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
+def test_code_tasks_run_on_the_sandbox_service(docs, configs) -> None:
+    """Model-written programs run on the sandbox pods, never in the pods holding the
+    token: the address names the sandbox Service and a port it exposes."""
+    for cfg in configs.values():
+        host, port = cfg.verifier.code.service.rsplit(":", 1)
+        service = one(docs, "Service", host)
+        assert service["spec"]["selector"]["app.kubernetes.io/component"] == "sandbox"
+        assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+
+
 def test_the_device_follows_the_gpus(docs, configs) -> None:
     for name, c in (("learner", learner(docs)), ("rollout", rollout(docs))):
         gpu = "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
