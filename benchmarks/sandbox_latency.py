@@ -1,11 +1,15 @@
-"""Start-up and per-case latency of the code sandbox (`scalerl.verifiers.sandbox`).
+"""Start-up and per-case latency of the code sandbox (`scalerl.verifiers.sandbox`), in
+the caller's process and on the sandbox service.
 
     python benchmarks/sandbox_latency.py [--repeats 30]
 
 In one run, interleaved, each `--repeats` times: a trivial program with 1 value case
 (start-up: namespaces, the minimal root, seccomp, the program, one case judged back), and
-the same with 101 cases (per case: the difference / 100); the same two with the
-namespaces off (`SandboxLimits(namespaces=False)`: the uncontained mode, for scale).
+the same with 101 cases (per case: the difference / 100), run
+- in process: `run_program` from this process;
+- service: through `scalerl-sandbox` (a subprocess on loopback, `SandboxClient`), which
+  adds the gRPC round trip;
+- uncontained: `SandboxLimits(namespaces=False)`, in process, for scale.
 Prints the median and the spread (min-max) of each, in milliseconds.
 """
 
@@ -13,33 +17,68 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
-from scalerl.verifiers.sandbox import SandboxLimits, run_program
+from scalerl.ports import free_port
+from scalerl.rpc.channel import wait_healthy
+from scalerl.rpc.clients.sandbox import SandboxClient
+from scalerl.verifiers.sandbox import SandboxLimits, SandboxRun, run_program
 
 PROGRAM = "def add(a, b):\n    return a + b\n"
+Runner = Callable[[list[str]], SandboxRun]
 
 
-def timed(limits: SandboxLimits, cases: int) -> float:
+def timed(runner: Runner, cases: int) -> float:
     start = time.perf_counter()
-    run = run_program(PROGRAM, "values", [f"add({i}, 1)" for i in range(cases)], limits)
+    run = runner([f"add({i}, 1)" for i in range(cases)])
     seconds = time.perf_counter() - start
     assert len(run.outcomes) == cases and not run.stopped, run
     return seconds
+
+
+def local(limits: SandboxLimits) -> Runner:
+    return lambda cases: run_program(PROGRAM, "values", cases, limits)
+
+
+def remote(client: SandboxClient) -> Runner:
+    return lambda cases: client.execute(PROGRAM, "values", cases, 5.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    modes = {"contained": SandboxLimits(), "uncontained": SandboxLimits(namespaces=False)}
+    port = free_port()
+    service = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_service.main", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(f"127.0.0.1:{port}", timeout_s=30)
+        with SandboxClient(f"127.0.0.1:{port}") as client:
+            _measure(args.repeats, client)
+    finally:
+        service.terminate()
+        service.wait()
+
+
+def _measure(repeats: int, client: SandboxClient) -> None:
+    modes = {
+        "in process": local(SandboxLimits()),
+        "service": remote(client),
+        "uncontained": local(SandboxLimits(namespaces=False)),
+    }
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for m in modes for n in (1, 101)}
-    for limits in modes.values():  # warm-up
-        timed(limits, 1)
-    for _ in range(args.repeats):
-        for mode, limits in modes.items():
+    for runner in modes.values():  # warm-up
+        timed(runner, 1)
+    for _ in range(repeats):
+        for mode, runner in modes.items():
             for cases in (1, 101):
-                times[(mode, cases)].append(timed(limits, cases))
+                times[(mode, cases)].append(timed(runner, cases))
     print("| sandbox | start-up, 1 case: median ms (min-max) | per case ms |")
     print("|---|---|---|")
     for mode in modes:
