@@ -113,7 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)  # before the heavier imports, so --help stays fast
     from scalerl.state.client import take_redis_url
 
-    args.redis_url = take_redis_url(args.redis_url)
+    try:
+        args.redis_url = take_redis_url(args.redis_url)
+    except ValueError as exc:  # an unreadable or empty password file
+        print(f"scalerl-curve: {exc}", file=sys.stderr)
+        return 2
     from scalerl.obs.logging import setup_logging
 
     setup_logging("curve")

@@ -41,7 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Config override (repeatable).",
     )
     args = parser.parse_args(argv)
-    args.redis_url = take_redis_url(args.redis_url)
+    try:
+        args.redis_url = take_redis_url(args.redis_url)
+    except ValueError as exc:  # an unreadable or empty password file
+        parser.error(str(exc))
     if not args.redis_url:
         parser.error(f"--redis-url: required (or ${REDIS_URL_ENV})")
     return args

@@ -6,7 +6,8 @@ a silent hang."""
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -17,6 +18,8 @@ from redis.retry import Retry
 # Where `scalerl run` hands its children the Redis URL (its password included): the
 # environment, readable by this user only, where a command line is readable by everyone.
 REDIS_URL_ENV = "SCALERL_REDIS_URL"
+# A file holding the password of the URL's user (deploy/: the component's Secret key).
+REDIS_PASSWORD_FILE_ENV = "SCALERL_REDIS_PASSWORD_FILE"
 SOCKET_TIMEOUT_S = 30.0
 RETRIES = 6  # back-off 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: about 5 s before the error surfaces
 _BACKOFF_BASE_S = 0.1
@@ -83,6 +86,29 @@ def take_redis_url(flag: str | None) -> str | None:
     """The Redis URL a service dials: `--redis-url` when given, else SCALERL_REDIS_URL,
     which is then removed from this process's environment so that the processes it
     starts (verifier workers running model-written programs among them) do not inherit
-    the password. None when neither is set."""
+    the password. With SCALERL_REDIS_PASSWORD_FILE (a mounted Secret, as in deploy/), the
+    password is read from that file into the URL (whose user names the ACL user). None
+    when no URL is set.
+
+    Raises ValueError naming SCALERL_REDIS_PASSWORD_FILE when it cannot be read or is
+    empty (an empty secret never means "no password")."""
     from_env = os.environ.pop(REDIS_URL_ENV, None)
-    return flag or from_env or None
+    url = flag or from_env or None
+    path = os.environ.get(REDIS_PASSWORD_FILE_ENV, "")
+    if url is None or not path:
+        return url
+    try:
+        password = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{REDIS_PASSWORD_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+    if not password:
+        raise ValueError(f"{REDIS_PASSWORD_FILE_ENV}: {path} is empty")
+    return with_password(url, password)
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in it (replacing any), its user kept."""
+    parts = urlsplit(url)
+    user = quote(parts.username or "", safe="")
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))

@@ -34,7 +34,9 @@ IMAGE_PREFIX = "ghcr.io/scalerl/"  # images built from deploy/images/<name>.Dock
 CONFIG_PATH = "/etc/scalerl/scalerl.yaml"
 # SCALERL_* variables that are no run-config field (scalerl.rpc.security, scalerl.obs.logging,
 # scalerl.policy.models).
-NON_CONFIG_ENV = frozenset({"SCALERL_AUTH_TOKEN", "SCALERL_LOG_FORMAT", "SCALERL_CACHE"})
+NON_CONFIG_ENV = frozenset(
+    {"SCALERL_AUTH_TOKEN", "SCALERL_LOG_FORMAT", "SCALERL_CACHE", "SCALERL_REDIS_PASSWORD_FILE"}
+)
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -85,7 +87,8 @@ def compose(target: Path, deploy: Path, components: tuple[str, ...]) -> Path:
             {
                 "name": "scalerl-secrets",
                 "options": {"disableNameSuffixHash": True},
-                "literals": ["auth-token=test-token", "redis-password=testpassword"],
+                "literals": ["auth-token=test-token"]
+                + [f"redis-{user}=test{user}" for user in ("learner", "rollout", "curve", "probe")],
             }
         ],
     }

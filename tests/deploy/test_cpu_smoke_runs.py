@@ -26,7 +26,7 @@ from local_pods import LOOPBACK, LocalProcess, local_processes, stop_all
 
 from scalerl.config import load_config
 from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
-from scalerl.state.client import connect
+from scalerl.state.client import connect, with_password
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.worker_stats import WorkerStats
 
@@ -117,7 +117,8 @@ def test_the_cpu_smoke_overlay_trains_learns_and_stops_cleanly(docs, tmp_path) -
     [sandbox] = _by_pod(processes, "sandbox-")
     run_dir = Path(learner.argv[learner.argv.index("--run-dir") + 1])
     config = load_config(learner.argv[learner.argv.index("--config") + 1])
-    client = connect(learner.env["REDIS_URL"])
+    password = Path(learner.env["SCALERL_REDIS_PASSWORD_FILE"]).read_text()
+    client = connect(with_password(learner.env["REDIS_URL"], password))
     started = time.monotonic()
     try:
         for p in processes:

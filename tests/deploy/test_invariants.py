@@ -219,6 +219,51 @@ def _service_port(docs: list[dict], address: str) -> None:
     assert int(port) in {p["port"] for p in service["spec"]["ports"]}, address
 
 
+def _redis_password_key(workload: dict, container: dict) -> str:
+    """The Secret key mounted at SCALERL_REDIS_PASSWORD_FILE."""
+    path = literal_env(container)["SCALERL_REDIS_PASSWORD_FILE"]
+    folder, name = path.rsplit("/", 1)
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == folder)
+    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    [item] = [i for i in volume["secret"]["items"] if i["path"] == name]
+    return item["key"]
+
+
+def test_no_secret_is_in_an_environment_or_argument_but_redis_own(docs: list[dict]) -> None:
+    """Only the token (read and removed at start) is an environment variable of our
+    containers; Redis passwords are files. Redis's own container takes its users'
+    passwords in its arguments: nothing else runs in its pod."""
+    for w in workloads(docs):
+        for c in filter(ours, containers(w)):
+            refs = [
+                e["valueFrom"]["secretKeyRef"]["key"]
+                for e in c.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {})
+            ]
+            assert set(refs) <= {"auth-token"}, (c["name"], refs)
+
+
+def test_redis_has_a_user_per_component_and_no_default(docs: list[dict]) -> None:
+    [redis_w] = [w for w in workloads(docs) if w["metadata"]["name"] == "redis"]
+    args = containers(redis_w)[0]["args"]
+    users = {}
+    for i, word in enumerate(args):
+        if word == "--user":
+            end = next((j for j in range(i + 1, len(args)) if args[j].startswith("--")), len(args))
+            users[args[i + 1]] = args[i + 2 : end]
+    assert users["default"] == ["off"]
+    assert set(users) == {"default", "learner", "rollout", "curve", "probe"}
+    for name in ("learner", "rollout", "curve"):
+        rules = users[name]
+        assert rules[:2] == ["on", f">$(REDIS_{name.upper()})"]
+        assert "-@admin" in rules and "-@dangerous" in rules and "-@all" in rules
+    assert [r for r in users["curve"] if r.startswith("~")] == [
+        "~scalerl:*:curve:*",
+        "~scalerl:curve-service:*",
+    ]
+    assert users["probe"] == ["on", ">$(REDIS_PROBE)", "-@all", "+ping"]
+
+
 def test_addresses_name_services_and_their_ports(docs: list[dict]) -> None:
     learner_c = learner(docs)
     argv = split_learner(resolved_command(learner_c)).learner_args
@@ -229,11 +274,12 @@ def test_addresses_name_services_and_their_ports(docs: list[dict]) -> None:
                 assert not env_names(c) or "REDIS_URL" not in env_names(c)
                 assert "SCALERL_AUTH_TOKEN" not in env_names(c)
                 continue
-            # The password reaches the URL from the Secret, never as text of the manifest.
+            # The component's ACL user; its password only in a file from the Secret.
             assert flag(c["args"], "--redis-url") == "$(REDIS_URL)", c["name"]
             redis_url = literal_env(c)["REDIS_URL"]
-            assert redis_url.startswith("redis://:$(REDIS_PASSWORD)@"), c["name"]
+            assert redis_url == f"redis://{c['name']}@redis:6379/0", c["name"]
             _service_port(docs, redis_url.split("@", 1)[1].split("/", 1)[0])
+            assert _redis_password_key(w, c) == f"redis-{c['name']}", c["name"]
 
 
 def test_the_learner_advertises_its_stable_dns_name(docs: list[dict]) -> None:

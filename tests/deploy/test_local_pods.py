@@ -34,8 +34,11 @@ def _flag(argv: list[str], name: str) -> str:
 def test_the_kubelet_environment_is_resolved_before_anything_is_local(smoke: dict) -> None:
     learner = smoke["learner-0/learner"]
     env = learner.cluster_env
-    assert env["REDIS_PASSWORD"] == "cpu-smoke-redis-not-a-secret"  # base64 of the Secret
-    assert env["REDIS_URL"] == "redis://:cpu-smoke-redis-not-a-secret@redis:6379/0"
+    assert env["REDIS_URL"] == "redis://learner@redis:6379/0"  # no password in it
+    password_file = Path(env["SCALERL_REDIS_PASSWORD_FILE"])
+    assert password_file.as_posix() == "/etc/scalerl-redis/password"
+    redis_env = smoke["redis-0/redis"].cluster_env
+    assert redis_env["REDIS_LEARNER"] == "cpu-smoke-redis-learner-not-a-secret"  # base64
     assert (env["POD_NAME"], env["POD_NAMESPACE"]) == ("learner-0", "scalerl")
     assert _flag(learner.cluster_argv, "--advertise-host") == "learner-0.learner.scalerl.svc"
     assert smoke["rollout-local1/rollout"].cluster_env["POD_IP"] == LOOPBACK
@@ -45,7 +48,7 @@ def test_one_local_port_per_pod_port_everywhere_it_is_named(smoke: dict) -> None
     redis_port = _flag(smoke["redis-0/redis"].argv, "--port")
     assert redis_port == str(smoke["redis-0/redis"].ports[6379])
     for name in ("learner-0/learner", "curve-local0/curve", "rollout-local0/rollout"):
-        url = f"redis://:cpu-smoke-redis-not-a-secret@{LOOPBACK}:{redis_port}/0"
+        url = f"redis://{name.split('-')[0]}@{LOOPBACK}:{redis_port}/0"
         assert smoke[name].env["REDIS_URL"] == url
         assert _flag(smoke[name].argv, "--redis-url") == url
     curve_port = _flag(smoke["curve-local0/curve"].argv, "--port")

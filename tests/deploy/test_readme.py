@@ -61,7 +61,8 @@ def test_the_unmarked_commands_run(tmp_path: Path) -> None:
             kinds = {d["kind"] for d in yaml.safe_load_all(done.stdout) if d}
             assert {"StatefulSet", "Deployment", "Secret", "ConfigMap"} <= kinds, command
     secrets = (tmp_path / "deploy/overlays/gpu-1node/secrets.env").read_text()
-    assert re.fullmatch(r"auth-token=[0-9a-f]{64}\nredis-password=[0-9a-f]{64}\n", secrets)
+    keys = ("auth-token", "redis-learner", "redis-rollout", "redis-curve", "redis-probe")
+    assert re.fullmatch("".join(rf"{key}=[0-9a-f]{{64}}\n" for key in keys), secrets)
 
 
 def _snippet(after: str) -> dict:

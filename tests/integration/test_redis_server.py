@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from scalerl.state.client import REDIS_URL_ENV, connect, take_redis_url
+from scalerl.state.client import (
+    REDIS_PASSWORD_FILE_ENV,
+    REDIS_URL_ENV,
+    connect,
+    take_redis_url,
+)
 from scalerl.state.keys import run_key
 from scalerl_cli.launcher import launcher_redis
 from scalerl_cli.redis_server import RedisServer, find_redis_binary
@@ -168,3 +173,20 @@ def test_the_launchers_redis_refuses_strangers_and_the_commands_that_write_files
     monkeypatch.setenv(REDIS_URL_ENV, "redis://:pw@127.0.0.1:1/0")
     assert take_redis_url("redis://127.0.0.1:2/0") == "redis://127.0.0.1:2/0"  # the flag wins
     assert REDIS_URL_ENV not in os.environ
+
+
+def test_the_password_of_an_acl_user_comes_from_a_file(tmp_path: Path, monkeypatch) -> None:
+    """deploy/: the URL names the component's ACL user, the password is a mounted file."""
+    secret = tmp_path / "password"
+    secret.write_text("s3cr/t+pw\n")
+    monkeypatch.setenv(REDIS_PASSWORD_FILE_ENV, str(secret))
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://learner@redis:6379/0")
+    url = take_redis_url(None)
+    assert url == "redis://learner:s3cr%2Ft%2Bpw@redis:6379/0"
+    assert connect(url).connection_pool.connection_kwargs["password"] == "s3cr/t+pw"
+    secret.write_text("  \n")
+    with pytest.raises(ValueError, match=f"{REDIS_PASSWORD_FILE_ENV}: .* is empty"):
+        take_redis_url("redis://learner@redis:6379/0")
+    monkeypatch.setenv(REDIS_PASSWORD_FILE_ENV, str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match=f"{REDIS_PASSWORD_FILE_ENV}: cannot read"):
+        take_redis_url("redis://learner@redis:6379/0")
