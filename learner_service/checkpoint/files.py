@@ -9,6 +9,13 @@ ranks writes `shards/` instead of model.safetensors and optimizer.pt: a
 and optimizer (nothing is gathered), which any world size loads, one process included;
 its final checkpoint also exports the full weights as model.safetensors, for users.
 
+Integrity: integrity.json lists the sha256 of every file but state.json, signed with an
+HMAC keyed by the run's secret when the run has one (`scalerl.state.signing`). Loading
+checks it first: DCP's `.metadata` is a pickle, so a sharded checkpoint whose files do not
+match, or whose signature does not verify, is refused before anything is unpickled
+(someone who can write the run's volume but does not hold the run's secret cannot have
+the learner run their code).
+
 Atomic replacement: the new checkpoint is written to `checkpoint.tmp/`, every file and the
 folder are fsynced, the old folder is renamed to `checkpoint.old/`, the new one renamed
 into place (and the parent fsynced), then the old one is deleted. A crash at any point
@@ -18,6 +25,7 @@ leaves a complete checkpoint under `checkpoint/` or, between the two renames, un
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -31,8 +39,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from scalerl.crash_points import crash_point
+from scalerl.state.signing import process_signer
 
 STATE_FILE = "state.json"
+INTEGRITY_FILE = "integrity.json"
 SHARDS = "shards"  # the sharded (DCP) model and optimizer of a learner of several ranks
 
 
@@ -106,10 +116,12 @@ def load_checkpoint(folder: Path, trainer) -> LearnerState:
     (or its `.old` sibling); returns its `LearnerState`.
 
     Raises FileNotFoundError (no complete checkpoint) or ValueError (a checkpoint of
-    another model); the trainer is then unchanged."""
+    another model, or one that fails its integrity check: `verify_integrity`); the
+    trainer is then unchanged."""
     found = _complete(Path(folder))
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint in {folder}")
+    verify_integrity(found)
     meta = json.loads((found / STATE_FILE).read_text())
     steps = meta.get("trainer_steps", meta["step"])
     if (found / SHARDS).is_dir():
@@ -158,6 +170,7 @@ def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
     (tmp / "prompt_pool.json").write_text(json.dumps(state.pool))
     for name in written:
         _fsync_file(tmp / name)
+    _write_integrity(tmp, written)
     meta = {
         "step": state.step,
         "policy_version": state.policy_version,
@@ -169,6 +182,55 @@ def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
     }
     (tmp / STATE_FILE).write_text(json.dumps(meta))
     _fsync_file(tmp / STATE_FILE)
+
+
+def _write_integrity(tmp: Path, names: list[str]) -> None:
+    files = {name: _sha256(tmp / name) for name in sorted(names)}
+    sig = process_signer().sign("checkpoint", "", files)
+    (tmp / INTEGRITY_FILE).write_text(json.dumps({"files": files, "sig": sig}))
+    _fsync_file(tmp / INTEGRITY_FILE)
+
+
+def verify_integrity(found: Path) -> None:
+    """Check a checkpoint's files against its integrity.json, and its signature when the
+    run has a secret, before any of them is loaded. A one-process checkpoint written
+    before integrity.json existed passes unchecked (nothing in it is unpickled:
+    safetensors, and optimizer.pt with weights_only); a sharded one never does.
+
+    Raises ValueError naming the file that differs, or saying the signature failed."""
+    path = found / INTEGRITY_FILE
+    if not path.exists():
+        if (found / SHARDS).is_dir():
+            raise ValueError(f"{found}: a sharded checkpoint without {INTEGRITY_FILE}: refused")
+        return
+    manifest = json.loads(path.read_text())
+    files = manifest.get("files", {})
+    signer = process_signer()
+    if not signer.verify("checkpoint", "", files, manifest.get("sig")):
+        raise ValueError(f"{found}: {INTEGRITY_FILE} is not signed with the run's secret")
+    for name, digest in files.items():
+        target = found / name
+        if (
+            target.resolve().parent != found.resolve()
+            and found.resolve() not in target.resolve().parents
+        ):
+            raise ValueError(f"{found}: {INTEGRITY_FILE} names a file outside it: {name}")
+        if not target.is_file() or _sha256(target) != digest:
+            raise ValueError(f"{found}: {name} does not match {INTEGRITY_FILE}")
+    if (found / SHARDS).is_dir():
+        extra = {str(p.relative_to(found)) for p in (found / SHARDS).rglob("*") if p.is_file()}
+        if extra - set(files):
+            raise ValueError(
+                f"{found}: files not in {INTEGRITY_FILE}: {sorted(extra - set(files))}"
+            )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _save_weights(model_sd: dict, trainer, tmp: Path) -> None:

@@ -20,6 +20,7 @@ from learner_service.checkpoint.files import (
 from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.state.signing import EntrySigner
 
 torch.set_num_threads(1)
 
@@ -114,3 +115,47 @@ def test_checkpoint_step_reads_the_step_without_the_tensors(tmp_path) -> None:
     (folder / "state.json").write_text('{"policy_version": 41}')
     with pytest.raises(ValueError, match="no 'step'"):
         checkpoint_step(folder)
+
+
+def _signed_by(token: str, monkeypatch) -> None:
+    monkeypatch.setattr(checkpoint, "process_signer", lambda: EntrySigner(token))
+
+
+def test_a_tampered_checkpoint_is_refused_before_anything_loads(tmp_path, monkeypatch) -> None:
+    _signed_by("the-runs-secret", monkeypatch)
+    source = trainer(seed=0)
+    save_checkpoint(tmp_path / "checkpoint", source, LearnerState(step=3, policy_version=3))
+    target = trainer(seed=1)
+    before = first_param(target)
+    load_checkpoint(tmp_path / "checkpoint", target)  # intact: it loads
+    assert torch.equal(first_param(target), first_param(source))
+    # A file changed on the volume: refused, the trainer untouched.
+    target = trainer(seed=1)
+    (tmp_path / "checkpoint" / "optimizer.pt").write_bytes(b"not the learner's")
+    with pytest.raises(ValueError, match="optimizer.pt does not match integrity.json"):
+        load_checkpoint(tmp_path / "checkpoint", target)
+    assert torch.equal(first_param(target), before)
+
+
+def test_a_manifest_signed_without_the_runs_secret_is_refused(tmp_path, monkeypatch) -> None:
+    """Someone who can write the run's volume rewrites a sharded checkpoint (a DCP
+    `.metadata` is a pickle) and its manifest: the signature gives them away."""
+    folder = tmp_path / "checkpoint"
+    shards = folder / checkpoint.SHARDS
+    shards.mkdir(parents=True)
+    (shards / ".metadata").write_bytes(b"a pickle that runs code")
+    (folder / checkpoint.STATE_FILE).write_text('{"step": 1, "policy_version": 1}')
+    _signed_by("someone-else", monkeypatch)
+    checkpoint._write_integrity(folder, ["shards/.metadata"])
+    _signed_by("the-runs-secret", monkeypatch)
+    with pytest.raises(ValueError, match="not signed with the run's secret"):
+        checkpoint.verify_integrity(folder)
+    checkpoint._write_integrity(folder, ["shards/.metadata"])  # the learner's own
+    checkpoint.verify_integrity(folder)
+    (shards / "extra.distcp").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"files not in integrity.json: \['shards/extra.distcp'\]"):
+        checkpoint.verify_integrity(folder)
+    (shards / "extra.distcp").unlink()
+    (folder / checkpoint.INTEGRITY_FILE).unlink()
+    with pytest.raises(ValueError, match="a sharded checkpoint without integrity.json"):
+        checkpoint.verify_integrity(folder)
