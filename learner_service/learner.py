@@ -68,6 +68,9 @@ from scalerl.tasks import build_tasks
 from scalerl.verifiers.base import passes
 
 log = logging.getLogger(__name__)
+# A worker gone from the registry this long (seconds) has its stats folded into the
+# `departed` row (`WorkerStats.fold_departed`).
+DEPARTED_AFTER_S = 600.0
 
 
 class Learner:
@@ -322,6 +325,9 @@ class Learner:
                 log.info("%s", reason)
                 break
             self._round(stop)
+            # The stats of workers gone for long join one row: series stay bounded.
+            live = set(self.registry.states())
+            self.worker_stats.fold_departed(live, DEPARTED_AFTER_S, time.time())
             if self.batches.gave_up:  # logged by the collector
                 ended = "time_budget" if time.monotonic() >= deadline else "gave_up"
                 reason = self.batches.gave_up

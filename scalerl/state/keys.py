@@ -117,6 +117,9 @@ class RunKeys:
         self.fleet_target = run_key(run_id, "fleet", "launcher_workers")
         # Per-worker accounting (hash: "{worker_id}|{stat}" -> value; `worker_stats`).
         self.worker_stats = run_key(run_id, "worker_stats")
+        # When the learner last saw each worker in the registry (hash: worker_id -> Unix
+        # seconds), for folding departed workers' stats.
+        self.worker_stats_seen = run_key(run_id, "worker_stats", "seen")
         # Compute counters (hash: role -> busy device-seconds).
         self.compute = run_key(run_id, "compute")
         # Prompt pools, one per task: `pool_keys(task)`.

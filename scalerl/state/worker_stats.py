@@ -6,6 +6,11 @@ is added by the replay stream's push script in the same step as the entry (so th
 workers' sum is the ledger's `pushed`), `busy_seconds` by `scalerl.compute.ComputeCounters`
 in the same MULTI as the run's compute, `blocked_seconds` (waiting on the full stream) by
 `scalerl.state.push_blocked`, the rest by the worker itself.
+
+Bounded: a worker gone from the registry for `grace_s` (the learner calls
+`fold_departed` each step) has its fields added to the row `departed` and removed, so
+the hash and the learner's per-worker metric series hold the live workers, the recently
+gone and one row for all the others, whatever the churn; every total stays exact.
 """
 
 from __future__ import annotations
@@ -22,6 +27,20 @@ from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
 STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "blocked_seconds", "joins", "leaves")
 _SECONDS = ("busy_seconds", "blocked_seconds")
 UNKNOWN_WORKER = "unknown"  # a group whose worker_id is not a valid one
+DEPARTED = "departed"  # the row of every worker gone for longer than the grace period
+# Move one worker's stats into the departed row, atomically. KEYS: stats; ARGV: the
+# worker's id, the departed row's id, then (stat, HINCRBY or HINCRBYFLOAT) pairs.
+_FOLD_LUA = """
+for i = 3, #ARGV, 2 do
+  local field = ARGV[1] .. '|' .. ARGV[i]
+  local value = redis.call('HGET', KEYS[1], field)
+  if value then
+    redis.call(ARGV[i + 1], KEYS[1], ARGV[2] .. '|' .. ARGV[i], value)
+    redis.call('HDEL', KEYS[1], field)
+  end
+end
+return 1
+"""
 
 
 def stat_field(worker_id: str, stat: str) -> str:
@@ -56,6 +75,8 @@ class WorkerStats:
         self._keys = RunKeys(run_id)
         self.key = self._keys.worker_stats
         self._add = client.register_script(_ADD_LUA)
+        self._fold = client.register_script(_FOLD_LUA)
+        self._seen = self._keys.worker_stats_seen
 
     def add(self, worker_id: str, stat: str, amount: float = 1) -> float:
         """Add `amount` (finite, >= 0; seconds for the *_seconds stats, a count otherwise)
@@ -65,14 +86,35 @@ class WorkerStats:
         if not (isinstance(amount, Real) and math.isfinite(amount) and amount >= 0):
             raise ValueError(f"amount must be finite and >= 0, got {amount!r}")
         field = stat_field(worker_id, stat)
-        command, value = (
-            ("HINCRBYFLOAT", repr(float(amount))) if stat in _SECONDS else ("HINCRBY", int(amount))
-        )
+        value = repr(float(amount)) if stat in _SECONDS else int(amount)
+        command = _command(stat)
         total = self._add(
             keys=[self._keys.once(new_op_id()), self.key],
             args=[ONCE_TTL_S, field, command, value],
         )
         return float(total)
+
+    def fold_departed(self, live: set[str], grace_s: float, now: float) -> list[str]:
+        """Fold the stats of every worker absent from `live` (the registry's workers)
+        for more than `grace_s` seconds into the `departed` row. `now`: Unix seconds.
+        Returns the worker ids folded. Raises ValueError for a negative grace_s."""
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
+        seen = {text(k): float(v) for k, v in self._client.hgetall(self._seen).items()}
+        with self._client.pipeline(transaction=False) as pipe:
+            for worker_id in live:
+                pipe.hset(self._seen, worker_id, repr(now))
+            pipe.execute()
+        folded = []
+        pairs = [x for stat in STATS for x in (stat, _command(stat))]
+        for worker_id in set(self.by_worker()) - live - {DEPARTED}:
+            if worker_id not in seen:
+                self._client.hset(self._seen, worker_id, repr(now))  # gone from now on
+            elif now - seen[worker_id] > grace_s:
+                self._fold(keys=[self.key], args=[worker_id, DEPARTED, *pairs])
+                self._client.hdel(self._seen, worker_id)
+                folded.append(worker_id)
+        return sorted(folded)
 
     def by_worker(self) -> dict[str, dict[str, float]]:
         """worker_id -> {stat: value} for every worker that ever counted anything, each
@@ -84,3 +126,8 @@ class WorkerStats:
                 row = out.setdefault(worker_id, dict.fromkeys(STATS, 0))
                 row[stat] = float(text(value)) if stat in _SECONDS else int(value)
         return dict(sorted(out.items()))
+
+
+def _command(stat: str) -> str:
+    """The increment of a stat: seconds are floats, the rest counts."""
+    return "HINCRBYFLOAT" if stat in _SECONDS else "HINCRBY"

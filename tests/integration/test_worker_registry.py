@@ -9,8 +9,10 @@ import logging
 import pytest
 import redis
 
+from learner_service.metrics import WorkerStatsCollector
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
+from scalerl.state.worker_stats import WorkerStats
 
 
 class Clock:
@@ -62,3 +64,36 @@ def test_a_bare_address_value_still_reads(redis_client: redis.Redis, run_id: str
 def test_stall_s_must_be_positive(redis_client: redis.Redis, run_id: str) -> None:
     with pytest.raises(ValueError, match="stall_s must be a number > 0"):
         WorkerRegistry(redis_client, run_id, stall_s=0)
+
+
+def test_per_worker_series_stay_bounded_under_100_joins_and_leaves(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """Pods come and go with new names: their stats fold into one `departed` row once
+    gone for the grace period; the live and recently gone keep their own rows, and every
+    total stays exact."""
+    registry, stats = WorkerRegistry(redis_client, run_id), WorkerStats(redis_client, run_id)
+    collector = WorkerStatsCollector(stats)
+    now = 1_000.0
+    for i in range(100):  # each worker joins, pushes i + 1 groups, leaves
+        worker = f"rollout-{i:03d}"
+        registry.heartbeat(worker, f"10.0.0.{i % 250}:7000", 30)
+        stats.add(worker, "joins")
+        stats.add(worker, "groups_pushed", i + 1)
+        stats.add(worker, "busy_seconds", 0.5)
+        live = set(registry.states())
+        stats.fold_departed(live, grace_s=60.0, now=now)
+        registry.remove(worker)
+        now += 10.0
+    stats.fold_departed(set(registry.states()), grace_s=60.0, now=now)
+    rows = stats.by_worker()
+    # 100 s of pods (10 s each) fit in the 60 s grace: the last few keep their rows.
+    assert sorted(rows) == ["departed"] + [f"rollout-{i:03d}" for i in range(93, 100)]
+    assert sum(r["groups_pushed"] for r in rows.values()) == sum(range(1, 101))
+    assert sum(r["joins"] for r in rows.values()) == 100
+    assert sum(r["busy_seconds"] for r in rows.values()) == pytest.approx(50.0)
+    series = {s.labels["worker_id"] for f in collector.collect() for s in f.samples}
+    assert series == set(rows)
+    stats.fold_departed(set(), grace_s=60.0, now=now + 61)
+    stats.fold_departed(set(), grace_s=60.0, now=now + 200)
+    assert list(stats.by_worker()) == ["departed"]
