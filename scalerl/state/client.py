@@ -21,9 +21,52 @@ REDIS_URL_ENV = "SCALERL_REDIS_URL"
 # A file holding the password of the URL's user (deploy/: the component's Secret key).
 REDIS_PASSWORD_FILE_ENV = "SCALERL_REDIS_PASSWORD_FILE"
 SOCKET_TIMEOUT_S = 30.0
-RETRIES = 6  # back-off 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: about 5 s before the error surfaces
+# How long a process waits out a Redis that is away (restarting, failing over) before a
+# command fails, seconds: SCALERL_REDIS_OUTAGE_S, else 120. Every write a retry may repeat
+# is idempotent (`scalerl.state.once`), so waiting is safe.
+OUTAGE_ENV = "SCALERL_REDIS_OUTAGE_S"
+DEFAULT_OUTAGE_S = 120.0
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_CAP_S = 2.0
+
+
+def outage_retries(outage_s: float) -> int:
+    """Retries whose back-off (0.1, 0.2, 0.4, 0.8, 1.6, then 2 s each) adds up to at least
+    `outage_s` seconds (0 for 0)."""
+    retries, waited = 0, 0.0
+    while waited < outage_s:
+        waited += min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2**retries)
+        retries += 1
+    return retries
+
+
+def _retry(retries: int) -> Retry:
+    """Back-off retries of dropped connections and timeouts, never of a refused password
+    (redis-py's AuthenticationError is a ConnectionError: waiting cannot fix it)."""
+    backoff = ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S)
+    try:
+        return Retry(backoff, retries, is_retryable=_not_refused)
+    except TypeError:  # a redis-py without is_retryable: every connection error retried
+        return Retry(backoff, retries)
+
+
+def _not_refused(error: Exception) -> bool:
+    return not isinstance(error, redis.AuthenticationError)
+
+
+def outage_s_from_env() -> float:
+    """SCALERL_REDIS_OUTAGE_S, else 120. Raises ValueError naming it when it is not a
+    number in [0, 3600]."""
+    text_value = os.environ.get(OUTAGE_ENV, "")
+    if not text_value:
+        return DEFAULT_OUTAGE_S
+    try:
+        value = float(text_value)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise ValueError(f"{OUTAGE_ENV} must be seconds in [0, 3600], got {text_value!r}")
+    return value
 
 
 def connect(
@@ -31,7 +74,7 @@ def connect(
     *,
     connect_timeout_s: float = 5.0,
     socket_timeout_s: float = SOCKET_TIMEOUT_S,
-    retries: int = RETRIES,
+    retries: int | None = None,
 ) -> redis.Redis:
     """A client for `url` (redis://[:password@]host:port/db, or rediss:// for TLS) returning
     raw bytes (values are protobufs).
@@ -39,9 +82,13 @@ def connect(
     Connecting gives up after `connect_timeout_s` seconds and a reply after
     `socket_timeout_s` seconds (blocking stream reads wait their own `block_ms`, which
     must stay below it); a connection or timeout error is retried `retries` times with
-    exponential back-off (redis-py's Retry) before it is raised. Raises ValueError for a
-    timeout <= 0 or retries < 0.
+    exponential back-off (redis-py's Retry) before it is raised: by default as many as
+    wait out the outage SCALERL_REDIS_OUTAGE_S allows (120 s), so a Redis restart pauses
+    the run instead of crashing it. Raises ValueError for a timeout <= 0, retries < 0 or
+    a bad SCALERL_REDIS_OUTAGE_S.
     """
+    if retries is None:
+        retries = outage_retries(outage_s_from_env())
     for name, value in (
         ("connect_timeout_s", connect_timeout_s),
         ("socket_timeout_s", socket_timeout_s),
@@ -55,7 +102,7 @@ def connect(
         decode_responses=False,
         socket_connect_timeout=connect_timeout_s,
         socket_timeout=socket_timeout_s,
-        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries),
+        retry=_retry(retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=30,
     )

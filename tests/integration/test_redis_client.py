@@ -4,6 +4,8 @@ longer than the socket timeout allows."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -11,8 +13,9 @@ import time
 import pytest
 import redis
 
-from scalerl.state.client import connect
+from scalerl.state.client import OUTAGE_ENV, connect, outage_retries
 from scalerl.state.replay import ReplayStream
+from scalerl_cli.redis_server import RedisServer
 
 
 def _silent_server() -> tuple[socket.socket, int]:
@@ -77,3 +80,40 @@ def test_read_may_not_block_past_the_socket_timeout(redis_url: str, run_id: str)
     with pytest.raises(ValueError, match="block_ms must be below .* 1000 ms"):
         stream.read("c", 1, block_ms=1000)
     assert stream.read("c", 1, block_ms=200) == []
+
+
+def test_a_redis_restart_is_waited_out_within_the_outage_budget(tmp_path, monkeypatch) -> None:
+    """Redis killed and back 2 s later on its port, from its append-only file: a client
+    whose outage budget (SCALERL_REDIS_OUTAGE_S) covers it pauses and goes on; one whose
+    budget is shorter raises."""
+    with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
+        url = server.url
+        monkeypatch.setenv(OUTAGE_ENV, "10")
+        patient = connect(url)
+        monkeypatch.setenv(OUTAGE_ENV, "0.5")
+        impatient = connect(url)
+        patient.set("k", "v")
+        impatient.ping()
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        while server.poll() is None:
+            time.sleep(0.05)
+        start = time.monotonic()
+        with pytest.raises(redis.ConnectionError):
+            impatient.get("k")
+        assert time.monotonic() - start < 2.0
+        got: list[tuple[bytes | None, float]] = []
+        waiting = threading.Thread(
+            target=lambda: got.append((patient.get("k"), time.monotonic() - start))
+        )
+        waiting.start()
+        time.sleep(2.0)
+        # From this thread: the server dies with the thread that started it (PDEATHSIG).
+        server.restart()
+        waiting.join(timeout=15)
+        [(value, seconds)] = got
+        assert value == b"v" and 2.0 < seconds < 10  # paused through the outage
+    monkeypatch.setenv(OUTAGE_ENV, "forever")
+    with pytest.raises(ValueError, match=f"{OUTAGE_ENV} must be seconds in"):
+        connect("redis://127.0.0.1:1/0")
+    assert outage_retries(0) == 0 and outage_retries(3.1) == 5 and outage_retries(120) == 64
