@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import signal
 import subprocess
 import tempfile
@@ -79,13 +80,15 @@ def _build_sglang(
     from rollout_service.engines.weight_check import folder_shapes
 
     rollout = resolved.config.rollout
-    url = rollout.sglang_url
+    url, api_key = rollout.sglang_url, ""
     if not url:
-        port = free_port()
-        process = launch_sglang_server(str(folder), port, dtype=resolved.rollout_dtype)
+        port, api_key = free_port(), secrets.token_urlsafe(32)  # a server of our own
+        process = launch_sglang_server(
+            str(folder), port, dtype=resolved.rollout_dtype, api_key=api_key
+        )
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
-        wait_until_ready(url, process=process)
+        wait_until_ready(url, process=process, api_key=api_key)
     shapes = folder_shapes(folder)
     return SGLangEngine(
         url,
@@ -95,6 +98,7 @@ def _build_sglang(
         max_batch=rollout.max_batch,
         metrics=metrics,
         weight_shapes=shapes or None,
+        api_key=api_key,
     )
 
 

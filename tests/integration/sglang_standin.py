@@ -69,8 +69,9 @@ class _Req:
 
 class SGLangStandin:
     """The stand-in server on 127.0.0.1 (port 0 = any free port). step_s: seconds between
-    scheduler steps; spans=False leaves `weight_versions` out (an older SGLang). Every
-    request is recorded in `calls` as (method, path, JSON body or None)."""
+    scheduler steps; spans=False leaves `weight_versions` out (an older SGLang); api_key:
+    every request must carry `Authorization: Bearer <api_key>` ("" = none). Every request
+    is recorded in `calls` as (method, path, JSON body or None)."""
 
     def __init__(
         self,
@@ -79,7 +80,9 @@ class SGLangStandin:
         step_s: float = 0.002,
         spans: bool = True,
         weight_version: str = "default",
+        api_key: str = "",
     ) -> None:
+        self.api_key = api_key  # as SGLang's --api-key: 401 without it
         self.vocab = vocab
         self.context_len = context_len
         self.step_s = step_s

@@ -72,8 +72,18 @@ def handler(standin: SGLangStandin) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:  # quiet
             return
 
+        def _authorized(self) -> bool:
+            if not standin.api_key or self.headers.get("Authorization") == (
+                f"Bearer {standin.api_key}"
+            ):
+                return True
+            self._send(401, b"")
+            return False
+
         def do_GET(self) -> None:
             standin.record("GET", self.path, None)
+            if not self._authorized():
+                return
             if self.path == "/health":
                 self._send(200, b"")
             elif self.path == "/get_model_info":
@@ -100,6 +110,8 @@ def handler(standin: SGLangStandin) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = None
             standin.record("POST", self.path, body)
+            if not self._authorized():
+                return
             try:
                 self._route(body if isinstance(body, dict) else {})
             except BadRequest as exc:

@@ -10,11 +10,13 @@ log-prob -k - log Z.
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import time
 
 import pytest
+import requests
 import torch
 from safetensors.torch import save_file
 from sglang_standin import SGLangStandin
@@ -32,6 +34,7 @@ from rollout_service.engines.api import (
     GenerationRequest,
 )
 from rollout_service.engines.sglang.engine import SGLangEngine
+from rollout_service.engines.sglang.server import launch_sglang_server
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_tokenizer
@@ -453,3 +456,43 @@ def test_non_float_weights_file_is_rejected_before_the_server(servers, engines, 
     with pytest.raises(ValueError, match="'lm_head.weight' has dtype I32"):
         engine.stage_weights_from_file(str(path), 1)
     assert server.bodies("/update_weights_from_disk") == [] and engine.policy_version == 0
+
+
+def test_an_api_key_goes_with_every_call_and_none_works_without_it() -> None:
+    """The server the worker starts has a random --api-key: another user of the machine
+    cannot drive the engine or load weights into it; the engine sends the key."""
+    server = SGLangStandin(vocab=V, api_key="k3y").start()
+    try:
+        engine = SGLangEngine(
+            server.base_url, max_seq_len=64, vocab_size=V, stop_token_ids=[15], api_key="k3y"
+        )
+        done = engine.submit(GenerationRequest("r1", (3,), 3, temperature=0.0)).result(timeout=5)
+        assert len(done.token_ids) == 3
+        engine.stop()
+        assert requests.get(server.base_url + "/health", timeout=5).status_code == 401
+        assert requests.post(server.base_url + "/flush_cache", timeout=5).status_code == 401
+    finally:
+        server.stop()
+
+
+def test_the_servers_api_key_is_on_no_command_line(tmp_path, monkeypatch) -> None:
+    """launch_sglang_server hands the key over in the environment, which SGLang's own
+    launcher takes it out of: it reaches SGLang's arguments in memory only."""
+    fake = tmp_path / "sglang"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    out = tmp_path / "seen.txt"
+    (fake / "launch_server.py").write_text(
+        "import json, os, sys\n"
+        f"open({str(out)!r}, 'w').write(json.dumps([sys.argv, "
+        "open('/proc/self/cmdline', 'rb').read().decode(errors='replace'), "
+        "os.environ.get('SCALERL_SGLANG_API_KEY')]))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    process = launch_sglang_server("/models/m", 30000, dtype="bfloat16", api_key="s3cret-key")
+    assert process.wait(timeout=30) == 0
+    argv, cmdline, env_key = json.loads(out.read_text())
+    assert argv[-2:] == ["--api-key", "s3cret-key"]  # SGLang parses it
+    assert "s3cret-key" not in cmdline and env_key is None  # nobody else reads it
+    with pytest.raises(ValueError, match="api_key must not be empty"):
+        launch_sglang_server("/models/m", 30000, dtype="bfloat16", api_key="")

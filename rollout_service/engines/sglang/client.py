@@ -46,11 +46,13 @@ CONNECT_TIMEOUT_S = 10.0
 
 class SGLangClient:
     """Calls to the server at `base_url`; `request_timeout_s`: seconds without a byte
-    before a call fails. One HTTP session per thread (sessions are not thread-safe)."""
+    before a call fails; `api_key`: sent as `Authorization: Bearer` ("" = none). One HTTP
+    session per thread (sessions are not thread-safe)."""
 
-    def __init__(self, base_url: str, request_timeout_s: float) -> None:
+    def __init__(self, base_url: str, request_timeout_s: float, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._local = threading.local()
 
     def post(
@@ -111,6 +113,7 @@ class SGLangClient:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
+            session.headers.update(self._headers)
         return session
 
     def _timeout(self) -> tuple[float, float]:

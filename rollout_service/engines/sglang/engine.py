@@ -105,8 +105,9 @@ class SGLangEngine:
     parameter name -> shape of the served model, to reject a mismatched weights file before
     the server sees it (SGLang keeps tensors a file lacks); None = learned from the first
     accepted update. staging_dir: where weight files are staged for the server (must be
-    visible to it; None = the temp directory). Raises ValueError for max_batch < 1,
-    max_seq_len < 2 or vocab_size < 1.
+    visible to it; None = the temp directory). api_key: the server's (`--api-key`), sent
+    with every call ("" = none). Raises ValueError for max_batch < 1, max_seq_len < 2 or
+    vocab_size < 1.
     """
 
     name = "sglang"
@@ -124,13 +125,14 @@ class SGLangEngine:
         request_timeout_s: float = 600.0,
         weight_shapes: Mapping[str, Sequence[int]] | None = None,
         staging_dir: str | None = None,
+        api_key: str = "",
     ) -> None:
         if max_batch < 1 or max_seq_len < 2 or vocab_size < 1:
             raise ValueError(
                 "max_batch, max_seq_len and vocab_size must be >= 1, 2, 1, got "
                 f"{max_batch}, {max_seq_len}, {vocab_size}"
             )
-        self._client = SGLangClient(base_url, request_timeout_s)
+        self._client = SGLangClient(base_url, request_timeout_s, api_key)
         self.base_url = self._client.base_url
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_seq_len = max_seq_len
