@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if _run_already_finished(args, config):
         return 0
     from learner_service.train.ranks import LearnerRanks, follow
+    from scalerl.obs.liveness import start_heartbeat
+
+    start_heartbeat()  # for an exec liveness probe, where one is configured (deploy/)
 
     command_timeout_s = config.learner.batch_timeout_s + 3600  # a batch, then evaluations
     ranks = LearnerRanks.from_environment(resolved.device, command_timeout_s)

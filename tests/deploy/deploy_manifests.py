@@ -35,7 +35,13 @@ CONFIG_PATH = "/etc/scalerl/scalerl.yaml"
 # SCALERL_* variables that are no run-config field (scalerl.rpc.security, scalerl.obs.logging,
 # scalerl.policy.models).
 NON_CONFIG_ENV = frozenset(
-    {"SCALERL_AUTH_TOKEN", "SCALERL_LOG_FORMAT", "SCALERL_CACHE", "SCALERL_REDIS_PASSWORD_FILE"}
+    {
+        "SCALERL_AUTH_TOKEN",
+        "SCALERL_LOG_FORMAT",
+        "SCALERL_CACHE",
+        "SCALERL_REDIS_PASSWORD_FILE",
+        "SCALERL_LIVENESS_FILE",
+    }
 )
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
