@@ -143,6 +143,12 @@ class SecurityConfig(_Section):
     require_client_cert: bool = Field(
         False, description="Mutual TLS: servers refuse clients without a certificate of the CA."
     )
+    tls_server_name: str = Field(
+        "",
+        pattern=r"^$|^[A-Za-z0-9.-]{1,253}$",
+        description="The DNS name every server's certificate holds, which clients verify "
+        "instead of the address they dial (workers are dialed by pod IP); '' = the address.",
+    )
     weights_root: str = Field(
         "",
         description="Folder a `uri` weight reference must lie in ('' = the run's weights "

@@ -18,14 +18,18 @@ CHANNEL_OPTIONS = [
 
 def channel(address: str, security: Security | None = None) -> grpc.Channel:
     """A channel to host:port with the project's message size limits: TLS when `security`
-    (default: the process's, `scalerl.rpc.security.current`) has a CA, plaintext otherwise;
-    every call carries its token when it has one."""
+    (default: the process's, `scalerl.rpc.security.current`) has a CA, verifying the
+    server's certificate against its `server_name` when set (else the address),
+    plaintext otherwise; privileged calls carry its token when it has one."""
     security = current() if security is None else security
     credentials = channel_credentials(security)
     if credentials is None:
         ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     else:
-        ch = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+        if security.server_name:  # a pod dialed by IP proves the cluster-wide name
+            options.append(("grpc.ssl_target_name_override", security.server_name))
+        ch = grpc.secure_channel(address, credentials, options=options)
     if security.token:
         ch = grpc.intercept_channel(ch, TokenInterceptor(security.token))
     return ch

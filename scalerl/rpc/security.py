@@ -54,7 +54,9 @@ class Security:
     """token: shared secret of privileged RPCs ('' = auth off). cert_pem/key_pem: this
     process's certificate (servers present it; clients present it under mutual TLS).
     ca_pem: the CA clients verify servers with (and mTLS servers verify clients with).
-    max_concurrent_rpcs: RPCs one server runs at once (`security.max_concurrent_rpcs`)."""
+    max_concurrent_rpcs: RPCs one server runs at once (`security.max_concurrent_rpcs`).
+    server_name: the name in every server's certificate, which a TLS client verifies
+    instead of the address it dials (`security.tls_server_name`; "" = the address)."""
 
     token: str = ""
     cert_pem: bytes = b""
@@ -62,6 +64,7 @@ class Security:
     ca_pem: bytes = b""
     require_client_cert: bool = False
     max_concurrent_rpcs: int | None = None  # None: the server builder's default
+    server_name: str = ""  # the name clients verify instead of the dialed address
 
     def __repr__(self) -> str:  # never print the secret
         return (
@@ -93,6 +96,7 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
         ca_pem=_read("security.tls_ca_file", section.tls_ca_file),
         require_client_cert=section.require_client_cert,
         max_concurrent_rpcs=section.max_concurrent_rpcs,
+        server_name=section.tls_server_name,
     )
 
 

@@ -279,8 +279,11 @@ class CodeVerifier(Verifier):
         if not self.service:
             return run_program(program, tests.kind, list(tests.cases), self.limits)
         from scalerl.rpc.clients.sandbox import SandboxClient
+        from scalerl.rpc.security import Security
 
-        with SandboxClient(self.service) as client:
+        # Plaintext, without the token: the sandbox holds no secret, not even a TLS key
+        # (only the learner and the workers can reach it: deploy/, NetworkPolicy sandbox).
+        with SandboxClient(self.service, security=Security()) as client:
             return client.execute(program, tests.kind, list(tests.cases), self.limits.wall_s)
 
     def check(self, completion: str, answer: Any) -> Verdict:

@@ -28,6 +28,7 @@ OVERLAYS = ("cpu-smoke", "gpu-1node", "gpu-multinode")
 COMPOSITIONS = {
     "gpu+engine-sglang": ("gpu", "engine-sglang"),
     "sandbox-gvisor": ("sandbox-gvisor",),
+    "tls": ("tls",),
 }
 KUBERNETES_VERSION = "1.32"  # what kubernetes-validate checks against (kubectl 1.32 here)
 IMAGE_PREFIX = "ghcr.io/scalerl/"  # images built from deploy/images/<name>.Dockerfile

@@ -121,6 +121,21 @@ def test_gpu_requests_equal_limits(docs: list[dict]) -> None:
                 assert requests.get(key) == limits.get(key), f"{c['name']}: {key}"
 
 
+def _check_tls_probes(container: dict, probes: dict, grpc_port: int) -> None:
+    """On a TLS port: every probe is the TLS health check of scalerl.rpc.probe, on that
+    port, with the CA of the mounted Secret and the name every client verifies."""
+    assert sorted(probes) == ["livenessProbe", "readinessProbe", "startupProbe"]
+    for kind, probe in probes.items():
+        assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"exec"}, kind
+        command = probe["exec"]["command"]
+        assert command[:4] == ["python", "-m", "scalerl.rpc.probe", f"127.0.0.1:{grpc_port}"]
+        assert flag(command, "--server-name") == "scalerl.internal"
+        ca = flag(command, "--tls-ca")
+        assert any(ca.startswith(m["mountPath"] + "/") for m in container["volumeMounts"]), ca
+    ready = flag(probes["readinessProbe"]["exec"]["command"], "--service")
+    assert ready == (_ready_health_name() if container["name"] == "rollout" else None)
+
+
 def test_probes_are_grpc_on_the_grpc_port(docs: list[dict]) -> None:
     ready = _ready_health_name()
     for w in workloads(docs):
@@ -136,6 +151,9 @@ def test_probes_are_grpc_on_the_grpc_port(docs: list[dict]) -> None:
                 base = literal_env(c)["SCALERL_LIVENESS_FILE"]
                 assert command[:3] == ["python", "-m", "scalerl.obs.liveness"]
                 assert command[3] == base and float(command[4]) >= 60
+                continue
+            if literal_env(c).get("SCALERL_SECURITY__TLS_CA_FILE") or "--tls-cert" in c["args"]:
+                _check_tls_probes(c, probes, grpc_port)  # the kubelet's gRPC is plaintext
                 continue
             for kind, probe in probes.items():
                 assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, kind

@@ -15,6 +15,7 @@ from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
 from scalerl.config import SecurityConfig
 from scalerl.rpc.channel import channel
+from scalerl.rpc.probe import main as probe_main
 from scalerl.rpc.security import Security, from_config
 from scalerl.v1 import learner_pb2, learner_pb2_grpc
 
@@ -49,10 +50,18 @@ def certs(tmp_path_factory) -> Path:
                  "-subj", f"/CN={ca}", cwd=folder)  # fmt: skip
     _leaf("server", folder)
     _leaf("client", folder)
+    # A certificate for the cluster-wide name only, as deploy/components/tls issues one:
+    # no address of any pod in it.
+    (folder / "ext.cnf").write_text(
+        "subjectAltName=DNS:scalerl.internal\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    _leaf("named", folder)
     return folder
 
 
-def security(folder: Path, *, cert: str = "", ca: str = "ca", mutual: bool = False) -> Security:
+def security(
+    folder: Path, *, cert: str = "", ca: str = "ca", mutual: bool = False, name: str = ""
+) -> Security:
     """The `Security` of a config section naming files in `folder`."""
     return from_config(
         SecurityConfig(
@@ -60,6 +69,7 @@ def security(folder: Path, *, cert: str = "", ca: str = "ca", mutual: bool = Fal
             tls_key_file=str(folder / f"{cert}.key") if cert else "",
             tls_ca_file=str(folder / f"{ca}.pem") if ca else "",
             require_client_cert=mutual,
+            tls_server_name=name,
         ),
         environ={},
     )
@@ -140,4 +150,21 @@ def test_scalerl_curve_server_over_tls(certs, tmp_path, capsys):
         assert "UNAVAILABLE" in capsys.readouterr().err
     finally:
         configure(Security())
+        server.stop(None)
+
+
+def test_a_server_dialed_by_ip_verifies_by_the_cluster_wide_name(certs):
+    """Workers are dialed by pod IP; their certificate names scalerl.internal only."""
+    server, port = serve_learner(LearnerStatus(step=5), security=security(certs, cert="named"))
+    try:
+        assert status_step(port, security(certs, name="scalerl.internal")) == 5
+        # Without the name the client checks 127.0.0.1 against the certificate: refused.
+        assert refused(port, security(certs)) == grpc.StatusCode.UNAVAILABLE
+        assert refused(port, security(certs, name="evil.example")) == grpc.StatusCode.UNAVAILABLE
+        # The exec probe of deploy/components/tls: TLS health, by the same name.
+        tls = ["--tls-ca", str(certs / "ca.pem"), "--server-name", "scalerl.internal"]
+        assert probe_main([f"127.0.0.1:{port}", *tls]) == 0
+        assert probe_main([f"127.0.0.1:{port}", "--tls-ca", str(certs / "ca.pem")]) == 1
+        assert probe_main([f"127.0.0.1:{port}"]) == 1  # plaintext to a TLS port
+    finally:
         server.stop(None)
