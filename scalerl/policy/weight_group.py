@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ import torch
 import torch.distributed as dist
 
 from scalerl.crash_points import crash_point
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
 ROOT_RANK = 0
@@ -388,7 +392,18 @@ class WeightGroup:
             return dist.TCPStore(host, port, None, False, timeout, wait_for_workers=False)
         if self._server is None or self._server_address != (host, port):
             self._server = None  # release the old port before binding a new one
-            self._server = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+            listener = _listen(host, port)
+            fd = None if listener is None else listener.fileno()
+            try:
+                self._server = dist.TCPStore(
+                    host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=fd
+                )
+            except BaseException:
+                if listener is not None:
+                    listener.close()
+                raise
+            if listener is not None:
+                listener.detach()  # the store owns the descriptor now, and closes it
             self._server_address = (host, port)
         self._server.set_timeout(timeout)
         return self._server
@@ -438,6 +453,23 @@ def _check_join(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device; none is visible")
+
+
+def _listen(host: str, port: int) -> socket.socket | None:
+    """A socket listening on `host`'s own address (the address members dial: the pod's,
+    not every interface, which c10d's store would take by itself), or None when `host`
+    is no address of this machine (the store then listens on every interface)."""
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(1024)
+            return listener
+        except OSError:
+            listener.close()
+    log.warning("weight group store: %s is no address of this machine: listening on all", host)
+    return None
 
 
 def _device(backend: str, cuda_device: str | None) -> torch.device:

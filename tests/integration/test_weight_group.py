@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 import torch
@@ -383,3 +385,32 @@ def test_join_refuses_an_argument_out_of_range(field: str, arguments: dict) -> N
     with pytest.raises(ValueError, match=f"^{field} must be"):
         group.join(**join)
     assert (group.epoch, group.rank) == (-1, -1)
+
+
+def _other_local_address() -> str | None:
+    """An address of this machine other than loopback, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # no packet is sent
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_the_store_listens_on_the_address_members_dial_only() -> None:
+    """c10d's store would listen on every interface: the learner's listens on its own
+    (dialed) address, so nothing reaches it through another interface."""
+    other = _other_local_address()
+    if other is None:
+        pytest.skip("this machine has no address but loopback")
+    group = WeightGroup()
+    port = free_port()
+    try:
+        group._store("127.0.0.1", port, timedelta(seconds=5), serve=True)
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        with pytest.raises(OSError):
+            socket.create_connection((other, port), timeout=2).close()
+    finally:
+        group.close()
