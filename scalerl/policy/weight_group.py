@@ -191,6 +191,7 @@ class WeightGroup:
         began = time.monotonic()
         try:
             store = self._store(host, port, timeout, is_store_server)
+            _prove_or_check(store, epoch, world_size, is_store_server)
             self._group = _process_group(
                 backend, dist.PrefixStore(f"epoch-{epoch}", store), rank, world_size, timeout
             )
@@ -453,6 +454,26 @@ def _check_join(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device; none is visible")
+
+
+_PROOF_KEY = "scalerl-epoch-proof-{epoch}"
+
+
+def _prove_or_check(store: dist.Store, epoch: int, world_size: int, serving: bool) -> None:
+    """The learner (serving the store) writes an HMAC of the epoch, keyed by the run's
+    secret (`scalerl.state.signing`); a member checks it before it joins: a store that is
+    not the run's learner's (someone else on the dialed address) is refused. Raises
+    RuntimeError (EpochFailed by the caller) when the proof does not verify."""
+    from scalerl.state.signing import process_signer
+
+    signer, key = process_signer(), _PROOF_KEY.format(epoch=epoch)
+    fields = {"epoch": epoch, "world_size": world_size}
+    if serving:
+        store.set(key, signer.sign("weight-group", "", fields))
+        return
+    proof = store.get(key).decode()  # waits for it within the store's timeout
+    if not signer.verify("weight-group", "", fields, proof):
+        raise RuntimeError(f"the store's proof for epoch {epoch} is not the run's learner's")
 
 
 def _listen(host: str, port: int) -> socket.socket | None:

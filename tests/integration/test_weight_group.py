@@ -414,3 +414,29 @@ def test_the_store_listens_on_the_address_members_dial_only() -> None:
             socket.create_connection((other, port), timeout=2).close()
     finally:
         group.close()
+
+
+def test_a_member_joins_only_a_store_that_proves_it_is_the_learners(monkeypatch) -> None:
+    """The learner writes an HMAC of the epoch (the run's secret) into the store; a member
+    checks it before joining, so a store someone else serves on the dialed address is
+    refused."""
+    import scalerl.state.signing as signing
+    from scalerl.policy.weight_group import _prove_or_check
+    from scalerl.state.signing import EntrySigner
+
+    group, port = WeightGroup(), free_port()
+    try:
+        server = group._store("127.0.0.1", port, timedelta(seconds=5), serve=True)
+        member = torch.distributed.TCPStore(
+            "127.0.0.1", port, None, False, timedelta(seconds=5), wait_for_workers=False
+        )
+        monkeypatch.setattr(signing, "process_signer", lambda: EntrySigner("the-runs-secret"))
+        _prove_or_check(server, 3, 2, serving=True)
+        _prove_or_check(member, 3, 2, serving=False)  # the run's: joins
+        with pytest.raises(RuntimeError, match="not the run's learner's"):
+            _prove_or_check(member, 3, 5, serving=False)  # another epoch's shape
+        monkeypatch.setattr(signing, "process_signer", lambda: EntrySigner("someone-else"))
+        with pytest.raises(RuntimeError, match="not the run's learner's"):
+            _prove_or_check(member, 3, 2, serving=False)
+    finally:
+        group.close()
