@@ -329,7 +329,7 @@ class Learner:
             live = set(self.registry.states())
             self.worker_stats.fold_departed(live, DEPARTED_AFTER_S, time.time())
             if self.batches.gave_up:  # logged by the collector
-                ended = "time_budget" if time.monotonic() >= deadline else "gave_up"
+                ended = "time_budget" if self.batches.out_of_time else "gave_up"
                 reason = self.batches.gave_up
                 break
             self.evaluations.finish(self.progress, block=False)

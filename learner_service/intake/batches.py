@@ -72,6 +72,7 @@ class BatchCollector:
         self.future_total = 0  # groups from versions above the learner's, run total
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
         self.gave_up: str | None = None  # why the last `collect` ended without a batch
+        self.out_of_time = False  # it gave up at the time budget's deadline (not a failure)
         self._dead_letters_counted: dict[str, int] = {}  # by reason, already in metrics
 
     def totals(self) -> dict[str, int]:
@@ -114,7 +115,7 @@ class BatchCollector:
         groups: list[rollout_pb2.RolloutGroup] = []
         entry_ids: list[str] = []
         wait_start = last_arrival = last_admitted = self.clock()
-        self.gave_up = None
+        self.gave_up, self.out_of_time = None, False
         limit = max(want, fill_up_to)
         counted = 0  # groups that count towards `want` (the informative ones when filling)
 
@@ -171,6 +172,7 @@ class BatchCollector:
     ) -> str | None:
         now = self.clock()
         if deadline is not None and now >= deadline:
+            self.out_of_time = True
             return (
                 f"time budget reached while waiting for a batch: {have} of {want} "
                 "admissible groups had arrived"

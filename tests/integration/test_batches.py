@@ -99,6 +99,7 @@ def test_the_wait_ends_at_the_deadline(redis_client: redis.Redis, run_id: str) -
     assert collect(collector, 2, deadline=time.monotonic() + 0.6) == ([], [])
     assert 0.5 < time.monotonic() - start < 3
     assert "time budget reached" in collector.gave_up and "1 of 2" in collector.gave_up
+    assert collector.out_of_time  # the run's end, not a give-up (ends.jsonl: time_budget)
     assert replay.pending() == 1  # read, not acknowledged: a resumed run reads it again
 
 
@@ -109,6 +110,7 @@ def test_the_wait_ends_when_no_group_arrives(redis_client: redis.Redis, run_id: 
     assert time.monotonic() - start < 3
     assert "no admissible group for 0.5s" in collector.gave_up
     assert "no rollout worker is producing" in collector.gave_up
+    assert not collector.out_of_time  # a give-up: the run did not finish
 
 
 @pytest.mark.parametrize(

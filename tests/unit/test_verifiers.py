@@ -292,3 +292,14 @@ def test_pool_bounds_are_checked() -> None:
 )
 def test_the_final_boxed_answer_is_extracted_whole(text: str, content: str | None) -> None:
     assert last_boxed(text) == content
+
+
+def test_the_shipped_code_rows_are_all_in_the_safe_form() -> None:
+    """examples/data/code.jsonl: every assert is `CALL == LITERAL`, judged outside."""
+    import json
+    from pathlib import Path
+
+    rows = Path(__file__).resolve().parents[2] / "examples" / "data" / "code.jsonl"
+    tests = [parse_tests(json.loads(line)["tests"]) for line in rows.read_text().splitlines()]
+    assert len(tests) == 40 and all(t.kind == "values" for t in tests)
+    assert all(check.how == "equals" for t in tests for check in t.expected)
