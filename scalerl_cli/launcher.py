@@ -190,10 +190,26 @@ def launcher_redis(run_dir: Path) -> RedisServer:
     )
 
 
+def run_token(run_dir: Path) -> str:
+    """The run's random token, made at its first start and kept in run_dir/token (this
+    user's only), so a resumed run keeps it: its checkpoints are signed with it
+    (`learner_service.checkpoint.files`)."""
+    path = run_dir / "token"
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token)
+    return token
+
+
 def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, str]]:
     """The run's config with `security.weights_root` set to its weights folder when unset,
     and the environment its children get: the token of SCALERL_AUTH_TOKEN, of
-    `security.token_file`, or else a fresh random one for this run alone (no process
+    `security.token_file`, or else the run's own random one (`run_token`: no process
     outside the run needs the privileged RPCs, and another user of the machine can reach
     its 127.0.0.1 ports). Installs the same credentials for the launcher's own channels.
     Raises ValueError when a token or certificate file cannot be read."""
@@ -203,7 +219,7 @@ def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, s
         config = config.model_copy(update={"security": section})
     environ = dict(os.environ)
     if not environ.get(TOKEN_ENV, "").strip() and not section.token_file:
-        environ[TOKEN_ENV] = secrets.token_urlsafe(32)
+        environ[TOKEN_ENV] = run_token(run_dir)
     security = from_config(section, environ)
     configure(security)
     return config, ({TOKEN_ENV: security.token} if security.token else {})

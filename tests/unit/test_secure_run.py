@@ -25,13 +25,18 @@ def _clean(monkeypatch):
     configure(Security())
 
 
-def test_a_fresh_token_per_run_and_the_weights_folder_as_root(tmp_path):
+def test_a_token_per_run_kept_across_its_resumes_and_the_weights_folder_as_root(tmp_path):
     config, env = secure_run(RunConfig(), tmp_path)
     assert config.security.weights_root == str((tmp_path / "weights").resolve())
     assert len(env[TOKEN_ENV]) >= 40
     assert current().token == env[TOKEN_ENV]  # the launcher's own channels send it
-    _, again = secure_run(RunConfig(), tmp_path)
-    assert again[TOKEN_ENV] != env[TOKEN_ENV]
+    # A resume of the run keeps its token (its checkpoints are signed with it), in a file
+    # of this user's only; another run gets its own.
+    assert secure_run(RunConfig(), tmp_path)[1][TOKEN_ENV] == env[TOKEN_ENV]
+    assert (tmp_path / "token").stat().st_mode & 0o077 == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    assert secure_run(RunConfig(), other)[1][TOKEN_ENV] != env[TOKEN_ENV]
 
 
 def test_a_configured_token_and_root_are_kept(tmp_path, monkeypatch):
