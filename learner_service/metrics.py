@@ -130,6 +130,29 @@ class LearnerMetrics:
             "Completion tokens trained on (forced tokens excluded).",
             registry=registry,
         )
+        self.trajectories = Counter(
+            "scalerl_learner_trajectories_total",
+            "Multi-turn trajectories in the learner's batches.",
+            registry=registry,
+        )
+        self.trajectory_turns = Counter(
+            "scalerl_learner_trajectory_turns_total",
+            "Model turns of the multi-turn trajectories in the learner's batches.",
+            registry=registry,
+        )
+        self.tool_calls = Counter(
+            "scalerl_learner_tool_calls_total",
+            "Tool calls of the batches' trajectories, by outcome (ok; error: unknown tool, "
+            "malformed, bad arguments, raised or timed out).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.environment_tokens = Counter(
+            "scalerl_learner_environment_tokens_total",
+            "Environment tokens (tool results, messages) of the batches' trajectories: no "
+            "loss, in no denominator.",
+            registry=registry,
+        )
         self.tokens_ratio_clipped = Counter(
             "scalerl_learner_tokens_ratio_clipped_total",
             "Tokens trained on whose importance ratio was truncated (CISPO) or clipped (PPO).",
@@ -235,6 +258,13 @@ class LearnerMetrics:
             self.samples.labels(reason).inc(count)
         self.tokens.inc(record.tokens)
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
+        if record.multi_turn is not None:
+            turns = record.multi_turn
+            self.trajectories.inc(turns.trajectories)
+            self.trajectory_turns.inc(turns.turns_total)
+            self.tool_calls.labels("ok").inc(turns.tool_calls_total - turns.tool_errors_total)
+            self.tool_calls.labels("error").inc(turns.tool_errors_total)
+            self.environment_tokens.inc(turns.env_tokens_total)
         if record.desired_replicas is not None:
             self.desired_replicas.set(record.desired_replicas)
         for task, stats in (record.by_task or {}).items():

@@ -21,26 +21,28 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rollout_service.engines.api import (
-    TRUNCATE,
     Completion,
     GenerationRequest,
     GenerationStream,
     RolloutEngine,
     finish_reason_enum,
 )
-from scalerl.config import RunConfig
+from rollout_service.trajectories import TrajectoryStream, TrajectoryTable
+from scalerl.agents.chat import TurnTemplate
+from scalerl.agents.trajectory import Trajectory
+from scalerl.config import RolloutConfig, RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.offpolicy import producer_for
 from scalerl.staleness import is_admissible
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.replay import PushAborted, ReplayStream
 from scalerl.state.run_state import RunState
-from scalerl.tasks import TaskSet, task_of
+from scalerl.tasks import Task, TaskSet, task_of
 from scalerl.v1 import rollout_pb2
 from scalerl.verifiers import Verdict, VerifierPool
 
@@ -50,13 +52,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class _GroupInFlight:
     prompt_id: str
-    prompt_ids: list[int]
-    streams: list[GenerationStream]
+    prompt_ids: list[int]  # multi-turn: set from the trajectories once they are done
+    streams: list[GenerationStream] | list[TrajectoryStream]
     submitted_version: int
     started: float = field(default_factory=time.monotonic)
-    # Set once generation has finished: each stream's Completion (a stream is read once)
-    # and the futures of their verdicts.
-    completions: list[Completion] = field(default_factory=list)
+    # Set once generation has finished: each stream's Completion or Trajectory (a stream
+    # is read once) and the futures of their verdicts.
+    completions: Sequence[Completion | Trajectory] = field(default_factory=list)
     verdicts: list[Future[Verdict]] | None = None
 
     def done(self) -> bool:
@@ -70,7 +72,9 @@ class ActorLoop:
     """Generates, scores and pushes groups until `should_stop()` is true.
 
     engine: the worker's `RolloutEngine`; tokenizer: `scalerl.policy.models.PolicyTokenizer`;
-    tasks: the run's tasks (splits, weights, verifiers); pools: their prompt pools.
+    tasks: the run's tasks (splits, weights, verifiers, environments); pools: their
+    prompt pools; trajectories: the worker's table of multi-turn trajectories in flight
+    (shared with its servicer's Interrupt).
     Counters `groups_pushed` and `groups_dropped_stale` are for metrics.
     """
 
@@ -84,8 +88,10 @@ class ActorLoop:
         state: RunState,
         config: RunConfig,
         worker_id: str,
+        trajectories: TrajectoryTable | None = None,
     ) -> None:
         self.engine = engine
+        self.table = TrajectoryTable() if trajectories is None else trajectories
         self.tokenizer = tokenizer
         self.tasks = tasks
         self.pools = pools
@@ -97,13 +103,16 @@ class ActorLoop:
         self.producer = producer_for(config.learner, state, worker_id)  # the off-policy mode
         self.rng = random.Random(f"{config.seed}-{worker_id}")
         rollout = config.rollout
-        on = bool(rollout.thinking_budget)
-        self.interrupt_ids = (
-            forced_ids(rollout.interrupt_text, rollout.think_end, tokenizer.encode) if on else ()
-        )
-        self.think_end_ids = tuple(tokenizer.encode(rollout.think_end)) if on else ()
+        self.length_control = length_control_ids(rollout, tokenizer)
         self.groups_pushed = 0
         self.groups_dropped_stale = 0
+        # Multi-turn tasks: each trajectory runs on a thread of this pool (its turns on
+        # the engine, its tool calls in the sandbox).
+        self.template = TurnTemplate(tokenizer)
+        self.trajectory_threads: ThreadPoolExecutor | None = None
+        if any(task.environments is not None for task in tasks):
+            size = rollout.groups_in_flight * rollout.group_size
+            self.trajectory_threads = ThreadPoolExecutor(size, thread_name_prefix="trajectory")
 
     def run(
         self,
@@ -146,21 +155,26 @@ class ActorLoop:
                     stream.cancel()
             for scorer in self.scorers.values():
                 scorer.close()
+            if self.trajectory_threads is not None:
+                self.trajectory_threads.shutdown(wait=True, cancel_futures=True)
 
     def _leave(
         self, in_flight: list[_GroupInFlight], grace_s: float, should_stop: Callable[[], bool]
     ) -> None:
         """Take nothing new; finish the groups in flight (with a thinking budget, each
-        request is interrupted to its answer, TRUNCATE) and push them, all within
+        request is interrupted to its answer, TRUNCATE; a trajectory ends after its
+        current turn) and push them, all within
         `grace_s` seconds; the rest are cancelled and, under PPO-off-policy-k, their
         generation tickets given back, so another worker makes those groups. A group
         counts once: pushed, or given back (the caller's `finally` cancels what is left)."""
         deadline = time.monotonic() + grace_s
-        if self.config.rollout.thinking_budget:
-            for group in in_flight:
-                for stream in group.streams:
-                    if not stream.finished.is_set():
-                        self.engine.interrupt(stream.request_id, TRUNCATE)
+        thinking = bool(self.config.rollout.thinking_budget)
+        for group in in_flight:
+            for stream in group.streams:
+                # A trajectory ends after its current turn whatever the length control.
+                multi_turn = isinstance(stream, TrajectoryStream)
+                if not stream.finished.is_set() and (thinking or multi_turn):
+                    stream.truncate()
         pushed = 0
         while in_flight and time.monotonic() < deadline:
             finished = self._scored(in_flight)
@@ -188,39 +202,69 @@ class ActorLoop:
         """One verification per sample on the task's verifier pool; an unknown prompt id
         (a pool that outlived its task's config) scores 0 as an error."""
         group.completions = [stream.result() for stream in group.streams]
+        trajectories = [t for t in group.completions if isinstance(t, Trajectory)]
+        if trajectories:
+            group.prompt_ids = common_prefix([t.prompt_ids for t in trajectories])
         answers = [scored_text(done, self.tokenizer) for done in group.completions]
         try:
             problem = self.tasks.problem(group.prompt_id)
         except KeyError:
             return [_done(self.tasks.score(group.prompt_id, a)) for a in answers]
         scorer = self.scorers[task_of(group.prompt_id)]
-        return [scorer.submit(answer, problem.answer) for answer in answers]
+        return [
+            _done(Verdict(done.env_reward, False))
+            if isinstance(done, Trajectory) and done.env_scores
+            else scorer.submit(answer, problem.answer)
+            for done, answer in zip(group.completions, answers, strict=True)
+        ]
 
     def _start_group(self) -> _GroupInFlight:
         task = self.tasks.sample_task(self.rng)
         prompt_id = self.pools[task.name].sample(1, self.rng)[0]
         problem = task.problem(prompt_id)
+        version = self.engine.policy_version
+        if task.environments is not None:
+            return self._start_trajectories(task, problem, version)
         prompt_ids = self.tokenizer.prompt_ids(
             problem.messages or problem.question, task.system_prompt
         )
-        rollout = self.config.rollout
-        version = self.engine.policy_version
-        streams = []
-        for i in range(rollout.group_size):
-            request = GenerationRequest(
-                request_id=f"{self.worker_id}-{prompt_id}-{self.rng.getrandbits(48):x}-{i}",
-                prompt_ids=tuple(prompt_ids),
-                max_new_tokens=rollout.max_new_tokens,
-                temperature=rollout.temperature,
-                top_p=rollout.top_p,
-                seed=self.rng.getrandbits(63),
-                thinking_budget=rollout.thinking_budget,
-                answer_budget=rollout.answer_budget if rollout.thinking_budget else 0,
-                interrupt_ids=self.interrupt_ids,
-                think_end_ids=self.think_end_ids,
-            )
-            streams.append(self.engine.submit(request))
+        requests = self._requests(prompt_id, prompt_ids)
+        streams = [self.engine.submit(request) for request in requests]
         return _GroupInFlight(prompt_id, prompt_ids, streams, version)
+
+    def _start_trajectories(self, task: Task, problem, version: int) -> _GroupInFlight:
+        """A multi-turn group: G trajectories, each with its own environment."""
+        assert self.trajectory_threads is not None  # made when a task has environments
+        factory = task.environments
+        limits = factory.limits(self.config.rollout.max_new_tokens)
+        streams = [
+            TrajectoryStream(
+                self.engine,
+                factory.make(problem, self.template.shows_tools),
+                self.template,
+                limits,
+                request,
+                self.trajectory_threads,
+            )
+            for request in self._requests(problem.prompt_id, [])
+        ]
+        for stream in streams:
+            self.table.add(stream)  # the Interrupt RPC can reach it by its id
+        return _GroupInFlight(problem.prompt_id, [], streams, version)
+
+    def _requests(self, prompt_id: str, prompt_ids: list[int]) -> list[GenerationRequest]:
+        """The group's G requests (a trajectory's: the template of its turns' requests)."""
+        rollout = self.config.rollout
+        return [
+            rollout_request(
+                rollout,
+                f"{self.worker_id}-{prompt_id}-{self.rng.getrandbits(48):x}-{i}",
+                prompt_ids,
+                self.rng.getrandbits(63),
+                self.length_control,
+            )
+            for i in range(rollout.group_size)
+        ]
 
     def _finish_group(
         self,
@@ -231,6 +275,10 @@ class ActorLoop:
         if group.verdicts is None:  # leaving: a group whose generation just finished
             group.verdicts = self._submit_scoring(group)
         verdicts = [future.result() for future in group.verdicts]  # never raise
+        if not group.prompt_ids:  # an environment that failed to open: nothing to learn
+            log.warning("group of %s dropped: %s", group.prompt_id, _errors(group.completions))
+            self.producer.give_back([group.submitted_version])
+            return
         message = build_group(group, group.completions, verdicts, self.worker_id)
         learner_version = self.state.versions.announced()
         if not is_admissible(
@@ -250,10 +298,63 @@ class ActorLoop:
         self.groups_pushed += 1
 
 
-def scored_text(done: Completion, tokenizer) -> str:
-    """The text a finished completion is scored on: the decoded completion, only its
-    answer after the forced phrase when it was interrupted (`scalerl.length_control`)."""
+def length_control_ids(rollout: RolloutConfig, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """(interrupt ids, end-of-thinking ids) of the rollout's length control (ScaleRL Sec.
+    3.1): both empty without a thinking budget."""
+    if not rollout.thinking_budget:
+        return (), ()
+    phrase = forced_ids(rollout.interrupt_text, rollout.think_end, tokenizer.encode)
+    return tuple(phrase), tuple(tokenizer.encode(rollout.think_end))
+
+
+def rollout_request(
+    rollout: RolloutConfig,
+    request_id: str,
+    prompt_ids: Sequence[int],
+    seed: int,
+    length_control: tuple[tuple[int, ...], ...],
+) -> GenerationRequest:
+    """A training rollout's request: the rollout's sampling and length control
+    (`length_control_ids`), `rollout.max_new_tokens`."""
+    interrupt_ids, think_end_ids = length_control
+    return GenerationRequest(
+        request_id=request_id,
+        prompt_ids=tuple(prompt_ids),
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        seed=seed,
+        thinking_budget=rollout.thinking_budget,
+        answer_budget=rollout.answer_budget if rollout.thinking_budget else 0,
+        interrupt_ids=interrupt_ids,
+        think_end_ids=think_end_ids,
+    )
+
+
+def scored_text(done: Completion | Trajectory, tokenizer) -> str:
+    """The text a finished completion is scored on: the decoded completion (a
+    trajectory's last model turn), only its answer after the forced phrase when it was
+    interrupted (`scalerl.length_control`)."""
+    if isinstance(done, Trajectory):
+        return tokenizer.decode(done.answer_ids())
     return tokenizer.decode(scored_ids(done.token_ids, done.forced))
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> list[int]:
+    """The longest common prefix of token id sequences (a group's shared prompt)."""
+    prefix = list(sequences[0])
+    for other in sequences[1:]:
+        n = 0
+        while n < min(len(prefix), len(other)) and prefix[n] == other[n]:
+            n += 1
+        del prefix[n:]
+    return prefix
+
+
+def _errors(completions: Sequence[Completion | Trajectory]) -> str:
+    return "; ".join(
+        sorted({t.error for t in completions if isinstance(t, Trajectory) and t.error})
+    )
 
 
 def _done(verdict: Verdict) -> Future[Verdict]:
@@ -263,23 +364,29 @@ def _done(verdict: Verdict) -> Future[Verdict]:
 
 
 def build_group(
-    group: _GroupInFlight, completions: list[Completion], verdicts: list[Verdict], worker_id: str
+    group: _GroupInFlight,
+    completions: Sequence[Completion | Trajectory],
+    verdicts: list[Verdict],
+    worker_id: str,
 ) -> rollout_pb2.RolloutGroup:
-    """Join the G completions of the group's streams and their verdicts (in stream order)
-    into a scored `RolloutGroup` (min/max policy version over every token)."""
+    """Join the G completions (or trajectories) of the group's streams and their verdicts
+    (in stream order) into a scored `RolloutGroup` (min/max policy version over every
+    token). A trajectory whose first prompt extends the group's (an environment whose
+    opening differs per trajectory) carries the extension as environment tokens."""
     samples, versions = [], []
     for done, verdict in zip(completions, verdicts, strict=True):
-        samples.append(
-            rollout_pb2.Sample(
-                token_ids=done.token_ids,
-                logprobs=done.logprobs,
-                policy_versions=done.versions,
-                forced=done.forced,
-                reward=verdict.reward,
-                finish_reason=finish_reason_enum(done.finish_reason),
-                parse_failed=verdict.parse_failed,
-            )
+        sample = rollout_pb2.Sample(
+            token_ids=done.token_ids,
+            logprobs=done.logprobs,
+            policy_versions=done.versions,
+            forced=done.forced,
+            reward=verdict.reward,
+            finish_reason=finish_reason_enum(done.finish_reason),
+            parse_failed=verdict.parse_failed,
         )
+        if isinstance(done, Trajectory):
+            sample = _trajectory_sample(sample, done, len(group.prompt_ids))
+        samples.append(sample)
         versions += done.versions or [group.submitted_version]
     return rollout_pb2.RolloutGroup(
         group_id=f"{worker_id}-{uuid.uuid4().hex}",  # unique: a push is deduplicated by it
@@ -290,4 +397,26 @@ def build_group(
         max_policy_version=max(versions),
         worker_id=worker_id,
         created_unix_s=time.time(),
+    )
+
+
+def _trajectory_sample(
+    sample: rollout_pb2.Sample, done: Trajectory, shared: int
+) -> rollout_pb2.Sample:
+    """`sample` with a trajectory's roles and counts; the part of its first prompt after
+    the group's shared `shared` tokens goes first, as environment tokens."""
+    own = done.prompt_ids[shared:]
+    version = done.versions[0] if done.versions else 0
+    return rollout_pb2.Sample(
+        token_ids=[*own, *done.token_ids],
+        logprobs=[0.0] * len(own) + done.logprobs,
+        policy_versions=[version] * len(own) + done.versions,
+        forced=[False] * len(own) + done.forced,
+        environment=[True] * len(own) + done.environment,
+        reward=sample.reward,
+        finish_reason=sample.finish_reason,
+        parse_failed=sample.parse_failed,
+        turns=done.turns,
+        tool_calls=done.tool_calls,
+        tool_errors=done.tool_errors,
     )

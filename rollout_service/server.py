@@ -23,6 +23,7 @@ from rollout_service.engines.api import (
     finish_reason_enum,
 )
 from rollout_service.metrics import RolloutMetrics
+from rollout_service.trajectories import TrajectoryTable
 from rollout_service.weights.broadcast import BroadcastReceiver
 from rollout_service.weights.receive import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
@@ -72,8 +73,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         weights_root: str | None = None,
         max_inflight_weight_bytes: int = DEFAULT_INFLIGHT_WEIGHT_BYTES,
         broadcast: BroadcastReceiver | None = None,
+        trajectories: TrajectoryTable | None = None,
     ) -> None:
         self._engine = engine
+        self._trajectories = TrajectoryTable() if trajectories is None else trajectories
         self._tokenizer = tokenizer
         self._worker_id = worker_id
         self._model_name = model_name
@@ -112,7 +115,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.InterruptResponse:
         check_interrupt_mode(request.mode)
         with request_context(request.request_id):
-            found = self._engine.interrupt(request.request_id, request.mode)
+            found = self._trajectories.interrupt(request.request_id, request.mode)
+            if found is None:  # a request (or one turn of a trajectory) on the engine
+                found = self._engine.interrupt(request.request_id, request.mode)
         return rollout_pb2.InterruptResponse(found=found)
 
     def UpdateWeights(

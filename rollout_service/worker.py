@@ -30,6 +30,7 @@ from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
+from rollout_service.trajectories import TrajectoryTable
 from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
@@ -84,6 +85,7 @@ class RolloutWorker:
         self.replay = ReplayStream(self.client, run_id, config.replay_capacity)
         self.stats = WorkerStats(self.client, run_id)
         self.push_blocked = PushBlockedSeconds(self.client, run_id)
+        self.trajectories = TrajectoryTable()  # the actor's, reachable by Interrupt
         self.server: grpc.Server | None = None
         self.health: health.HealthServicer | None = None
         # Built by `start` (the model loads there); every other method runs after it.
@@ -116,6 +118,7 @@ class RolloutWorker:
             think_end=rollout.think_end,
             weights_root=self.config.security.weights_root,
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
+            trajectories=self.trajectories,
             broadcast=self.follower.broadcast,
         )
         self.server, self.port, ready_health = start_server(servicer, self.port, self.host)
@@ -157,6 +160,7 @@ class RolloutWorker:
             self.state,
             self.config,
             self.worker_id,
+            self.trajectories,
         )
 
         actor.run(

@@ -31,6 +31,64 @@ class _Record(BaseModel):
     step: int  # every record is of a step; each kind says which (its own description)
 
 
+class MultiTurnStats(BaseModel):
+    """The multi-turn trajectories of a step's batch (StepRecord.multi_turn), or of a run
+    (report.json `multi_turn`): counts, and the means and shares derived from them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trajectories: int = Field(description="Multi-turn samples.")
+    turns_total: int = Field(description="Model turns, summed over the trajectories.")
+    turns_max: int = Field(description="Most model turns of one trajectory.")
+    tool_calls_total: int = Field(description="Tool calls, summed.")
+    tool_errors_total: int = Field(
+        description="Tool calls that failed (unknown tool, malformed, bad arguments, raised, "
+        "timed out), summed."
+    )
+    tokens_total: int = Field(description="Tokens after the prompts: model, forced, environment.")
+    env_tokens_total: int = Field(description="Environment tokens (tool results, messages).")
+    max_turns_total: int = Field(description="Trajectories that ended at max_turns.")
+
+    @property
+    def turns_mean(self) -> float:
+        return self.turns_total / self.trajectories
+
+    @property
+    def tool_calls_mean(self) -> float:
+        return self.tool_calls_total / self.trajectories
+
+    @property
+    def tool_error_rate(self) -> float:
+        """Failed calls / calls (0 without calls)."""
+        return self.tool_errors_total / self.tool_calls_total if self.tool_calls_total else 0.0
+
+    @property
+    def env_token_share(self) -> float:
+        """Environment tokens / tokens after the prompts (0 without tokens)."""
+        return self.env_tokens_total / self.tokens_total if self.tokens_total else 0.0
+
+    def summary(self) -> dict[str, float]:
+        """The report's view: turns_mean, turns_max, tool_calls_mean, tool_error_rate,
+        env_token_share, max_turns_rate and the trajectories counted."""
+        return {
+            "trajectories": self.trajectories,
+            "turns_mean": self.turns_mean,
+            "turns_max": self.turns_max,
+            "tool_calls_mean": self.tool_calls_mean,
+            "tool_error_rate": self.tool_error_rate,
+            "env_token_share": self.env_token_share,
+            "max_turns_rate": self.max_turns_total / self.trajectories,
+        }
+
+    def __add__(self, other: MultiTurnStats) -> MultiTurnStats:
+        counts = {
+            name: getattr(self, name) + getattr(other, name)
+            for name in MultiTurnStats.model_fields
+            if name != "turns_max"
+        }
+        return MultiTurnStats(turns_max=max(self.turns_max, other.turns_max), **counts)
+
+
 class TaskStepStats(BaseModel):
     """One task's part of a step's batch (StepRecord.by_task), and its prompt pool after
     the step (No-Positive-Resampling, Sec. 3.2)."""
@@ -172,6 +230,10 @@ class StepRecord(_Record):
         default=None,
         description="Replay stream entry ids of the batch's groups (each is trained once "
         "in a run's timeline).",
+    )
+    multi_turn: MultiTurnStats | None = Field(
+        default=None,
+        description="The batch's multi-turn trajectories (None: no multi-turn sample).",
     )
     samples_by_finish_reason: dict[str, int] | None = Field(
         default=None,

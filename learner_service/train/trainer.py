@@ -50,6 +50,7 @@ from learner_service.train.state_dicts import (
     wrap,
 )
 from learner_service.train.step_stats import RatioTotals, StepStats
+from scalerl.agents.stats import multi_turn_stats
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
 from scalerl.policy.weights import snapshot_state_dict, wire_tensors
@@ -195,6 +196,7 @@ class Trainer:
             "interrupted_rate": full.interrupted / full.num_samples,
             "parse_failure_rate": sum(s.parse_failed for g in groups for s in g.samples)
             / full.num_samples,
+            "multi_turn": multi_turn_stats(s for g in groups for s in g.samples),
         }
         drop = zero_var if self.config.zero_variance_filter else torch.zeros_like(zero_var)
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]

@@ -4,9 +4,13 @@ starts with a non-zero pass rate and has signal."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from scalerl.agents.chat import TurnTemplate
+from scalerl.agents.tool_calls import ToolCall, ToolCallFormat
 from scalerl.tasks import AdditionTask, Problem, TaskSet
 
 
@@ -25,6 +29,26 @@ def warmup_problems(tasks: TaskSet) -> list[tuple[Problem, str]]:
     return found
 
 
+@dataclass(frozen=True)
+class ToolDemo:
+    """A calculator call to demonstrate in the warm-up: `rate` of the targets, the call
+    written in `call_format`, the result rendered by `template` (token-in-token-out, as
+    the workers render it)."""
+
+    rate: float
+    call_format: ToolCallFormat
+    template: TurnTemplate
+    tokenizer: Any
+
+    def turn(self, problem: Problem, eos: int) -> tuple[list[int], list[int]]:
+        """(the call turn's ids with its end, the environment's message with the answer)."""
+        expression = problem.question.removeprefix("What is ").rstrip("?")
+        call = ToolCall("calculator", {"expression": expression})
+        ids = self.tokenizer.encode(self.call_format.render(call)) + [eos]
+        message = {"role": "tool", "content": str(problem.answer)}
+        return ids, self.template.message_ids(message, ids)
+
+
 def supervised_warmup(
     model: torch.nn.Module,
     tokenizer,
@@ -34,6 +58,7 @@ def supervised_warmup(
     batch: int = 32,
     seed: int = 0,
     distractor_rate: float = 0.0,
+    tool: ToolDemo | None = None,
 ) -> float:
     """`steps` AdamW steps of next-token cross-entropy on the completion
     "{answer}<eos>" of random training `problems` (with their system prompts; never
@@ -42,7 +67,9 @@ def supervised_warmup(
     `distractor_rate` > 0 that fraction of targets is "{answer} {digit}<eos>": the model
     then often appends a stray number, which the last-integer verifier scores 0, so RL has
     a behaviour that generalizes across prompts to learn (stop after the answer), as the
-    embedded model has (stop explaining). Returns the last loss (nats per completion token)."""
+    embedded model has (stop explaining). With `tool`, that fraction of targets is a
+    two-turn trajectory instead: the call, the environment's message with the answer (no
+    loss on it, as in RL) and the answer. Returns the last loss (nats per target token)."""
     rng = random.Random(seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -58,6 +85,11 @@ def supervised_warmup(
             if rng.random() < distractor_rate:
                 text += f" {rng.randint(0, 9)}"
             answer = tokenizer.encode(text) + [eos]
+            if tool is not None and rng.random() < tool.rate:
+                call, message = tool.turn(problem, eos)
+                rows.append(prompt + call + message + answer)
+                targets.append([-100] * (len(prompt) - 1) + call + [-100] * len(message) + answer)
+                continue
             rows.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer)
         width = max(len(r) for r in rows)

@@ -88,6 +88,7 @@ class GenerationRequest:
     answer_budget: int = 0
     interrupt_ids: tuple[int, ...] = ()
     think_end_ids: tuple[int, ...] = ()
+    keep_cache: bool = False
 
 
 @dataclass
@@ -182,6 +183,11 @@ class GenerationStream:
     def cancel(self) -> bool:
         """Abort the request (ABORTED); False if it had already ended."""
         return self._engine.interrupt(self.request_id, ABORT)
+
+    def truncate(self) -> bool:
+        """Interrupt the request's thinking (TRUNCATE: the phrase is forced, then its
+        answer); False if it had already ended."""
+        return self._engine.interrupt(self.request_id, TRUNCATE)
 
     def put(self, item: Chunk | BaseException) -> None:
         """Engine side: deliver a chunk, or the exception the request failed with (the

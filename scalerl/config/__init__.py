@@ -26,6 +26,8 @@ from scalerl.config.task import (
     ADDITIONS_SYSTEM_PROMPT,
     TASK_SOURCES,
     CodeVerifierConfig,
+    EnvironmentConfig,
+    McpServerConfig,
     TaskConfig,
     VerifierConfig,
 )
@@ -57,6 +59,8 @@ __all__ = [
     "TASK_SOURCES",
     "TaskConfig",
     "CodeVerifierConfig",
+    "EnvironmentConfig",
+    "McpServerConfig",
     "VerifierConfig",
     "UriWeights",
     "WeightsConfig",

@@ -42,3 +42,10 @@ class ModelConfig(_Section):
         description="Fraction of warm-up targets followed by a stray number (gives RL a "
         "behaviour to learn that generalizes to held-out prompts).",
     )
+    warmup_tool_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of warm-up targets of a multi-turn additions task that call "
+        "the calculator first and answer with its result (gives RL a tool to learn to use).",
+    )

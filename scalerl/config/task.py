@@ -16,6 +16,66 @@ ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
 TASK_SOURCES = ("additions", "file", "reasoning_gym")
 
 
+class McpServerConfig(_Section):
+    """An MCP server whose tools an agent task offers, started by the worker over stdio."""
+
+    command: list[str] = Field(
+        min_length=1, description="The server's command line (argv), e.g. [python, -m, srv]."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="The server's environment (nothing of the worker's is passed on: no "
+        "token, no Redis URL).",
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="The server's tools to offer (empty = all of them)."
+    )
+
+
+class EnvironmentConfig(_Section):
+    """A multi-turn task (`scalerl.agents`): the model may call tools, whose results come
+    back as messages, until it answers without a call; the task's verifier scores the
+    final answer. Tools run in the code sandbox (`verifier.code`)."""
+
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Python tools: 'calculator' (built in) or 'python:MODULE:FUNCTION' (a "
+        "stdlib-only function with JSON-typed annotations, run in the code sandbox).",
+    )
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools are offered too."
+    )
+    call_format: Literal["hermes", "equals"] = Field(
+        "hermes",
+        description="How the model writes a tool call ('hermes': <tool_call>JSON</tool_call>; "
+        "'equals': =EXPRESSION calls the calculator, for character-level models).",
+    )
+    max_turns: int = Field(4, ge=1, le=256, description="Model turns per trajectory.")
+    max_tokens: int = Field(
+        512,
+        ge=2,
+        le=1_048_576,
+        description="Tokens after the prompt per trajectory: model, forced and environment.",
+    )
+    max_env_tokens: int = Field(
+        256, ge=1, le=1_048_576, description="Environment tokens (tool results) per trajectory."
+    )
+    tool_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="Wall time of one tool call, seconds."
+    )
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> EnvironmentConfig:
+        if not self.tools and not self.mcp_servers:
+            raise ValueError("environment: needs at least one of tools and mcp_servers")
+        for name in self.tools:
+            if name != "calculator" and not name.startswith("python:"):
+                raise ValueError(
+                    f"environment.tools: {name!r} must be 'calculator' or 'python:MODULE:FUNCTION'"
+                )
+        return self
+
+
 class TaskConfig(_Section):
     """One task of the run: where its prompts come from, how they are split into training
     and held-out prompts, how a reply is scored and its share of the training prompts.
@@ -95,6 +155,9 @@ class TaskConfig(_Section):
     )
     size: int = Field(
         10_000, ge=2, le=10_000_000, description="reasoning_gym: prompts generated in all."
+    )
+    environment: EnvironmentConfig | None = Field(
+        None, description="Multi-turn with tools (None: one completion per prompt)."
     )
 
     @model_validator(mode="after")

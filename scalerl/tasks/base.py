@@ -51,6 +51,9 @@ class Task(ABC):
     """
 
     source: str = ""
+    # Multi-turn: the environments of its trajectories (`scalerl.agents.build`), set from
+    # `task.environment`; None: one completion per prompt.
+    environments: Any = None
     train_ids: Sequence[str]
     heldout_ids: Sequence[str]
     verifier: Verifier
@@ -99,8 +102,10 @@ class Task(ABC):
         }
 
     def close(self) -> None:
-        """Release the verifier's worker processes and any open file."""
+        """Release the verifier's worker processes, any open file and MCP server."""
         self.verifier.close()
+        if self.environments is not None:
+            self.environments.close()
 
 
 def task_verifier(

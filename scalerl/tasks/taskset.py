@@ -74,10 +74,26 @@ class TaskSet:
 def build_task(
     config: TaskConfig, end_of_thinking: str = "", settings: VerifierConfig | None = None
 ) -> Task:
-    """The task one `TaskConfig` describes; settings: the run's `verifier` section.
+    """The task one `TaskConfig` describes, with its environments when it is multi-turn
+    (`task.environment`); settings: the run's `verifier` section.
 
     Raises ValueError (one line naming the task and field) for a missing file or column,
-    a bad split or an unknown dataset; the sources' own loaders say which."""
+    a bad split, an unknown dataset or a tool that cannot be imported; the sources' own
+    loaders say which."""
+    task = _prompts(config, end_of_thinking, settings)
+    if config.environment is not None:
+        from scalerl.agents.build import ToolTaskEnvironments
+
+        try:
+            task.environments = ToolTaskEnvironments(
+                config.environment, config.effective_system_prompt, settings
+            )
+        except ValueError as exc:
+            raise ValueError(f"task {config.name!r}: {exc}") from None
+    return task
+
+
+def _prompts(config: TaskConfig, end_of_thinking: str, settings: VerifierConfig | None) -> Task:
     common: dict[str, Any] = {
         "name": config.name,
         "weight": config.weight,

@@ -14,6 +14,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_INTERRUPTED: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TURNS: _ClassVar[FinishReason]
 
 class InterruptMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_INTERRUPTED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+FINISH_REASON_MAX_TURNS: FinishReason
 INTERRUPT_MODE_UNSPECIFIED: InterruptMode
 INTERRUPT_MODE_TRUNCATE: InterruptMode
 INTERRUPT_MODE_ABORT: InterruptMode
@@ -189,7 +191,7 @@ class GetRolloutStatusResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., active_requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed")
+    __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed", "environment", "turns", "tool_calls", "tool_errors")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +199,10 @@ class Sample(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PARSE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     policy_versions: _containers.RepeatedScalarFieldContainer[int]
@@ -204,7 +210,11 @@ class Sample(_message.Message):
     reward: float
     finish_reason: FinishReason
     parse_failed: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., parse_failed: _Optional[bool] = ...) -> None: ...
+    environment: _containers.RepeatedScalarFieldContainer[bool]
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., parse_failed: _Optional[bool] = ..., environment: _Optional[_Iterable[bool]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "prompt_id", "prompt_token_ids", "samples", "min_policy_version", "max_policy_version", "worker_id", "created_unix_s")

@@ -25,26 +25,17 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from scalerl.verifiers.base import END_OF_THINKING, Verdict, Verifier, answer_part
-from scalerl.verifiers.sandbox import (
-    CaseOutcome,
-    SandboxLimits,
-    SandboxRun,
-    containment,
-    run_program,
-)
-
-log = logging.getLogger(__name__)
+from scalerl.verifiers.programs import ProgramRunner
+from scalerl.verifiers.sandbox import CaseOutcome, SandboxLimits, SandboxRun
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _SHOWN_CHARS = 2000
 _NOT_LITERAL = object()
-ALLOW_UNCONTAINED = "verifier.code.allow_uncontained"
 
 
 @dataclass(frozen=True)
@@ -255,36 +246,12 @@ class CodeVerifier(Verifier):
         service: str = "",
     ) -> None:
         super().__init__("code")
-        self.limits = limits or SandboxLimits()
+        self.runner = ProgramRunner(limits, service, allow_uncontained)
+        self.limits = self.runner.limits
         self.end_of_thinking = end_of_thinking
-        self.service = service
-        if service:  # the service refuses to start where it cannot contain programs
-            return
-        found = containment(self.limits)
-        if found.contained:
-            return
-        missing = "; ".join(found.missing)
-        if not allow_uncontained:
-            raise ValueError(
-                f"the code sandbox cannot contain programs here ({missing}); set "
-                f"{ALLOW_UNCONTAINED}: true to run them uncontained"
-            )
-        log.warning("code sandbox: programs run uncontained (%s): %s", ALLOW_UNCONTAINED, missing)
 
     def validate_answer(self, answer: Any) -> None:
         parse_tests(answer)
-
-    def _run(self, program: str, tests: CodeTests) -> SandboxRun:
-        """The program's run: on the sandbox service when one is set, else here."""
-        if not self.service:
-            return run_program(program, tests.kind, list(tests.cases), self.limits)
-        from scalerl.rpc.clients.sandbox import SandboxClient
-        from scalerl.rpc.security import Security
-
-        # Plaintext, without the token: the sandbox holds no secret, not even a TLS key
-        # (only the learner and the workers can reach it: deploy/, NetworkPolicy sandbox).
-        with SandboxClient(self.service, security=Security()) as client:
-            return client.execute(program, tests.kind, list(tests.cases), self.limits.wall_s)
 
     def check(self, completion: str, answer: Any) -> Verdict:
         tests = parse_tests(answer)
@@ -294,7 +261,7 @@ class CodeVerifier(Verifier):
         if text is None or not text.strip():
             return Verdict(0.0, True, expected=expected, detail="no program in the answer")
         program = extract_program(text)
-        run = self._run(program, tests)
+        run = self.runner.run(program, tests.kind, list(tests.cases))
         shown = program[:_SHOWN_CHARS]
         if run.syntax_error:
             return Verdict(0.0, True, shown, expected, f"does not compile: {run.syntax_error}")

@@ -32,7 +32,8 @@ from verifier_cases import (
     write_outside,
 )
 
-from scalerl.verifiers.code import ALLOW_UNCONTAINED, CodeVerifier
+from scalerl.verifiers.code import CodeVerifier
+from scalerl.verifiers.programs import ALLOW_UNCONTAINED
 from scalerl.verifiers.sandbox import Containment, SandboxLimits, containment, run_program
 
 LIMITS = SandboxLimits(cpu_s=1, wall_s=TIMEOUT_S, memory_bytes=256 << 20, max_processes=16)
@@ -252,12 +253,13 @@ def test_without_namespaces_the_cap_and_the_limits_still_hold(tmp_path: Path) ->
 def test_a_run_with_a_code_task_refuses_to_start_uncontained(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """`scalerl run`'s preflight: one line naming the setting, exit code 2; allowed, it starts."""
-    from scalerl.verifiers import code as code_verifier
+    """`scalerl run`'s preflight: one line naming the setting, exit code 2; allowed, it
+    starts. The same for a multi-turn task's Python tools, which run in the sandbox too."""
+    from scalerl.verifiers import programs
     from scalerl_cli import preflight
 
     refused = Containment(("namespaces: unshare refused (Operation not permitted)",))
-    monkeypatch.setattr(code_verifier, "containment", lambda limits: refused)
+    monkeypatch.setattr(programs, "containment", lambda limits: refused)
     config = {
         "model": {"kind": "tiny"},
         "task": {
@@ -280,3 +282,12 @@ def test_a_run_with_a_code_task_refuses_to_start_uncontained(
     ]
     path.write_text(yaml.safe_dump({**config, "verifier": {"code": {"allow_uncontained": True}}}))
     assert preflight.main([str(path)]) == 0
+
+    tools = {"model": {"kind": "tiny"}, "rollout": {"interrupt_text": " A:"}}
+    tools["task"] = {"name": "add", "environment": {"tools": ["calculator"]}}
+    path.write_text(yaml.safe_dump(tools))
+    assert preflight.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("task 'add': the code sandbox cannot contain programs here") and (
+        err.count("\n") == 1
+    )

@@ -46,3 +46,18 @@ def test_a_task_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys) ->
     assert err.count("\n") == 1 and err.startswith("scalerl task inspect: task 'm': path"), err
     assert main(["task", "inspect", "--config", "tiny", "--show", "99"]) == 2
     assert "--show must be in [0, 50]" in capsys.readouterr().err
+
+
+def test_inspect_runs_one_trajectory_and_shows_its_roles(capsys) -> None:
+    argv = ["task", "inspect", "--config", "multiturn-tiny", "--show", "0", "--trajectory"]
+    # The tiny model before training writes anything: the shape is checked (the prompt,
+    # then turns of the model, an environment message between two turns).
+    assert main([*argv, "--json"]) == 0
+    (task,) = json.loads(capsys.readouterr().out)["tasks"]
+    t = task["trajectory"]
+    roles = [s["role"] for s in t["segments"]]
+    assert roles[0] == "prompt" and roles[1] == "model" and roles[-1] == "model"
+    assert t["prompt_id"].startswith("addition/") and t["turns"] == roles.count("model")
+    assert t["segments"][0]["text"].startswith("Q:") and t["finish_reason"].startswith("FINISH_")
+    assert main(argv) == 0
+    assert "--- trajectory of addition/" in capsys.readouterr().out

@@ -13,6 +13,7 @@ import redis
 
 from rollout_service import actor as actor_module
 from rollout_service.actor import ActorLoop, _GroupInFlight
+from rollout_service.engines.api import TRUNCATE
 from scalerl.offpolicy import producer_for
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import GenerationTickets, RunState
@@ -21,14 +22,18 @@ from scalerl.v1 import rollout_pb2
 
 
 class FakeStream:
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, engine: FakeEngine) -> None:
         self.request_id = request_id
+        self.engine = engine
         self.finished = threading.Event()
         self.cancelled = False
 
     def cancel(self) -> bool:
         self.cancelled = True
         return True
+
+    def truncate(self) -> bool:
+        return self.engine.interrupt(self.request_id, TRUNCATE)
 
 
 class FakeEngine:
@@ -49,7 +54,7 @@ class FakeEngine:
 def _groups(engine: FakeEngine, names: list[str], version: int = 3) -> list[_GroupInFlight]:
     groups = []
     for name in names:
-        streams = [FakeStream(f"{name}-{i}") for i in range(2)]
+        streams = [FakeStream(f"{name}-{i}", engine) for i in range(2)]
         engine.streams |= {s.request_id: s for s in streams}
         groups.append(_GroupInFlight(name, [1, 2], streams, version))
     return groups

@@ -7,7 +7,9 @@ One background thread owns the model and runs a loop of *steps*. Each step:
 2. applies interrupts (ABORT, TRUNCATE) that arrived since the last step;
 3. admits waiting requests into free slots and prefills them in ONE forward over a
    right-padded batch of their distinct prompts (G requests with the same prompt share a
-   row; its KV is copied into the others' slots). Admission is in arrival order and stops
+   row; its KV is copied into the others' slots). A request whose prompt extends a parked
+   sequence (a multi-turn trajectory's previous turn, `keep_cache`) takes that slot and
+   prefills only the new tokens, in the same forward. Admission is in arrival order and stops
    before the distinct prompts, padded to the longest, would pass `max_prefill_tokens`
    (the first is always admitted), which bounds the prefill's memory;
 4. forces the interrupt phrase for requests that asked for it (thinking budget reached,
@@ -28,7 +30,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -70,6 +72,8 @@ class _Seq(LiveRequest):
     logits_version: int = 0
     unfed: int | None = None  # sampled token not yet in the KV cache
     want_force: str | None = None  # reason to force the phrase at the next step
+    emitted: list[int] = field(default_factory=list)  # tokens emitted, in cache order
+    reused: int = 0  # prompt tokens whose KV came from a parked slot
 
     def __post_init__(self) -> None:
         self.budget = LengthBudget(self.request)
@@ -145,6 +149,10 @@ class TorchEngine:
         self._staged: list[_Staged] = []
         self._active: dict[int, _Seq] = {}  # slot -> seq (engine thread only)
         self._free = list(range(max_batch - 1, -1, -1))
+        # Slots whose KV a finished `keep_cache` request left, with the ids in them, oldest
+        # first; taken over by a continuation, else evicted when a slot is needed.
+        self._parked: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self.prefix_tokens_reused = 0  # prompt tokens a continuation did not prefill
         self._stopping = False
         self._thread: threading.Thread | None = None
         if autostart:
@@ -286,7 +294,7 @@ class TorchEngine:
         taken: list[_Seq] = []
         distinct: set[tuple[int, ...]] = set()
         longest = 0
-        while self._waiting and len(taken) < len(self._free):
+        while self._waiting and len(taken) < len(self._free) + len(self._parked):
             prompt = self._waiting[0].request.prompt_ids
             if prompt not in distinct:
                 width = max(longest, len(prompt))
@@ -334,31 +342,55 @@ class TorchEngine:
             seq.want_force = "truncate"
 
     def _admit(self, seqs: list[_Seq]) -> None:
-        """Prefill new requests: one batched forward over their distinct prompts, then the
-        KV of each prompt is copied into the slots of the other requests sharing it."""
+        """Prefill new requests: one batched forward over their distinct prompts and the
+        new tokens of continuations, then the KV of each prompt is copied into the slots
+        of the other requests sharing it."""
+        continuing = [seq for seq in seqs if self._continue(seq)]
         for seq in seqs:  # all active first, so a failing prefill fails all of them
-            seq.slot = self._free.pop()
+            if seq.slot < 0:
+                seq.slot = self._free.pop() if self._free else self._evict()
             self._active[seq.slot] = seq
         first: dict[tuple[int, ...], _Seq] = {}
         for seq in seqs:
-            first.setdefault(seq.request.prompt_ids, seq)
-        sources = list(first.values())
-        if sources:
+            if not seq.reused:
+                first.setdefault(seq.request.prompt_ids, seq)
+        rows = [*first.values(), *continuing]
+        if rows:
             logits = self.llama.extend_batch(
-                [seq.slot for seq in sources],
-                [0] * len(sources),
-                [seq.request.prompt_ids for seq in sources],
+                [seq.slot for seq in rows],
+                [seq.reused for seq in rows],
+                [seq.request.prompt_ids[seq.reused :] for seq in rows],
             )
-            for seq, row in zip(sources, logits, strict=True):
+            for seq, row in zip(rows, logits, strict=True):
                 seq.next_logits = row
         for seq in seqs:
             prompt = seq.request.prompt_ids
             seq.length = len(prompt)
             seq.logits_version = self.policy_version
-            source = first[prompt]
+            source = first.get(prompt, seq)
             if source is not seq:
                 self.llama.cache.copy_prefix(source.slot, seq.slot, len(prompt))
                 seq.next_logits = source.next_logits
+
+    def _continue(self, seq: _Seq) -> bool:
+        """Give `seq` the parked slot holding the longest prefix of its prompt, if any;
+        it then prefills from there (at least its last prompt token, for its logits)."""
+        prompt = seq.request.prompt_ids
+        best, best_len = -1, 0
+        for slot, ids in self._parked.items():
+            if best_len < len(ids) <= len(prompt) and prompt[: len(ids)] == ids:
+                best, best_len = slot, len(ids)
+        if best < 0:
+            return False
+        del self._parked[best]
+        seq.slot, seq.reused = best, min(best_len, len(prompt) - 1)
+        self.prefix_tokens_reused += seq.reused
+        return True
+
+    def _evict(self) -> int:
+        """The oldest parked slot, given up (its KV is overwritten)."""
+        slot, _ = self._parked.popitem(last=False)
+        return slot
 
     def _force_phrases(self, seqs: list[_Seq]) -> None:
         """Append each request's interrupt phrase (as much as its max_new_tokens leaves room
@@ -397,6 +429,7 @@ class TorchEngine:
         picked = logp.gather(1, torch.tensor(phrase)[:, None].to(logp.device))[:, 0]
         seq.length += len(phrase) + (0 if seq.unfed is None else 1)
         seq.unfed = None
+        seq.emitted += phrase
         seq.next_logits = out[-1]
         version = seq.logits_version = self.policy_version
         return Chunk(phrase, picked.tolist(), [version] * len(phrase), [True] * len(phrase))
@@ -428,6 +461,7 @@ class TorchEngine:
     def _after_sample(self, seq: _Seq, token: int, logprob: float) -> None:
         """Emit a sampled token and decide whether the request ends or must be forced."""
         seq.unfed = token
+        seq.emitted.append(token)
         chunk = Chunk([token], [logprob], [seq.logits_version], [False])
         reason = seq.budget.sampled_token(token, self.stop_token_ids)
         if reason:
@@ -438,18 +472,24 @@ class TorchEngine:
         self._requests.emit(seq, chunk)
 
     def _finish(self, seq: _Seq, chunk: Chunk, reason: int) -> None:
-        self._release(seq)
+        self._release(seq, park=seq.request.keep_cache and reason != ABORTED)
         self._requests.finish(seq, chunk, reason)
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:
-        self._release(seq)
+        self._release(seq, park=False)
         self._requests.fail(seq, exc)
 
-    def _release(self, seq: _Seq) -> None:
-        """Free the request's slot, if it holds one."""
+    def _release(self, seq: _Seq, park: bool) -> None:
+        """Free the request's slot, if it holds one; with `park`, keep its KV for a
+        continuation: the prompt and the emitted tokens already in the cache."""
         if seq.slot >= 0 and self._active.get(seq.slot) is seq:
             del self._active[seq.slot]
-            self._free.append(seq.slot)
+            in_cache = seq.length - len(seq.request.prompt_ids)
+            if park and in_cache >= 0:
+                ids = seq.request.prompt_ids + tuple(seq.emitted[:in_cache])
+                self._parked[seq.slot] = ids
+            else:
+                self._free.append(seq.slot)
 
     def _shutdown(self) -> None:
         """End everything left after the loop stopped (caller's thread)."""

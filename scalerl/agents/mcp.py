@@ -1,0 +1,118 @@
+"""Tools of an MCP server (Model Context Protocol, the `mcp` package 2.x), over stdio.
+
+The worker starts the server as a child process (`task.environment.mcp_servers`), with
+only the environment its config gives (and mcp's few defaults such as PATH and HOME):
+nothing of the worker's own, so no token or Redis URL. The session lives on a private
+event loop thread, so the trajectories' threads call tools concurrently with a plain
+blocking call; each call has the environment's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from scalerl.agents.tools import ToolError, ToolSpec
+from scalerl.config import McpServerConfig
+
+START_TIMEOUT_S = 30.0
+# Beyond a call's own timeout, for the session's answer to come back.
+_SLACK_S = 5.0
+
+
+class McpServer:
+    """One MCP server's session (module docstring). Raises RuntimeError (one line naming
+    the command) when the server does not start and list its tools within
+    `start_timeout_s` seconds, or ValueError naming a tool of `config.tools` it lacks."""
+
+    def __init__(self, config: McpServerConfig, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.config = config
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mcp", daemon=True)
+        self._thread.start()
+        self._closing: asyncio.Event | None = None
+        self._session: Any = None
+        ready: Future[list[Any]] = Future()
+        self._done = asyncio.run_coroutine_threadsafe(self._serve(ready), self._loop)
+        try:
+            listed = ready.result(start_timeout_s)
+        except Exception as exc:
+            self.close()
+            command = " ".join(config.command)
+            raise RuntimeError(f"MCP server {command!r} did not start: {exc}") from exc
+        wanted = set(config.tools) or {tool.name for tool in listed}
+        missing = wanted - {tool.name for tool in listed}
+        if missing:
+            self.close()
+            raise ValueError(f"mcp_servers.tools: the server has no tool {sorted(missing)[0]!r}")
+        self.tools = [McpTool(self, tool) for tool in listed if tool.name in wanted]
+
+    async def _serve(self, ready: Future[list[Any]]) -> None:
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        command, *args = self.config.command
+        params = StdioServerParameters(command=command, args=args, env=dict(self.config.env))
+        self._closing = asyncio.Event()
+        try:
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    listed = (await session.list_tools()).tools
+                    self._session = session
+                    ready.set_result(listed)
+                    await self._closing.wait()
+        except BaseException as exc:  # the server failed: whoever waits to start hears it
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> str:
+        """The tool's text content. Raises ToolError with the server's message when the
+        tool reported an error, TimeoutError past `timeout_s` seconds."""
+        if self._session is None:
+            raise ToolError("the MCP server is closed")
+        call = self._session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        try:
+            result = future.result(timeout_s + _SLACK_S)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"{name} took more than {timeout_s:g} s") from None
+        except Exception as exc:  # mcp's McpError on its read timeout, a closed stream
+            if "timed out" in str(exc).lower():
+                raise TimeoutError(f"{name} took more than {timeout_s:g} s") from None
+            raise ToolError(f"{name}: {exc}") from exc
+        text = "\n".join(getattr(part, "text", "") for part in result.content)
+        if result.is_error:
+            raise ToolError(text or f"{name} failed")
+        return text
+
+    def close(self) -> None:
+        """Stop the server and the loop (idempotent)."""
+        if self._closing is not None:
+            self._loop.call_soon_threadsafe(self._closing.set)
+            try:
+                self._done.result(10.0)
+            except Exception:  # the server's own failure was reported when it happened
+                pass
+            self._closing = None
+        self._session = None
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+
+
+class McpTool:
+    """One tool of an `McpServer`, as a `scalerl.agents.tools.Tool`."""
+
+    def __init__(self, server: McpServer, tool: Any) -> None:
+        self.server = server
+        schema = dict(tool.input_schema or {"type": "object"})
+        self.spec = ToolSpec(tool.name, tool.description or tool.name, schema)
+
+    def call(self, arguments: dict[str, Any], timeout_s: float) -> str:
+        return self.server.call(self.spec.name, arguments, timeout_s)

@@ -1,0 +1,92 @@
+"""MCP tools (scalerl.agents.mcp): a stdio server started by the test serves a tool used
+in a trajectory; its failures and timeouts are observations; it reads nothing of the
+worker's environment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalerl.agents.chat import TurnTemplate
+from scalerl.agents.environment import ToolEnvironment, first_messages
+from scalerl.agents.mcp import McpServer
+from scalerl.agents.tool_calls import HermesFormat, ToolCall
+from scalerl.agents.tools import ToolBox
+from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
+from scalerl.config import McpServerConfig, ModelConfig
+from scalerl.policy.models import load_tokenizer
+
+pytest.importorskip("mcp")
+SERVER = [sys.executable, str(Path(__file__).with_name("mcp_tool_server.py"))]
+
+
+@pytest.fixture(scope="module")
+def server():
+    started = McpServer(McpServerConfig(command=SERVER))
+    yield started
+    started.close()
+
+
+def test_the_servers_tools_with_their_schemas(server: McpServer) -> None:
+    specs = {tool.spec.name: tool.spec for tool in server.tools}
+    assert sorted(specs) == ["fail", "multiply", "secret", "sleep"]
+    assert specs["multiply"].parameters["required"] == ["a", "b"]
+    assert specs["multiply"].description == "Multiply two integers."
+
+
+def test_calls_and_their_failures_are_observations(server: McpServer, monkeypatch) -> None:
+    box = ToolBox(server.tools, timeout_s=1.0)
+    assert box.call(ToolCall("multiply", {"a": 21, "b": 23})).content == "483"
+    failed = box.call(ToolCall("fail", {"reason": "no such city"}))
+    # The server says what it reveals of a crash (mcp 2 hides the exception's text).
+    assert (failed.error, failed.content) == ("raised", "error: Error executing tool fail")
+    hung = box.call(ToolCall("sleep", {"seconds": 30}))
+    assert (hung.error, hung.content) == ("timeout", "error: sleep timed out after 1 s")
+    assert box.call(ToolCall("multiply", {"a": "x", "b": 1})).error == "arguments"
+    # The server still answers after a timed-out call.
+    assert box.call(ToolCall("multiply", {"a": 2, "b": 3})).content == "6"
+
+
+def test_the_server_reads_no_secret_of_the_worker(monkeypatch) -> None:
+    monkeypatch.setenv("SCALERL_AUTH_TOKEN", "hunter2")
+    started = McpServer(McpServerConfig(command=SERVER))
+    try:
+        assert ToolBox(started.tools).call(ToolCall("secret", {})).content == "none"
+    finally:
+        started.close()
+
+
+def test_a_missing_tool_or_server_is_one_line() -> None:
+    with pytest.raises(ValueError, match="the server has no tool 'search'"):
+        McpServer(McpServerConfig(command=SERVER, tools=["search"]))
+    with pytest.raises(RuntimeError, match="did not start"):
+        McpServer(McpServerConfig(command=[sys.executable, "-c", "pass"]), start_timeout_s=5)
+
+
+def test_an_mcp_tool_in_a_trajectory(server: McpServer) -> None:
+    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    box = ToolBox([t for t in server.tools if t.spec.name == "multiply"])
+
+    class Star(HermesFormat):  # the tiny vocabulary has no JSON: "=a b" calls multiply
+        def parse(self, text):
+            if text[:1] != "=":
+                return []
+            a, b = text[1:].split()
+            return [ToolCall("multiply", {"a": int(a), "b": int(b)})]
+
+    class Turn:
+        def __init__(self, text: str) -> None:
+            self.token_ids = tokenizer.encode(text) + [1]
+            n = len(self.token_ids)
+            self.logprobs, self.versions, self.forced = [-1.0] * n, [0] * n, []
+            self.finish_reason = STOP
+
+    replies = iter(["=21 23", "483"])
+    env = ToolEnvironment(first_messages("21 23"), box, Star())
+    t = run_trajectory(
+        env, TurnTemplate(tokenizer), lambda *_: Turn(next(replies)), TurnLimits(3, 64, 32, 8), 128
+    )
+    assert tokenizer.decode(t.token_ids) == "=21 23\n483\nA:483"
+    assert (t.turns, t.tool_calls, t.tool_errors, t.finish_reason) == (2, 1, 0, STOP)
