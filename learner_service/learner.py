@@ -43,11 +43,10 @@ from learner_service.timing import LearnerTiming
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks
 from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
-from learner_service.train.warmup import ToolDemo, supervised_warmup, warmup_problems
+from learner_service.train.warmup import supervised_warmup, tool_demo, warmup_problems
 from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import make_sender
 from learner_service.weights.weight_store import WeightStore
-from scalerl.agents.chat import TurnTemplate
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
@@ -242,19 +241,9 @@ class Learner:
                 cfg.model.warmup_lr,
                 seed=cfg.seed,
                 distractor_rate=cfg.model.warmup_distractor_rate,
-                tool=self._tool_demo(),
+                tool=tool_demo(cfg.model.warmup_tool_rate, self.tasks, self.tokenizer),
             )
         log.info("supervised warm-up: %d steps, final loss %.3f", cfg.model.warmup_steps, loss)
-
-    def _tool_demo(self) -> ToolDemo | None:
-        """The warm-up's calculator demonstrations (`model.warmup_tool_rate`) in the call
-        format of the run's first multi-turn task; None without either."""
-        rate = self.config.model.warmup_tool_rate
-        multi_turn = [task for task in self.tasks if task.environments is not None]
-        if not rate or not multi_turn:
-            return None
-        call_format = multi_turn[0].environments.call_format
-        return ToolDemo(rate, call_format, TurnTemplate(self.tokenizer), self.tokenizer)
 
     def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> bool:
         """Wait until `rollout.workers` workers are registered and ready. False when `stop`

@@ -49,6 +49,16 @@ class ToolDemo:
         return ids, self.template.message_ids(message, ids)
 
 
+def tool_demo(rate: float, tasks: TaskSet, tokenizer) -> ToolDemo | None:
+    """The warm-up's calculator demonstrations (`model.warmup_tool_rate` = `rate`) in the
+    call format of the run's first multi-turn task; None without either."""
+    multi_turn = [task for task in tasks if task.environments is not None]
+    if not rate or not multi_turn:
+        return None
+    call_format = multi_turn[0].environments.call_format
+    return ToolDemo(rate, call_format, TurnTemplate(tokenizer), tokenizer)
+
+
 def supervised_warmup(
     model: torch.nn.Module,
     tokenizer,
