@@ -13,7 +13,7 @@ prompt, in threads, so a factory must be thread-safe and an environment need not
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scalerl.agents.tool_calls import ToolCallFormat
@@ -102,7 +102,6 @@ class ToolEnvironment:
     system_prompt: str = ""
     tools_in_template: bool = False
     scores: bool = False
-    results: list[ToolResult] = field(default_factory=list)
 
     def reset(self) -> Opening:
         system = self.system_prompt
@@ -119,7 +118,6 @@ class ToolEnvironment:
         if not calls:
             return Observation(done=True)
         results = tuple(self.tools.call(call) for call in calls)
-        self.results.extend(results)
         content = "\n".join(result.content for result in results)  # in the calls' order
         return Observation({"role": "tool", "content": content}, tool_results=results)
 
