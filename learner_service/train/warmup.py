@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from scalerl.agents.build import ToolTaskEnvironments
 from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.tool_calls import ToolCall, ToolCallFormat
 from scalerl.tasks import AdditionTask, Problem, TaskSet
@@ -51,11 +52,11 @@ class ToolDemo:
 
 def tool_demo(rate: float, tasks: TaskSet, tokenizer) -> ToolDemo | None:
     """The warm-up's calculator demonstrations (`model.warmup_tool_rate` = `rate`) in the
-    call format of the run's first multi-turn task; None without either."""
-    multi_turn = [task for task in tasks if task.environments is not None]
-    if not rate or not multi_turn:
+    call format of the run's first tool task; None without either."""
+    tool_tasks = [t for t in tasks if isinstance(t.environments, ToolTaskEnvironments)]
+    if not rate or not tool_tasks:
         return None
-    call_format = multi_turn[0].environments.call_format
+    call_format = tool_tasks[0].environments.call_format
     return ToolDemo(rate, call_format, TurnTemplate(tokenizer), tokenizer)
 
 

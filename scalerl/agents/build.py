@@ -1,4 +1,6 @@
-"""A task's environments from its config (`task.environment`): the one place that reads it."""
+"""A task's environments from its config (`task.environment`): the one place that reads
+it. `task_environments` is the factory: a tool task (`ToolTaskEnvironments`) or an OpenEnv
+environment (`scalerl.agents.openenv.OpenEnvEnvironments`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,18 @@ from scalerl.agents.tools import FunctionTool, Tool, ToolBox
 from scalerl.agents.trajectory import TurnLimits
 from scalerl.config import EnvironmentConfig, VerifierConfig
 from scalerl.verifiers.programs import ProgramRunner
+
+
+def task_environments(
+    config: EnvironmentConfig, system_prompt: str, settings: VerifierConfig | None
+) -> Any:
+    """The `EnvironmentFactory` of a multi-turn task. Raises ValueError naming the field
+    (see `ToolTaskEnvironments` and `OpenEnvEnvironments`)."""
+    if config.openenv is not None:
+        from scalerl.agents.openenv import OpenEnvEnvironments
+
+        return OpenEnvEnvironments(config, system_prompt)
+    return ToolTaskEnvironments(config, system_prompt, settings)
 
 
 class ToolTaskEnvironments:

@@ -72,7 +72,7 @@ class Environment(Protocol):
 
     def step(self, turn: ModelTurn) -> Observation:
         """The answer to a model turn. May raise: the trajectory then ends with the
-        environment's error recorded (`Trajectory.env_error`), never the worker."""
+        environment's error recorded (`Trajectory.error`), never the worker."""
         ...
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from scalerl.config.task import (
     CodeVerifierConfig,
     EnvironmentConfig,
     McpServerConfig,
+    OpenEnvConfig,
     TaskConfig,
     VerifierConfig,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "CodeVerifierConfig",
     "EnvironmentConfig",
     "McpServerConfig",
+    "OpenEnvConfig",
     "VerifierConfig",
     "UriWeights",
     "WeightsConfig",

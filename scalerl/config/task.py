@@ -13,7 +13,7 @@ from scalerl.config.base import _Section
 from scalerl.state.keys import TASK_NAME_PATTERN
 
 ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
-TASK_SOURCES = ("additions", "file", "reasoning_gym")
+TASK_SOURCES = ("additions", "file", "reasoning_gym", "episodes")
 
 
 class McpServerConfig(_Section):
@@ -32,10 +32,67 @@ class McpServerConfig(_Section):
     )
 
 
+class OpenEnvConfig(_Section):
+    """An OpenEnv environment (the `openenv-core` package, extra `openenv`) as a task's
+    environment, unchanged: its class run in the worker, or its server at `url`. Each
+    model turn is one action (the turn's text in `action_field`); each observation's
+    text is the next user message; its rewards, summed and mapped from
+    [reward_min, reward_max] onto [0, 1], are the trajectory's reward."""
+
+    environment: str = Field(
+        "",
+        description="'python:MODULE:CLASS': an `openenv.core.env_server.interfaces."
+        "Environment` subclass, one instance per trajectory in the worker.",
+    )
+    environment_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Arguments of the environment class's constructor."
+    )
+    url: str = Field(
+        "",
+        pattern=r"^$|^https?://[^\s]+$",
+        description="A running OpenEnv server (http://host:port): one WebSocket session per "
+        "trajectory (its max_concurrent_envs must cover the trajectories in flight).",
+    )
+    action_field: str = Field(
+        "message", min_length=1, description="The action's field that gets the turn's text."
+    )
+    observation_field: str = Field(
+        "",
+        description="The observation's field shown to the model ('' = its only text field, "
+        "else all of its fields as JSON).",
+    )
+    reset_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More arguments of reset (besides seed, episode_id)."
+    )
+    reward_min: float = Field(0.0, description="The trajectory reward that maps to 0.")
+    reward_max: float = Field(1.0, description="The trajectory reward that maps to 1.")
+    timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Wall time of one reset or step call, seconds."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OpenEnvConfig:
+        if bool(self.environment) == bool(self.url):
+            raise ValueError("environment.openenv: set exactly one of environment and url")
+        if self.environment and not self.environment.startswith("python:"):
+            raise ValueError(
+                f"environment.openenv.environment: {self.environment!r} must be "
+                "'python:MODULE:CLASS'"
+            )
+        if not self.reward_max > self.reward_min:
+            raise ValueError(
+                "environment.openenv: reward_max must be above reward_min, got "
+                f"{self.reward_min} .. {self.reward_max}"
+            )
+        return self
+
+
 class EnvironmentConfig(_Section):
-    """A multi-turn task (`scalerl.agents`): the model may call tools, whose results come
-    back as messages, until it answers without a call; the task's verifier scores the
-    final answer. Tools run in the code sandbox (`verifier.code`)."""
+    """A multi-turn task (`scalerl.agents`). With tools: the model may call tools, whose
+    results come back as messages, until it answers without a call; the task's verifier
+    scores the final answer; tools run in the code sandbox (`verifier.code`). With
+    `openenv`: an OpenEnv environment answers every turn and its rewards score the
+    trajectory."""
 
     tools: list[str] = Field(
         default_factory=list,
@@ -63,11 +120,17 @@ class EnvironmentConfig(_Section):
     tool_timeout_s: float = Field(
         5.0, gt=0, le=600, description="Wall time of one tool call, seconds."
     )
+    openenv: OpenEnvConfig | None = Field(
+        None, description="An OpenEnv environment instead of tools (None: a tool task)."
+    )
 
     @model_validator(mode="after")
     def _check_tools(self) -> EnvironmentConfig:
-        if not self.tools and not self.mcp_servers:
-            raise ValueError("environment: needs at least one of tools and mcp_servers")
+        has_tools = bool(self.tools or self.mcp_servers)
+        if has_tools == (self.openenv is not None):
+            raise ValueError(
+                "environment: needs tools or mcp_servers (a tool task), or openenv, not both"
+            )
         for name in self.tools:
             if name != "calculator" and not name.startswith("python:"):
                 raise ValueError(
@@ -85,6 +148,8 @@ class TaskConfig(_Section):
     with `save_to_disk` (path, format, the *_field names, split fields).
     source `reasoning_gym`: a seeded procedural generator of the `reasoning-gym` package
     (dataset, dataset_config, size), scored by that dataset's own scorer.
+    source `episodes`: `size` episodes of an OpenEnv environment (`environment.openenv`),
+    each a reset seed; the environment opens and scores them.
     The held-out split is the file's (split_field, or a saved DatasetDict's splits) or else
     a seeded i.i.d. split of heldout_size prompts sharing no prompt text with training.
     """
@@ -94,8 +159,9 @@ class TaskConfig(_Section):
         pattern=TASK_NAME_PATTERN.pattern,
         description="Task name: prefix of its prompt ids, label of its metrics and curve.",
     )
-    source: Literal["additions", "file", "reasoning_gym"] = Field(
-        "additions", description="Where the prompts come from: additions, file, reasoning_gym."
+    source: Literal["additions", "file", "reasoning_gym", "episodes"] = Field(
+        "additions",
+        description="Where the prompts come from: additions, file, reasoning_gym, episodes.",
     )
     weight: float = Field(
         1.0, gt=0, le=1e6, description="Share of training prompts, relative to the other tasks."
@@ -154,7 +220,10 @@ class TaskConfig(_Section):
         default_factory=dict, description="reasoning_gym: the dataset's options."
     )
     size: int = Field(
-        10_000, ge=2, le=10_000_000, description="reasoning_gym: prompts generated in all."
+        10_000,
+        ge=2,
+        le=10_000_000,
+        description="reasoning_gym: prompts generated in all; episodes: episodes (seeds).",
     )
     environment: EnvironmentConfig | None = Field(
         None, description="Multi-turn with tools (None: one completion per prompt)."
@@ -175,6 +244,8 @@ class TaskConfig(_Section):
                 )
         if self.source == "reasoning_gym" and not self.dataset:
             raise ValueError(f"{where}: dataset is required for source reasoning_gym")
+        if self.source == "episodes" and (self.environment is None or not self.environment.openenv):
+            raise ValueError(f"{where}: source episodes needs environment.openenv")
         return self
 
     @property

@@ -82,10 +82,10 @@ def build_task(
     loaders say which."""
     task = _prompts(config, end_of_thinking, settings)
     if config.environment is not None:
-        from scalerl.agents.build import ToolTaskEnvironments
+        from scalerl.agents.build import task_environments
 
         try:
-            task.environments = ToolTaskEnvironments(
+            task.environments = task_environments(
                 config.environment, config.effective_system_prompt, settings
             )
         except ValueError as exc:
@@ -110,6 +110,10 @@ def _prompts(config: TaskConfig, end_of_thinking: str, settings: VerifierConfig 
             verifier=task_verifier(config, end_of_thinking, settings=settings),
             **common,
         )
+    if config.source == "episodes":
+        from scalerl.tasks.episodes import EpisodeTask
+
+        return EpisodeTask(config.size, config.heldout_size, config.seed, **common)
     if config.source == "file":
         from scalerl.tasks.files import FileTask
 
