@@ -60,8 +60,9 @@ class TurnTemplate:
     ) -> list[int]:
         """The first prompt: `messages` with the generation prompt (and `tools` where the
         template shows tools)."""
-        if not self.tokenizer.chat:
-            return self.tokenizer.prompt_ids(list(messages), "")
+        if not self.tokenizer.chat:  # a character vocabulary: what it cannot spell is left out
+            spelled = [{**m, "content": self._spellable(str(m["content"]))} for m in messages]
+            return self.tokenizer.prompt_ids(spelled, "")
         text = self._render(list(messages), generation=True, tools=tools)
         return self.tokenizer.encode(text)
 
@@ -90,6 +91,9 @@ class TurnTemplate:
             if closing.startswith(sampled):
                 closing = closing[len(sampled) :]
         return self.tokenizer.encode(closing + full[len(self._base) :])
+
+    def _spellable(self, text: str) -> str:
+        return "".join(c for c in text if self._spelled(c))
 
     def _spelled(self, char: str) -> list[int]:
         try:

@@ -188,6 +188,7 @@ def _turns(
         )
         if room < 1:
             t.finish_reason = LENGTH
+            t._drop_trailing_environment()
             return
         try:
             out = generate([*t.prompt_ids, *t.token_ids], room, t.turns)
@@ -214,8 +215,10 @@ def _turns(
         except Exception as exc:  # the environment's message cannot be rendered
             t.error, t.finish_reason = f"environment: {type(exc).__name__}: {exc}", ABORTED
             return
+        # The message must leave room for a model token under both token bounds.
+        total = len(t.token_ids) + len(ids)
         over_env = t.env_tokens + len(ids) > limits.max_env_tokens
-        if over_env or len(t.token_ids) + len(ids) >= limits.max_tokens:
+        if over_env or total >= limits.max_tokens or len(t.prompt_ids) + total >= max_seq_len:
             t.finish_reason = LENGTH
             return
         t._add_environment(ids)

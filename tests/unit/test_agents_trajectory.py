@@ -143,6 +143,20 @@ def test_max_seq_len_bounds_a_turn() -> None:
     assert engine.asked[0][1] == 4
 
 
+def test_a_message_that_leaves_no_room_under_max_seq_len_ends_it_before_the_message() -> None:
+    # 3 model tokens, then "\n=1\nA:" (6) would fill max_seq_len to the last token:
+    # no room for a model token, so the trajectory ends there, with model tokens.
+    engine = ScriptedEngine(["12", "3"])
+    limit = len(PROMPT) + 3 + 6
+    t = run_trajectory(ScriptedEnv(["=1", ""]), TEMPLATE, engine, LIMITS, max_seq_len=limit)
+    assert (t.turns, t.finish_reason, len(t.token_ids)) == (1, LENGTH, 3)
+    assert t.roles()[-1] == "model" and len(engine.asked) == 1
+    # One more position: the second turn gets exactly that one token.
+    engine = ScriptedEngine(["12", "3"])
+    t = run_trajectory(ScriptedEnv(["=1", ""]), TEMPLATE, engine, LIMITS, max_seq_len=limit + 1)
+    assert engine.asked[1][1] == 1
+
+
 def test_a_truncated_turn_ends_the_trajectory_and_an_interrupted_one_goes_on() -> None:
     t = run_trajectory(
         ScriptedEnv(["=1", ""]), TEMPLATE, ScriptedEngine(["123"], [LENGTH]), LIMITS, 128
