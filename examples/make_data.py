@@ -11,7 +11,9 @@ verifier (the sandboxed program must define the function). Columns: id, prompt, 
 
 products.jsonl: products of a three-digit and a two-digit number, which SmolLM2-135M
 cannot work out alone but can with the calculator tool (examples/tools), scored by
-`last_integer`. Columns: id, problem, answer.
+`last_integer`. Each prompt is a conversation: one worked demonstration (a question, the
+call `=123*45`, the calculator's result, the answer), then the question. Columns: id,
+problem, answer.
 """
 
 from __future__ import annotations
@@ -93,13 +95,29 @@ def code_rows(count_per_kind: int) -> list[dict]:
     return rows
 
 
+# The demonstration before each product question: how a call looks and what comes back.
+DEMONSTRATION = [
+    {"role": "user", "content": "What is 123*45?"},
+    {"role": "assistant", "content": "=123*45"},
+    {"role": "tool", "content": "5535"},
+    {"role": "assistant", "content": "5535"},
+]
+
+
 def product_rows(rng: random.Random, count: int) -> list[dict]:
-    """`count` distinct products a x b, a in 100..999, b in 11..99."""
+    """`count` distinct products a x b, a in 100..999, b in 11..99 (not the
+    demonstration's), each after the demonstration."""
     pairs: set[tuple[int, int]] = set()
     while len(pairs) < count:
-        pairs.add((rng.randint(100, 999), rng.randint(11, 99)))
+        pair = (rng.randint(100, 999), rng.randint(11, 99))
+        if pair != (123, 45):
+            pairs.add(pair)
     return [
-        {"id": f"mul-{a}-{b}", "problem": f"What is {a}*{b}?", "answer": a * b}
+        {
+            "id": f"mul-{a}-{b}",
+            "problem": [*DEMONSTRATION, {"role": "user", "content": f"What is {a}*{b}?"}],
+            "answer": a * b,
+        }
         for a, b in sorted(pairs)
     ]
 
@@ -112,7 +130,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     write_jsonl(OUT / "math.jsonl", math_rows(random.Random(0), 400))
     write_jsonl(OUT / "code.jsonl", code_rows(10))
-    write_jsonl(OUT / "products.jsonl", product_rows(random.Random(0), 2000))
+    write_jsonl(OUT / "products.jsonl", product_rows(random.Random(0), 1000))
 
 
 if __name__ == "__main__":
