@@ -25,7 +25,7 @@ def test_the_committed_data_files_are_what_make_data_writes(tmp_path, monkeypatc
     make_data = _make_data_module()
     monkeypatch.setattr(make_data, "OUT", tmp_path)
     make_data.main()
-    for name in ("math.jsonl", "code.jsonl"):
+    for name in ("math.jsonl", "code.jsonl", "products.jsonl"):
         assert (tmp_path / name).read_text() == (EXAMPLES / "data" / name).read_text(), name
 
 
@@ -35,6 +35,7 @@ def test_the_committed_data_files_are_what_make_data_writes(tmp_path, monkeypatc
         ("math", {"math": (340, 60)}),
         ("reasoning_gym", {"arithmetic": (None, 100)}),
         ("math_code", {"math": (360, 40), "code": (32, 8)}),
+        ("tools", {"products": (900, 100)}),
     ],
 )
 def test_each_example_config_builds_its_tasks(
