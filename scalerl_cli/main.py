@@ -164,11 +164,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # Ctrl-C (SIGINT) stops the run cleanly (exit 130) even when the shell that started it
     # ignores SIGINT, as non-interactive shells do for background jobs: Python leaves an
-    # inherited "ignore" in place unless told otherwise.
+    # inherited "ignore" in place unless told otherwise. SIGTERM (`kill`) and SIGHUP (the
+    # terminal closed) stop it the same way; by default they would end this process alone
+    # and leave Redis, the workers and the learner running.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGHUP, _interrupted)
     return launcher.run(
         config, run_dir or launcher.default_run_dir(config), resume=args.resume is not None
     )
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """A stop signal, handled as Ctrl-C: the launcher stops every process in order."""
+    raise KeyboardInterrupt
 
 
 def _run_dir_or_problem(args: argparse.Namespace) -> tuple[Path | None, str]:

@@ -163,13 +163,14 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
 
 
 @pytest.mark.system
-def test_ctrl_c_stops_every_process(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_kill_stops_every_process(tmp_path, stop):
     run_dir = tmp_path / "run"
     proc = _launch(run_dir, "learner.max_steps=100000")
     try:
         assert _wait_for(lambda: len(_processes_of(run_dir)) >= 3, 120)
         time.sleep(2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
