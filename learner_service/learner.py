@@ -54,6 +54,7 @@ from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.offpolicy import consumer_for
 from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
+from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
@@ -148,6 +149,8 @@ class Learner:
         # The warm-up runs on the whole model before it is sharded; a resume overwrites it.
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
             self._warmup()
+        if cfg.learner.lora is not None:  # after the warm-up, which is part of the base
+            attach_lora(self.model, cfg.learner.lora)
         # The vocabulary and length checks of intake need the model: set before training.
         hf: Any = self.model  # an HF causal LM: its head is read by name
         vocab_size = int(hf.lm_head.weight.shape[0])
@@ -173,6 +176,7 @@ class Learner:
             snapshot=self.trainer.snapshot
             if isinstance(self.trainer, DrivenTrainer)
             else snapshot_state_dict,
+            lora=cfg.learner.lora is not None,
         )
         self.publisher.start(self._closing)  # stream: re-sends to workers behind
         evaluator = evaluator_for(cfg, self.tasks, self.tokenizer)
@@ -463,6 +467,7 @@ class Learner:
             step_seconds=step_seconds,
             batch_wait_seconds=self.batches.wait_seconds,
             publish_seconds=self.publisher.last_seconds,
+            publish_bytes=self.publisher.last_bytes,
             publish_block_seconds=self.timing.take_publish_block(),
             eval_wait_seconds=self.timing.take_eval_wait(),
             eval_wait_share=self.evaluations.wait_share(),

@@ -127,6 +127,11 @@ class StepRecord(_Record):
     publish_block_seconds: float = Field(
         description="Learner-thread seconds spent publishing since the previous step."
     )
+    publish_bytes: int = Field(
+        0,
+        description="Payload bytes of the last weight publication (with LoRA, after the "
+        "first: the adapters alone).",
+    )
     eval_wait_seconds: float = Field(
         description="Learner-thread seconds spent waiting for evaluations since the previous step."
     )

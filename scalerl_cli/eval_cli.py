@@ -169,6 +169,8 @@ def evaluate_checkpoint(
     from scalerl.cores import torch_threads
     from scalerl.length_control import check_budgets
     from scalerl.policy.models import load_policy
+    from scalerl.policy.weights import lora_checkpoint_payload
+    from scalerl.rpc.errors import InvalidArgument
     from scalerl.tasks import build_tasks
 
     config = resolved.config
@@ -178,6 +180,11 @@ def evaluate_checkpoint(
     weights: dict = {}
     for file in source.weights:
         weights.update(load_state_dict(file))
+    lora = config.learner.lora
+    try:
+        weights = lora_checkpoint_payload(weights, lora.alpha / lora.rank if lora else None)
+    except ValueError as exc:
+        raise InvalidArgument("learner.lora", str(exc).removeprefix("learner.lora: ")) from exc
     engine = build_engine(resolved, model, tokenizer, None)
     try:
         engine.stage_weights(weights, 1).result(timeout=600)

@@ -8,7 +8,8 @@ running job's launcher-managed rollout workers, see `scalerl_cli.fleet`); `scale
 --verifier NAME --answer A --completion TEXT [--json]` (a verifier's reward for one
 completion, and why: see `scalerl_cli.task_cli`); `scalerl eval CHECKPOINT [--config ...]
 [--samples N] [--seed S] [--plain] [--json]` (a checkpoint's held-out pass rate with a run's
-protocol: see `scalerl_cli.eval_cli`).
+protocol: see `scalerl_cli.eval_cli`); `scalerl export RUN_DIR OUT [--merge]` (a LoRA run's
+adapter as a peft folder, or a merged HF model: see `scalerl_cli.export_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -115,12 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     from scalerl_cli import (
         curve_cli,  # no torch: the curve commands load numpy/scipy/grpc only
         eval_cli,  # torch only once it runs
+        export_cli,  # torch only once it runs
         task_cli,  # no torch: the verifiers are torch-free
     )
 
     curve_cli.add_parser(sub)
     task_cli.add_parser(sub)
     eval_cli.add_parser(sub)
+    export_cli.add_parser(sub)
     return parser
 
 
@@ -138,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         from scalerl_cli import eval_cli
 
         return eval_cli.main(args)
+    if args.command == "export":
+        from scalerl_cli import export_cli
+
+        return export_cli.main(args)
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "workers":

@@ -3,7 +3,8 @@ anything, in a process of its own.
 
 It converts the embedded model once (so no two children race to do it), resolves device
 and precision for this machine (`scalerl.policy.hardware`), checks the length-control budgets
-with the model's tokenizer (`scalerl.length_control`) and builds every task (a missing file
+with the model's tokenizer (`scalerl.length_control`), that LoRA's target modules exist in
+the model (`scalerl.policy.lora`) and builds every task (a missing file
 or column, an unknown dataset or verifier is one line here, not a crash in a service). Run
 apart because it imports torch and the tokenizers, which take seconds and start threads:
 the launcher stays torch-free and starts quickly.
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl.config import RunConfig
     from scalerl.length_control import check_budgets
     from scalerl.policy.hardware import resolved_config
+    from scalerl.policy.lora import check_lora_targets
     from scalerl.policy.models import load_tokenizer, smollm2_dir
     from scalerl.tasks import build_tasks
 
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolved_config(config)
         check_budgets(resolved.config.rollout, load_tokenizer(resolved.config.model).encode)
         build_tasks(resolved.config).close()
+        if config.learner.lora is not None:
+            check_lora_targets(config.model, config.learner.lora)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

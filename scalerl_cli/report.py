@@ -8,6 +8,7 @@ tokens generated, busy seconds, joins and leaves)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from rich.console import Console
@@ -135,6 +136,20 @@ def training_health(steps: list[StepRecord]) -> dict:
         "ratio_clipped_frac_mean": sum(m.ratio_clipped_frac for m in stepped) / len(stepped),
         "grad_norm_mean": sum(m.grad_norm for m in stepped) / len(stepped),
         "grad_norm_max": max(m.grad_norm for m in stepped),
+    }
+
+
+def publish_summary(steps: list[StepRecord], lora: bool) -> dict | None:
+    """The weight publications of the run's steps: median payload bytes and seconds per
+    version (snapshot to delivered), and whether they were LoRA adapters alone; None
+    before the first step."""
+    published = [m for m in steps if m.publish_bytes]
+    if not published:
+        return None
+    return {
+        "lora": lora,
+        "bytes_per_version": int(statistics.median(m.publish_bytes for m in published)),
+        "seconds_per_version": statistics.median(m.publish_seconds for m in published),
     }
 
 
@@ -321,6 +336,7 @@ def finish_report(
         "first_half_check": check,
         "health": health,
         "multi_turn": multi_turn_summary(steps),
+        "publish": publish_summary(steps, config.learner.lora is not None),
         "tasks": task_reports(config, by_task, series, steps),
         "fleet": fleet_summary(steps),
         "profile": time_profile(run_dir / "learner_timing.json", config.rollout.workers)

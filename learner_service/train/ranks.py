@@ -41,7 +41,9 @@ from learner_service.checkpoint.files import load_checkpoint
 from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
 from scalerl.config import RunConfig
+from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
+from scalerl.policy.weights import FULL, Part
 from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -127,14 +129,15 @@ class DrivenTrainer:
         self._ranks.announce("step", [g.SerializeToString() for g in groups])
         return self._trainer.step(groups)
 
-    def snapshot(self, model: torch.nn.Module, dtype, keep_fp32=()) -> dict:
+    def snapshot(self, model: torch.nn.Module, dtype, keep_fp32=(), part: Part = FULL) -> dict:
         """The publisher's snapshot (`snapshot_state_dict` signature), gathered."""
         del model  # the trainer's own, sharded
-        return self.full_snapshot(dtype, keep_fp32)
+        return self.full_snapshot(dtype, keep_fp32, part)
 
-    def full_snapshot(self, dtype, keep_fp32=()) -> dict:
-        self._ranks.announce("snapshot", (str(dtype).removeprefix("torch."), tuple(keep_fp32)))
-        return self._trainer.full_snapshot(dtype, keep_fp32)
+    def full_snapshot(self, dtype, keep_fp32=(), part: Part = FULL) -> dict:
+        wire = str(dtype).removeprefix("torch.")
+        self._ranks.announce("snapshot", (wire, tuple(keep_fp32), part))
+        return self._trainer.full_snapshot(dtype, keep_fp32, part)
 
     def save_sharded(self, folder: Path) -> None:
         self._ranks.announce("save", str(folder))
@@ -160,6 +163,8 @@ def follow(config: RunConfig, ranks: LearnerRanks) -> int:
     """A follower rank's life: the same model as rank 0, sharded, then every announced
     collective until `stop` (`serve_commands`). Returns 0."""
     model, tokenizer = load_policy(config.model, seed=config.seed)
+    if config.learner.lora is not None:
+        attach_lora(model, config.learner.lora)
     model.to(ranks.device)
     ranks.share_weights(model)
     trainer = Trainer(
@@ -179,8 +184,8 @@ def serve_commands(trainer: Trainer, ranks: LearnerRanks) -> int:
         if command == "step":
             trainer.step(rollout_pb2.RolloutGroup.FromString(raw) for raw in payload)
         elif command == "snapshot":
-            dtype, keep_fp32 = payload
-            trainer.full_snapshot(getattr(torch, dtype), keep_fp32)
+            dtype, keep_fp32, part = payload
+            trainer.full_snapshot(getattr(torch, dtype), keep_fp32, part)
         elif command == "save":
             trainer.save_sharded(Path(payload))
         elif command == "state":

@@ -53,7 +53,7 @@ from learner_service.train.step_stats import RatioTotals, StepStats
 from scalerl.agents.stats import multi_turn_stats
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
-from scalerl.policy.weights import snapshot_state_dict, wire_tensors
+from scalerl.policy.weights import FULL, Part, snapshot_state_dict, wire_copy, wire_tensors
 from scalerl.v1 import rollout_pb2
 
 
@@ -264,13 +264,11 @@ class Trainer:
     ) -> dict[str, Any]:
         """The step's time split, learner throughput, peak memory of every rank and MFU.
 
-        MFU = 6 x parameters x forward tokens / seconds / device peak (the usual dense
-        estimate, attention left out; forward tokens = prompt + completion per sample, an
-        upper bound with shared prefixes), None where the peak is unknown (CPUs)."""
+        MFU = `step_flops` / seconds / device peak, None where the peak is unknown
+        (CPUs)."""
         seconds = backward_s + optimizer_s
         peak = peak_flops(str(self.device))
-        parameters = sum(p.numel() for p in self.params)  # DTensor numel is the full size
-        flops = 6.0 * parameters * int(batch.seq_lens.sum())
+        flops = self.step_flops(int(batch.seq_lens.sum()))
         return {
             "forward_backward_seconds": backward_s,
             "optimizer_seconds": optimizer_s,
@@ -278,6 +276,17 @@ class Trainer:
             "peak_memory_bytes_by_rank": self._peak_memory(),
             "mfu": flops / seconds / peak if peak and seconds > 0 else None,
         }
+
+    def step_flops(self, tokens: int) -> float:
+        """FLOPs of a step over `tokens` forward tokens (prompt + completion per sample, an
+        upper bound with shared prefixes), the usual dense estimate with attention left
+        out (Kaplan et al. 2020, Sec. 2.1): per token and parameter, 2 for the forward, 2
+        for the activations' gradient, 2 for the weight's gradient, which only trained
+        parameters take. (2 N + 2 N + 2 N_trained) x tokens: 6 N with full fine-tuning,
+        about 4 N with LoRA adapters (N counts the adapters too)."""
+        every = sum(p.numel() for p in self.module.parameters())  # DTensor: the full size
+        trained = sum(p.numel() for p in self.params)
+        return (4.0 * every + 2.0 * trained) * tokens
 
     def _peak_memory(self) -> list[int]:
         """Peak memory of each rank, bytes: CUDA's allocated peak since the last step (then
@@ -442,18 +451,21 @@ class Trainer:
         optimizer = renamed_optimizer(optim_sd, rename)
         return {"model": renamed(model_sd, rename), "optimizer": optimizer}
 
-    def full_snapshot(self, dtype: torch.dtype | str | None, keep_fp32=()) -> dict:
-        """`scalerl.policy.weights.snapshot_state_dict` of the whole model, gathered one
-        tensor at a time (peak extra memory: one full tensor, not the model). With a mesh
-        every rank must call it; rank 0 gets the snapshot, the others {}."""
+    def full_snapshot(
+        self, dtype: torch.dtype | str | None, keep_fp32=(), part: Part = FULL
+    ) -> dict:
+        """`scalerl.policy.weights.snapshot_state_dict` of the model's `part` (FULL, or
+        with LoRA adapters LORA_BASE or LORA_ADAPTER), gathered one tensor at a time (peak
+        extra memory: one full tensor, not the model). With a mesh every rank must call
+        it; rank 0 gets the snapshot, the others {}."""
         if self.mesh is None:
-            return snapshot_state_dict(self.model, dtype, keep_fp32)
+            return snapshot_state_dict(self.model, dtype, keep_fp32, part)
         keep = self.rank == 0
         snapshot = {}
-        for name, tensor, target in wire_tensors(self.model, dtype, keep_fp32):
+        for name, tensor, target, factor in wire_tensors(self.model, dtype, keep_fp32, part):
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if keep:
-                snapshot[name] = full.detach().to("cpu", target, copy=True).contiguous()
+                snapshot[name] = wire_copy(full, target, factor)
             del full
         return snapshot
 

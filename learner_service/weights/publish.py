@@ -9,10 +9,16 @@ safetensors serialization, the sha256 and the sender's delivery run in the backg
 while the learner reads its next batch and steps, as PipelineRL does. (Serializing on the
 learner's thread cost 4-17 s of a 13-34 s fp32 step on a 2-core AVX2 machine.) A new
 publish first waits for the previous one, so versions arrive in order.
+
+With LoRA adapters (`lora`, `scalerl.policy.lora`) the first publication of the process
+carries the base and the adapters (written to a file where the transport has files, held
+by the learner where workers pull, recorded as the board's base), every later one the
+adapters alone; each names the base version it applies to.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -23,7 +29,15 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from learner_service.weights.senders import Sender
-from scalerl.policy.weights import head_names, snapshot_state_dict
+from scalerl.policy.lora import BASE_VERSION, base_version_tensor
+from scalerl.policy.weights import (
+    FULL,
+    LORA_ADAPTER,
+    LORA_BASE,
+    Part,
+    head_names,
+    snapshot_state_dict,
+)
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
@@ -37,9 +51,11 @@ class WeightPublisher:
 
     registry: the workers `wait_served` waits for. timeout_s: how long `wait_served`
     waits, seconds. snapshot: how the CPU copy is taken (`snapshot_state_dict`'s
-    signature; a sharded learner gathers it across its ranks). `last_seconds`: snapshot,
-    serialization and delivery of the last completed publish (mostly in the background);
-    `last_snapshot_seconds`: the part on the caller's thread.
+    signature; a sharded learner gathers it across its ranks). lora: the model has LoRA
+    adapters; publish the base once, then the adapters alone (module docstring).
+    `last_seconds`: snapshot, serialization and delivery of the last completed publish
+    (mostly in the background); `last_snapshot_seconds`: the part on the caller's
+    thread; `last_bytes`: its payload's size.
     """
 
     def __init__(
@@ -50,6 +66,7 @@ class WeightPublisher:
         dtype: str,
         timeout_s: float = 120.0,
         snapshot: Callable[..., dict] = snapshot_state_dict,
+        lora: bool = False,
     ) -> None:
         self.registry = registry
         self.state = state
@@ -59,6 +76,10 @@ class WeightPublisher:
         self._snapshot = snapshot
         self.last_seconds = 0.0
         self.last_snapshot_seconds = 0.0
+        self.last_bytes = 0  # payload of the last completed publish
+        self.lora = lora
+        self.base_version: int | None = None  # LoRA: the version that carried the base
+        self._base_forgotten = False
         self._sending: threading.Thread | None = None
         self._error: Exception | None = None
 
@@ -73,14 +94,29 @@ class WeightPublisher:
         disk full)."""
         self.wait()
         start = time.monotonic()
-        snapshot = self._snapshot(model, self.dtype, keep_fp32=head_names(model))
+        part = self._part(version)
+        snapshot = self._snapshot(model, self.dtype, keep_fp32=head_names(model), part=part)
+        if self.base_version is not None:
+            snapshot[BASE_VERSION] = base_version_tensor(self.base_version)
         self.last_snapshot_seconds = time.monotonic() - start
         self._sending = threading.Thread(
-            target=self._background, args=(snapshot, version, force_file, start), daemon=True
+            target=self._background,
+            args=(snapshot, version, force_file, start, part),
+            daemon=True,
         )
         self._sending.start()
         if wait:
             self.wait()
+
+    def _part(self, version: int) -> Part:
+        """What this version's payload carries: everything without LoRA; with it, the
+        base and the adapters the first time, the adapters alone afterwards."""
+        if not self.lora:
+            return FULL
+        if self.base_version is None:
+            self.base_version = version
+            return LORA_BASE
+        return LORA_ADAPTER
 
     def wait(self) -> None:
         """Block until the previous publish was delivered (or failed). Raises the
@@ -129,12 +165,19 @@ class WeightPublisher:
         except Exception:  # noqa: BLE001 - reported where the run waited for it
             log.debug("the last publish had failed", exc_info=True)
 
-    def _background(self, snapshot: dict, version: int, force_file: bool, start: float) -> None:
+    def _background(
+        self, snapshot: dict, version: int, force_file: bool, start: float, part: Part
+    ) -> None:
+        base = part == LORA_BASE
         try:
-            self.sender.before_payload(snapshot, version)
+            if part == FULL and not self._base_forgotten:
+                self.state.versions.forget_base()  # no LoRA base of an earlier learner
+                self._base_forgotten = True
+            if not base:  # the base goes once, by the path joiners take too
+                self.sender.before_payload(snapshot, version)
             payload = save_safetensors(snapshot)
             del snapshot
-            path = self.sender.payload_file(version, force_file)
+            path = self.sender.payload_file(version, force_file or base, base=base)
             header = rollout_pb2.WeightsHeader(
                 version=version,
                 format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
@@ -142,8 +185,11 @@ class WeightPublisher:
                 sha256=hashlib.sha256(payload).hexdigest(),
                 uri=str(path) if path is not None else "",
             )
-            self.sender.deliver(header, payload, self.state.versions.publish)
+            board = self.state.versions
+            announce = functools.partial(board.publish, base=base)
+            self.sender.deliver(header, payload, announce, pin=base)
             self.last_seconds = time.monotonic() - start
+            self.last_bytes = len(payload)
         except Exception as exc:  # noqa: BLE001 - handed to the learner's thread by wait()
             log.exception("publishing policy version %d failed", version)
             self._error = exc

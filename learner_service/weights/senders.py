@@ -38,6 +38,8 @@ from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
+POLICY_PREFIX = "policy-v"  # policy-v{version}.safetensors
+BASE_PREFIX = "base-v"  # a LoRA base: base-v{version}.safetensors
 Announce = Callable[[WeightsRef], None]
 
 
@@ -47,18 +49,25 @@ class Sender:
 
     failures = 0
 
-    def payload_file(self, version: int, force_file: bool) -> Path | None:
+    def payload_file(self, version: int, force_file: bool, base: bool = False) -> Path | None:
         """The file version `version`'s payload goes to, None for none (`force_file`: the
-        first version, so late workers can load it where the transport has files)."""
+        first version, so late workers can load it where the transport has files; `base`:
+        a LoRA base, kept until the next base replaces it)."""
         return None
 
     def before_payload(self, snapshot: Mapping[str, torch.Tensor], version: int) -> None:
-        """Called with the raw tensors before they are serialized (the broadcast's)."""
+        """Called with the raw tensors before they are serialized (the broadcast's); not
+        for a LoRA base, which every worker loads by the path joiners take."""
 
     def deliver(
-        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+        self,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        announce: Announce,
+        pin: bool = False,
     ) -> None:
-        """Deliver `payload` (safetensors bytes, described by `header`) and announce it."""
+        """Deliver `payload` (safetensors bytes, described by `header`) and announce it;
+        `pin`: a LoRA base, which the learner keeps for joiners where it holds versions."""
         raise NotImplementedError
 
     def held_version(self) -> int | None:
@@ -90,7 +99,11 @@ class _PushSender(Sender):
         self.failures = 0
 
     def deliver(
-        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+        self,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        announce: Announce,
+        pin: bool = False,
     ) -> None:
         """Write the file the header names (if any), announce, send to every worker."""
         if header.uri:
@@ -101,8 +114,8 @@ class _PushSender(Sender):
             with ThreadPoolExecutor(len(workers)) as pool:
                 list(pool.map(lambda a: self.send(a, header, payload), workers))
 
-    def _file(self, version: int) -> Path:
-        return self.weights_dir / f"policy-v{version}.safetensors"
+    def _file(self, version: int, base: bool = False) -> Path:
+        return self.weights_dir / f"{BASE_PREFIX if base else POLICY_PREFIX}{version}.safetensors"
 
     def send(self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes) -> bool:
         """UpdateWeights to the worker at `address`; False (logged, counted) on failure."""
@@ -124,8 +137,8 @@ class UriSender(_PushSender):
     """`uri`: every version is a file on storage the workers share; they get its header,
     and a worker that missed one loads the announced file itself."""
 
-    def payload_file(self, version: int, force_file: bool) -> Path | None:
-        return self._file(version)
+    def payload_file(self, version: int, force_file: bool, base: bool = False) -> Path | None:
+        return self._file(version, base)
 
 
 class StreamSender(_PushSender):
@@ -148,11 +161,15 @@ class StreamSender(_PushSender):
         self._latest: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
         self._delivering = False
 
-    def payload_file(self, version: int, force_file: bool) -> Path | None:
-        return self._file(version) if force_file else None
+    def payload_file(self, version: int, force_file: bool, base: bool = False) -> Path | None:
+        return self._file(version, base) if force_file or base else None
 
     def deliver(
-        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+        self,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        announce: Announce,
+        pin: bool = False,
     ) -> None:
         self._delivering = True
         try:
@@ -190,9 +207,13 @@ class PullSender(Sender):
         self.source = source
 
     def deliver(
-        self, header: rollout_pb2.WeightsHeader, payload: bytes, announce: Announce
+        self,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        announce: Announce,
+        pin: bool = False,
     ) -> None:
-        self.store.put(header, payload)
+        self.store.put(header, payload, pin=pin)
         announce(WeightsRef(header.version, "", header.sha256, len(payload), source=self.source))
 
     def held_version(self) -> int | None:
@@ -279,23 +300,29 @@ def make_sender(
 
 def write_payload(path: Path, payload: bytes) -> None:
     """Write `payload` to `path` atomically (a reader never sees half a file), then
-    delete the folder's older payload files but the newest `_KEEP_FILES`."""
+    delete the folder's older payload files of the same kind but the newest
+    `_KEEP_FILES` policy versions, or the newest LoRA base alone."""
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(payload)
     tmp.rename(path)
-    version = int(path.name[len("policy-v") : -len(".safetensors")])
-    for stale in files_to_remove(path.parent, version):
+    prefix = BASE_PREFIX if path.name.startswith(BASE_PREFIX) else POLICY_PREFIX
+    version = int(path.name[len(prefix) : -len(".safetensors")])
+    keep = 1 if prefix == BASE_PREFIX else _KEEP_FILES
+    for stale in files_to_remove(path.parent, version, keep, prefix):
         stale.unlink(missing_ok=True)
 
 
-def files_to_remove(weights_dir: Path, written: int, keep: int = _KEEP_FILES) -> list[Path]:
-    """The payload files of `weights_dir` to delete after writing version `written`: all
-    but the `keep` highest versions, and never `written` itself (files a crashed run left
-    may carry higher numbers; a worker must always find the version just announced)."""
+def files_to_remove(
+    weights_dir: Path, written: int, keep: int = _KEEP_FILES, prefix: str = POLICY_PREFIX
+) -> list[Path]:
+    """The payload files (`{prefix}{version}.safetensors`) of `weights_dir` to delete
+    after writing version `written`: all but the `keep` highest versions, and never
+    `written` itself (files a crashed run left may carry higher numbers; a worker must
+    always find the version just announced)."""
     by_version = sorted(
-        (int(p.name[len("policy-v") : -len(".safetensors")]), p)
-        for p in weights_dir.glob("policy-v*.safetensors")
-        if p.name[len("policy-v") : -len(".safetensors")].isdigit()
+        (int(p.name[len(prefix) : -len(".safetensors")]), p)
+        for p in weights_dir.glob(f"{prefix}*.safetensors")
+        if p.name[len(prefix) : -len(".safetensors")].isdigit()
     )
     others = [(v, p) for v, p in by_version if v != written]
     kept = {v for v, _ in others[-(keep - 1) :]} if keep > 1 else set()

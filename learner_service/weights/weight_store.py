@@ -38,10 +38,13 @@ class WeightStore:
         self.chunk_bytes = chunk_bytes
         self._held: OrderedDict[int, tuple[rollout_pb2.WeightsHeader, bytes]] = OrderedDict()
         self._digests: dict[int, list[str]] = {}  # version -> sha256 of chunk i (hex)
+        self._pinned: int | None = None
         self._lock = threading.Lock()
 
-    def put(self, header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
-        """Hold `payload` as `header.version` and drop all but the newest `keep` versions.
+    def put(self, header: rollout_pb2.WeightsHeader, payload: bytes, pin: bool = False) -> None:
+        """Hold `payload` as `header.version` and drop all but the newest `keep` versions
+        and the pinned one. pin: this version is the pinned one (a LoRA base, which
+        joiners fetch before the latest adapter) until another is pinned.
 
         The header's sha256 is taken as given (the publisher computed it from these
         bytes). Raises ValueError when len(payload) differs from header.total_bytes or is
@@ -60,7 +63,10 @@ class WeightStore:
             self._held.pop(header.version, None)
             self._held[header.version] = (header, payload)
             self._digests[header.version] = digests
-            for version in sorted(self._held)[: -self.keep]:
+            if pin:
+                self._pinned = header.version
+            newest = sorted(self._held)[-self.keep :]
+            for version in [v for v in self._held if v not in newest and v != self._pinned]:
                 del self._held[version]
                 del self._digests[version]
 

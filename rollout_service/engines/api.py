@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
@@ -75,7 +75,8 @@ class GenerationRequest:
     only); interrupt_ids: the tokens forced at the interrupt (the phrase, then the
     end-of-thinking marker when the model has one); think_end_ids: the end-of-thinking
     marker: once the model samples it, its thinking is over and the phrase is never
-    forced (empty = no marker, the budget alone decides).
+    forced (empty = no marker, the budget alone decides). adapter: a LoRA adapter the
+    engine serves by that name ("" = the run's policy: its adapter in a LoRA run).
     """
 
     request_id: str
@@ -89,6 +90,7 @@ class GenerationRequest:
     interrupt_ids: tuple[int, ...] = ()
     think_end_ids: tuple[int, ...] = ()
     keep_cache: bool = False
+    adapter: str = ""
 
 
 @dataclass
@@ -223,6 +225,12 @@ class RolloutEngine(Protocol):
         ...
 
     @property
+    def base_version(self) -> int | None:
+        """The version of the LoRA base serving (`scalerl.policy.lora`: a LoRA run's
+        adapters name it), None when none was loaded (engines without LoRA: always)."""
+        ...
+
+    @property
     def active_requests(self) -> int:
         """Requests submitted and not yet finished."""
         ...
@@ -274,14 +282,27 @@ def check_interrupt_mode(mode: int) -> None:
         raise InvalidArgument("mode", f"must be INTERRUPT_MODE_TRUNCATE or _ABORT, got {mode}")
 
 
-def validate_request(request: GenerationRequest, vocab_size: int, max_seq_len: int) -> None:
+def validate_request(
+    request: GenerationRequest,
+    vocab_size: int,
+    max_seq_len: int,
+    adapters: Collection[str] = (),
+) -> None:
     """The request checks every engine makes in `submit` (same messages for all).
+    adapters: the names of the adapters the engine serves beside the policy.
 
     Raises:
         InvalidArgument: naming the bad field: empty prompt, token ids outside
             0..vocab_size - 1, temperature outside [0, 5], top_p outside (0, 1],
-            max_new_tokens < 1, prompt + max_new_tokens > max_seq_len, negative budgets.
+            max_new_tokens < 1, prompt + max_new_tokens > max_seq_len, negative budgets,
+            an adapter not among `adapters`.
     """
+    if request.adapter and request.adapter not in adapters:
+        raise InvalidArgument(
+            "adapter",
+            f"no adapter {request.adapter!r} is served here (served: "
+            f"{', '.join(sorted(adapters)) or 'none'})",
+        )
     ids = list(request.prompt_ids)
     if not ids:
         raise InvalidArgument("prompt_ids", "must hold at least one token")

@@ -48,6 +48,7 @@ def build_engine(
             resolved.rollout_dtype,
             device=resolved.device,
             metrics=metrics,
+            max_lora_rank=rollout.max_lora_rank,
         )
     if rollout.engine == "vllm":
         from rollout_service.engines.vllm.worker import require_vllm

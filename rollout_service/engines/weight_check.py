@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from scalerl.policy.lora import LORA_A, Payload, adapter_shapes, split_payload
 from scalerl.rpc.errors import InvalidArgument
 
 # safetensors dtype names of the floating-point dtypes a weight may have.
@@ -136,6 +137,58 @@ class WeightSpec:
                 "state_dict",
                 f"tensor {name!r} has shape {tuple(shape)}; the model expects {self.shapes[name]}",
             )
+
+
+class AdapterSpec:
+    """The LoRA adapters a model takes: the Linear modules they may adapt, (in, out)
+    features by HF name, and the highest rank served (`max_rank`)."""
+
+    def __init__(self, modules: Mapping[str, tuple[int, int]], max_rank: int) -> None:
+        self.modules = dict(modules)
+        self.max_rank = max_rank
+
+    def check(self, adapter: Mapping[str, torch.Tensor]) -> None:
+        """Validate wire adapter tensors (`scalerl.policy.lora`): A and B of each module,
+        a module the model has, A [r, in] and B [out, r] with its features, 1 <= r <=
+        max_rank, floating-point and finite. Raises InvalidArgument("state_dict", ...)
+        naming the first bad tensor."""
+        try:
+            shapes = adapter_shapes(adapter)
+        except ValueError as exc:
+            raise InvalidArgument("state_dict", str(exc)) from exc
+        for module, shape in shapes.items():
+            if module not in self.modules:
+                raise InvalidArgument(
+                    "state_dict",
+                    f"tensor {module + LORA_A!r}: the model has no Linear {module!r} to adapt",
+                )
+            fan_in, fan_out = self.modules[module]
+            if (shape.in_features, shape.out_features) != (fan_in, fan_out):
+                raise InvalidArgument(
+                    "state_dict",
+                    f"tensor {module + LORA_A!r}: adapter of {shape.in_features} -> "
+                    f"{shape.out_features} features; the module has {fan_in} -> {fan_out}",
+                )
+            if not 1 <= shape.rank <= self.max_rank:
+                raise InvalidArgument(
+                    "state_dict",
+                    f"tensor {module + LORA_A!r} has rank {shape.rank}; this engine serves "
+                    f"ranks 1..{self.max_rank} (max_lora_rank)",
+                )
+        for name, tensor in adapter.items():
+            if not tensor.is_floating_point():
+                raise _bad_dtype(name, tensor.dtype)
+            if not bool(torch.isfinite(tensor).all()):
+                raise _non_finite(name)
+
+
+def parse_payload(state_dict: Mapping[str, torch.Tensor]) -> Payload:
+    """`scalerl.policy.lora.split_payload`, its ValueError raised as
+    InvalidArgument("state_dict", ...)."""
+    try:
+        return split_payload(state_dict)
+    except ValueError as exc:
+        raise InvalidArgument("state_dict", str(exc)) from exc
 
 
 def _bad_dtype(name: str, dtype: object) -> InvalidArgument:

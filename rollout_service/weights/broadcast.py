@@ -26,6 +26,7 @@ import torch
 
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.weights.receive import WeightsError
+from scalerl.policy.lora import broadcast_part
 from scalerl.policy.weight_group import (
     ChecksumMismatch,
     EpochFailed,
@@ -83,7 +84,8 @@ class BroadcastReceiver:
         return _LayoutRecorder(engine, self._observe)
 
     def _observe(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self._template = wire_layout(state_dict)
+        # A LoRA base is pulled once; what is broadcast afterwards is its adapters alone.
+        self._template = wire_layout(broadcast_part(state_dict))
 
     def join(self, request: rollout_pb2.JoinWeightGroupRequest) -> None:
         """Leave the current epoch and join `request.epoch`; returns once every member

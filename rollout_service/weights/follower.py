@@ -10,6 +10,8 @@ Timeline of one worker (the learner's side is `learner_service.weights`):
    learner's catch-up pushes it once the heartbeat says this worker is behind.
 2. READY once it serves weights of the run at a version within `learner.off_policy_k` of
    the learner's (a joiner never generates with weights older than latest - k).
+   With LoRA adapters (`learner.lora`) it first loads the base publication
+   (`VersionBoard.base`), then the latest adapter alone.
 3. While it runs, pushes (`uri`, `stream`) and broadcasts swap its weights in place; every
    `period_s` it checks the announcement and loads what it missed: with push transports
    only when it was behind at the previous check too (a regular push, announced just
@@ -79,8 +81,14 @@ class WeightFollower:
         return self.board.announced() - self.engine.policy_version <= self.k
 
     def newer(self) -> WeightsRef | None:
-        """The latest publication when it has a file or a FetchWeights source and is newer
-        than what the engine serves (or the engine serves none of the run's), else None."""
+        """The publication to load next: the LoRA base (`VersionBoard.base`) when the
+        engine serves another one, else the latest publication when it has a file or a
+        FetchWeights source and is newer than what the engine serves (or the engine
+        serves none of the run's), else None."""
+        base = self.board.base()
+        if base is not None and (base.uri or base.source):
+            if self.engine.base_version != base.version:
+                return base
         ref = self.board.published()
         if ref is None or not (ref.uri or ref.source):
             return None

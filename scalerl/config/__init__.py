@@ -7,7 +7,7 @@ environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model`, `task
 curve, security) and `run` (the whole and its loading).
 """
 
-from scalerl.config.learner import LOSS_HYPERPARAMETERS, LearnerConfig
+from scalerl.config.learner import LOSS_HYPERPARAMETERS, LearnerConfig, LoraConfig
 from scalerl.config.model import ModelConfig
 from scalerl.config.rollout import DEFAULT_INTERRUPT_TEXT, RolloutConfig
 from scalerl.config.run import (
@@ -51,6 +51,7 @@ __all__ = [
     "FleetConfig",
     "LOSS_HYPERPARAMETERS",
     "LearnerConfig",
+    "LoraConfig",
     "ModelConfig",
     "PullWeights",
     "RolloutConfig",

@@ -23,6 +23,39 @@ LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Every Linear of a Llama decoder layer: "LoRA Without Regret" (Schulman et al. 2025)
+# found that adapting the MLPs as well as attention is needed to match full fine-tuning.
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Section):
+    """LoRA adapters (Hu et al. 2021): the base is frozen and only the adapters are trained
+    and published (`scalerl.policy.lora`)."""
+
+    rank: int = Field(16, ge=1, le=1024, description="r: the adapters' rank.")
+    alpha: float = Field(
+        32.0,
+        gt=0,
+        le=65_536,
+        description="The update is scaled by alpha / rank; 32 whatever the rank, as in "
+        "'LoRA Without Regret' (Schulman et al. 2025), keeps the best learning rate "
+        "nearly independent of the rank.",
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input while training; the generator never "
+        "drops, so above 0 the learner's log-probs differ from the generator's.",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(ALL_LINEAR),
+        min_length=1,
+        description="Names (or name suffixes) of the Linear modules adapted; default every "
+        "Linear of the decoder layers. The LM head is never adapted.",
+    )
+
+
 class LearnerConfig(_Section):
     """The ScaleRL update (paper Sec. 4) and the learner's schedule."""
 
@@ -114,6 +147,11 @@ class LearnerConfig(_Section):
         le=10_080,
         description="Also checkpoint when this many minutes passed since the last "
         "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters instead of every weight, and publish the adapters "
+        "alone (None = full fine-tuning); `--set learner.lora.rank=16` turns it on.",
     )
     weights: WeightsConfig = Field(
         default_factory=lambda: UriWeights(),

@@ -65,6 +65,12 @@ class RolloutConfig(_Section):
     max_seq_len: int = Field(
         512, ge=16, le=131_072, description="Longest prompt+completion, tokens."
     )
+    max_lora_rank: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="Highest LoRA rank an engine serves (`learner.lora.rank` must fit).",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="Engine body dtype (the LM head is fp32 either way); auto = bfloat16 "

@@ -76,6 +76,7 @@ class RunConfig(BaseSettings):
         if self.model.warmup_steps and not any(t.source == "additions" for t in self.task):
             raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
         r = self.rollout
+        self._check_lora()
         # The phrase takes at least one token; its exact length needs the tokenizer
         # (scalerl.length_control.check_budgets, run before any process starts).
         if r.thinking_budget and r.thinking_budget + 1 + r.answer_budget > r.max_new_tokens:
@@ -85,6 +86,23 @@ class RunConfig(BaseSettings):
                 f"{r.answer_budget} > {r.max_new_tokens}"
             )
         return self
+
+    def _check_lora(self) -> None:
+        """LoRA only where the engines apply adapters (the torch engine), within their
+        max_lora_rank. Raises ValueError naming the field."""
+        lora = self.learner.lora
+        if lora is None:
+            return
+        if self.rollout.engine != "torch":
+            raise ValueError(
+                f"learner.lora: the {self.rollout.engine} engine does not apply LoRA "
+                "adapters yet; use rollout.engine torch, or drop learner.lora"
+            )
+        if lora.rank > self.rollout.max_lora_rank:
+            raise ValueError(
+                f"learner.lora.rank must be <= rollout.max_lora_rank "
+                f"({self.rollout.max_lora_rank}), got {lora.rank}"
+            )
 
     @property
     def replay_capacity(self) -> int:

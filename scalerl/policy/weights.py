@@ -15,13 +15,27 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors.torch import save as save_safetensors
 
+from scalerl.policy.lora import (
+    BASE_VERSION,
+    LORA_B,
+    adapter_scale,
+    base_version_tensor,
+    wire_name,
+)
 from scalerl.v1 import rollout_pb2
 
 CHUNK_BYTES = 4 * 1024 * 1024
+# What a payload carries (`wire_tensors`): every tensor; with LoRA adapters, the base and
+# the adapters (a learner's first version) or the adapters alone (every later one).
+Part = Literal["full", "lora_base", "lora_adapter"]
+FULL: Part = "full"
+LORA_BASE: Part = "lora_base"
+LORA_ADAPTER: Part = "lora_adapter"
 
 
 # ----- learner side --------------------------------------------------------------------
@@ -43,17 +57,27 @@ def snapshot_state_dict(
     model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
     dtype: torch.dtype | str | None = None,
     keep_fp32: Collection[str] = (),
+    part: Part = FULL,
 ) -> dict[str, torch.Tensor]:
-    """A CPU copy of the full state dict, tensors cast to `dtype` (e.g. torch.bfloat16 or
-    "bfloat16"; None keeps each tensor's dtype) except those named in `keep_fp32`, which
-    are copied in float32 (the LM head: ScaleRL Sec. 3.2 makes it fp32 on both sides, so
-    the generator must receive it unrounded). `lm_head.weight` is skipped when it shares
-    storage with `model.embed_tokens.weight` (tied embeddings). The copy is taken now:
-    later optimizer steps do not change it."""
+    """A CPU copy of the tensors of `part` (FULL: the whole state dict; with LoRA
+    adapters, LORA_BASE or LORA_ADAPTER: `wire_tensors`), cast to `dtype` (e.g.
+    torch.bfloat16 or "bfloat16"; None keeps each tensor's dtype) except those named in
+    `keep_fp32`, which are copied in float32 (the LM head: ScaleRL Sec. 3.2 makes it fp32
+    on both sides, so the generator must receive it unrounded). `lm_head.weight` is
+    skipped when it shares storage with `model.embed_tokens.weight` (tied embeddings). The
+    copy is taken now: later optimizer steps do not change it."""
     return {
-        name: tensor.detach().to("cpu", target, copy=True).contiguous()
-        for name, tensor, target in wire_tensors(model_or_sd, dtype, keep_fp32)
+        name: wire_copy(tensor, target, factor)
+        for name, tensor, target, factor in wire_tensors(model_or_sd, dtype, keep_fp32, part)
     }
+
+
+def wire_copy(tensor: torch.Tensor, target: torch.dtype, factor: float) -> torch.Tensor:
+    """A contiguous CPU copy of `tensor` in `target`, multiplied by `factor` (in fp32,
+    before the cast) unless it is 1."""
+    if factor == 1.0:
+        return tensor.detach().to("cpu", target, copy=True).contiguous()
+    return (tensor.detach().to("cpu", torch.float32) * factor).to(target).contiguous()
 
 
 def wire_layout(
@@ -66,7 +90,7 @@ def wire_layout(
     (`scalerl.policy.weight_group`'s template)."""
     return {
         name: torch.empty(tensor.shape, dtype=target, device="meta")
-        for name, tensor, target in wire_tensors(model_or_sd, dtype, keep_fp32)
+        for name, tensor, target, _ in wire_tensors(model_or_sd, dtype, keep_fp32)
     }
 
 
@@ -74,13 +98,22 @@ def wire_tensors(
     model_or_sd: torch.nn.Module | Mapping[str, torch.Tensor],
     dtype: torch.dtype | str | None,
     keep_fp32: Collection[str],
-) -> Iterator[tuple[str, torch.Tensor, torch.dtype]]:
-    """(name, tensor, dtype on the wire) of every tensor sent: the rule of
-    `snapshot_state_dict`. Ties are read off the module (the same Parameter object, also
-    once sharded) or, for a mapping, off shared storage."""
+    part: Part = FULL,
+    scale: float = 1.0,
+) -> Iterator[tuple[str, torch.Tensor, torch.dtype, float]]:
+    """(name on the wire, tensor, dtype on the wire, factor) of every tensor sent: the rule
+    of `snapshot_state_dict`. Ties are read off the module (the same Parameter object, also
+    once sharded) or, for a mapping, off shared storage.
+
+    `part` of a model with peft LoRA adapters (`scalerl.policy.lora`): LORA_ADAPTER is the
+    adapters alone, LORA_BASE the base weights under their plain HF names (peft's
+    `.base_layer` dropped) and the adapters; adapters under their wire names
+    (`lora.wire_name`), B to be multiplied by `factor` = the adapter's scale alpha / r
+    (read off the module's peft layers; `scale` for a mapping), every other factor 1."""
     if isinstance(model_or_sd, torch.nn.Module):
         state = model_or_sd.state_dict()
         tied = len(head_names(model_or_sd)) == 2
+        scale = adapter_scale(model_or_sd) if part != FULL else 1.0
     else:
         state = dict(model_or_sd)
         head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
@@ -89,7 +122,37 @@ def wire_tensors(
     for name, tensor in state.items():
         if tied and name == "lm_head.weight":
             continue
-        yield name, tensor, torch.float32 if name in keep_fp32 else (wire or tensor.dtype)
+        target = torch.float32 if name in keep_fp32 else (wire or tensor.dtype)
+        if part == FULL:
+            yield name, tensor, target, 1.0
+            continue
+        adapter = wire_name(name)
+        if adapter is not None:
+            yield adapter, tensor, target, scale if adapter.endswith(LORA_B) else 1.0
+        elif part == LORA_BASE:
+            yield name.replace(".base_layer.", "."), tensor, target, 1.0
+
+
+def lora_checkpoint_payload(
+    state: Mapping[str, torch.Tensor], scale: float | None
+) -> dict[str, torch.Tensor]:
+    """A checkpoint's state dict as what an engine takes: unchanged without adapters;
+    with peft's LoRA tensors (a LoRA run's checkpoint), its base and adapters as a first
+    version's payload (LORA_BASE, `BASE_VERSION` 0) with B scaled by `scale` = alpha / r
+    (the run's `learner.lora`). Raises ValueError naming `learner.lora` when the state
+    holds adapters and `scale` is None."""
+    if not any(wire_name(name) for name in state):
+        return dict(state)
+    if scale is None:
+        raise ValueError(
+            "learner.lora: the checkpoint holds LoRA adapters; use the config of its run"
+        )
+    payload = {
+        name: wire_copy(tensor, tensor.dtype, factor)
+        for name, tensor, _, factor in wire_tensors(state, None, (), LORA_BASE, scale)
+    }
+    payload[BASE_VERSION] = base_version_tensor(0)
+    return payload
 
 
 def serialize_state_dict(

@@ -108,6 +108,7 @@ class RunKeys:
         # Run state.
         self.policy_version = run_key(run_id, "state", "policy_version")
         self.latest_weights = run_key(run_id, "state", "latest_weights")
+        self.base_weights = run_key(run_id, "state", "base_weights")
         self.stop = run_key(run_id, "state", "stop")
         # PPO-off-policy-k quota (hash: version, remaining, held:{worker_id} -> tickets held).
         self.generation_quota = run_key(run_id, "state", "generation_quota")

@@ -9,6 +9,9 @@ it published and what each worker serves.
   (`scalerl:{run_id}:state:latest_weights`, a hash: version, uri, sha256, total_bytes,
   source; one written before `source` existed reads as source ""). It trails announced
   while a version is being delivered.
+- base: with LoRA adapters (`learner.lora`), the learner's publication that carried the
+  base its later adapters apply to, a `WeightsRef` (`scalerl:{run_id}:state:base_weights`);
+  a worker whose engine serves another base loads it first. None without LoRA.
 - serving: the version each worker's engine serves, as its registry heartbeat reported
   it (`scalerl.state.registry.WorkerProgress.serving_version`; a worker beats again at
   once when its version changes, so the board trails a swap by one Redis write).
@@ -88,6 +91,7 @@ class VersionBoard:
         keys = RunKeys(run_id)
         self._announced = keys.policy_version
         self._published = keys.latest_weights
+        self._base = keys.base_weights
         self._signer = signer or process_signer()
         self._registry = WorkerRegistry(client, run_id, signer=self._signer)
         self._run_id = run_id
@@ -106,7 +110,36 @@ class VersionBoard:
     def published(self) -> WeightsRef | None:
         """The most recently published weights, or None before the first publication (or
         when the record is not signed with the run's secret, `scalerl.state.signing`)."""
-        fields = self._client.hgetall(self._published)
+        return self._read(self._published, "latest_weights")
+
+    def base(self) -> WeightsRef | None:
+        """The publication holding the LoRA base of the latest adapters, or None (no
+        LoRA, or not signed with the run's secret)."""
+        return self._read(self._base, "base_weights")
+
+    def publish(self, ref: WeightsRef, base: bool = False) -> None:
+        """Record a publication (all five fields and their signature in one HSET, so
+        readers never see a mix; `source` is always written, so an older publication's
+        never lingers); with `base`, as the LoRA base too (`base()`). Raises
+        ValueError when `ref` is not a WeightsRef."""
+        if not isinstance(ref, WeightsRef):
+            raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
+        if base:
+            self._write(self._base, "base_weights", ref)
+        self._write(self._published, "latest_weights", ref)
+
+    def forget_base(self) -> None:
+        """Drop the LoRA base record (a learner that publishes full weights does)."""
+        self._client.delete(self._base)
+
+    def forget_published(self) -> None:
+        """Drop the publication records (their files are gone: a finished run's launcher
+        removes transient payloads); workers then wait for the learner's next publish.
+        The announced version stays."""
+        self._client.delete(self._published, self._base)
+
+    def _read(self, key: str, kind: str) -> WeightsRef | None:
+        fields = self._client.hgetall(key)
         if not fields:
             return None
         ref = WeightsRef(
@@ -117,34 +150,22 @@ class VersionBoard:
             source=text(fields.get(b"source", b"")),
         )
         sig = text(fields.get(SIG_FIELD.encode(), b""))
-        if not self._signer.verify("latest_weights", self._run_id, _signed(ref), sig):
+        if not self._signer.verify(kind, self._run_id, _signed(ref), sig):
             return None  # not the learner's: its source would receive a worker's token
         return ref
 
-    def publish(self, ref: WeightsRef) -> None:
-        """Record a publication (all five fields and their signature in one HSET, so
-        readers never see a mix; `source` is always written, so an older publication's
-        never lingers). Raises
-        ValueError when `ref` is not a WeightsRef."""
-        if not isinstance(ref, WeightsRef):
-            raise ValueError(f"ref must be a WeightsRef, got {type(ref).__name__}")
+    def _write(self, key: str, kind: str, ref: WeightsRef) -> None:
         self._client.hset(
-            self._published,
+            key,
             mapping={
                 "version": ref.version,
                 "uri": ref.uri,
                 "sha256": ref.sha256,
                 "total_bytes": ref.total_bytes,
                 "source": ref.source,
-                SIG_FIELD: self._signer.sign("latest_weights", self._run_id, _signed(ref)),
+                SIG_FIELD: self._signer.sign(kind, self._run_id, _signed(ref)),
             },
         )
-
-    def forget_published(self) -> None:
-        """Drop the publication record (its file is gone: a finished run's launcher
-        removes transient payloads); workers then wait for the learner's next publish.
-        The announced version stays."""
-        self._client.delete(self._published)
 
     def highest_label(self) -> int | None:
         """The highest policy version the board names (announced, published); None for a

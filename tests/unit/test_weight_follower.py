@@ -37,8 +37,13 @@ class _Board:
     def published(self) -> WeightsRef | None:
         return self.latest
 
+    def base(self) -> WeightsRef | None:
+        return None  # no LoRA base (tests/integration/test_lora.py has one)
+
 
 class _Engine:
+    base_version = None
+
     def __init__(self, version: int = 0) -> None:
         self.policy_version = version
 

@@ -155,6 +155,12 @@ class SGLangEngine:
         return self._requests.policy_version
 
     @property
+    def base_version(self) -> None:
+        """No LoRA base: this engine serves full weights only (`learner.lora` is refused
+        with it, `scalerl.config`)."""
+        return None
+
+    @property
     def active_requests(self) -> int:
         """Requests submitted and not yet finished."""
         return len(self._requests)

@@ -50,10 +50,17 @@ from rollout_service.engines.api import (
 )
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
+from rollout_service.engines.torch.adapters import POLICY, Adapter
 from rollout_service.engines.torch.llama import SlotLlama, StagedWeights
 from rollout_service.engines.torch.sampling import sample
-from rollout_service.engines.weight_check import WeightSpec, load_state_dict
+from rollout_service.engines.weight_check import (
+    AdapterSpec,
+    WeightSpec,
+    load_state_dict,
+    parse_payload,
+)
 from rollout_service.metrics import RolloutMetrics
+from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +110,15 @@ class TorchEngine:
     autostart=False leaves the loop thread off so tests can drive `step()` by hand.
     max_prefill_tokens: token budget of one step's batched prefill, counted as distinct
     prompts x the longest of them (padding included); a single longer prompt is still
-    admitted, alone. Raises ValueError for an unknown dtype, max_batch < 1,
-    max_seq_len < 2 or max_prefill_tokens < 1.
+    admitted, alone. max_lora_rank: the highest LoRA rank an adapter may have. Raises
+    ValueError for an unknown dtype, max_batch < 1, max_seq_len < 2 or
+    max_prefill_tokens < 1.
+
+    LoRA (`rollout_service.engines.torch.adapters`): a LoRA run's updates are its adapter
+    (the policy's, served to every request that names none) on the base its first
+    version carried (`base_version`); `stage_adapter` serves further adapters by name,
+    side by side, each request choosing one (`GenerationRequest.adapter`) and its tokens
+    stamped with that adapter's version.
     """
 
     name = "torch"
@@ -121,6 +135,7 @@ class TorchEngine:
         metrics: RolloutMetrics | None = None,
         autostart: bool = True,
         max_prefill_tokens: int = 2048,
+        max_lora_rank: int = 256,
     ) -> None:
         torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
         if torch_dtype is None or torch_dtype not in DTYPES.values():
@@ -135,6 +150,12 @@ class TorchEngine:
         # The tied head is the embedding: a state dict may leave lm_head.weight out.
         optional = {"lm_head.weight"} if self.llama.tied else set()
         self._spec = WeightSpec(self.llama.parameter_shapes(), optional)
+        self._adapter_spec = AdapterSpec(self.llama.adaptable, max_lora_rank)
+        # The base the policy adapter applies to: serving, and newest serving or staged.
+        self._base_version: int | None = None
+        self._newest_base: int | None = None
+        self._adapter_versions: dict[str, int] = {}  # named adapters: newest staged
+        self._adapter_serving: dict[str, int] = {}  # named adapters: the version serving
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -151,7 +172,7 @@ class TorchEngine:
         self._free = list(range(max_batch - 1, -1, -1))
         # Slots whose KV a finished `keep_cache` request left, with the ids in them, oldest
         # first; taken over by a continuation, else evicted when a slot is needed.
-        self._parked: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._parked: OrderedDict[int, tuple[str, tuple[int, ...]]] = OrderedDict()
         self.prefix_tokens_reused = 0  # prompt tokens a continuation did not prefill
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -195,7 +216,7 @@ class TorchEngine:
         """Queue a request; returns its stream at once. Raises InvalidArgument naming the
         bad field (`validate_request`), DuplicateRequestError for a request_id already
         running, and EngineStopped once the engine is stopping."""
-        validate_request(request, self.vocab_size, self.max_seq_len)
+        validate_request(request, self.vocab_size, self.max_seq_len, self._adapter_versions)
         stream = GenerationStream(self, request)
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         generator = None
@@ -223,20 +244,72 @@ class TorchEngine:
             self._wake.notify_all()
         return True
 
+    @property
+    def base_version(self) -> int | None:
+        """The version of the LoRA base serving (the first version of the learner that
+        published it), None when no LoRA base was loaded."""
+        return self._base_version
+
+    @property
+    def adapters(self) -> list[str]:
+        """Names of the adapters serving ("" is the run's policy adapter)."""
+        return sorted(self.llama.adapters.adapters)
+
     def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Validate a full state dict (`WeightSpec.check_state_dict`) and stage it; the loop
-        copies it into the model at the next decode-step boundary. Returns a Future whose
-        result is `version` once the new weights serve. Raises InvalidArgument naming the
-        first bad tensor or (field "version") a version older than the one serving or
-        staged (nothing changes then), EngineStopped once stopping. Several updates staged
-        before a boundary are applied in order at that boundary."""
-        self._spec.check_state_dict(state_dict)
-        staged = self.llama.prepare_weights(state_dict)
+        """Validate a payload and stage it; the loop applies it at the next decode-step
+        boundary. The payload (`scalerl.policy.lora.split_payload`) is full weights
+        (`WeightSpec.check_state_dict`), a LoRA base with its adapter, or an adapter alone
+        (`AdapterSpec.check`), which must name the base serving or staged. Returns a
+        Future whose result is `version` once the new weights serve. Raises
+        InvalidArgument naming the first bad tensor, (field "base_version") an adapter
+        for another base, or (field "version") a version older than the one serving or
+        staged (nothing changes then), EngineStopped once stopping. Several updates
+        staged before a boundary are applied in order at that boundary."""
+        payload = parse_payload(state_dict)
+        if payload.base:
+            self._spec.check_state_dict(payload.base)
+        if payload.adapter:
+            self._adapter_spec.check(payload.adapter)
+        staged = self.llama.prepare_weights(payload)
         future: Future = Future()
         with self._wake:
             if self._stopping:
                 raise EngineStopped()
+            if not payload.base and payload.base_version != self._newest_base:
+                raise InvalidArgument(
+                    "base_version",
+                    f"the adapter applies to base version {payload.base_version}; this "
+                    f"engine serves base {self._newest_base} (load that base first)",
+                )
             self._requests.accept_version(int(version))
+            if payload.base:
+                self._newest_base = payload.base_version
+            self._staged.append(_Staged(staged, int(version), future))
+            self._wake.notify_all()
+        return future
+
+    def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
+        """Serve the adapter tensors of `state_dict` (wire names, `scalerl.policy.lora`)
+        as adapter `name`, on whatever base serves, from the next decode-step boundary;
+        requests naming it get it, and their tokens its `version`. Returns a Future whose
+        result is `version` once it serves. Raises InvalidArgument naming the field: an
+        empty `name` (the policy's adapter comes with the run's updates), a bad tensor,
+        or a version older than the one of `name` serving or staged."""
+        if not name:
+            raise InvalidArgument("adapter", "must be a non-empty name")
+        self._adapter_spec.check(state_dict)
+        staged = StagedWeights({}, None, Adapter.of(state_dict, self.dtype, self.llama.device))
+        staged.adapter_name = name
+        future: Future = Future()
+        with self._wake:
+            if self._stopping:
+                raise EngineStopped()
+            newest = self._adapter_versions.get(name, -1)
+            if version < newest:
+                raise InvalidArgument(
+                    "version", f"{version} is older than version {newest} of adapter {name!r}"
+                )
+            self._adapter_versions[name] = version
             self._staged.append(_Staged(staged, int(version), future))
             self._wake.notify_all()
         return future
@@ -284,6 +357,12 @@ class TorchEngine:
                 for seq in list(self._active.values()):
                     self._fail(seq, exc)
 
+    def _version_of(self, seq: _Seq) -> int:
+        """The version of the weights `seq` is served with: its named adapter's, else the
+        run's policy version."""
+        name = seq.request.adapter
+        return self._adapter_serving.get(name, 0) if name else self.policy_version
+
     def _has_work(self) -> bool:
         return bool(self._active or self._waiting or self._controls or self._staged)
 
@@ -318,7 +397,12 @@ class TorchEngine:
                     if later.future.set_running_or_notify_cancel():
                         later.future.set_exception(exc)
                 raise
-            self._requests.serve(item.version)
+            if item.staged.adapter_name == POLICY:
+                self._requests.serve(item.version)
+                if item.staged.tensors:
+                    self._base_version = item.staged.base_version
+            else:
+                self._adapter_serving[item.staged.adapter_name] = item.version
             item.future.set_result(item.version)
             log.info(
                 "policy version %d now serving (swap %.3fs, %d running)",
@@ -350,10 +434,12 @@ class TorchEngine:
             if seq.slot < 0:
                 seq.slot = self._free.pop() if self._free else self._evict()
             self._active[seq.slot] = seq
-        first: dict[tuple[int, ...], _Seq] = {}
+            self.llama.assign_adapter(seq.slot, seq.request.adapter)
+        # One prefill row per distinct prompt and adapter (an adapter changes the KV).
+        first: dict[tuple[str, tuple[int, ...]], _Seq] = {}
         for seq in seqs:
             if not seq.reused:
-                first.setdefault(seq.request.prompt_ids, seq)
+                first.setdefault(_prefix_key(seq), seq)
         rows = [*first.values(), *continuing]
         if rows:
             logits = self.llama.extend_batch(
@@ -366,8 +452,8 @@ class TorchEngine:
         for seq in seqs:
             prompt = seq.request.prompt_ids
             seq.length = len(prompt)
-            seq.logits_version = self.policy_version
-            source = first.get(prompt, seq)
+            seq.logits_version = self._version_of(seq)
+            source = first.get(_prefix_key(seq), seq)
             if source is not seq:
                 self.llama.cache.copy_prefix(source.slot, seq.slot, len(prompt))
                 seq.next_logits = source.next_logits
@@ -375,10 +461,11 @@ class TorchEngine:
     def _continue(self, seq: _Seq) -> bool:
         """Give `seq` the parked slot holding the longest prefix of its prompt, if any;
         it then prefills from there (at least its last prompt token, for its logits)."""
-        prompt = seq.request.prompt_ids
+        adapter, prompt = _prefix_key(seq)
         best, best_len = -1, 0
-        for slot, ids in self._parked.items():
-            if best_len < len(ids) <= len(prompt) and prompt[: len(ids)] == ids:
+        for slot, (parked_adapter, ids) in self._parked.items():
+            fits = best_len < len(ids) <= len(prompt) and prompt[: len(ids)] == ids
+            if fits and parked_adapter == adapter:
                 best, best_len = slot, len(ids)
         if best < 0:
             return False
@@ -431,7 +518,7 @@ class TorchEngine:
         seq.unfed = None
         seq.emitted += phrase
         seq.next_logits = out[-1]
-        version = seq.logits_version = self.policy_version
+        version = seq.logits_version = self._version_of(seq)
         return Chunk(phrase, picked.tolist(), [version] * len(phrase), [True] * len(phrase))
 
     def _decode(self) -> None:
@@ -445,7 +532,7 @@ class TorchEngine:
             )
             for row, seq in enumerate(feed):
                 seq.next_logits = logits[row]
-                seq.logits_version = self.policy_version
+                seq.logits_version = self._version_of(seq)
                 seq.length += 1
                 seq.unfed = None
         seqs = list(self._active.values())
@@ -487,7 +574,7 @@ class TorchEngine:
             in_cache = seq.length - len(seq.request.prompt_ids)
             if park and in_cache >= 0:
                 ids = seq.request.prompt_ids + tuple(seq.emitted[:in_cache])
-                self._parked[seq.slot] = ids
+                self._parked[seq.slot] = (seq.request.adapter, ids)
             else:
                 self._free.append(seq.slot)
 
@@ -501,3 +588,8 @@ class TorchEngine:
                 item.future.set_exception(EngineStopped("the engine stopped before the swap"))
         for seq in self._requests.close():
             self._finish(seq, Chunk.empty(), ABORTED)
+
+
+def _prefix_key(seq: _Seq) -> tuple[str, tuple[int, ...]]:
+    """What a request's prompt KV depends on: its adapter and its prompt ids."""
+    return seq.request.adapter, seq.request.prompt_ids

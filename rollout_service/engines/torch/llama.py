@@ -29,12 +29,21 @@ with RMSNorm, rotary position embeddings (RoPE; Su et al. 2021, RoFormer eq. 34,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from rollout_service.engines.torch.adapters import (
+    POLICY,
+    Adapter,
+    AdapterBank,
+    adaptable,
+    install,
+)
+from scalerl.policy.lora import Payload
 
 
 def default_rope_theta(config: object) -> float:
@@ -152,10 +161,16 @@ class SlotKVCache:
 
 @dataclass
 class StagedWeights:
-    """Validated tensors ready to be copied into the model (already in the body dtype)."""
+    """A validated update ready to be applied (tensors already in the body dtype): base
+    `tensors` and the fp32 head (empty and None for an adapter alone), and the `adapter`
+    to serve under `adapter_name` with the base version it applies to (None and None:
+    full weights, which drop the policy adapter)."""
 
     tensors: dict[str, torch.Tensor]
-    head_fp32: torch.Tensor
+    head_fp32: torch.Tensor | None
+    adapter: Adapter | None = None
+    adapter_name: str = POLICY
+    base_version: int | None = None
 
 
 class SlotLlama:
@@ -193,6 +208,12 @@ class SlotLlama:
         self.max_seq_len = max_seq_len
         self.tied = hf.lm_head.weight is hf.model.embed_tokens.weight
         self.head_name = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+        # The parameters by HF name, taken before adapters wrap any module (which renames
+        # them in the state dict): what weight updates copy into.
+        self._targets = dict(self.model.state_dict())
+        self.adapters = AdapterBank()
+        self.adaptable = adaptable(self.model)
+        self._slot_adapter: list[str | None] = [None] * max_batch
         self.cache = SlotKVCache(
             config.num_hidden_layers,
             max_batch,
@@ -320,6 +341,7 @@ class SlotLlama:
         [N, T] bool marks the tokens whose keys and values are cached (None: all).
         Returns the final-normed hidden state [N, T, hidden] in the body dtype."""
         body = self.model.model
+        self.adapters.select([self._slot_adapter[s] for s in slots.tolist()])
         hidden = body.embed_tokens(ids)
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
@@ -369,31 +391,50 @@ class SlotLlama:
 
     def parameter_shapes(self) -> dict[str, torch.Size]:
         """Names and shapes of the model's state dict (tied lm_head included)."""
-        return {name: t.shape for name, t in self.model.state_dict().items()}
+        return {name: t.shape for name, t in self._targets.items()}
 
-    def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> StagedWeights:
-        """Snapshot a full state dict, validated by the caller
+    def prepare_weights(self, payload: Payload, adapter_name: str = POLICY) -> StagedWeights:
+        """Snapshot a payload validated by the caller
         (`rollout_service.engines.weight_check`), in the body dtype; changes nothing.
 
-        `lm_head.weight` may be omitted when the embeddings are tied (if given it is
-        ignored: the embedding is the head); the head is kept in fp32.
+        Its base (full weights, or the base of a LoRA run's first version): `lm_head.weight`
+        may be omitted when the embeddings are tied (if given it is ignored: the embedding
+        is the head); the head is kept in fp32. Its adapter, if any, is served as
+        `adapter_name`.
         """
-        skip = {"lm_head.weight"} if self.tied else set()
-        # copy=True: a snapshot, so a caller that keeps training its tensors before the
-        # swap cannot change what gets applied.
-        tensors = {
-            name: state_dict[name].detach().to(self.device, self.dtype, copy=True)
-            for name in self.parameter_shapes()
-            if name not in skip
-        }
-        head = state_dict[self.head_name].detach().to(self.device, torch.float32, copy=True)
-        return StagedWeights(tensors, head)
+        staged = StagedWeights({}, None, base_version=payload.base_version)
+        staged.adapter_name = adapter_name
+        if payload.base:
+            skip = {"lm_head.weight"} if self.tied else set()
+            # copy=True: a snapshot, so a caller that keeps training its tensors before
+            # the swap cannot change what gets applied.
+            staged.tensors = {
+                name: payload.base[name].detach().to(self.device, self.dtype, copy=True)
+                for name in self.parameter_shapes()
+                if name not in skip
+            }
+            head = payload.base[self.head_name]
+            staged.head_fp32 = head.detach().to(self.device, torch.float32, copy=True)
+        if payload.adapter:
+            staged.adapter = Adapter.of(payload.adapter, self.dtype, self.device)
+        return staged
 
     @torch.no_grad()
     def load_weights(self, staged: StagedWeights) -> None:
-        """Copy staged tensors into the parameters and refresh the fp32 head. The KV cache
-        is kept untouched (in-flight update, PipelineRL)."""
-        targets = self.model.state_dict()
+        """Copy staged tensors into the parameters, refresh the fp32 head and serve the
+        staged adapter (full weights drop the policy adapter). The KV cache is kept
+        untouched (in-flight update, PipelineRL)."""
         for name, tensor in staged.tensors.items():
-            targets[name].copy_(tensor)
-        self.head_fp32 = staged.head_fp32
+            self._targets[name].copy_(tensor)
+        if staged.head_fp32 is not None:
+            self.head_fp32 = staged.head_fp32
+        if staged.adapter is not None:
+            install(self.model, list(staged.adapter.pairs), self.adapters)
+            self.adapters.adapters[staged.adapter_name] = staged.adapter
+        elif staged.tensors:
+            self.adapters.adapters.pop(POLICY, None)
+
+    def assign_adapter(self, slot: int, name: str | None) -> None:
+        """Serve `slot`'s sequence with adapter `name` ("" the run's policy adapter, if
+        one is loaded; None the bare base)."""
+        self._slot_adapter[slot] = name

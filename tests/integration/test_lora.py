@@ -1,0 +1,310 @@
+"""LoRA RL with adapter-only publication (`scalerl.policy.lora`): the learner's adapters
+travel alone, and the torch engine serves exactly the learner's policy."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from learner_service.weights.publish import WeightPublisher
+from learner_service.weights.senders import UriSender
+from rollout_service.engines.api import GenerationRequest
+from rollout_service.engines.torch.engine import TorchEngine
+from rollout_service.weights.follower import WeightFollower
+from scalerl.config import LoraConfig, load_config
+from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
+from scalerl.policy.models import load_policy
+from scalerl.policy.weights import (
+    LORA_ADAPTER,
+    LORA_BASE,
+    head_names,
+    lora_checkpoint_payload,
+    snapshot_state_dict,
+)
+from scalerl.rpc.errors import InvalidArgument
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState
+from scalerl_cli.export_cli import export
+
+
+def llama(tied: bool, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def trained_lora(model: torch.nn.Module, rank: int, seed: int = 1) -> torch.nn.Module:
+    """The model with rank-`rank` adapters on every Linear, B no longer zero (as after
+    training)."""
+    attach_lora(model, LoraConfig(rank=rank))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return model.eval()
+
+
+def publish(model: torch.nn.Module, part, base_version: int) -> dict[str, torch.Tensor]:
+    """A publication's tensors as the learner sends them (fp32 body)."""
+    snapshot = snapshot_state_dict(model, torch.float32, head_names(model), part)
+    snapshot[BASE_VERSION] = base_version_tensor(base_version)
+    return snapshot
+
+
+def engine_logits(engine: TorchEngine, ids: list[int]) -> torch.Tensor:
+    engine.llama.assign_adapter(0, "")
+    return engine.llama.extend(0, 0, ids, all_logits=True)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("rank", [8, 64])
+def test_the_engine_serves_the_learners_adapted_logits(tied: bool, rank: int) -> None:
+    learner = trained_lora(llama(tied), rank)
+    engine = TorchEngine(llama(tied, seed=5), [1], max_batch=2, max_seq_len=32, autostart=False)
+    ids = [3, 7, 11, 2, 9, 30, 4]
+    engine.stage_weights(publish(learner, LORA_BASE, base_version=0), 0)
+    engine.step()
+    with torch.no_grad():
+        expected = learner(input_ids=torch.tensor([ids])).logits[0].float()
+    assert torch.allclose(engine_logits(engine, ids), expected, atol=1e-5, rtol=0)
+    # The next version: the adapter alone, a fraction of the bytes.
+    with torch.no_grad():
+        for name, parameter in learner.named_parameters():
+            if ".lora_B." in name:
+                parameter.mul_(-2.0)
+    adapter = publish(learner, LORA_ADAPTER, base_version=0)
+    assert all(".lora_" in n or n == BASE_VERSION for n in adapter)
+    engine.stage_weights(adapter, 1)
+    engine.step()
+    with torch.no_grad():
+        expected = learner(input_ids=torch.tensor([ids])).logits[0].float()
+    assert torch.allclose(engine_logits(engine, ids), expected, atol=1e-5, rtol=0)
+    assert engine.policy_version == 1 and engine.base_version == 0
+
+
+def test_an_adapter_for_another_base_is_refused_and_changes_nothing() -> None:
+    learner = trained_lora(llama(True), 8)
+    engine = TorchEngine(llama(True), [1], max_batch=2, max_seq_len=32, autostart=False)
+    with pytest.raises(InvalidArgument) as refused:  # no base loaded yet
+        engine.stage_weights(publish(learner, LORA_ADAPTER, base_version=0), 1)
+    assert refused.value.field == "base_version"
+    engine.stage_weights(publish(learner, LORA_BASE, base_version=3), 3)
+    engine.step()
+    before = engine_logits(engine, [3, 4, 5])
+    with pytest.raises(InvalidArgument) as refused:  # a new learner's adapter, old base
+        engine.stage_weights(publish(learner, LORA_ADAPTER, base_version=7), 8)
+    assert refused.value.field == "base_version"
+    engine.step()
+    assert engine.policy_version == 3
+    assert torch.equal(engine_logits(engine, [3, 4, 5]), before)
+
+
+def test_two_adapters_are_served_side_by_side_each_request_its_own() -> None:
+    base = llama(False)
+    first = trained_lora(copy.deepcopy(base), 8, seed=1)
+    second = trained_lora(copy.deepcopy(base), 16, seed=2)
+    engine = TorchEngine(copy.deepcopy(base), [1], max_batch=4, max_seq_len=32, autostart=False)
+
+    def adapter(model):
+        tensors = snapshot_state_dict(model, torch.float32, (), LORA_ADAPTER)
+        return tensors
+
+    engine.stage_adapter("first", adapter(first), 4)
+    engine.stage_adapter("second", adapter(second), 9)
+    prompt = (3, 7, 11, 2)
+    streams = {
+        name: engine.submit(
+            GenerationRequest(
+                f"r-{name}", prompt, max_new_tokens=5, temperature=1.0, seed=1, adapter=name
+            )
+        )
+        for name in ("first", "second", "")
+    }
+    while engine.step():
+        pass
+    models = {"first": first, "second": second, "": base}
+    for name, stream in streams.items():
+        result = stream.result()
+        ids = list(prompt) + result.token_ids
+        with torch.no_grad():
+            logits = models[name](input_ids=torch.tensor([ids])).logits[0].float()
+        logp = torch.log_softmax(logits, -1)
+        expected = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(result.token_ids)]
+        assert result.logprobs == pytest.approx(expected, abs=1e-4), name
+        assert set(result.versions) == {{"first": 4, "second": 9, "": 0}[name]}
+
+
+# ----- publication: the base once, then adapters alone, through the board -------------
+
+
+class _Learner:
+    """A LoRA learner's publisher over the `uri` transport, on the real board."""
+
+    def __init__(self, client, run_id: str, folder) -> None:
+        self.model = trained_lora(llama(True), 8)
+        self.state = RunState(client, run_id)
+        registry = WorkerRegistry(client, run_id)
+        sender = UriSender(registry, folder, timeout_s=5.0)
+        self.publisher = WeightPublisher(registry, self.state, sender, "float32", lora=True)
+
+    def step_and_publish(self, version: int) -> None:
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if ".lora_B." in name:
+                    parameter.add_(0.01 * (version + 1))
+        self.publisher.publish(self.model, version, wait=True)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+IDS = [3, 7, 11, 2, 9]
+
+
+def test_the_first_version_carries_the_base_and_later_ones_the_adapter_alone(
+    redis_client, run_id, tmp_path
+) -> None:
+    learner = _Learner(redis_client, run_id, tmp_path)
+    learner.publisher.publish(learner.model, 0, force_file=True, wait=True)
+    base_bytes = learner.publisher.last_bytes
+    learner.step_and_publish(1)
+    board = learner.state.versions
+    assert board.base().version == 0 and board.published().version == 1
+    assert learner.publisher.last_bytes * 5 < base_bytes  # tiny model: ~7x fewer bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "base-v0.safetensors",
+        "policy-v1.safetensors",
+    ]
+    for version in (2, 3):  # the base file stays; two policy versions are kept
+        learner.step_and_publish(version)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "base-v0.safetensors",
+        "policy-v2.safetensors",
+        "policy-v3.safetensors",
+    ]
+
+
+def test_a_late_joiner_and_a_worker_that_missed_versions_serve_the_latest_adapter(
+    redis_client, run_id, tmp_path
+) -> None:
+    learner = _Learner(redis_client, run_id, tmp_path)
+    learner.publisher.publish(learner.model, 0, force_file=True, wait=True)
+    learner.step_and_publish(1)
+    board = learner.state.versions
+    board.announce(1)
+
+    def worker() -> tuple[TorchEngine, WeightFollower]:
+        engine = TorchEngine(llama(True, seed=9), [1], max_batch=2, max_seq_len=32)
+        return engine, WeightFollower(engine, board, tmp_path, pulls=False, k=2, period_s=1)
+
+    behind, behind_follower = worker()  # was there at v1, then misses three versions
+    assert behind_follower.await_initial(threading.Event(), lambda: False)
+    assert behind.policy_version == 0  # the base is within k: READY
+    assert behind_follower.load_if_behind()  # then the adapter of v1
+    assert (behind.base_version, behind.policy_version) == (0, 1)
+    assert torch.allclose(engine_logits(behind, IDS), learner.logits(IDS), atol=1e-5)
+    for version in (2, 3, 4):
+        learner.step_and_publish(version)
+    board.announce(4)
+    late, late_follower = worker()  # joins now: base v0 first, then the adapter of v4
+    assert late_follower.await_initial(threading.Event(), lambda: False)
+    assert behind_follower.check(behind_before=False) is True  # a push may still come
+    assert behind_follower.check(behind_before=True) is False  # loaded v4 alone
+    for engine in (late, behind):
+        assert (engine.base_version, engine.policy_version) == (0, 4)
+        assert torch.allclose(engine_logits(engine, IDS), learner.logits(IDS), atol=1e-5)
+        engine.stop()
+
+
+def test_a_new_learners_adapter_never_lands_on_the_old_base(redis_client, run_id, tmp_path):
+    """A restarted learner publishes its base again; a worker pushed its adapter first
+    refuses it (no new label on stale weights) and loads the new base, then the adapter."""
+    first = _Learner(redis_client, run_id, tmp_path)
+    first.publisher.publish(first.model, 0, force_file=True, wait=True)
+    board = first.state.versions
+    board.announce(0)
+    engine = TorchEngine(llama(True, seed=9), [1], max_batch=2, max_seq_len=32)
+    follower = WeightFollower(engine, board, tmp_path, pulls=False, k=2, period_s=1)
+    assert follower.await_initial(threading.Event(), lambda: False)
+    second = _Learner(redis_client, run_id, tmp_path)  # another warm-up: another base
+    with torch.no_grad():
+        second.model.model.norm.weight.mul_(1.5)
+    second.publisher.publish(second.model, 5, force_file=True, wait=True)
+    second.step_and_publish(6)
+    adapter = load_file(str(tmp_path / "policy-v6.safetensors"))
+    with pytest.raises(InvalidArgument):
+        engine.stage_weights(adapter, 6)
+    assert engine.policy_version == 0
+    board.announce(6)
+    follower.check(behind_before=True)  # the new base first
+    assert (engine.base_version, engine.policy_version) == (5, 5)
+    follower.check(behind_before=True)  # then its adapter
+    assert (engine.base_version, engine.policy_version) == (5, 6)
+    assert torch.allclose(engine_logits(engine, IDS), second.logits(IDS), atol=1e-5)
+    engine.stop()
+
+
+# ----- checkpoints: scalerl eval's payload and scalerl export --------------------------
+
+
+@pytest.fixture()
+def lora_checkpoint(tmp_path):
+    """A tiny LoRA run's config (with its warm-up) and a checkpoint's model.safetensors
+    of a trained adapter on a changed base."""
+    config = load_config("tiny", ["learner.lora.rank=8"])
+    model, _ = load_policy(config.model, seed=config.seed)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.25)  # what a warm-up does: a base of its own
+    trained = trained_lora(model, 8)
+    state = {k: v for k, v in trained.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    return config, trained, tmp_path / "model.safetensors"
+
+
+def test_a_lora_checkpoint_is_served_exactly_as_trained(lora_checkpoint) -> None:
+    config, trained, file = lora_checkpoint
+    lora = config.learner.lora
+    payload = lora_checkpoint_payload(load_file(str(file)), lora.alpha / lora.rank)
+    engine = TorchEngine(load_policy(config.model, seed=3)[0], [1], 2, 32, autostart=False)
+    engine.stage_weights(payload, 1)
+    engine.step()
+    with torch.no_grad():
+        expected = trained(input_ids=torch.tensor([IDS])).logits[0].float()
+    assert torch.allclose(engine_logits(engine, IDS), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="learner.lora"):
+        lora_checkpoint_payload(load_file(str(file)), None)
+
+
+def test_export_writes_an_adapter_peft_loads_and_a_merged_model(lora_checkpoint, tmp_path):
+    config, trained, file = lora_checkpoint
+    with torch.no_grad():
+        expected = trained(input_ids=torch.tensor([IDS])).logits[0].float()
+    assert export(config, (file,), tmp_path / "adapter", merge=False) == "a peft adapter"
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter" / "base")
+    adapted = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        got = adapted(input_ids=torch.tensor([IDS])).logits[0].float()
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert export(config, (file,), tmp_path / "merged", merge=True) == "a merged HF model"
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert not any(".lora_" in name for name in plain.state_dict())
+    with torch.no_grad():
+        got = plain(input_ids=torch.tensor([IDS])).logits[0].float()
+    assert torch.allclose(got, expected, atol=1e-4)
