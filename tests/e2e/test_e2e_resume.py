@@ -87,9 +87,11 @@ def test_a_finished_run_resumed_with_more_steps_continues(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path, lora: bool):
     """The launcher and the learner killed (-9) together, as when their node is lost;
-    `scalerl run --resume` continues the run."""
+    `scalerl run --resume` continues the run. With LoRA the resumed learner publishes its
+    base again and the workers serve its adapters on it."""
     run_dir = tmp_path / "run"
     proc = _scalerl(
         "--config",
@@ -100,6 +102,7 @@ def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path):
         "learner.max_steps=16",
         "--set",
         "learner.checkpoint_every=4",
+        *(["--set", "learner.lora.rank=8"] if lora else []),
     )
     try:
         deadline = time.monotonic() + 400
@@ -133,3 +136,5 @@ def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path):
     assert report["resumes"]["groups_lost"] == resume.groups_lost == lost
     assert report["groups"]["unaccounted"] == 0
     assert "curve service:" not in _learner_log(run_dir)
+    if lora:  # adapters alone after the resumed learner's base
+        assert report["publish"]["lora"] and report["publish"]["bytes_per_version"] < 300_000

@@ -2,7 +2,7 @@
 the one-process learner: on the same batch the same loss and gradient, for every loss and
 aggregation, per-sample and shared-prefix micro-batches; a checkpoint of 2 ranks resumes
 on 1 and one of 1 on 2, with identical weights; the gathered full weights (what the fleet
-gets) equal the unsharded model's.
+gets) equal the unsharded model's; LoRA adapters train sharded as in one process.
 
 Tolerance: float32 throughout; the ranks add their partial gradients in another order
 than one process does, so gradients agree to rtol 1e-5 / atol 1e-7 and losses to rtol
@@ -29,9 +29,10 @@ from safetensors.torch import load_file
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks, serve_commands
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.config import LearnerConfig, LoraConfig, ModelConfig
+from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import head_names, snapshot_state_dict
+from scalerl.policy.weights import LORA_ADAPTER, head_names, snapshot_state_dict
 from scalerl.ports import free_port
 from scalerl.v1 import rollout_pb2
 
@@ -96,13 +97,30 @@ def config(loss: str, aggregation: str, shared: bool) -> LearnerConfig:
 
 
 def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """Full gradients by parameter name (without the sharding wrapper's prefix)."""
+    """Full gradients by parameter name (without the sharding wrapper's prefix), of the
+    parameters that have one (with LoRA, the adapters')."""
     grads = {}
     for name, param in trainer.module.named_parameters():
         grad = param.grad
+        if grad is None:
+            continue
         full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
         grads[name.removeprefix("policy.")] = full.detach().cpu().clone()
     return grads
+
+
+LORA_CONFIG = config("cispo", "prompt", shared=True)  # the default: shared-prefix packing
+
+
+def lora_tiny() -> torch.nn.Module:
+    """`tiny()` with rank-4 adapters whose B is no longer zero (seeded)."""
+    model = attach_lora(tiny(), LoraConfig(rank=4))
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
 
 
 def stepped(trainer: Trainer) -> Trainer:
@@ -149,6 +167,10 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     again = Trainer(tiny().to(device), config(*CASES[0]), temperature=1.0, mesh=mesh)
     load_checkpoint(folder / "two", again)
     results["two_resumed"] = snapshot(again)
+    # LoRA adapters: their gradient, then one step, and the adapters as published.
+    trainer = Trainer(lora_tiny().to(device), LORA_CONFIG, temperature=1.0, mesh=mesh)
+    results["lora"] = (trainer.gradients(groups()), gradients(trainer))
+    results["lora_adapter"] = stepped(trainer).full_snapshot(torch.float32, (), LORA_ADAPTER)
     if rank == 0:
         torch.save(results, folder / "ranks.pt")
     dist.destroy_process_group()
@@ -224,6 +246,26 @@ def test_the_gathered_full_weights_are_the_unsharded_models(two_ranks) -> None:
     assert set(results["two"]) == set(snapshot_state_dict(model, torch.float32))  # no tied copy
     for name, tensor in snapshot(reference).items():
         torch.testing.assert_close(results["two"][name], tensor, rtol=RTOL, atol=10 * ATOL)
+
+
+def test_lora_adapters_train_sharded_as_in_one_process(two_ranks) -> None:
+    """Only the adapters get gradients (shared-prefix micro-batches), the same as one
+    process's; after a step the
+    published adapters (gathered from the shards) are the one process's."""
+    results, _ = two_ranks
+    trainer = Trainer(lora_tiny(), LORA_CONFIG, temperature=1.0)
+    loss = trainer.gradients(groups())
+    expected = gradients(trainer)
+    sharded_loss, sharded = results["lora"]
+    assert sharded_loss == pytest.approx(loss, rel=RTOL / 10) and loss != 0.0
+    assert set(sharded) == set(expected)
+    assert all(".lora_" in name for name in expected) and len(expected) == 2 * 7 * 2
+    for name, grad in expected.items():
+        torch.testing.assert_close(sharded[name], grad, rtol=RTOL, atol=ATOL)
+    adapter = stepped(trainer).full_snapshot(torch.float32, (), LORA_ADAPTER)
+    assert set(results["lora_adapter"]) == set(adapter)
+    for name, tensor in adapter.items():
+        torch.testing.assert_close(results["lora_adapter"][name], tensor, rtol=RTOL, atol=ATOL)
 
 
 def test_two_torchrun_nodes_on_loopback_form_one_learner(tmp_path) -> None:

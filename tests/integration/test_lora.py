@@ -12,12 +12,14 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
+from learner_service.train.trainer import Trainer
 from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import UriSender
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.weights.follower import WeightFollower
-from scalerl.config import LoraConfig, load_config
+from scalerl.config import LearnerConfig, LoraConfig, load_config
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy
 from scalerl.policy.weights import (
@@ -30,6 +32,7 @@ from scalerl.policy.weights import (
 from scalerl.rpc.errors import InvalidArgument
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
+from scalerl.v1 import rollout_pb2
 from scalerl_cli.export_cli import export
 
 
@@ -308,3 +311,56 @@ def test_export_writes_an_adapter_peft_loads_and_a_merged_model(lora_checkpoint,
     with torch.no_grad():
         got = plain(input_ids=torch.tensor([IDS])).logits[0].float()
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+def _groups(seed: int) -> list[rollout_pb2.RolloutGroup]:
+    """Four groups of 4 replies (tokens 3..39 of `llama`'s vocabulary), rewards 0 and 1."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for index in range(4):
+        samples = []
+        for j in range(4):
+            tokens = torch.randint(
+                3, 40, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g
+            )
+            samples.append(
+                rollout_pb2.Sample(
+                    token_ids=tokens.tolist(),
+                    logprobs=[-2.0] * len(tokens),
+                    policy_versions=[0] * len(tokens),
+                    reward=float(j % 2),
+                    finish_reason=rollout_pb2.FINISH_REASON_STOP,
+                )
+            )
+        prompt = torch.randint(3, 40, (5,), generator=g).tolist()
+        groups.append(
+            rollout_pb2.RolloutGroup(group_id=f"g{index}", prompt_token_ids=prompt, samples=samples)
+        )
+    return groups
+
+
+def test_only_adapters_train_and_a_checkpoint_resumes_them_exactly(tmp_path) -> None:
+    config = LearnerConfig(lr=1e-2, autocast_bf16=False)
+    trainer = Trainer(trained_lora(llama(False), 8), config, temperature=1.0)
+    frozen = {
+        n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".lora_" not in n
+    }
+    trainer.step(_groups(1))
+    assert {id(p) for p in trainer.params} == {
+        id(p) for n, p in trainer.model.named_parameters() if ".lora_" in n
+    }
+    for name, parameter in trainer.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(parameter, frozen[name]), name  # the base and the head
+    state = trainer.optimizer.state
+    assert len(state) == len(trainer.params)  # AdamW moments of the adapters only
+    save_checkpoint(tmp_path / "ckpt", trainer, LearnerState(step=1, policy_version=1))
+    resumed = Trainer(trained_lora(llama(False, seed=4), 8, seed=9), config, temperature=1.0)
+    load_checkpoint(tmp_path / "ckpt", resumed)
+    for trainer_ in (trainer, resumed):
+        trainer_.step(_groups(2))
+    ours = snapshot_state_dict(trainer.model, torch.float32, (), LORA_BASE)
+    theirs = snapshot_state_dict(resumed.model, torch.float32, (), LORA_BASE)
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(theirs[name], tensor), name
