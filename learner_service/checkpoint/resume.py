@@ -9,8 +9,9 @@ supervisor's restart with the same command line) continues from it:
   steps: the replay ledger moves them from `trained` to `lost`) and which are read again
   (never acknowledged);
 - versions: the resumed learner's version is above every label in Redis (the announced
-  version, the latest weights, every group in the replay stream), so no version number
-  names two different weights and no admitted group has a negative staleness. Groups made
+  version, the latest weights, every group in the replay stream) and in the run folder's
+  records (a step is recorded just before its version is announced), so no version
+  number names two different weights and no admitted group has a negative staleness. Groups made
   by the lost versions (above the checkpoint's, below the resumed one) are dropped as
   stale: those weights never were an ancestor of the resumed policy;
 - the prompt pool: the checkpoint's snapshot replaces Redis's only when Redis holds an
@@ -35,6 +36,7 @@ from scalerl.run_folder import (
     StepRecord,
     append_record,
     keep_records_until,
+    read_records,
     run_evals,
 )
 from scalerl.state.replay import ReplayStream
@@ -64,7 +66,8 @@ def resume_run(
     saved = checkpointer.load() if loaded else Saved(RunProgress(), groups_trained=0)
     progress = saved.progress
     checkpoint_version = progress.version
-    progress.version = resumed_version(checkpoint_version, redis_labels(state, replay))
+    labels = [*redis_labels(state, replay), record_label(run_dir)]
+    progress.version = resumed_version(checkpoint_version, labels)
     fresh = progress.version == checkpoint_version and not _has_records(run_dir)
     if not loaded and fresh:
         return None
@@ -111,6 +114,16 @@ def redis_labels(state: RunState, replay: ReplayStream) -> list[int | None]:
     """Every policy-version label the run's Redis holds: the announced version and latest
     weights (`VersionBoard.highest_label`), the newest group in the replay stream."""
     return [state.versions.highest_label(), replay.max_policy_version()]
+
+
+def record_label(run_dir: Path) -> int | None:
+    """The highest policy version the run folder's records name (steps, evaluations,
+    resumes), None without records: a step recorded just before its version was
+    announced (a kill in between) names a version Redis never saw."""
+    versions = [r.policy_version for r in read_records(run_dir, StepRecord)]
+    versions += [r.policy_version for r in read_records(run_dir, EvalRecord)]
+    versions += [r.policy_version for r in read_records(run_dir, ResumeRecord)]
+    return max(versions, default=None)
 
 
 def one_timeline(

@@ -4,8 +4,10 @@ command refuses to start a new run on top of an old one."""
 from __future__ import annotations
 
 import pytest
+from test_run_folder import STEP  # a complete StepRecord's fields
 
-from learner_service.checkpoint.resume import resumed_version
+from learner_service.checkpoint.resume import record_label, resumed_version
+from scalerl.run_folder import StepRecord, append_record
 from scalerl.staleness import from_lost_versions
 from scalerl_cli.main import main
 
@@ -21,6 +23,17 @@ def test_the_resumed_version_is_above_every_label_in_redis() -> None:
     assert resumed_version(10, [12, 13]) == 14
     assert resumed_version(10, [10, None]) == 11  # a finished run: a new number anyway
     assert resumed_version(10, [3, None]) == 10  # labels below: nothing to skip
+
+
+def test_a_step_recorded_before_its_version_was_announced_counts_as_a_label(tmp_path) -> None:
+    """A kill between a step's record (v8) and its announcement (Redis says v7): the
+    resumed learner still takes a new number, v9, found by the run folder's records
+    (the LoRA resume system test met this)."""
+    assert record_label(tmp_path) is None
+    for step in (7, 8):
+        append_record(tmp_path, StepRecord(**(STEP | {"step": step, "policy_version": step})))
+    assert record_label(tmp_path) == 8
+    assert resumed_version(4, [7, None, record_label(tmp_path)]) == 9
 
 
 def test_groups_of_the_lost_versions_are_recognised() -> None:
