@@ -24,13 +24,16 @@ EPOCH = re.compile(r"weight group epoch (\d+) formed \(\w+\): (.*)")
 
 
 @pytest.mark.parametrize(
-    "transport",
+    ("transport", "lora"),
     [
-        pytest.param("pull", marks=pytest.mark.slow),
-        pytest.param("broadcast", marks=pytest.mark.system),
+        pytest.param("pull", False, marks=pytest.mark.slow),
+        pytest.param("broadcast", False, marks=pytest.mark.system),
+        pytest.param("broadcast", True, marks=pytest.mark.system, id="broadcast-lora"),
     ],
 )
-def test_tiny_run_without_shared_disk(tmp_path, transport):
+def test_tiny_run_without_shared_disk(tmp_path, transport, lora):
+    """With LoRA (`learner.lora`) each worker pulls the base (v0) and the group then
+    broadcasts the adapters alone."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
     args += ["--run-dir", str(run_dir)]
@@ -39,6 +42,7 @@ def test_tiny_run_without_shared_disk(tmp_path, transport):
         f"learner.weights.transport={transport}",
         f"learner.max_steps={STEPS}",
         "model.warmup_steps=100",
+        *(["learner.lora.rank=8"] if lora else []),
     )
     for item in overrides:
         args += ["--set", item]
