@@ -26,7 +26,11 @@
 # 10. the code sandbox on a GPU node: the program sees no GPU device node (/dev/nvidia*,
 #     /dev/dri), cannot load CUDA, reads no secret, reaches no network, and its forgeries
 #     score 0, as root and as a non-root uid (tests/integration/test_code_sandbox.py and
-#     test_sandbox_nonroot.py).
+#     test_sandbox_nonroot.py);
+# 11. LoRA on CUDA: the tiny job with `learner.lora.rank=8` (adapters alone after the base,
+#     report.json's publish.bytes_per_version), and the torch engine's adapted logits
+#     against the learner's on cuda:0, fp32, ranks 8 and 64 (TF32 off; the FSDP2 learner's
+#     adapters are checked in section 3).
 #
 #   scripts/gpu_check.sh [PYTHON] [SECTIONS]
 #
@@ -39,7 +43,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${1:-}"
-SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10},"
+SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10,11},"
 if [[ -z "$PYTHON" ]]; then
   for candidate in .venv-vllm/bin/python .venv/bin/python python3; do
     if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
@@ -223,4 +227,52 @@ print(run_program(probe, "stdio", [""], limits).outcomes[0].stdout, end="")
 EOF
   within 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/integration/test_code_sandbox.py \
     tests/integration/test_sandbox_nonroot.py 2>&1 | tail -n 5
+fi
+
+if section 11 "LoRA on CUDA: the tiny job and the engine's adapted logits"; then
+  if has_cuda; then
+    if within 240 "$PYTHON" -m scalerl_cli.main run --config tiny --run-dir "$WORK/lora" \
+      --set learner.lora.rank=8 >"$WORK/lora.log" 2>&1; then
+      report_tiny "$WORK/lora"
+      "$PYTHON" -c "import json, sys; print('publish', json.load(open(sys.argv[1]))['publish'])" "$WORK/lora/report.json"
+    else
+      echo "LoRA tiny job FAILED:"; tail -n 30 "$WORK/lora.log"
+    fi
+    within 120 "$PYTHON" - <<'EOF'
+import torch
+
+from rollout_service.engines.torch.engine import TorchEngine
+from scalerl.config import LoraConfig, ModelConfig
+from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
+from scalerl.policy.models import load_policy
+from scalerl.policy.weights import LORA_BASE, head_names, snapshot_state_dict
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+for rank in (8, 64):
+    learner, _ = load_policy(ModelConfig(kind="tiny"), seed=0)
+    attach_lora(learner, LoraConfig(rank=rank))
+    with torch.no_grad():
+        for name, parameter in learner.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(0, 0.05)
+    learner = learner.to("cuda:0").eval()
+    payload = snapshot_state_dict(learner, torch.float32, head_names(learner), LORA_BASE)
+    payload[BASE_VERSION] = base_version_tensor(0)
+    engine = TorchEngine(load_policy(ModelConfig(kind="tiny"), seed=5)[0], [1], 2, 32,
+                         device="cuda:0", autostart=False)
+    engine.stage_weights(payload, 0)
+    engine.step()
+    engine.llama.assign_adapter(0, "")
+    ids = [3, 7, 11, 2, 9, 14, 4]
+    with torch.no_grad():
+        expected = learner(input_ids=torch.tensor([ids], device="cuda:0")).logits[0].float()
+    got = engine.llama.extend(0, 0, ids, all_logits=True)
+    diff = float((got - expected).abs().max())
+    print(f"rank {rank}: engine vs learner logits on cuda:0, max |diff| {diff:.2e}",
+          "OK" if diff <= 1e-5 else "ABOVE 1e-5")
+EOF
+  else
+    echo "no CUDA device: skipped"
+  fi
 fi
