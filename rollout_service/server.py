@@ -210,6 +210,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             answer_budget=control.answer_budget,
             interrupt_ids=self._interrupt_ids(control.interrupt_text),
             think_end_ids=self._think_end_ids,
+            adapter=request.adapter,
         )
 
     def _prompt_ids(self, request: rollout_pb2.GenerateRequest) -> tuple[int, ...]:

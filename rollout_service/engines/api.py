@@ -259,13 +259,23 @@ class RolloutEngine(Protocol):
         ...
 
     def stage_weights(self, state_dict: dict[str, Any], version: int) -> Future:
-        """Validate and stage a full HF-named state dict; the future resolves to `version`
-        once it serves. Raises InvalidArgument naming the bad tensor (nothing changes) or
-        EngineStopped."""
+        """Validate and stage a full HF-named state dict (with LoRA: a base and its
+        adapters, or adapters alone, `scalerl.policy.lora`); the future resolves to
+        `version` once it serves. Raises InvalidArgument naming the bad tensor (nothing
+        changes) or EngineStopped."""
         ...
 
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """As `stage_weights`, from one safetensors file with HF parameter names."""
+        ...
+
+    def stage_adapter(self, name: str, state_dict: dict[str, Any], version: int) -> Future:
+        """Serve the LoRA adapter tensors of `state_dict` (`scalerl.policy.lora`'s wire
+        names) as adapter `name` beside the run's policy, from the next step boundary:
+        requests naming it (`GenerationRequest.adapter`) get it, their tokens its
+        `version`. Returns a Future resolving to `version` once it serves. Raises
+        InvalidArgument naming the field ("adapter" on engines that serve no adapters
+        side by side)."""
         ...
 
 

@@ -41,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
 from rollout_service.engines.api import RolloutEngine
+from rollout_service.engines.weight_check import load_state_dict
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, ServiceError
 from scalerl.v1 import rollout_pb2
 
@@ -85,7 +86,9 @@ def receive_weights(
     budget: ByteBudget | None = None,
 ) -> tuple[int, float]:
     """Read an UpdateWeights stream, verify it, stage it on `engine` and wait until the new
-    weights serve. Returns (policy_version, seconds from the first message to the swap).
+    weights serve (with `header.adapter`: the payload's adapter, served under that name
+    beside the run's policy, `stage_adapter`). Returns (the version, seconds from the
+    first message to the swap).
 
     weights_root: the folder a `uri` must lie in (None: `uri` refused). budget: the
     worker's cap on buffered streamed bytes; a stream whose total_bytes does not fit is
@@ -102,14 +105,20 @@ def receive_weights(
             if next(iterator, None) is not None:
                 raise WeightsError("chunk", "a header with a uri must not be followed by chunks")
             path = _check_uri(header, weights_root)
-            future = engine.stage_weights_from_file(str(path), header.version)
+            if header.adapter:
+                future = engine.stage_adapter(header.adapter, load_state_dict(path), header.version)
+            else:
+                future = engine.stage_weights_from_file(str(path), header.version)
         else:
             with budget.hold(header.total_bytes) if budget else _nothing():
                 payload = _read_chunks(iterator, header.total_bytes)
                 _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
                 state_dict = _parse(payload)
                 del payload
-            future = engine.stage_weights(state_dict, header.version)
+            if header.adapter:
+                future = engine.stage_adapter(header.adapter, state_dict, header.version)
+            else:
+                future = engine.stage_weights(state_dict, header.version)
     except InvalidArgument as exc:
         raise WeightsError(exc.field, exc.message) from exc
     try:

@@ -61,18 +61,20 @@ class LengthControl(_message.Message):
     def __init__(self, thinking_budget: _Optional[int] = ..., answer_budget: _Optional[int] = ..., interrupt_text: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_text", "prompt_token_ids", "sampling", "length_control")
+    __slots__ = ("request_id", "prompt_text", "prompt_token_ids", "sampling", "length_control", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     LENGTH_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_text: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     length_control: LengthControl
-    def __init__(self, request_id: _Optional[str] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., length_control: _Optional[_Union[LengthControl, _Mapping]] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., length_control: _Optional[_Union[LengthControl, _Mapping]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "token_ids", "logprobs", "policy_versions", "forced", "finish_reason", "prompt_tokens")
@@ -107,18 +109,20 @@ class InterruptResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("version", "format", "total_bytes", "sha256", "uri")
+    __slots__ = ("version", "format", "total_bytes", "sha256", "uri", "adapter")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     format: WeightsFormat
     total_bytes: int
     sha256: str
     uri: str
-    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightsFormat, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., uri: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightsFormat, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., uri: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class UpdateWeightsRequest(_message.Message):
     __slots__ = ("header", "chunk")

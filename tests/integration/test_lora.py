@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import threading
 
+import grpc
 import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
+from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
@@ -18,21 +20,25 @@ from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import UriSender
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
+from rollout_service.server import RolloutServicer, start_server
 from rollout_service.weights.follower import WeightFollower
 from scalerl.config import LearnerConfig, LoraConfig, load_config
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
-from scalerl.policy.models import load_policy
+from scalerl.policy.models import CharTokenizer, load_policy
 from scalerl.policy.weights import (
     LORA_ADAPTER,
     LORA_BASE,
     head_names,
     lora_checkpoint_payload,
     snapshot_state_dict,
+    weights_requests,
 )
+from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import InvalidArgument
+from scalerl.rpc.security import Security
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
-from scalerl.v1 import rollout_pb2
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 from scalerl_cli.export_cli import export
 
 
@@ -364,3 +370,44 @@ def test_only_adapters_train_and_a_checkpoint_resumes_them_exactly(tmp_path) -> 
     assert ours.keys() == theirs.keys()
     for name, tensor in ours.items():
         assert torch.equal(theirs[name], tensor), name
+
+
+# ----- several adapters over gRPC: one worker, two runs over one base ------------------
+
+
+def test_a_worker_serves_a_named_adapter_over_grpc_beside_its_policy() -> None:
+    """UpdateWeights with header.adapter loads another run's adapter; Generate naming it
+    gets that adapter's log-probs and version; an unknown name is INVALID_ARGUMENT."""
+    base = llama(True)
+    tenant = trained_lora(copy.deepcopy(base), 8, seed=4)
+    engine = TorchEngine(copy.deepcopy(base), [1], max_batch=4, max_seq_len=32)
+    servicer = RolloutServicer(engine, CharTokenizer(), "w", "tiny", "", 5)
+    server, port, _ = start_server(servicer, security=Security())
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel(f"127.0.0.1:{port}", Security()))
+        payload = save_safetensors(snapshot_state_dict(tenant, torch.float32, (), LORA_ADAPTER))
+        requests = list(weights_requests(payload, 7))
+        requests[0].header.adapter = "tenant-a"
+        assert stub.UpdateWeights(iter(requests), timeout=10).policy_version == 7
+        assert engine.policy_version == 0 and engine.adapters == ["tenant-a"]
+        prompt = [3, 7, 11, 2]
+        request = rollout_pb2.GenerateRequest(prompt_token_ids=prompt, adapter="tenant-a")
+        request.sampling.max_new_tokens = 4
+        request.sampling.seed = 3
+        chunks = list(stub.Generate(request, timeout=10))
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = [lp for c in chunks for lp in c.logprobs]
+        assert {v for c in chunks for v in c.policy_versions} == {7}
+        with torch.no_grad():
+            logits = tenant(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+        expected = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+        expected = expected.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        assert logprobs == pytest.approx(expected, abs=1e-4)
+        request.adapter = "tenant-b"
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Generate(request, timeout=10))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "adapter" in refused.value.details()
+    finally:
+        server.stop(grace=None)
+        engine.stop()

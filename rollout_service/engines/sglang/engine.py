@@ -236,6 +236,11 @@ class SGLangEngine:
         tensor (nothing changes then), EngineStopped once stopping."""
         return self._weights.stage_state_dict(state_dict, version)
 
+    def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
+        """Not served: this engine applies no LoRA adapters yet. Raises
+        InvalidArgument("adapter")."""
+        raise InvalidArgument("adapter", f"the {self.name} engine serves no LoRA adapters")
+
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """Load the learner's safetensors file (or a directory of them) on the server
         (`WeightUpdates.stage_file`); the Future resolves to `version` once the new weights

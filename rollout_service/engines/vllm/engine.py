@@ -240,6 +240,11 @@ class VLLMEngine:
         save_file(tensors, path)
         return self._stage(path, version, remove=True)
 
+    def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
+        """Not served: this engine applies no LoRA adapters yet. Raises
+        InvalidArgument("adapter")."""
+        raise InvalidArgument("adapter", f"the {self.name} engine serves no LoRA adapters")
+
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """Load one safetensors file with HF parameter names at the next step boundary:
         pause (requests and their KV cache kept), reload in place, label the weights
