@@ -23,6 +23,9 @@ from curve_service.errors import CurveInputError
 
 MAX_STDERR = 1.0  # a reward in [-1, 1] has a standard deviation of at most 1
 _FLOOR_OF_MEDIAN = 0.25
+# No standard error counts as smaller than this: a pass rate that precise would take some
+# 1e11 samples, and a subnormal one (2e-309) overflowed 1 / stderr^2 and failed the fit.
+MIN_STDERR = 1e-6
 
 
 def binomial_stderr(reward: float, prompts: int, samples: int) -> float:
@@ -67,7 +70,7 @@ def check_stderr_value(value: float, name: str) -> float:
 def effective_stderr(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] | None:
     """The standard errors a fit uses [N], or None when no point has one (then the fit is
     unweighted, as the paper's). Unknown (0) values take the median of the known ones, and
-    every value is floored at a quarter of that median."""
+    every value is floored at a quarter of that median and at MIN_STDERR."""
     if stderr is None:
         return None
     known = stderr[stderr > 0]
@@ -75,7 +78,7 @@ def effective_stderr(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] 
         return None
     median = float(np.median(known))
     filled = np.where(stderr > 0, stderr, median)
-    return np.maximum(filled, _FLOOR_OF_MEDIAN * median)
+    return np.maximum(filled, max(_FLOOR_OF_MEDIAN * median, MIN_STDERR))
 
 
 def fit_weights(stderr: NDArray[np.float64] | None) -> NDArray[np.float64] | None:

@@ -67,6 +67,7 @@ def build_engine(
             kv_cache_gib=rollout.vllm_kv_cache_gib,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
             threads=torch_threads(rollout.threads),
+            max_lora_rank=rollout.max_lora_rank if config.learner.lora is not None else None,
         )
     return _build_sglang(resolved, model_folder(config, model), stops, metrics)
 

@@ -19,6 +19,8 @@ What is checked (rollout_service/engines/api.py states the contract):
   version and follow the new weights over the old KV cache (PipelineRL-style);
 - a corrupt update (unreadable file, wrong shapes) changes neither version nor outputs;
 - GetStatus over gRPC names the engine;
+- LoRA: a base with its adapters, then adapters alone, served with the learner's
+  log-probs of the adapted model;
 - multi-turn: a trajectory's turns, each continuing the whole sequence after an
   environment message, have log-probs equal to the learner's recomputation of the whole
   sequence (fp32, 1e-5), and each turn has its own thinking budget.
@@ -41,8 +43,10 @@ from learner_service.train.logprobs import token_logprobs
 from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
 from rollout_service.engines.torch.sampling import top_p_renormalise
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import LoraConfig, ModelConfig
+from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy, load_tokenizer
+from scalerl.policy.weights import LORA_ADAPTER, LORA_BASE, head_names, snapshot_state_dict
 from scalerl.rpc.channel import channel
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -447,3 +451,65 @@ def test_each_turn_of_a_trajectory_has_its_own_thinking_budget(contract):
     for done in turns:  # 2 sampled, the phrase, 2 answer tokens: in every turn
         assert done.forced == [False] * 2 + [True] * 3 + [False] * 2
         assert tuple(done.token_ids[2:5]) == PHRASE and done.finish_reason == LENGTH
+
+
+def test_a_lora_adapter_serves_the_learners_logprobs(contract):
+    """LoRA (`scalerl.policy.lora`): a learner's first version (base and adapters), then
+    its adapters alone; the engine's log-probs equal the learner's recomputation of the
+    adapted model, each token labelled with its version; full weights drop the adapter."""
+    engine = contract.engine
+    learner = attach_lora(copy.deepcopy(contract.model_a), LoraConfig(rank=8))
+    generator = torch.Generator().manual_seed(5)
+
+    def train() -> None:  # B no longer zero, as after a step
+        with torch.no_grad():
+            for name, parameter in learner.named_parameters():
+                if ".lora_B." in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+
+    base = engine.policy_version + 1
+    for version, part in ((base, LORA_BASE), (base + 1, LORA_ADAPTER)):
+        train()
+        payload = snapshot_state_dict(learner, torch.float32, head_names(learner), part)
+        payload[BASE_VERSION] = base_version_tensor(base)
+        assert engine.stage_weights(payload, version).result(timeout=TIMEOUT_S) == version
+        assert engine.base_version == base
+        for i in range(2):
+            request = GenerationRequest(f"lora{version}-{i}", PROMPT, 12, seed=21 + i)
+            done = _run(contract, request)
+            assert done.versions == [version] * 12
+            ratio = torch.exp(
+                _learner_logp(learner, PROMPT, done.token_ids, 1.0) - torch.tensor(done.logprobs)
+            )
+            torch.testing.assert_close(
+                ratio, torch.ones_like(ratio), atol=contract.logprob_atol, rtol=0
+            )
+    _restore(contract)
+    assert engine.base_version is None
+
+
+def test_a_named_adapter_is_served_beside_the_policy(contract):
+    """`stage_adapter`: another run's adapter by name; a request naming it gets its
+    log-probs and version, one naming none the policy's, concurrently."""
+    engine = contract.engine
+    tenant = attach_lora(copy.deepcopy(contract.model_a), LoraConfig(rank=4))
+    with torch.no_grad():
+        for name, parameter in tenant.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(6))
+    adapter = snapshot_state_dict(tenant, torch.float32, (), LORA_ADAPTER)
+    assert engine.stage_adapter("tenant", adapter, 40).result(timeout=TIMEOUT_S) == 40
+    streams = {
+        name: engine.submit(GenerationRequest(f"named-{name}", PROMPT, 12, seed=3, adapter=name))
+        for name in ("tenant", "")
+    }
+    for name, model in (("tenant", tenant), ("", contract.model_a)):
+        done = streams[name].result(timeout=TIMEOUT_S)
+        expected_version = 40 if name else engine.policy_version
+        assert done.versions == [expected_version] * 12
+        ratio = torch.exp(
+            _learner_logp(model, PROMPT, done.token_ids, 1.0) - torch.tensor(done.logprobs)
+        )
+        torch.testing.assert_close(
+            ratio, torch.ones_like(ratio), atol=contract.logprob_atol, rtol=0
+        )

@@ -47,7 +47,13 @@ def _vllm_engine(model, folder: Path):
     model_dir = folder / "model"
     model.save_pretrained(model_dir)
     return VLLMEngine(
-        str(model_dir), (), max_batch=8, max_seq_len=MAX_SEQ_LEN, dtype="float32", threads=1
+        str(model_dir),
+        (),
+        max_batch=8,
+        max_seq_len=MAX_SEQ_LEN,
+        dtype="float32",
+        threads=1,
+        max_lora_rank=16,
     )
 
 

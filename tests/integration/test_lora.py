@@ -9,6 +9,7 @@ import threading
 import grpc
 import pytest
 import torch
+import yaml
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save as save_safetensors
@@ -39,6 +40,7 @@ from scalerl.rpc.security import Security
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl_cli import preflight
 from scalerl_cli.export_cli import export
 
 
@@ -411,3 +413,31 @@ def test_a_worker_serves_a_named_adapter_over_grpc_beside_its_policy() -> None:
     finally:
         server.stop(grace=None)
         engine.stop()
+
+
+# ----- configs that cannot work: one line naming the field -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["rollout.engine=sglang"], "learner.lora: the sglang engine"),
+        (["rollout.engine=vllm"], "rollout.thinking_budget 0"),
+        (["learner.lora.rank=128"], "learner.lora.rank must be <= rollout.max_lora_rank (64)"),
+        (["learner.lora.rank=0"], "learner.lora.rank"),
+        (["learner.lora.dropout=1"], "learner.lora.dropout"),
+    ],
+)
+def test_a_lora_config_that_cannot_work_is_refused(overrides, named) -> None:
+    with pytest.raises(ValueError) as refused:
+        load_config("tiny", ["learner.lora.rank=8", *overrides])
+    assert named in str(refused.value).replace("\n  ", ".")
+
+
+def test_target_modules_the_model_lacks_are_one_line_and_exit_2(tmp_path, capsys) -> None:
+    config = load_config("tiny", ["learner.lora.target_modules=[qkv_proj]"])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    assert preflight.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("learner.lora.target_modules: ['qkv_proj']")

@@ -10,7 +10,13 @@ import pytest
 from curve_service.batch import refine_batch
 from curve_service.errors import CurveInputError
 from curve_service.fit import fit_sigmoid, refine
-from curve_service.noise import binomial_stderr, effective_stderr, fit_weights, point_noise
+from curve_service.noise import (
+    MIN_STDERR,
+    binomial_stderr,
+    effective_stderr,
+    fit_weights,
+    point_noise,
+)
 from curve_service.power_law import fit_power_law, fit_power_law_batch
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.uncertainty import (
@@ -68,6 +74,19 @@ def test_a_noisy_point_with_its_error_pulls_the_fit_less() -> None:
     assert abs(plain.a - TRUTH.a) > 0.02
     assert abs(weighted.a - TRUTH.a) < 0.002
     assert weighted.sse > plain.sse  # sse stays the unweighted sum, which plain minimises
+
+
+def test_a_subnormal_stderr_is_floored_and_the_fit_stays_finite() -> None:
+    """A standard error of 2.2e-309 (found by the RPC fuzzer) overflowed 1 / stderr^2 and
+    failed the fit with INTERNAL; every value now counts as at least MIN_STDERR."""
+    stderr = np.array([2.2250738585072034e-309, 0.0, 0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(effective_stderr(stderr), [MIN_STDERR] * 6)
+    assert np.isfinite(fit_weights(stderr)).all()
+    compute, reward = [1, 2, 4, 8, 16, 32], [0.1, 0.2, 0.35, 0.5, 0.6, 0.65]
+    fit = fit_sigmoid(compute, reward, stderr=stderr)
+    assert np.isfinite([fit.a, fit.b, fit.c_mid]).all()
+    resid = np.asarray(reward) - 0.5
+    assert np.isfinite(point_noise(resid, stderr)).all()
 
 
 def test_bad_stderr_names_the_point() -> None:

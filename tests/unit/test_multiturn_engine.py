@@ -16,7 +16,7 @@ import torch
 from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.actor import _GroupInFlight, build_group
-from rollout_service.engines.api import ABORT, ABORTED, TRUNCATE, GenerationRequest
+from rollout_service.engines.api import ABORT, ABORTED, INTERRUPTED, TRUNCATE, GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer
 from rollout_service.trajectories import TrajectoryStream, TrajectoryTable
@@ -159,6 +159,8 @@ def test_the_interrupt_rpc_ends_a_trajectory(model, mode) -> None:
         engine.stop()
         pool.shutdown()
     assert answer.found and 1 <= t.turns < 200 and t.roles()[-1] == "model"
-    # TRUNCATE: the turn under way ends as it would (STOP); ABORT: at once.
-    assert t.finish_reason == (ABORTED if mode == ABORT else STOP)
+    # TRUNCATE: the turn under way ends as it would (STOP), or INTERRUPTED when the
+    # interrupt reached it on the engine (its thinking cut: a race the test leaves
+    # open); ABORT: at once.
+    assert t.finish_reason in ({ABORTED} if mode == ABORT else {STOP, INTERRUPTED})
     assert table.interrupt("traj", mode) is None  # gone from the table once it ended

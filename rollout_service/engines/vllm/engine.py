@@ -28,6 +28,11 @@ streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the 
   forced tokens) are emitted as forced tokens, then it samples the answer (at most
   `answer_budget` tokens). The continuation's prompt KV is recomputed by the weights
   serving at that time. The budget decisions are `rollout_service.engines.length_control`.
+- LoRA (`max_lora_rank`, `rollout_service.engines.vllm.adapters`): a LoRA base reloads as
+  full weights do and its adapter becomes the policy's; an adapter alone is written as a
+  peft folder and new phases use it at once through its `LoRARequest`, while a running
+  phase keeps the adapter it started with (vLLM swaps none under a request), so its
+  tokens carry that adapter's version, never a newer label.
 - Abort: the request's task is cancelled, which aborts the vLLM request.
 - Prefix cache: every request is salted with the policy version it starts under, so
   a request never reuses prompt KV computed by older weights (vLLM cannot clear the
@@ -74,9 +79,17 @@ from rollout_service.engines.api import (
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
 from rollout_service.engines.vllm import worker
-from rollout_service.engines.weight_check import WeightSpec, folder_shapes
+from rollout_service.engines.vllm.adapters import ServedAdapter, StagedAdapter, VLLMAdapters
+from rollout_service.engines.weight_check import (
+    WeightSpec,
+    folder_shapes,
+    load_state_dict,
+    parse_payload,
+    read_header,
+)
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import request_context
+from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B
 from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -112,7 +125,8 @@ class VLLMEngine:
     dtype: "float32" or "bfloat16" (whole model, LM head included). enforce_eager: skip
     graph compilation (start-up ~20 s instead of ~80 s on a CPU). kv_cache_gib: KV cache
     size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
-    threads: CPU threads of the model worker (None = vLLM's default). Raises ValueError
+    threads: CPU threads of the model worker (None = vLLM's default). max_lora_rank:
+    serve LoRA adapters up to this rank (`VLLMAdapters`; None: none). Raises ValueError
     for a bad argument, FileNotFoundError for a folder without safetensors weights,
     ImportError when vLLM is not installed, and a TimeoutError when vLLM does not start
     within `start_timeout_s` seconds.
@@ -135,6 +149,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.4,
         threads: int | None = None,
         start_timeout_s: float = 600.0,
+        max_lora_rank: int | None = None,
     ) -> None:
         worker.require_vllm()
         if dtype not in DTYPES:
@@ -152,10 +167,14 @@ class VLLMEngine:
         self.dtype = dtype
         self._requests: RequestTable[_Request] = RequestTable(metrics, policy_version)
         self._stop_lock = threading.Lock()
-        self._options = {
+        self._options: dict[str, Any] = {
             "enforce_eager": enforce_eager,
             "gpu_memory_utilization": gpu_memory_utilization,
         }
+        # LoRA (`scalerl.policy.lora`): vLLM's adapters, one folder per version.
+        self._adapters = VLLMAdapters(self.model_path, max_lora_rank) if max_lora_rank else None
+        if self._adapters is not None:
+            self._options |= self._adapters.engine_options()
         worker.set_cpu_environment(kv_cache_gib, threads)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
@@ -176,10 +195,9 @@ class VLLMEngine:
         return self._requests.policy_version
 
     @property
-    def base_version(self) -> None:
-        """No LoRA base: this engine serves full weights only (`learner.lora` is refused
-        with it, `scalerl.config`)."""
-        return None
+    def base_version(self) -> int | None:
+        """The version of the LoRA base serving, None when none was loaded."""
+        return self._adapters.base_version if self._adapters is not None else None
 
     @property
     def active_requests(self) -> int:
@@ -211,7 +229,8 @@ class VLLMEngine:
         """Queue a request; returns its stream at once. Raises InvalidArgument naming the
         bad field (`validate_request`), DuplicateRequestError for a request_id still
         running, EngineStopped once the engine is stopping."""
-        validate_request(request, self.vocab_size, self.max_seq_len)
+        names = self._adapters.names() if self._adapters is not None else ()
+        validate_request(request, self.vocab_size, self.max_seq_len, names)
         stream = GenerationStream(self, request)
         seed = request.seed if request.seed is not None else secrets.randbits(62)
         state = _Request(request, stream, seed=seed)
@@ -232,18 +251,42 @@ class VLLMEngine:
     def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
         """Validate a full HF-named state dict (the tied `lm_head.weight` may be left out),
         write it to a temporary safetensors file and load it like
-        `stage_weights_from_file`. Raises InvalidArgument naming the first bad tensor."""
-        self._spec.check_state_dict(state_dict)
+        `stage_weights_from_file`. A LoRA payload (`scalerl.policy.lora.split_payload`):
+        its base likewise, then its adapter as the run's policy adapter; an adapter alone
+        must name the base serving, and serves new requests (and phases) at once, those
+        running keep theirs. Raises InvalidArgument naming the first bad tensor, or the
+        field ("base_version", "version") of a refused update."""
+        payload = parse_payload(state_dict)
+        if payload.adapter and not payload.base:
+            self._lora("state_dict").publish_policy(payload, version, self._requests)
+            done: Future = Future()
+            done.set_result(version)
+            return done
+        self._spec.check_state_dict(payload.base)
+        adapter = self._lora("state_dict").staged(payload) if payload.adapter else None
         handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="scalerl-weights-")
         os.close(handle)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in payload.base.items()}
         save_file(tensors, path)
-        return self._stage(path, version, remove=True)
+        return self._stage(path, version, remove=True, adapter=adapter)
 
     def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Not served: this engine applies no LoRA adapters yet. Raises
-        InvalidArgument("adapter")."""
-        raise InvalidArgument("adapter", f"the {self.name} engine serves no LoRA adapters")
+        """Serve the adapter tensors of `state_dict` as adapter `name` (`VLLMAdapters`):
+        requests naming it get it from now on, their tokens its `version`. Returns a done
+        Future. Raises InvalidArgument naming the field: "adapter" without LoRA (no
+        `max_lora_rank`) or for an empty name, "state_dict" for a bad tensor, "version"
+        for one older than that adapter's."""
+        if not name:
+            raise InvalidArgument("adapter", "must be a non-empty name")
+        self._lora("adapter").publish(name, state_dict, version)
+        future: Future = Future()
+        future.set_result(version)
+        return future
+
+    def _lora(self, field: str) -> VLLMAdapters:
+        if self._adapters is None:
+            raise InvalidArgument(field, "this vLLM engine serves no LoRA adapters")
+        return self._adapters
 
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """Load one safetensors file with HF parameter names at the next step boundary:
@@ -251,6 +294,9 @@ class VLLMEngine:
         `version`, resume. Returns a Future resolving to `version` once they serve.
         Raises InvalidArgument (unreadable file, unknown/missing tensor, wrong shape,
         non-float, non-finite values) before anything changes."""
+        header = read_header(path)
+        if any(name.endswith((LORA_A, LORA_B)) or name == BASE_VERSION for name in header):
+            return self.stage_weights(load_state_dict(path), version)  # a LoRA payload
         self._spec.check_file(path, values=True)
         return self._stage(str(path), version, remove=False)
 
@@ -278,7 +324,9 @@ class VLLMEngine:
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.engine_core.set_weight_version_async(str(self.policy_version))
 
-    def _stage(self, path: str, version: int, remove: bool) -> Future:
+    def _stage(
+        self, path: str, version: int, remove: bool, adapter: StagedAdapter | None = None
+    ) -> Future:
         if self._requests.closed:
             raise EngineStopped()
         try:
@@ -287,10 +335,14 @@ class VLLMEngine:
             if remove:
                 os.unlink(path)
             raise
-        return asyncio.run_coroutine_threadsafe(self._swap(path, int(version), remove), self._loop)
+        swap = self._swap(path, int(version), remove, adapter)
+        return asyncio.run_coroutine_threadsafe(swap, self._loop)
 
-    async def _swap(self, path: str, version: int, remove: bool) -> int:
-        """Pause keeping requests, reload from `path`, relabel, resume."""
+    async def _swap(
+        self, path: str, version: int, remove: bool, adapter: StagedAdapter | None = None
+    ) -> int:
+        """Pause keeping requests, reload from `path`, relabel, serve `adapter` (a LoRA
+        base's) or no policy adapter (full weights), resume."""
         try:
             async with self._swap_lock:
                 start = time.monotonic()
@@ -303,6 +355,8 @@ class VLLMEngine:
                             "scalerl_reload_weights", kwargs={"weights_path": folder}
                         )
                         await self._llm.engine_core.set_weight_version_async(str(version))
+                        if self._adapters is not None:
+                            self._adapters.serve_base(adapter, version)
                         self._requests.serve(version)
                         # Fails (harmlessly) while kept requests hold blocks; the per-version
                         # cache salt keeps new requests off old-version KV either way.
@@ -385,20 +439,27 @@ class VLLMEngine:
         received = 0
         prompt_logps: list = []  # prompt log-probs, possibly over several deltas
         finish = None
-        stream = self._llm.generate(prompt, params, request_id=vllm_id)
+        # A phase keeps the adapter it started with: its tokens carry that version.
+        served = self._adapters.serving(request.adapter) if self._adapters else None
+        lora = served.request if served is not None else None
+        stream = self._llm.generate(prompt, params, request_id=vllm_id, lora_request=lora)
         async with contextlib.aclosing(stream):  # leaving early aborts the vLLM request
             async for output in stream:
                 completion = output.outputs[0]
                 finish = completion.finish_reason
                 count = len(completion.token_ids)
-                versions = self._versions(vllm_id, completion, received, count)
+                versions = (
+                    [served.version] * count
+                    if served is not None
+                    else self._versions(vllm_id, completion, received, count)
+                )
                 if phrase:
                     prompt_logps += output.prompt_logprobs or []
                     if len(prompt_logps) < len(ids):
                         continue  # chunked prefill: the rest of the prompt comes later
                     tail = zip(prompt_logps[-len(phrase) :], phrase, strict=True)
                     logps = [float(d[token].logprob) for d, token in tail]
-                    version = versions[0] if versions else self.policy_version
+                    version = versions[0] if versions else self._phase_version(served)
                     chunk = self._forced_chunk(state, phrase, logps, version)
                     phrase = []
                     if limit <= 0:  # no room after the phrase: its sampled token is dropped
@@ -414,6 +475,9 @@ class VLLMEngine:
         if budget.thought_closed and finish == "length":  # the thinking budget's phase ended
             return 0  # after the model closed its thinking: go on sampling, no phrase
         raise EngineError(f"vLLM ended request {vllm_id} early (finish_reason {finish!r})")
+
+    def _phase_version(self, served: ServedAdapter | None) -> int:
+        return served.version if served is not None else self.policy_version
 
     def _sampling_params(self, state: _Request, limit: int, prompt_logprobs: bool) -> Any:
         """vLLM sampling parameters of the request's next phase (its own seed stream)."""
