@@ -182,6 +182,18 @@ class AdapterSpec:
                 raise _non_finite(name)
 
 
+def check_adapter_base(base_version: int | None, serving: int | None) -> None:
+    """An adapter alone applies only to the base it names: raise
+    InvalidArgument("base_version") unless `base_version` is the engine's (`serving`: the
+    newest base serving or staged), so a new label never lands on another base."""
+    if base_version != serving:
+        raise InvalidArgument(
+            "base_version",
+            f"the adapter applies to base version {base_version}; this engine serves base "
+            f"{serving} (load that base first)",
+        )
+
+
 def parse_payload(state_dict: Mapping[str, torch.Tensor]) -> Payload:
     """`scalerl.policy.lora.split_payload`, its ValueError raised as
     InvalidArgument("state_dict", ...)."""

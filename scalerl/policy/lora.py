@@ -121,11 +121,6 @@ def wire_name(name: str) -> str | None:
     return None
 
 
-def trainable_parameters(model: torch.nn.Module) -> int:
-    """Parameters that get gradients (all of them without adapters)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 @dataclass
 class Payload:
     """A received payload taken apart: `base` (full weights by HF name; empty for an

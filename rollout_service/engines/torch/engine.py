@@ -56,6 +56,7 @@ from rollout_service.engines.torch.sampling import sample
 from rollout_service.engines.weight_check import (
     AdapterSpec,
     WeightSpec,
+    check_adapter_base,
     load_state_dict,
     parse_payload,
 )
@@ -275,12 +276,8 @@ class TorchEngine:
         with self._wake:
             if self._stopping:
                 raise EngineStopped()
-            if not payload.base and payload.base_version != self._newest_base:
-                raise InvalidArgument(
-                    "base_version",
-                    f"the adapter applies to base version {payload.base_version}; this "
-                    f"engine serves base {self._newest_base} (load that base first)",
-                )
+            if not payload.base:
+                check_adapter_base(payload.base_version, self._newest_base)
             self._requests.accept_version(int(version))
             if payload.base:
                 self._newest_base = payload.base_version

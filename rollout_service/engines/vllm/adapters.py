@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.engines.requests import RequestTable
-from rollout_service.engines.weight_check import AdapterSpec, folder_shapes
+from rollout_service.engines.weight_check import AdapterSpec, check_adapter_base, folder_shapes
 from scalerl.policy.lora import LORA_A, LORA_B, Payload, adapter_shapes
 from scalerl.rpc.errors import InvalidArgument
 
@@ -111,12 +111,7 @@ class VLLMAdapters:
         "state_dict"); nothing changes then."""
         with self._lock:
             newest = self._newest_base
-        if payload.base_version != newest:
-            raise InvalidArgument(
-                "base_version",
-                f"the adapter applies to base version {payload.base_version}; this engine "
-                f"serves base {newest} (load that base first)",
-            )
+        check_adapter_base(payload.base_version, newest)
         self._spec.check(payload.adapter)
         requests.accept_version(version)
         folder, lora_id = self._write(payload.adapter)
