@@ -77,16 +77,22 @@ def _build_sglang(
 ) -> RolloutEngine:
     """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
     when this process exits) when that is empty."""
+    from rollout_service.engines.sglang.adapters import server_args
     from rollout_service.engines.sglang.engine import SGLangEngine
     from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
     from rollout_service.engines.weight_check import folder_shapes
 
     rollout = resolved.config.rollout
+    lora_rank = rollout.max_lora_rank if resolved.config.learner.lora is not None else None
     url, api_key = rollout.sglang_url, ""
     if not url:
         port, api_key = free_port(), secrets.token_urlsafe(32)  # a server of our own
         process = launch_sglang_server(
-            str(folder), port, dtype=resolved.rollout_dtype, api_key=api_key
+            str(folder),
+            port,
+            dtype=resolved.rollout_dtype,
+            api_key=api_key,
+            extra_args=server_args(lora_rank) if lora_rank else (),
         )
         atexit.register(_end_process_group, process)
         url = f"http://127.0.0.1:{port}"
@@ -101,6 +107,7 @@ def _build_sglang(
         metrics=metrics,
         weight_shapes=shapes or None,
         api_key=api_key,
+        max_lora_rank=lora_rank,
     )
 
 

@@ -141,10 +141,11 @@ class WeightSpec:
 
 class AdapterSpec:
     """The LoRA adapters a model takes: the Linear modules they may adapt, (in, out)
-    features by HF name, and the highest rank served (`max_rank`)."""
+    features by HF name (None = not known here: the engine that loads the adapter checks
+    them), and the highest rank served (`max_rank`)."""
 
-    def __init__(self, modules: Mapping[str, tuple[int, int]], max_rank: int) -> None:
-        self.modules = dict(modules)
+    def __init__(self, modules: Mapping[str, tuple[int, int]] | None, max_rank: int) -> None:
+        self.modules = dict(modules) if modules is not None else None
         self.max_rank = max_rank
 
     def check(self, adapter: Mapping[str, torch.Tensor]) -> None:
@@ -157,6 +158,14 @@ class AdapterSpec:
         except ValueError as exc:
             raise InvalidArgument("state_dict", str(exc)) from exc
         for module, shape in shapes.items():
+            if not 1 <= shape.rank <= self.max_rank:
+                raise InvalidArgument(
+                    "state_dict",
+                    f"tensor {module + LORA_A!r} has rank {shape.rank}; this engine serves "
+                    f"ranks 1..{self.max_rank} (max_lora_rank)",
+                )
+            if self.modules is None:
+                continue
             if module not in self.modules:
                 raise InvalidArgument(
                     "state_dict",
@@ -168,12 +177,6 @@ class AdapterSpec:
                     "state_dict",
                     f"tensor {module + LORA_A!r}: adapter of {shape.in_features} -> "
                     f"{shape.out_features} features; the module has {fan_in} -> {fan_out}",
-                )
-            if not 1 <= shape.rank <= self.max_rank:
-                raise InvalidArgument(
-                    "state_dict",
-                    f"tensor {module + LORA_A!r} has rank {shape.rank}; this engine serves "
-                    f"ranks 1..{self.max_rank} (max_lora_rank)",
                 )
         for name, tensor in adapter.items():
             if not tensor.is_floating_point():

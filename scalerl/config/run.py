@@ -88,16 +88,11 @@ class RunConfig(BaseSettings):
         return self
 
     def _check_lora(self) -> None:
-        """LoRA only where the engines apply adapters (torch, vLLM), within their
-        max_lora_rank. Raises ValueError naming the field."""
+        """LoRA within the engines' max_lora_rank, and not where an engine fails on it.
+        Raises ValueError naming the field."""
         lora = self.learner.lora
         if lora is None:
             return
-        if self.rollout.engine == "sglang":
-            raise ValueError(
-                f"learner.lora: the {self.rollout.engine} engine does not apply LoRA "
-                "adapters yet; use rollout.engine torch, or drop learner.lora"
-            )
         if self.rollout.engine == "vllm" and self.rollout.thinking_budget:
             raise ValueError(
                 "learner.lora with rollout.engine vllm needs rollout.thinking_budget 0: the "

@@ -12,7 +12,8 @@ directory of safetensors files, refuses unknown tensors or wrong shapes (SGLang 
 back) and keeps tensors the file lacks (SGLang loads only what it finds); `/flush_cache`
 answers 400 while requests are unfinished; per-token `weight_versions` spans. Stricter
 than SGLang on purpose, to catch adapter mistakes: unknown top-level or sampling fields,
-`text` input and `flush_cache` = true with unfinished requests get HTTP 400.
+`text` input and `flush_cache` = true with unfinished requests get HTTP 400. LoRA
+adapters (`max_lora_rank`): sglang_standin_lora.py.
 
 The fake model: vocabulary V; the parameters "model.embed_tokens.weight" [V, 4] and
 "lm_head.weight" [V, 4] (zeros at start); step = 1 + round(lm_head.weight[0, 0]). The next
@@ -44,6 +45,7 @@ from sglang_standin_http import (
     check_sampling,
     handler,
 )
+from sglang_standin_lora import StandinLoRA
 
 PARAMS = {"model.embed_tokens.weight": (4,), "lm_head.weight": (4,)}  # shapes after [V]
 
@@ -63,6 +65,8 @@ class _Req:
     sampling_logprobs: list[float] = field(default_factory=list)
     masks: list[list[int]] = field(default_factory=list)
     input_logprobs: list | None = None
+    lora: str | None = None  # the adapter's name (`lora_path`), held until finished
+    shift: float = 0.0  # the adapter's effect on the fake model's step
     events: list[tuple[str, int]] = field(default_factory=list)  # (old version, tokens)
     finish: dict | None = None
 
@@ -70,8 +74,9 @@ class _Req:
 class SGLangStandin:
     """The stand-in server on 127.0.0.1 (port 0 = any free port). step_s: seconds between
     scheduler steps; spans=False leaves `weight_versions` out (an older SGLang); api_key:
-    every request must carry `Authorization: Bearer <api_key>` ("" = none). Every request
-    is recorded in `calls` as (method, path, JSON body or None)."""
+    every request must carry `Authorization: Bearer <api_key>` ("" = none); max_lora_rank:
+    serve LoRA adapters up to this rank (None = LoRA off). Every request is recorded in
+    `calls` as (method, path, JSON body or None)."""
 
     def __init__(
         self,
@@ -81,6 +86,7 @@ class SGLangStandin:
         spans: bool = True,
         weight_version: str = "default",
         api_key: str = "",
+        max_lora_rank: int | None = None,
     ) -> None:
         self.api_key = api_key  # as SGLang's --api-key: 401 without it
         self.vocab = vocab
@@ -92,6 +98,7 @@ class SGLangStandin:
         self.calls: list[tuple[str, str, dict | None]] = []
         self.paused = False
         self._cond = threading.Condition()
+        self.lora = StandinLoRA(max_lora_rank, self._cond)
         self._reqs: dict[str, _Req] = {}
         self._stopped = False
         self._server = QuietServer(("127.0.0.1", 0), handler(self))
@@ -134,15 +141,15 @@ class SGLangStandin:
 
     # ----- the fake model ------------------------------------------------------------------
 
-    def step_size(self) -> int:
-        return 1 + int(round(float(self.weights["lm_head.weight"][0, 0])))
+    def step_size(self, shift: float = 0.0) -> int:
+        return 1 + int(round(float(self.weights["lm_head.weight"][0, 0]) + shift))
 
-    def logits(self, last: int) -> list[float]:
-        target = (last + self.step_size()) % self.vocab
+    def logits(self, last: int, shift: float = 0.0) -> list[float]:
+        target = (last + self.step_size(shift)) % self.vocab
         return [-min(abs(j - target), self.vocab - abs(j - target)) for j in range(self.vocab)]
 
     def _sample(self, req: _Req) -> None:
-        logits = self.logits((req.input_ids + req.output_ids)[-1])
+        logits = self.logits((req.input_ids + req.output_ids)[-1], req.shift)
         temperature = float(req.params.get("temperature", 1.0))
         if temperature == 0:  # greedy: SGLang's sampler reports the untempered log-softmax
             token = max(range(self.vocab), key=lambda j: logits[j])
@@ -181,7 +188,8 @@ class SGLangStandin:
         rows = []
         for pos in range(req.logprob_start_len, len(req.input_ids)):
             token = req.input_ids[pos]
-            value = None if pos == 0 else _log_softmax(self.logits(req.input_ids[pos - 1]))[token]
+            previous = req.input_ids[pos - 1]
+            value = None if pos == 0 else _log_softmax(self.logits(previous, req.shift))[token]
             rows.append([value, token, None])
         req.input_logprobs = rows
 
@@ -205,10 +213,15 @@ class SGLangStandin:
             self._sample(req)
             token = req.output_ids[-1]
             if token in set(req.params.get("stop_token_ids") or ()):
-                req.finish = {"type": "stop", "matched": token}
+                self._finish(req, {"type": "stop", "matched": token})
                 return
         if len(req.output_ids) >= max_new:
-            req.finish = {"type": "length", "length": max_new}
+            self._finish(req, {"type": "length", "length": max_new})
+
+    def _finish(self, req: _Req, reason: dict) -> None:
+        """End `req` (under the lock), giving back its adapter."""
+        req.finish = reason
+        self.lora.release(req.lora)
 
     # ----- request handling ----------------------------------------------------------------
 
@@ -248,6 +261,8 @@ class SGLangStandin:
             old = self._reqs.get(rid)
             if old is not None and old.finish is None:
                 raise BadRequest(f"Duplicate request ID: {rid}")
+            req.lora = body.get("lora_path")
+            req.shift = self.lora.acquire(req.lora)
             self._reqs[rid] = req
         return req
 
@@ -288,7 +303,7 @@ class SGLangStandin:
         with self._cond:
             req = self._reqs.get(rid)
             if req is not None and req.finish is None:
-                req.finish = {"type": "abort", "message": message}
+                self._finish(req, {"type": "abort", "message": message})
                 self._cond.notify_all()
 
     def set_paused(self, paused: bool) -> None:

@@ -1,6 +1,6 @@
 """The HTTP face of the SGLang stand-in (sglang_standin.py): the server, the request handler
-for /generate, /abort_request, /update_weights_from_disk and the rest, and the request
-checks with SGLang's own error messages."""
+for /generate, /abort_request, /update_weights_from_disk, the LoRA calls and the rest, and
+the request checks with SGLang's own error messages."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ GENERATE_FIELDS = {
     "return_sampling_mask",
     "cache_salt",
     "extra_key",
+    "lora_path",
 }
 SAMPLING_FIELDS = {
     "max_new_tokens",
@@ -142,6 +143,10 @@ def handler(standin: SGLangStandin) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/update_weights_from_disk":
                 ok, message = standin.update_from_disk(body)
                 reply = {"success": ok, "message": message, "num_paused_requests": 0}
+                self._json(200 if ok else 400, reply)
+            elif self.path in ("/load_lora_adapter", "/unload_lora_adapter"):
+                load = self.path == "/load_lora_adapter"
+                ok, reply = standin.lora.load(body) if load else standin.lora.unload(body)
                 self._json(200 if ok else 400, reply)
             elif self.path == "/flush_cache":
                 self._flush()

@@ -32,6 +32,13 @@ nothing; then the adapter's own version at receipt is used, which can mislabel t
 tokens in flight across an update. A version label that is not an integer (SGLang's
 "default" before the first update) means the version the engine was constructed with.
 
+LoRA (`max_lora_rank`, `rollout_service.engines.sglang.adapters`): every adapter version
+is loaded through `/load_lora_adapter` under a name of its own, and each `/generate`
+call carries the name of the adapter serving when it starts (`lora_path`); SGLang keeps
+a request on that adapter to its end, so the call's tokens carry that adapter's version,
+never a newer label. A LoRA base reloads as full weights do and its adapter becomes the
+policy's; a retired version is unloaded once no call of this engine holds it.
+
 Interruption-based length control (ScaleRL, Khatri et al. 2025, Sec. 3.1; the budget
 decisions are `rollout_service.engines.length_control`): the first call generates at most
 `thinking_budget` tokens; if it ends by length before max_new_tokens, or is aborted by a
@@ -54,6 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rollout_service.engines.adapters import ServedAdapter
 from rollout_service.engines.api import (
     ABORT,
     ABORTED,
@@ -69,6 +77,7 @@ from rollout_service.engines.api import (
 )
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
+from rollout_service.engines.sglang.adapters import sglang_adapters
 from rollout_service.engines.sglang.client import SGLangClient, finish_type, tail
 from rollout_service.engines.sglang.weights import WeightUpdates
 from rollout_service.metrics import RolloutMetrics
@@ -89,6 +98,7 @@ class _Job(LiveRequest):
     budget: LengthBudget = field(init=False)
     tokens: list[int] = field(default_factory=list)  # completion so far, forced included
     meta: dict = field(default_factory=dict)  # meta_info of the latest event
+    served: ServedAdapter | None = None  # the adapter of the call now running
 
     def __post_init__(self) -> None:
         self.budget = LengthBudget(self.request)
@@ -106,8 +116,9 @@ class SGLangEngine:
     the server sees it (SGLang keeps tensors a file lacks); None = learned from the first
     accepted update. staging_dir: where weight files are staged for the server (must be
     visible to it; None = the temp directory). api_key: the server's (`--api-key`), sent
-    with every call ("" = none). Raises ValueError for max_batch < 1, max_seq_len < 2 or
-    vocab_size < 1.
+    with every call ("" = none). max_lora_rank: serve LoRA adapters up to this rank (the
+    server runs with `sglang.adapters.server_args`; None: none). Raises ValueError for
+    max_batch < 1, max_seq_len < 2 or vocab_size < 1.
     """
 
     name = "sglang"
@@ -126,6 +137,7 @@ class SGLangEngine:
         weight_shapes: Mapping[str, Sequence[int]] | None = None,
         staging_dir: str | None = None,
         api_key: str = "",
+        max_lora_rank: int | None = None,
     ) -> None:
         if max_batch < 1 or max_seq_len < 2 or vocab_size < 1:
             raise ValueError(
@@ -140,7 +152,13 @@ class SGLangEngine:
         self.max_batch = max_batch
         self._initial_version = policy_version
         self._requests: RequestTable[_Job] = RequestTable(metrics, policy_version)
-        self._weights = WeightUpdates(self._client, self._requests, weight_shapes, staging_dir)
+        self._adapters = None
+        if max_lora_rank:
+            shapes = {k: tuple(v) for k, v in weight_shapes.items()} if weight_shapes else None
+            self._adapters = sglang_adapters(self._client, shapes, max_lora_rank, staging_dir)
+        self._weights = WeightUpdates(
+            self._client, self._requests, weight_shapes, staging_dir, self._adapters
+        )
         self._lock = threading.Lock()
         self._running = 0  # request workers inside _run
         self._idle = threading.Condition(self._lock)
@@ -155,10 +173,9 @@ class SGLangEngine:
         return self._requests.policy_version
 
     @property
-    def base_version(self) -> None:
-        """No LoRA base: this engine serves full weights only (`learner.lora` is refused
-        with it, `scalerl.config`)."""
-        return None
+    def base_version(self) -> int | None:
+        """The version of the LoRA base serving, None when none was loaded."""
+        return self._adapters.base_version if self._adapters is not None else None
 
     @property
     def active_requests(self) -> int:
@@ -195,7 +212,8 @@ class SGLangEngine:
         bad field (`validate_request`; think_end_ids are not supported yet),
         DuplicateRequestError for a request_id still running, EngineStopped once the
         engine is stopping."""
-        validate_request(request, self.vocab_size, self.max_seq_len)
+        names = self._adapters.names() if self._adapters is not None else ()
+        validate_request(request, self.vocab_size, self.max_seq_len, names)
         if request.think_end_ids:
             raise InvalidArgument(
                 "think_end_ids",
@@ -231,15 +249,18 @@ class SGLangEngine:
         return True
 
     def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Validate a full state dict (HF names) and load it on the server
-        (`WeightUpdates.stage_state_dict`). Raises InvalidArgument naming the first bad
-        tensor (nothing changes then), EngineStopped once stopping."""
+        """Validate a full state dict (HF names) or a LoRA payload and load it on the
+        server (`WeightUpdates.stage_state_dict`). Raises InvalidArgument naming the first
+        bad tensor or field (nothing changes then), EngineStopped once stopping."""
         return self._weights.stage_state_dict(state_dict, version)
 
     def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Not served: this engine applies no LoRA adapters yet. Raises
-        InvalidArgument("adapter")."""
-        raise InvalidArgument("adapter", f"the {self.name} engine serves no LoRA adapters")
+        """Serve the adapter tensors of `state_dict` as adapter `name` beside the policy
+        once the server has loaded it (`WeightUpdates.stage_adapter`): requests naming it
+        get it, their tokens its `version`. Raises InvalidArgument naming the field:
+        "adapter" without LoRA (no `max_lora_rank`) or for an empty name, "state_dict"
+        for a bad tensor, "version" for one older than that adapter's."""
+        return self._weights.stage_adapter(name, state_dict, version)
 
     def stage_weights_from_file(self, path: str, version: int) -> Future:
         """Load the learner's safetensors file (or a directory of them) on the server
@@ -333,7 +354,7 @@ class SGLangEngine:
         forced = entries[len(entries) - len(phrase) :] if phrase else []
         if [int(e[1]) for e in forced] != phrase or any(e[0] is None for e in forced):
             raise EngineError("server returned no input_token_logprobs for the interrupt phrase")
-        version = self._version_at(meta, 0)
+        version = self._version_at(job, meta, 0)
         job.tokens += phrase
         return Chunk(
             phrase, [float(e[0]) for e in forced], [version] * len(phrase), [True] * len(phrase)
@@ -376,10 +397,14 @@ class SGLangEngine:
         return body
 
     def _call(self, job: _Job, body: dict) -> Iterator[tuple[Chunk, str | None]]:
-        """Stream one /generate call; yields (chunk of new tokens, finish type or None)."""
+        """Stream one /generate call, on the adapter serving now (held to its end);
+        yields (chunk of new tokens, finish type or None)."""
         with self._lock:
             job.rid = str(body["rid"])
             job.abort_resent = False
+        job.served = self._adapters.acquire(job.request.adapter) if self._adapters else None
+        if job.served is not None:
+            body["lora_path"] = job.served.handle
         emitted = 0
         finish = None
         try:
@@ -399,6 +424,8 @@ class SGLangEngine:
         finally:
             with self._lock:
                 job.rid = ""
+            if self._adapters is not None:
+                self._adapters.release(job.served)
         if finish is None:
             raise EngineError("the /generate stream ended without a finish_reason")
 
@@ -420,11 +447,14 @@ class SGLangEngine:
             logprobs = [float(v) for v in tail(values, total, count, "sampling logprobs")]
         else:
             logprobs = [float(e[0]) for e in entries]
-        versions = [self._version_at(meta, emitted + i) for i in range(count)]
+        versions = [self._version_at(job, meta, emitted + i) for i in range(count)]
         return Chunk(ids, logprobs, versions, [False] * count)
 
-    def _version_at(self, meta: dict, position: int) -> int:
-        """Policy version of the weights that computed output `position` (see module doc)."""
+    def _version_at(self, job: _Job, meta: dict, position: int) -> int:
+        """Policy version of the weights that computed output `position` of the call now
+        running: its adapter's, or the base's (see module doc)."""
+        if job.served is not None:
+            return job.served.version
         for span in meta.get("weight_versions") or ():
             if int(span["start"]) <= position < int(span["end"]):
                 return self._parse_version(span["version"])

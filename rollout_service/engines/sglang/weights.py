@@ -10,6 +10,11 @@ to roll back a failed update) and removed once a newer one serves.
 Updates are validated first (`rollout_service.engines.weight_check`) against the served
 model's tensor shapes, given or learned from the first accepted update, because SGLang
 keeps the tensors a file lacks; a refused update changes nothing.
+
+LoRA (`scalerl.policy.lora` payloads, with `adapters`): a LoRA base loads its adapter on
+the server first, then its base like full weights, and the adapter becomes the policy's
+when the base serves (never the base without its adapter); an adapter alone, or a named
+one, is loaded on the same thread, so updates apply in the order they came.
 """
 
 from __future__ import annotations
@@ -20,17 +25,25 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from rollout_service.engines.adapters import FolderAdapters
 from rollout_service.engines.api import EngineError, EngineStopped
 from rollout_service.engines.requests import RequestTable
 from rollout_service.engines.sglang.client import SGLangClient
-from rollout_service.engines.weight_check import WeightSpec, folder_shapes, read_header
+from rollout_service.engines.weight_check import (
+    WeightSpec,
+    folder_shapes,
+    load_state_dict,
+    parse_payload,
+    read_header,
+)
+from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B, Payload
 from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -42,7 +55,8 @@ class WeightUpdates:
     """Stages and applies weight updates on the server of `client`; `requests` records the
     version that serves. weight_shapes: HF name -> shape of the served model (None = learn
     it from the first accepted update); staging_dir: where staged directories go (None =
-    the temp directory)."""
+    the temp directory); adapters: the LoRA adapters served (None = LoRA payloads are
+    refused)."""
 
     def __init__(
         self,
@@ -50,9 +64,11 @@ class WeightUpdates:
         requests: RequestTable,
         weight_shapes: Mapping[str, Sequence[int]] | None,
         staging_dir: str | None,
+        adapters: FolderAdapters | None = None,
     ) -> None:
         self._client = client
         self._requests = requests
+        self._adapters = adapters
         self._spec = WeightSpec(weight_shapes)
         self._staging_dir = staging_dir
         self._served_dir: str | None = None  # staged dir now serving (kept for rollback)
@@ -79,26 +95,47 @@ class WeightUpdates:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def stage_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Validate a full state dict (HF names), write it as one safetensors file and load
-        it on the server (see `stage_file`). Raises InvalidArgument naming the first bad
+        """Validate a full state dict (HF names) or a LoRA payload, write it as one
+        safetensors file and load it on the server (see `stage_file`); an adapter alone
+        must name the base serving or staged. Raises InvalidArgument naming the first bad
         tensor (not a tensor, non-float, non-finite, or names/shapes that differ from the
-        served model's); nothing changes then."""
-        self._spec.check_state_dict(state_dict)
+        served model's) or the field ("base_version", "version"); nothing changes then."""
+        payload = parse_payload(state_dict)
+        if payload.adapter and not payload.base:
+            adapters = self._lora()
+            adapters.check_policy(payload, version, self._requests)
+            return self._submit_job(
+                lambda: adapters.serve_policy(payload, version, self._requests), version
+            )
+        self._spec.check_state_dict(payload.base)
+        if payload.adapter:
+            self._lora().check_staged(payload)
         directory = tempfile.mkdtemp(prefix="sglang-weights-", dir=self._staging_dir)
         try:
-            tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+            tensors = {
+                k: v.detach().to("cpu").contiguous().clone() for k, v in payload.base.items()
+            }
             save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
         except Exception:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        return self._submit(directory, int(version), owned=True)
+        return self._submit(directory, int(version), owned=True, payload=payload)
+
+    def stage_adapter(self, name: str, adapter: dict[str, torch.Tensor], version: int) -> Future:
+        """Serve `adapter` (wire tensors) as adapter `name` beside the policy once the
+        server has loaded it. Raises InvalidArgument ("adapter" without LoRA or for an
+        empty name, "state_dict", "version" older than that adapter's)."""
+        adapters = self._lora("adapter")
+        adapters.check_named(name, adapter, version)
+        return self._submit_job(lambda: adapters.serve_named(name, adapter, version), version)
 
     def stage_file(self, path: str, version: int) -> Future:
         """Load the learner's safetensors file (or a directory of them) on the server at a
         pause in place; the Future resolves to `version` once the new weights serve, or
-        fails (EngineError) with the old weights still serving at the old version. Raises
-        InvalidArgument for a missing or corrupt file, or tensors whose names, shapes or
-        dtypes differ from the served model's."""
+        fails (EngineError) with the old weights still serving at the old version. A file
+        holding a LoRA payload goes as `stage_state_dict`. Raises InvalidArgument for a
+        missing or corrupt file, or tensors whose names, shapes or dtypes differ from the
+        served model's."""
         source = Path(path)
         files = sorted(source.glob("*.safetensors")) if source.is_dir() else [source]
         if not files:
@@ -106,6 +143,8 @@ class WeightUpdates:
         header = {}
         for file in files:
             header.update(read_header(file))
+        if not source.is_dir() and any(_is_lora(name) for name in header):
+            return self.stage_state_dict(load_state_dict(source), version)
         self._spec.check_header(header)
         if source.is_dir():
             return self._submit(str(source), int(version), owned=False)
@@ -114,45 +153,70 @@ class WeightUpdates:
         os.symlink(source.resolve(), os.path.join(directory, WEIGHTS_FILE))
         return self._submit(directory, int(version), owned=True)
 
+    def _lora(self, field: str = "state_dict") -> FolderAdapters:
+        if self._adapters is None:
+            raise InvalidArgument(field, "this SGLang engine serves no LoRA adapters")
+        return self._adapters
+
     # ----- the update thread -------------------------------------------------------------
 
-    def _submit(self, directory: str, version: int, owned: bool) -> Future:
+    def _submit(
+        self, directory: str, version: int, owned: bool, payload: Payload | None = None
+    ) -> Future:
+        def drop() -> None:
+            if owned:
+                shutil.rmtree(directory, ignore_errors=True)
+
+        try:
+            self._requests.accept_version(version)  # InvalidArgument("version") if older
+        except InvalidArgument:
+            drop()
+            raise
+        return self._submit_job(
+            lambda: self._update(directory, version, owned, payload), version, drop
+        )
+
+    def _submit_job(
+        self, job: Callable[[], object], version: int, drop: Callable[[], None] = lambda: None
+    ) -> Future:
+        """Run `job` on the update thread; the Future resolves to `version` once it has
+        run, or fails with its error. `drop` cleans up after a job that never runs."""
         future: Future = Future()
         with self._lock:
             if self._stopped or self._pool is None:
-                if owned:
-                    shutil.rmtree(directory, ignore_errors=True)
+                drop()
                 raise EngineStopped()
-            try:
-                self._requests.accept_version(version)  # InvalidArgument("version") if older
-            except InvalidArgument:
-                if owned:
-                    shutil.rmtree(directory, ignore_errors=True)
-                raise
             self._pending.append(future)
-            self._pool.submit(self._run, future, directory, version, owned)
+            self._pool.submit(self._run, future, job, version, drop)
         return future
 
-    def _run(self, future: Future, directory: str, version: int, owned: bool) -> None:
+    def _run(
+        self, future: Future, job: Callable[[], object], version: int, drop: Callable[[], None]
+    ) -> None:
         with self._lock:
             if future not in self._pending:  # failed by stop()
+                drop()
                 return
             self._pending.remove(future)
         if not future.set_running_or_notify_cancel():
-            if owned:
-                shutil.rmtree(directory, ignore_errors=True)
+            drop()
             return  # the caller gave up waiting; never apply a cancelled update
         try:
-            future.set_result(self._update(directory, version, owned))
+            job()
+            future.set_result(version)
         except BaseException as exc:
             log.warning("weight update to version %d failed: %s", version, exc)
             future.set_exception(exc)
 
-    def _update(self, directory: str, version: int, owned: bool) -> int:
-        """pause in place -> update from disk -> continue -> flush; returns `version`.
-        Raises EngineError (version unchanged) when the server refuses or is unreachable."""
+    def _update(self, directory: str, version: int, owned: bool, payload: Payload | None) -> int:
+        """[load a LoRA base's adapter] -> pause in place -> update from disk -> [serve the
+        adapter] -> continue -> flush; returns `version`. Raises EngineError (version and
+        adapters unchanged) when the server refuses or is unreachable."""
         start = time.monotonic()
+        staged = None
         try:
+            if payload is not None and payload.adapter:
+                staged = self._lora().stage(payload, version)
             self._client.post("/pause_generation", {"mode": "in_place"})
             try:
                 reply = self._client.post(
@@ -167,10 +231,15 @@ class WeightUpdates:
                 )
                 if not reply.get("success"):
                     raise EngineError(f"update_weights_from_disk failed: {reply.get('message')}")
+                if self._adapters is not None:
+                    self._adapters.serve_base(staged, version)
+                    staged = None
                 self._requests.serve(version)
             finally:
                 self._client.post("/continue_generation", {})
         except BaseException:
+            if self._adapters is not None:
+                self._adapters.discard(staged)
             if owned:
                 shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -182,3 +251,7 @@ class WeightUpdates:
             self._spec = WeightSpec(folder_shapes(directory))
         log.info("policy version %d now serving (update %.3fs)", version, time.monotonic() - start)
         return version
+
+
+def _is_lora(name: str) -> bool:
+    return name == BASE_VERSION or name.endswith((LORA_A, LORA_B))

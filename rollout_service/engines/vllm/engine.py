@@ -64,6 +64,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from rollout_service.engines.adapters import FolderAdapters, ServedAdapter, StagedAdapter
 from rollout_service.engines.api import (
     ABORT,
     ABORTED,
@@ -79,7 +80,7 @@ from rollout_service.engines.api import (
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
 from rollout_service.engines.vllm import worker
-from rollout_service.engines.vllm.adapters import ServedAdapter, StagedAdapter, VLLMAdapters
+from rollout_service.engines.vllm.adapters import engine_options, vllm_adapters
 from rollout_service.engines.weight_check import (
     WeightSpec,
     folder_shapes,
@@ -126,7 +127,7 @@ class VLLMEngine:
     graph compilation (start-up ~20 s instead of ~80 s on a CPU). kv_cache_gib: KV cache
     size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
     threads: CPU threads of the model worker (None = vLLM's default). max_lora_rank:
-    serve LoRA adapters up to this rank (`VLLMAdapters`; None: none). Raises ValueError
+    serve LoRA adapters up to this rank (`vllm.adapters`; None: none). Raises ValueError
     for a bad argument, FileNotFoundError for a folder without safetensors weights,
     ImportError when vLLM is not installed, and a TimeoutError when vLLM does not start
     within `start_timeout_s` seconds.
@@ -172,9 +173,9 @@ class VLLMEngine:
             "gpu_memory_utilization": gpu_memory_utilization,
         }
         # LoRA (`scalerl.policy.lora`): vLLM's adapters, one folder per version.
-        self._adapters = VLLMAdapters(self.model_path, max_lora_rank) if max_lora_rank else None
-        if self._adapters is not None:
-            self._options |= self._adapters.engine_options()
+        self._adapters = vllm_adapters(self.model_path, max_lora_rank) if max_lora_rank else None
+        if max_lora_rank:
+            self._options |= engine_options(max_lora_rank)
         worker.set_cpu_environment(kv_cache_gib, threads)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
@@ -258,12 +259,17 @@ class VLLMEngine:
         field ("base_version", "version") of a refused update."""
         payload = parse_payload(state_dict)
         if payload.adapter and not payload.base:
-            self._lora("state_dict").publish_policy(payload, version, self._requests)
+            adapters = self._lora("state_dict")
+            adapters.check_policy(payload, version, self._requests)
+            adapters.serve_policy(payload, version, self._requests)
             done: Future = Future()
             done.set_result(version)
             return done
         self._spec.check_state_dict(payload.base)
-        adapter = self._lora("state_dict").staged(payload) if payload.adapter else None
+        adapter = None
+        if payload.adapter:
+            self._lora("state_dict").check_staged(payload)
+            adapter = self._lora("state_dict").stage(payload, version)
         handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="scalerl-weights-")
         os.close(handle)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in payload.base.items()}
@@ -271,19 +277,19 @@ class VLLMEngine:
         return self._stage(path, version, remove=True, adapter=adapter)
 
     def stage_adapter(self, name: str, state_dict: dict[str, torch.Tensor], version: int) -> Future:
-        """Serve the adapter tensors of `state_dict` as adapter `name` (`VLLMAdapters`):
+        """Serve the adapter tensors of `state_dict` as adapter `name` (`FolderAdapters`):
         requests naming it get it from now on, their tokens its `version`. Returns a done
         Future. Raises InvalidArgument naming the field: "adapter" without LoRA (no
         `max_lora_rank`) or for an empty name, "state_dict" for a bad tensor, "version"
         for one older than that adapter's."""
-        if not name:
-            raise InvalidArgument("adapter", "must be a non-empty name")
-        self._lora("adapter").publish(name, state_dict, version)
+        adapters = self._lora("adapter")
+        adapters.check_named(name, state_dict, version)
+        adapters.serve_named(name, state_dict, version)
         future: Future = Future()
         future.set_result(version)
         return future
 
-    def _lora(self, field: str) -> VLLMAdapters:
+    def _lora(self, field: str) -> FolderAdapters:
         if self._adapters is None:
             raise InvalidArgument(field, "this vLLM engine serves no LoRA adapters")
         return self._adapters
@@ -441,7 +447,7 @@ class VLLMEngine:
         finish = None
         # A phase keeps the adapter it started with: its tokens carry that version.
         served = self._adapters.serving(request.adapter) if self._adapters else None
-        lora = served.request if served is not None else None
+        lora = served.handle if served is not None else None
         stream = self._llm.generate(prompt, params, request_id=vllm_id, lora_request=lora)
         async with contextlib.aclosing(stream):  # leaving early aborts the vLLM request
             async for output in stream:
