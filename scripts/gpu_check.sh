@@ -20,7 +20,9 @@
 #     SmolLM2-135M, 8 prompts x 8 samples x 48 new tokens, bfloat16), and of vLLM when it
 #     is installed;
 #  8. the engine contract suite for every engine available in this Python environment
-#     (table: engine / passed / failed / skipped / tokens per second);
+#     (table: engine / passed / failed / skipped / tokens per second): torch, vLLM, and
+#     SGLang with its LoRA adapters when `sglang` is installed (a server of its own on
+#     the tiny model; never run yet: SGLang is protocol-tested only until then);
 #  9. the in-engine weight updates of vLLM and SGLang over NCCL: reported as not checked
 #     (the adapters reload each version from its file);
 # 10. the code sandbox on a GPU node: the program sees no GPU device node (/dev/nvidia*,

@@ -88,17 +88,10 @@ class RunConfig(BaseSettings):
         return self
 
     def _check_lora(self) -> None:
-        """LoRA within the engines' max_lora_rank, and not where an engine fails on it.
-        Raises ValueError naming the field."""
+        """LoRA within the engines' max_lora_rank. Raises ValueError naming the field."""
         lora = self.learner.lora
         if lora is None:
             return
-        if self.rollout.engine == "vllm" and self.rollout.thinking_budget:
-            raise ValueError(
-                "learner.lora with rollout.engine vllm needs rollout.thinking_budget 0: the "
-                "forced phrase's log-probs are prompt log-probs, which vLLM 0.32 fails to "
-                "compute for LoRA requests in a mixed batch (seen on its CPU backend)"
-            )
         if lora.rank > self.rollout.max_lora_rank:
             raise ValueError(
                 f"learner.lora.rank must be <= rollout.max_lora_rank "

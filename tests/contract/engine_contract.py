@@ -455,8 +455,9 @@ def test_each_turn_of_a_trajectory_has_its_own_thinking_budget(contract):
 
 def test_a_lora_adapter_serves_the_learners_logprobs(contract):
     """LoRA (`scalerl.policy.lora`): a learner's first version (base and adapters), then
-    its adapters alone; the engine's log-probs equal the learner's recomputation of the
-    adapted model, each token labelled with its version; full weights drop the adapter."""
+    its adapters alone; the engine's log-probs, of sampled tokens and of the thinking
+    budget's forced phrase alike, equal the learner's recomputation of the adapted model,
+    each token labelled with its version; full weights drop the adapter."""
     engine = contract.engine
     learner = attach_lora(copy.deepcopy(contract.model_a), LoraConfig(rank=8))
     generator = torch.Generator().manual_seed(5)
@@ -474,10 +475,28 @@ def test_a_lora_adapter_serves_the_learners_logprobs(contract):
         payload[BASE_VERSION] = base_version_tensor(base)
         assert engine.stage_weights(payload, version).result(timeout=TIMEOUT_S) == version
         assert engine.base_version == base
-        for i in range(2):
-            request = GenerationRequest(f"lora{version}-{i}", PROMPT, 12, seed=21 + i)
-            done = _run(contract, request)
+        # Plain requests and thinking-budget ones in one batch: the interrupt phrase is
+        # scored by prompt log-probs beside requests that decode (T = 1: forced and
+        # sampled tokens alike have the plain softmax's log-probs).
+        requests = [
+            GenerationRequest(f"lora{version}-{i}", PROMPT, 12, seed=21 + i) for i in range(4)
+        ]
+        requests += [
+            GenerationRequest(
+                f"lora{version}-think{i}",
+                PROMPT,
+                12,
+                seed=31 + i,
+                thinking_budget=3,
+                interrupt_ids=PHRASE,
+            )
+            for i in range(2)
+        ]
+        streams = [engine.submit(request) for request in requests]
+        for request, stream in zip(requests, streams, strict=True):
+            done = stream.result(timeout=TIMEOUT_S)
             assert done.versions == [version] * 12
+            assert any(done.forced) == bool(request.thinking_budget)
             ratio = torch.exp(
                 _learner_logp(learner, PROMPT, done.token_ids, 1.0) - torch.tensor(done.logprobs)
             )

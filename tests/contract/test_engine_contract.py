@@ -1,5 +1,6 @@
 """The engine contract suite (tests/contract/engine_contract.py) bound to the engines available:
-torch always; vLLM when `import vllm` works (its own environment: `make test-vllm`). Also
+torch always; vLLM when `import vllm` works (its own environment: `make test-vllm`); SGLang
+on a CUDA machine with `sglang` installed (scripts/gpu_check.sh, section 8). Also
 the parts every engine shares: the torch-free contract module and the request table.
 
 One engine per engine name for the whole module, on the tiny model in fp32, so the
@@ -57,7 +58,43 @@ def _vllm_engine(model, folder: Path):
     )
 
 
+def _sglang_engine(model, folder: Path):
+    """An SGLang server of our own on the tiny model (fp32, LoRA up to rank 16), ended
+    when the process exits; the engine on it."""
+    import atexit
+    import secrets
+
+    from rollout_service.engines.factory import _end_process_group
+    from rollout_service.engines.sglang.adapters import server_args
+    from rollout_service.engines.sglang.engine import SGLangEngine
+    from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
+    from rollout_service.engines.weight_check import folder_shapes
+    from scalerl.ports import free_port
+
+    model_dir = folder / "model"
+    model.save_pretrained(model_dir)
+    port, key = free_port(), secrets.token_urlsafe(16)
+    extra = [*server_args(16), "--mem-fraction-static", "0.3", "--disable-cuda-graph"]
+    process = launch_sglang_server(
+        str(model_dir), port, dtype="float32", api_key=key, extra_args=extra
+    )
+    atexit.register(_end_process_group, process)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_ready(url, process=process, api_key=key)
+    return SGLangEngine(
+        url,
+        stop_token_ids=(),
+        max_seq_len=MAX_SEQ_LEN,
+        vocab_size=model.config.vocab_size,
+        max_batch=8,
+        weight_shapes=folder_shapes(model_dir),
+        api_key=key,
+        max_lora_rank=16,
+    )
+
+
 _VLLM_MISSING = importlib.util.find_spec("vllm") is None
+_SGLANG_MISSING = importlib.util.find_spec("sglang") is None or not torch.cuda.is_available()
 # name -> (build(model, folder) -> engine serving the model, reason to skip or None).
 # Adding an engine to the contract suite is one entry here.
 ENGINES = {
@@ -65,6 +102,10 @@ ENGINES = {
     "vllm": (
         _vllm_engine,
         "vllm is not installed here; run `make test-vllm`" if _VLLM_MISSING else None,
+    ),
+    "sglang": (
+        _sglang_engine,
+        "sglang runs on CUDA only, with its package installed" if _SGLANG_MISSING else None,
     ),
 }
 

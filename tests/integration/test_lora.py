@@ -421,7 +421,6 @@ def test_a_worker_serves_a_named_adapter_over_grpc_beside_its_policy() -> None:
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["rollout.engine=vllm"], "rollout.thinking_budget 0"),
         (["learner.lora.rank=128"], "learner.lora.rank must be <= rollout.max_lora_rank (64)"),
         (["learner.lora.rank=0"], "learner.lora.rank"),
         (["learner.lora.dropout=1"], "learner.lora.dropout"),

@@ -36,6 +36,17 @@ def vllm_adapters(model_path: Path, max_rank: int) -> FolderAdapters:
     return FolderAdapters(linear_modules(folder_shapes(model_path)), max_rank, VLLMLoader())
 
 
-def engine_options(max_rank: int) -> dict[str, Any]:
-    """vLLM engine arguments: LoRA on, ranks up to `max_rank`, `MAX_LORAS` in a batch."""
-    return {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": MAX_LORAS}
+def engine_options(model_path: Path, max_rank: int) -> dict[str, Any]:
+    """vLLM engine arguments: LoRA on, ranks up to `max_rank`, `MAX_LORAS` in a batch, on
+    the decoder's Linear modules alone. Leaving out the LM head (which no adapter of ours
+    targets) keeps vLLM from wrapping its logits processor for LoRA, whose CPU kernel
+    fails on prompt log-probs in a mixed batch (vLLM 0.32: it applies one adapter index
+    per request to every prompt position), and those are how the interrupt phrase of the
+    thinking budget is scored."""
+    suffixes = {name.rsplit(".", 1)[-1] for name in linear_modules(folder_shapes(model_path))}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_rank,
+        "max_loras": MAX_LORAS,
+        "lora_target_modules": sorted(suffixes),
+    }

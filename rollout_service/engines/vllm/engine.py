@@ -175,7 +175,7 @@ class VLLMEngine:
         # LoRA (`scalerl.policy.lora`): vLLM's adapters, one folder per version.
         self._adapters = vllm_adapters(self.model_path, max_lora_rank) if max_lora_rank else None
         if max_lora_rank:
-            self._options |= engine_options(max_lora_rank)
+            self._options |= engine_options(self.model_path, max_lora_rank)
         worker.set_cpu_environment(kv_cache_gib, threads)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine")
