@@ -114,6 +114,9 @@ class RunKeys:
         self.generation_quota = run_key(run_id, "state", "generation_quota")
         # Worker registry: `workers:{worker_id}` -> JSON (address, progress), heartbeat TTL.
         self.workers_prefix = run_key(run_id, "workers") + ":"
+        # The ids of the registered workers (a set), so listing them costs O(workers),
+        # not a SCAN of the whole keyspace; an id whose entry expired is pruned on read.
+        self.workers_index = run_key(run_id, "workers_index")
         # Launcher-managed rollout workers wanted (an integer; `scalerl workers add|remove`).
         self.fleet_target = run_key(run_id, "fleet", "launcher_workers")
         # Per-worker accounting (hash: "{worker_id}|{stat}" -> value; `worker_stats`).

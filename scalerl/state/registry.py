@@ -1,7 +1,12 @@
 """Who is alive and making progress: the rollout-worker registry.
 
 Keys under `scalerl:{run_id}:` — `workers:{worker_id}` (a JSON object: address and the
-worker's progress, with a TTL renewed by each heartbeat).
+worker's progress, with a TTL renewed by each heartbeat) and `workers_index`, the set of
+registered ids, written in the heartbeat's MULTI. Listing reads the index and MGETs the
+entries: O(workers), where a SCAN would walk the whole keyspace (at fleet scale millions
+of short-lived keys: `benchmarks/fleet_sim.py`). An id whose entry has expired is pruned
+from the index by a script that checks the entry again, so a worker beating at that
+moment stays.
 
 With a run token, each entry carries an HMAC made with the run's secret
 (`scalerl.state.signing`): an entry someone else wrote (a rogue address that would receive
@@ -32,6 +37,17 @@ from scalerl.state.keys import RunKeys, check_worker_id
 from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
 
 log = logging.getLogger(__name__)
+# KEYS: the index, then the entries of ids the reader found expired; ARGV: those ids.
+# Removes an id only if its entry is still gone (a heartbeat may have landed meanwhile).
+_PRUNE_LUA = """
+local pruned = 0
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    pruned = pruned + redis.call('SREM', KEYS[1], ARGV[i - 1])
+  end
+end
+return pruned
+"""
 # A worker's states (`WorkerProgress.state`; rollout_service.worker has the diagram).
 SYNCING, READY, LEAVING = "SYNCING", "READY", "LEAVING"
 
@@ -100,7 +116,8 @@ class WorkerRegistry:
             raise ValueError(f"stall_s must be a number > 0 seconds or None, got {stall_s!r}")
         self._client = client
         self._keys = RunKeys(run_id)
-        self._prefix = self._keys.workers_prefix
+        self._index = self._keys.workers_index
+        self._prune = client.register_script(_PRUNE_LUA)
         self._stall_s = stall_s
         self._clock = clock
         self._signer = signer or process_signer()
@@ -126,27 +143,33 @@ class WorkerRegistry:
             value["progress"] = asdict(progress)
         if self._signer.enabled:
             value[SIG_FIELD] = self._signer.sign("worker", self._entry(worker_id), value)
-        self._client.set(
-            self._keys.worker(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000))
-        )
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(
+                self._keys.worker(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000))
+            )
+            pipe.sadd(self._index, worker_id)
+            pipe.execute()
 
     def states(self) -> dict[str, WorkerInfo]:
         """Every registered worker (ready or not, stalled or not): worker_id -> WorkerInfo,
-        sorted by id."""
-        keys = sorted(self._client.scan_iter(match=self._prefix + "*", count=500))
-        if not keys:
+        sorted by id. Ids whose entries expired are pruned from the index."""
+        ids = sorted(text(member) for member in self._client.smembers(self._index))
+        if not ids:
             return {}
+        keys = [self._keys.worker(worker_id) for worker_id in ids]
         values = self._client.mget(keys)
-        start = len(self._prefix)
-        found = {}
-        for key, value in zip(keys, values, strict=True):
-            if value is None:  # expired between SCAN and MGET
+        found, expired = {}, []
+        for worker_id, key, value in zip(ids, keys, values, strict=True):
+            if value is None:
+                expired.append((worker_id, key))
                 continue
-            worker_id = key.decode()[start:]
             data = _load(value)
             sig = data.pop(SIG_FIELD, None)
             if self._signer.verify("worker", self._entry(worker_id), data, sig):
                 found[worker_id] = _parse(data)
+        if expired:
+            gone_ids, gone_keys = zip(*expired, strict=True)
+            self._prune(keys=[self._index, *gone_keys], args=list(gone_ids))
         return found
 
     def _entry(self, worker_id: str) -> str:
@@ -180,7 +203,11 @@ class WorkerRegistry:
 
     def remove(self, worker_id: str) -> bool:
         """Deregister (clean shutdown). Returns False when it was not registered."""
-        return bool(self._client.delete(self._keys.worker(worker_id)))
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self._keys.worker(worker_id))
+            pipe.srem(self._index, worker_id)
+            deleted, _ = pipe.execute()
+        return bool(deleted)
 
 
 def _load(value: bytes | str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ def test_a_rogue_registry_entry_is_not_a_worker(redis_client: redis.Redis, run_i
     keys = RunKeys(run_id)
     # Written by someone with Redis access but not the run's secret:
     redis_client.set(keys.worker("rogue"), json.dumps({"address": "6.6.6.6:443"}))
+    redis_client.sadd(keys.workers_index, "rogue", "w0-copy")  # listed as workers too
     elsewhere = WorkerRegistry(redis_client, run_id, signer=EntrySigner("another-runs-token"))
     elsewhere.heartbeat("other", "6.6.6.6:444", 30)
     genuine = json.loads(redis_client.get(keys.worker("w0")))

@@ -5,6 +5,7 @@ that serves no weights of this run yet."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import redis
@@ -57,7 +58,9 @@ def test_a_worker_without_run_weights_is_not_in_the_view(
 
 
 def test_a_bare_address_value_still_reads(redis_client: redis.Redis, run_id: str) -> None:
-    redis_client.set(RunKeys(run_id).workers_prefix + "w-legacy", b"10.0.0.5:1", px=30_000)
+    keys = RunKeys(run_id)
+    redis_client.set(keys.worker("w-legacy"), b"10.0.0.5:1", px=30_000)
+    redis_client.sadd(keys.workers_index, "w-legacy")
     assert WorkerRegistry(redis_client, run_id).workers() == {"w-legacy": "10.0.0.5:1"}
 
 
@@ -97,3 +100,32 @@ def test_per_worker_series_stay_bounded_under_100_joins_and_leaves(
     stats.fold_departed(set(), grace_s=60.0, now=now + 61)
     stats.fold_departed(set(), grace_s=60.0, now=now + 200)
     assert list(stats.by_worker()) == ["departed"]
+
+
+def test_listing_reads_the_index_not_the_keyspace_and_prunes_the_expired(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    """1,000 unrelated keys cost the listing nothing (no SCAN); an entry that expired
+    leaves the index at the next listing; one that beats again stays."""
+    registry = WorkerRegistry(redis_client, run_id)
+    redis_client.mset({f"{run_id}-noise-{i}": i for i in range(1000)})
+    registry.heartbeat("w-live", "10.0.0.1:1", 30)
+    registry.heartbeat("w-gone", "10.0.0.2:1", 0.05)
+    time.sleep(0.1)
+    calls = []
+    redis_client.execute_command = _recording(redis_client.execute_command, calls)
+    assert list(registry.states()) == ["w-live"]
+    assert "SCAN" not in calls and "SMEMBERS" in calls
+    keys = RunKeys(run_id)
+    assert redis_client.smembers(keys.workers_index) == {b"w-live"}
+    registry.remove("w-live")
+    assert redis_client.smembers(keys.workers_index) == set()
+    assert registry.states() == {}
+
+
+def _recording(execute, calls: list[str]):
+    def wrapper(*args, **kwargs):
+        calls.append(str(args[0]).upper())
+        return execute(*args, **kwargs)
+
+    return wrapper
