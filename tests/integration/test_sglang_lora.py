@@ -106,7 +106,8 @@ def test_a_lora_base_loads_its_adapter_first_then_adapters_alone(lora) -> None:
     ]
     assert (engine.base_version, engine.policy_version) == (1, 1)
     assert greedy(engine, "a") == ([2, 4, 6, 8], [1, 1, 1, 1])  # step 1 + shift 1
-    assert server.bodies("/generate")[-1]["lora_path"] == "scalerl-1"
+    body = server.bodies("/generate")[-1]
+    assert (body["lora_path"], body["cache_salt"]) == ("scalerl-1", "policy-1-scalerl-1")
 
     assert engine.stage_weights(adapter_alone(3, 1), 2).result(timeout=10) == 2
     assert greedy(engine, "b") == ([4, 8, 12, 0], [2, 2, 2, 2])  # step 1 + shift 3

@@ -403,8 +403,9 @@ class SGLangEngine:
             job.rid = str(body["rid"])
             job.abort_resent = False
         job.served = self._adapters.acquire(job.request.adapter) if self._adapters else None
-        if job.served is not None:
+        if job.served is not None:  # its KV is the adapter's: never reused across adapters
             body["lora_path"] = job.served.handle
+            body["cache_salt"] = f"{body['cache_salt']}-{job.served.handle}"
         emitted = 0
         finish = None
         try:
