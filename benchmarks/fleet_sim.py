@@ -31,7 +31,8 @@ window after `--warmup-s`), p50/p99_collect_s (the intake's wait for a batch),
 redis_ops_per_s and redis_cpu (cores, from INFO), redis_memory_mb at the end,
 bytes_per_queued_group (MEMORY USAGE of the stream / its length), bytes_per_worker
 (memory added by registering the workers, before any push), registry_scan_s (median of
-`WorkerRegistry.states()` at the end), keys (DBSIZE), the ledger (pushed, trained,
+`WorkerRegistry.states()` at the end), keys (DBSIZE), per_worker_state (the registry
+index and the per-worker stats: bounded under churn), the ledger (pushed, trained,
 stale, dead-lettered, queued, unaccounted) and the CPU of the machine; and, to tell
 what bounds the rate, pushed_groups_per_s (what the fleet offered in the window),
 intake_cpu (CPU seconds per second of the intake thread: near 1 = the intake is the
@@ -70,6 +71,7 @@ from learner_service.metrics import LearnerMetrics  # noqa: E402
 from rollout_service.weights.pull import POLL_S  # noqa: E402
 from scalerl.compute import ComputeCounters  # noqa: E402
 from scalerl.rpc.security import TOKEN_ENV  # noqa: E402
+from scalerl.state.keys import RunKeys  # noqa: E402
 from scalerl.state.registry import READY, WorkerProgress, WorkerRegistry  # noqa: E402
 from scalerl.state.replay import ReplayStream  # noqa: E402
 from scalerl.state.run_state import RunState  # noqa: E402
@@ -336,6 +338,12 @@ def simulate(
     depth = client.xlen(ReplayStream(client, RUN_ID, spec.capacity).key)
     memory = _info(client, "memory")["used_memory"]
     keys = client.dbsize()
+    run_keys = RunKeys(RUN_ID)
+    per_worker_state = {  # what grows with every worker that ever joined, unless bounded
+        "registry_index": client.scard(run_keys.workers_index),
+        "worker_stats_fields": client.hlen(run_keys.worker_stats),
+        "worker_stats_seen": client.hlen(run_keys.worker_stats_seen),
+    }
     stop.set()
     for child in children:
         child.join(30)
@@ -359,6 +367,7 @@ def simulate(
         "bytes_per_worker": round(per_worker),
         "registry_scan_s": round(statistics.median(scans), 5),
         "keys": keys,
+        "per_worker_state": per_worker_state,
         "simulation_lag_s": round(lag, 3),
         "ledger": ledger,
     }
