@@ -389,7 +389,7 @@ def build_group(
         samples.append(sample)
         versions += done.versions or [group.submitted_version]
     return rollout_pb2.RolloutGroup(
-        group_id=f"{worker_id}-{uuid.uuid4().hex}",  # unique: a push is deduplicated by it
+        group_id=f"{worker_id}-{uuid.uuid4().hex}",  # unique: the learner's logs name it
         prompt_id=group.prompt_id,
         prompt_token_ids=group.prompt_ids,
         samples=samples,

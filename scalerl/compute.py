@@ -24,7 +24,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys
-from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
+from scalerl.state.once import GUARD_LUA, new_op_id
 from scalerl.state.worker_stats import stat_field
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ COMPUTE_UNIT = "accelerator-hours"
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
-# KEYS: once, compute, worker_stats; ARGV: once TTL, role, seconds, worker stat field
+# KEYS: once, compute, worker_stats; ARGV: sequence number, role, seconds, worker stat field
 # ("" = none). Returns the role's total (a repeated call: the total as it is).
 _ADD_LUA = (
     """
@@ -78,9 +78,10 @@ class ComputeCounters:
         ):
             raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds!r}")
         field = "" if worker_id is None else stat_field(worker_id, "busy_seconds")
+        op = new_op_id()
         total = self._add(
-            keys=[self._keys.once(new_op_id()), self._key, self._worker_stats_key],
-            args=[ONCE_TTL_S, role, repr(float(device_seconds)), field],
+            keys=[self._keys.once(op.writer), self._key, self._worker_stats_key],
+            args=[op.seq, role, repr(float(device_seconds)), field],
         )
         return float(total)
 

@@ -4,7 +4,6 @@ The modules of `scalerl.state` name their own sub-keys through `run_key`; nothin
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 
@@ -100,10 +99,11 @@ class RunKeys:
         self.replay_dead_letter = run_key(run_id, "replay", "dead_letter")
         # Ledger (hash): groups pushed, and every group that left the stream by outcome.
         self.replay_ledger = run_key(run_id, "replay", "ledger")
-        # `replay:pushed:{sha256(group_id)}` -> the entry id of that group (a TTL): a second push
-        # of the same group (a retry whose first try landed) adds nothing.
+        # `replay:pushed:{writer}` -> the sequence number and entry id of that writer's last
+        # push (a TTL): a retry of a push that landed adds nothing (`scalerl.state.once`).
         self.replay_pushed_prefix = run_key(run_id, "replay", "pushed") + ":"
-        # `once:{op_id}` (a TTL): an increment with that idempotency key was applied.
+        # `once:{writer}` (a TTL): the sequence number of that writer's last idempotent
+        # write, and the reply of some (`scalerl.state.once`).
         self.once_prefix = run_key(run_id, "once") + ":"
         # Run state.
         self.policy_version = run_key(run_id, "state", "policy_version")
@@ -139,13 +139,13 @@ class RunKeys:
         worker_id outside `WORKER_ID_PATTERN`."""
         return self.workers_prefix + check_worker_id(worker_id)
 
-    def replay_pushed(self, group_id: str) -> str:
-        """The dedup key of one group id (any text: the key holds its sha256)."""
-        return self.replay_pushed_prefix + hashlib.sha256(group_id.encode()).hexdigest()
+    def replay_pushed(self, writer: str) -> str:
+        """The push dedup key of one writer (`scalerl.state.once.OpId.writer`)."""
+        return self.replay_pushed_prefix + writer
 
-    def once(self, op_id: str) -> str:
-        """The marker key of one idempotency key (`scalerl.state.once`)."""
-        return self.once_prefix + op_id
+    def once(self, writer: str) -> str:
+        """The idempotency key of one writer (`scalerl.state.once.OpId.writer`)."""
+        return self.once_prefix + writer
 
     def pool_keys(self, task: str) -> PoolKeys:
         """The prompt pool keys of one task, `scalerl:{run_id}:pool:{task}:...`. Raises

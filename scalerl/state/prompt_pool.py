@@ -23,7 +23,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, task_of
-from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
+from scalerl.state.once import GUARD_LUA, new_op_id
 
 # Ids are added to `loading` in chunks (a million ids do not fit one call), then this
 # makes them the pool unless it was ever initialised (idempotent across learner restarts).
@@ -56,7 +56,7 @@ return 1
 
 # Add attempts/passes once per idempotency key (`scalerl.state.once`), then, when asked
 # (ARGV[7] = '1'), retire when the pass rate reaches the threshold (NPR).
-# KEYS: once, eligible, retired, attempts, passes, revision; ARGV: once TTL, prompt_id,
+# KEYS: once, eligible, retired, attempts, passes, revision; ARGV: sequence number, prompt_id,
 # attempts, passes, threshold, min_attempts, retire. Returns {attempts, passes, retired}.
 _RECORD_LUA = (
     """
@@ -167,9 +167,10 @@ class PromptPool:
         retire: bool,
     ) -> list[int]:
         """The record script, once per call (`scalerl.state.once`)."""
-        keys = [self._once(new_op_id()), self._eligible, self._retired]
+        op = new_op_id()
+        keys = [self._once(op.writer), self._eligible, self._retired]
         keys += [self._attempts, self._passes, self._revision]
-        args: list[str | int] = [ONCE_TTL_S, prompt_id, int(attempts), int(passes)]
+        args: list[str | int] = [op.seq, prompt_id, int(attempts), int(passes)]
         args += [repr(float(threshold)), int(min_attempts), "1" if retire else "0"]
         return [int(x) for x in self._record_script(keys=keys, args=args)]
 

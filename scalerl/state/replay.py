@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 
 from scalerl.state.client import socket_timeout_s, text
 from scalerl.state.keys import RunKeys
-from scalerl.state.once import ONCE_TTL_S
+from scalerl.state.once import new_op_id
 from scalerl.state.replay_scripts import ACK_LUA, DEAD_LETTER_LUA, PUSH_LUA, RECONCILE_LUA
 from scalerl.state.run_state import held_field
 from scalerl.state.worker_stats import stat_field
@@ -156,9 +156,9 @@ class ReplayStream:
     def try_push(
         self, group: rollout_pb2.RolloutGroup, ticket_version: int | None = None
     ) -> str | None:
-        """One atomic attempt: the new entry id, or None when the stream is full. A group
-        whose `group_id` was pushed within the last hour is not pushed again: the first
-        push's entry id is answered (a retry after a lost reply adds no second entry).
+        """One atomic attempt: the new entry id, or None when the stream is full. A retry
+        of this call after a lost reply adds no second entry: it answers the first one's
+        entry id (`scalerl.state.once`).
 
         `ticket_version`: the policy version of the PPO-off-policy-k generation ticket
         `group.worker_id` took for this group (None: no ticket, PipelineRL-k); the push
@@ -166,14 +166,14 @@ class ReplayStream:
         a negative ticket_version or, with one, a malformed worker_id."""
         payload = _serialize(group)
         ticket = _ticket_args(group.worker_id, ticket_version)
-        pushed_key = self._keys.replay_pushed(group.group_id) if group.group_id else ""
+        op = new_op_id()
         entry_id = self._push_script(
             keys=[
                 self._key,
                 self._ledger_key,
                 self._worker_stats_key,
                 self._quota_key,
-                pushed_key or self._keys.replay_pushed_prefix,
+                self._keys.replay_pushed(op.writer),
             ],
             args=[
                 self._capacity,
@@ -181,7 +181,7 @@ class ReplayStream:
                 payload,
                 stat_field(group.worker_id, "groups_pushed"),
                 *ticket,
-                ONCE_TTL_S if pushed_key else "",
+                op.seq,
             ],
         )
         return None if entry_id is None else text(entry_id)

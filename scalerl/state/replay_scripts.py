@@ -6,6 +6,7 @@ docstring for the ledger's identity).
 
 from __future__ import annotations
 
+from scalerl.state.once import ONCE_TTL_S
 from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
 
 # Atomic bounded append, counted in the ledger and in the pushing worker's stats
@@ -16,14 +17,16 @@ from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
 # the learner would re-issue it when the registration expires (one group too many of
 # that version, a group of the next batch displaced). In one script, a group is either
 # in the stream or its ticket is still held, never both.
-# A group's second push (redis-py's retry after a lost reply, its first try having landed)
-# answers the first one's entry id and changes nothing: KEYS[5], `replay:pushed:{group_id}`
-# (ARGV[7] = its TTL; '' = a group without an id, not deduplicated), holds that id.
+# A push repeated by redis-py's retry after a lost reply, its first try having landed,
+# answers the first one's entry id and changes nothing (`scalerl.state.once`): KEYS[5],
+# the pushing writer's `replay:pushed:{writer}`, holds its last pushed call's sequence
+# number (ARGV[7]) and entry id.
 PUSH_LUA = (
     """
-if ARGV[7] ~= '' then
-  local first = redis.call('GET', KEYS[5])
-  if first then
+local last = redis.call('GET', KEYS[5])
+if last then
+  local seq, first = string.match(last, '^(%d+) (.*)$')
+  if tonumber(seq) >= tonumber(ARGV[7]) then
     return first
   end
 end
@@ -33,9 +36,9 @@ end
 local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'pushed', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-if ARGV[7] ~= '' then
-  redis.call('SET', KEYS[5], id, 'EX', ARGV[7])
-end
+redis.call('SET', KEYS[5], ARGV[7] .. ' ' .. id, 'EX', """
+    + str(ONCE_TTL_S)
+    + """)
 """
     + SETTLE_PUSHED_TICKET_LUA
     + """

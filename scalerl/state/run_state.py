@@ -21,17 +21,18 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import RunKeys, check_worker_id
-from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
+from scalerl.state.once import GUARD_LUA, OpId, new_op_id
 from scalerl.state.version_board import VersionBoard
 
 HELD_PREFIX = "held:"  # quota hash field prefix of a worker's held tickets
 
-# The three quota scripts below run once per call: KEYS[1] is the call's idempotency key
-# and ARGV[1] its TTL (`scalerl.state.once`); a repeated call (redis-py's retry after a lost
-# reply) answers what the first one did, stored in that key, and changes nothing.
+# The three quota scripts below run once per call: KEYS[1] is the writer's idempotency
+# key and ARGV[1] the call's sequence number (`scalerl.state.once`); a repeated call
+# (redis-py's retry after a lost reply) answers what the first one did, kept in that key
+# after the number, and changes nothing.
 _ONCE_ANSWER = """
 local function again()
-  return tonumber(redis.call('GET', KEYS[1]))
+  return tonumber(string.match(redis.call('GET', KEYS[1]), ' (.*)$') or '0')
 end
 """
 
@@ -43,7 +44,7 @@ def _once(body: str) -> str:
         + GUARD_LUA
         + body
         + """
-redis.call('SET', KEYS[1], answer, 'KEEPTTL')
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. answer, 'KEEPTTL')
 return answer
 """
     )
@@ -145,9 +146,10 @@ class RunState:
         self._add_tickets = client.register_script(_ADD_TICKETS_LUA)
         self._return_held = client.register_script(_RETURN_HELD_LUA)
 
-    def _once(self) -> str:
-        """A fresh idempotency key of one quota call (`scalerl.state.once`)."""
-        return self._keys.once(new_op_id())
+    def _once(self) -> tuple[str, OpId]:
+        """The writer's idempotency key and a new call's id (`scalerl.state.once`)."""
+        op = new_op_id()
+        return self._keys.once(op.writer), op
 
     def set_generation_quota(self, version: int, groups: int) -> None:
         """PPO-off-policy-k (paper Sec. 3.1): from now on, `groups` groups may be generated
@@ -171,8 +173,9 @@ class RunState:
         `version`. Raises ValueError for a negative version or groups."""
         _check_count("version", version)
         _check_count("groups", groups)
-        keys = [self._once(), self._quota]
-        return int(self._add_tickets(keys=keys, args=[ONCE_TTL_S, version, groups, HELD_PREFIX]))
+        once, op = self._once()
+        args: list[str | int] = [op.seq, version, groups, HELD_PREFIX]
+        return int(self._add_tickets(keys=[once, self._quota], args=args))
 
     def take_generation_ticket(self, version: int, worker_id: str) -> bool:
         """Reserve one group's generation at `version` for `worker_id` (counted as held
@@ -180,8 +183,9 @@ class RunState:
         is for another version or used up (the worker then waits for new weights).
         Raises ValueError for a negative version or a malformed worker_id."""
         _check_count("version", version)
-        args: list[str | int] = [ONCE_TTL_S, version, held_field(worker_id)]
-        return bool(self._take_ticket(keys=[self._once(), self._quota], args=args))
+        once, op = self._once()
+        args: list[str | int] = [op.seq, version, held_field(worker_id)]
+        return bool(self._take_ticket(keys=[once, self._quota], args=args))
 
     def give_back_generation_tickets(self, version: int, worker_id: str, groups: int = 1) -> int:
         """Return the tickets of `groups` groups at `version` that `worker_id` will not
@@ -191,8 +195,9 @@ class RunState:
         `take_generation_ticket`, or for a negative groups."""
         _check_count("version", version)
         _check_count("groups", groups)
-        args: list[str | int] = [ONCE_TTL_S, version, held_field(worker_id), groups]
-        return int(self._return_held(keys=[self._once(), self._quota], args=args))
+        once, op = self._once()
+        args: list[str | int] = [op.seq, version, held_field(worker_id), groups]
+        return int(self._return_held(keys=[once, self._quota], args=args))
 
     def reissue_expired_tickets(self, version: int, worker_id: str) -> int:
         """Move every ticket `worker_id` holds at `version` back into the quota if its
@@ -201,9 +206,10 @@ class RunState:
         re-issued (0: alive, none held, or the quota is for another version). Raises
         ValueError as `take_generation_ticket`."""
         _check_count("version", version)
+        once, op = self._once()
         reply = self._return_held(
-            keys=[self._once(), self._quota, self._keys.worker(worker_id)],
-            args=[ONCE_TTL_S, version, held_field(worker_id), _ALL],
+            keys=[once, self._quota, self._keys.worker(worker_id)],
+            args=[op.seq, version, held_field(worker_id), _ALL],
         )
         return int(reply)
 

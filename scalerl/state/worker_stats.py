@@ -22,7 +22,7 @@ import redis
 
 from scalerl.state.client import text
 from scalerl.state.keys import WORKER_ID_PATTERN, RunKeys
-from scalerl.state.once import GUARD_LUA, ONCE_TTL_S, new_op_id
+from scalerl.state.once import GUARD_LUA, new_op_id
 
 STATS = ("groups_pushed", "tokens_generated", "busy_seconds", "blocked_seconds", "joins", "leaves")
 _SECONDS = ("busy_seconds", "blocked_seconds")
@@ -53,7 +53,7 @@ def stat_field(worker_id: str, stat: str) -> str:
     return f"{worker_id}|{stat}"
 
 
-# KEYS: once, stats; ARGV: once TTL, field, HINCRBY or HINCRBYFLOAT, amount.
+# KEYS: once, stats; ARGV: sequence number, field, HINCRBY or HINCRBYFLOAT, amount.
 _ADD_LUA = (
     """
 local function again()
@@ -88,9 +88,9 @@ class WorkerStats:
         field = stat_field(worker_id, stat)
         value = repr(float(amount)) if stat in _SECONDS else int(amount)
         command = _command(stat)
+        op = new_op_id()
         total = self._add(
-            keys=[self._keys.once(new_op_id()), self.key],
-            args=[ONCE_TTL_S, field, command, value],
+            keys=[self._keys.once(op.writer), self.key], args=[op.seq, field, command, value]
         )
         return float(total)
 

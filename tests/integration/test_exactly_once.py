@@ -1,7 +1,8 @@
 """Exactly once under retries: a Redis stall longer than the client's socket timeout makes
 redis-py send a command again while the first one still sits in the server's socket
-buffer, and both run once the stall ends. A push (deduplicated by its group id) and every
-counter (an idempotency key per call) then land once, and the ledger identity holds."""
+buffer, and both run once the stall ends. A push and every counter (a writer's key and a
+sequence number per call, `scalerl.state.once`) then land once, and the ledger identity
+holds; and the keys that make it so are one per writer, not one per call."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import redis
 
 from scalerl.compute import ComputeCounters
 from scalerl.state.client import connect
+from scalerl.state.keys import RunKeys
 from scalerl.state.prompt_pool import PromptPool
 from scalerl.state.replay import ReplayStream, replay_accounting
 from scalerl.state.run_state import RunState
@@ -63,12 +65,10 @@ def test_a_push_during_a_stall_lands_once(redis_url: str, run_id: str) -> None:
     replay.push(_group("w0-first"))  # the script is loaded: the stall hits the push itself
     entries: list[str] = []
     _during_a_stall(redis_url, lambda: entries.append(replay.push(_group("w0-abc"))))
-    assert replay.depth() == 2  # without the group id's check: 3 (two of w0-abc)
+    assert replay.depth() == 2  # without the writer's sequence check: 3 (two of w0-abc)
     accounting = replay_accounting(client, run_id)
     assert (accounting["pushed"], accounting["queued"], accounting["unaccounted"]) == (2, 2, 0)
-    # The same group pushed again later (a worker's own retry) is still the one entry.
-    assert replay.push(_group("w0-abc")) == entries[0]
-    assert replay.depth() == 2
+    assert replay.read("c", 10)[1][0] == entries[0]
 
 
 def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
@@ -98,3 +98,30 @@ def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
     by_worker = stats.by_worker()["w0"]
     assert (by_worker["busy_seconds"], by_worker["tokens_generated"]) == (1.5, 2)
     assert pool.stats("math/1") == (8, 3)
+
+
+def test_the_idempotency_keys_are_one_per_writer_and_threads_do_not_collide(
+    redis_url: str, run_id: str
+) -> None:
+    """300 counter writes and 40 pushes from 4 threads, interleaved: every one lands, and
+    Redis holds one idempotency key and one push key per thread (a key per call made
+    340 keys, kept for an hour)."""
+    client = _client(redis_url)
+    compute, replay = ComputeCounters(client, run_id), ReplayStream(client, run_id, 64)
+
+    def write(index: int) -> None:
+        for i in range(75):
+            compute.add("rollout", 1.0)
+            if i % 15 == 0:
+                replay.push(_group(f"t{index}-{i}"))
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert compute.by_role() == {"rollout": 300.0}
+    assert replay.depth() == 20
+    keys = RunKeys(run_id)
+    assert len(list(client.scan_iter(match=keys.once_prefix + "*"))) == 4
+    assert len(list(client.scan_iter(match=keys.replay_pushed_prefix + "*"))) == 4
