@@ -26,6 +26,13 @@ then a sleep of `--step-s` in place of the optimizer step, the ack of the batch
 ("trained"), the next version announced, and each step `WorkerStats.fold_departed` over
 the registry's workers, as the learner does.
 
+With `--runs M`, the real curve service (`scalerl-curve`, its own process, on the same
+Redis) takes RecordPoint from M runs: each run first gets 3 points (no fit yet), then
+one point every `--point-every-s` (each RecordPoint refits that run's series: the 4th
+point on), while a dashboard asks `--fits-per-s` Fit queries of recorded runs. Reported
+under `curve`: the points and fits made in the window, p50/p99 of each call, the
+service's CPU (cores, psutil) and the Redis bytes a run's series take.
+
 `--json` prints one object per worker count: groups_per_s (trained, over the measured
 window after `--warmup-s`), p50/p99_collect_s (the intake's wait for a batch),
 redis_ops_per_s and redis_cpu (cores, from INFO), redis_memory_mb at the end,
@@ -54,12 +61,15 @@ import platform
 import random
 import secrets
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 import redis
 from prometheus_client import CollectorRegistry
 
@@ -70,6 +80,8 @@ from learner_service.intake.group_check import GroupLimits  # noqa: E402
 from learner_service.metrics import LearnerMetrics  # noqa: E402
 from rollout_service.weights.pull import POLL_S  # noqa: E402
 from scalerl.compute import ComputeCounters  # noqa: E402
+from scalerl.ports import free_port  # noqa: E402
+from scalerl.rpc.clients.curve import CurveClient  # noqa: E402
 from scalerl.rpc.security import TOKEN_ENV  # noqa: E402
 from scalerl.state.keys import RunKeys  # noqa: E402
 from scalerl.state.registry import READY, WorkerProgress, WorkerRegistry  # noqa: E402
@@ -291,11 +303,145 @@ def _admissible(version: int, k: int, group: rollout_pb2.RolloutGroup) -> bool:
     return version - group.min_policy_version <= k
 
 
+# ----- the curve service under M runs (its own process) -----------------------------------
+
+
+@dataclass
+class CurveLog:
+    """What the curve load measured in its window."""
+
+    record_s: list[float]
+    fit_s: list[float]
+
+
+def start_curve_service(redis_url: str, token: str, folder: Path) -> tuple[subprocess.Popen, str]:
+    """`scalerl-curve` on a free port over `redis_url`; (process, address) once it listens."""
+    token_file = folder / "token"
+    token_file.write_text(token)
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "curve_service.main",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--redis-url",
+            redis_url,
+            "--token-file",
+            str(token_file),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert process.stdout is not None
+    process.stdout.readline()  # "curve service listening on ..."
+    return process, f"127.0.0.1:{port}"
+
+
+def _reward(step: int) -> float:
+    """A sigmoid-shaped pass rate at a run's `step`-th point."""
+    return 0.1 + 0.6 / (1 + (4.0 / (step + 1)) ** 1.5)
+
+
+def curve_load(
+    address: str,
+    runs: int,
+    point_every_s: float,
+    fits_per_s: float,
+    window: threading.Event,
+    stop: threading.Event,
+    log: CurveLog,
+) -> None:
+    """3 points per run first, then the runs' points at their rate and the dashboard's
+    Fit queries, timed while `window` is set."""
+    client = CurveClient(address, timeout_s=60.0)
+    points = [0] * runs
+    for run in range(runs):
+        for _ in range(3):
+            points[run] += 1
+            client.record_point(f"run-{run}", 0.1 * points[run], _reward(points[run]), stderr=0.02)
+    rng = random.Random(0)
+    next_point, next_fit = time.monotonic(), time.monotonic()
+    point_gap = point_every_s / runs
+    run = 0
+    while not stop.is_set():
+        now = time.monotonic()
+        if now >= next_point:
+            points[run] += 1
+            start = time.perf_counter()
+            client.record_point(f"run-{run}", 0.1 * points[run], _reward(points[run]), stderr=0.02)
+            if window.is_set():
+                log.record_s.append(time.perf_counter() - start)
+            run, next_point = (run + 1) % runs, next_point + point_gap
+        elif fits_per_s > 0 and now >= next_fit:
+            fittable = [r for r in range(runs) if points[r] >= 4]  # a fit needs 4 points
+            if fittable:
+                start = time.perf_counter()
+                client.fit_run(f"run-{rng.choice(fittable)}")
+                if window.is_set():
+                    log.fit_s.append(time.perf_counter() - start)
+            next_fit += 1 / fits_per_s
+        else:
+            time.sleep(min(next_point, next_fit if fits_per_s > 0 else next_point) - now)
+    client.close()
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values) or [0.0]
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def curve_report(
+    client: redis.Redis, log: CurveLog, cpu_s: float, seconds: float, runs: int
+) -> dict:
+    """The `curve` object of a simulation's result."""
+    sample = range(min(runs, 20))
+    keys = [RunKeys(f"run-{r}") for r in sample]
+    series_bytes = sum(
+        client.memory_usage(key) or 0
+        for k in keys
+        for key in (k.curve_points, k.curve_stderr, k.curve_meta)
+    )
+    record = _percentiles(log.record_s)
+    fit = _percentiles(log.fit_s)
+    return {
+        "runs": runs,
+        "points_per_s": round(len(log.record_s) / seconds, 2),
+        "record_point_p50_s": round(record[0], 4),
+        "record_point_p99_s": round(record[1], 4),
+        "fits_per_s": round(len(log.fit_s) / seconds, 2),
+        "fit_p50_s": round(fit[0], 4),
+        "fit_p99_s": round(fit[1], 4),
+        "curve_cpu": round(cpu_s / seconds, 3),
+        "redis_bytes_per_run": round(series_bytes / max(1, len(keys))),
+    }
+
+
 # ----- one simulation ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CurveSpec:
+    """The curve service's load (`--runs`, `--point-every-s`, `--fits-per-s`)."""
+
+    runs: int
+    point_every_s: float
+    fits_per_s: float
+
+
 def simulate(
-    spec: Spec, procs: int, batch: int, step_s: float, k: int, warmup_s: float, token: str
+    spec: Spec,
+    procs: int,
+    batch: int,
+    step_s: float,
+    k: int,
+    warmup_s: float,
+    token: str,
+    curve: CurveSpec,
 ) -> dict:
     client = redis.Redis.from_url(spec.redis_url)
     client.flushdb()
@@ -323,11 +469,34 @@ def simulate(
     )
     began = time.monotonic()
     intake.start()
+    window, curve_log = threading.Event(), CurveLog([], [])
+    service = None
+    if curve.runs:
+        folder = Path(tempfile.mkdtemp(prefix="fleet-sim-"))
+        service, address = start_curve_service(spec.redis_url, token, folder)
+        load = threading.Thread(
+            target=curve_load,
+            args=(
+                address,
+                curve.runs,
+                curve.point_every_s,
+                curve.fits_per_s,
+                window,
+                stop,
+                curve_log,
+            ),
+            daemon=True,
+        )
+        load.start()
     time.sleep(max(0.0, warmup_s - (time.monotonic() - began)))
+    window.set()
+    curve_cpu0 = _cpu_s(service)
     ops0, cpu0, t0 = _ops_cpu(client)
     (_, trained0, intake0), pushed0 = _trained_now(log), _pushed(client, spec)
     time.sleep(max(0.0, stop_at - time.monotonic() - 1.0))
     ops1, cpu1, t1 = _ops_cpu(client)
+    window.clear()
+    curve_cpu1 = _cpu_s(service)
     (_, trained1, intake1), pushed1 = _trained_now(log), _pushed(client, spec)
     scans = []
     for _ in range(5):
@@ -344,7 +513,15 @@ def simulate(
         "worker_stats_fields": client.hlen(run_keys.worker_stats),
         "worker_stats_seen": client.hlen(run_keys.worker_stats_seen),
     }
+    curve_result = (
+        curve_report(client, curve_log, curve_cpu1 - curve_cpu0, t1 - t0, curve.runs)
+        if service is not None
+        else None
+    )
     stop.set()
+    if service is not None:
+        service.terminate()
+        service.wait(30)
     for child in children:
         child.join(30)
     intake.join(30)
@@ -370,7 +547,15 @@ def simulate(
         "per_worker_state": per_worker_state,
         "simulation_lag_s": round(lag, 3),
         "ledger": ledger,
+        "curve": curve_result,
     }
+
+
+def _cpu_s(process: subprocess.Popen | None) -> float:
+    if process is None:
+        return 0.0
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
 
 
 def _trained_now(log: IntakeLog) -> tuple[float, int, float]:
@@ -428,6 +613,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lifetime-s", type=float, default=0.0, help="mean worker lifetime, seconds (0: no churn)"
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=0,
+        help="runs recording points on the curve service (0: no service)",
+    )
+    parser.add_argument(
+        "--point-every-s",
+        type=float,
+        default=300.0,
+        help="seconds between a run's points (an evaluation's period)",
+    )
+    parser.add_argument(
+        "--fits-per-s",
+        type=float,
+        default=1.0,
+        help="Fit queries of recorded runs per second (dashboards)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
     token = secrets.token_urlsafe(32)
@@ -446,8 +649,9 @@ def main(argv: list[str] | None = None) -> int:
                 capacity=(args.k + 1) * args.batch,
                 lifetime_s=args.lifetime_s,
             )
+            curve = CurveSpec(args.runs, args.point_every_s, args.fits_per_s)
             result = simulate(
-                spec, args.procs, args.batch, args.step_s, args.k, args.warmup_s, token
+                spec, args.procs, args.batch, args.step_s, args.k, args.warmup_s, token, curve
             )
             results.append(result)
             if not args.json:
