@@ -269,7 +269,7 @@ class Puller:
 
     def __init__(self, receivers: Receivers, payload: bytes) -> None:
         from learner_service.server import LearnerStatus, serve
-        from learner_service.weights.weight_store import WeightStore
+        from scalerl.policy.weight_store import WeightStore
         from scalerl.v1 import rollout_pb2
 
         self.receivers = receivers

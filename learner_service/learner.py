@@ -46,7 +46,6 @@ from learner_service.train.trainer import Trainer
 from learner_service.train.warmup import supervised_warmup, tool_demo, warmup_problems
 from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import make_sender
-from learner_service.weights.weight_store import WeightStore
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
@@ -56,6 +55,7 @@ from scalerl.offpolicy import consumer_for
 from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
+from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
 from scalerl.staleness import staleness

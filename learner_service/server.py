@@ -1,5 +1,5 @@
 """The learner's small gRPC `LearnerService`: GetStatus, and FetchWeights (the held
-payloads of `learner_service.weights.weight_store`, for `weights.transport: pull`)."""
+payloads of `scalerl.policy.weight_store`, for `weights.transport: pull`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from learner_service.weights.weight_store import WeightStore
+from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import LEARNER
 from scalerl.rpc.services import serve as serve_service
-from scalerl.v1 import learner_pb2, learner_pb2_grpc
+from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
 
 
 @dataclass
@@ -47,7 +47,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def GetStatus(self, request, context) -> learner_pb2.GetLearnerStatusResponse:
         return status_reply(self._status)
 
-    def FetchWeights(self, request, context) -> Iterator[learner_pb2.FetchWeightsChunk]:
+    def FetchWeights(self, request, context) -> Iterator[rollout_pb2.FetchWeightsChunk]:
         return self._weights.chunks(request)
 
 

@@ -27,6 +27,7 @@ from rollout_service.trajectories import TrajectoryTable
 from rollout_service.weights.broadcast import BroadcastReceiver
 from rollout_service.weights.receive import ByteBudget, receive_weights
 from scalerl.obs.logging import request_context
+from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import ROLLOUT, serve
@@ -45,8 +46,8 @@ class TextEncoder(Protocol):
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    """Generate / Interrupt / UpdateWeights / JoinWeightGroup / ReceiveWeights / GetStatus
-    over one engine.
+    """Generate / Interrupt / UpdateWeights / JoinWeightGroup / ReceiveWeights / GetStatus /
+    FetchWeights over one engine.
 
     tokenizer: a `scalerl.policy.models.PolicyTokenizer` (for prompt_text and interrupt text).
     default_interrupt_text: forced phrase when a request leaves it empty.
@@ -58,6 +59,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     UpdateWeights streams; one that does not fit is answered RESOURCE_EXHAUSTED.
     broadcast: the worker's membership in the weight group (weight transport `broadcast`);
     None: JoinWeightGroup and ReceiveWeights answer FAILED_PRECONDITION.
+    relay_store: the version this worker relays to peers (`learner.weights.relay_fanout`);
+    None: FetchWeights answers FAILED_PRECONDITION.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         max_inflight_weight_bytes: int = DEFAULT_INFLIGHT_WEIGHT_BYTES,
         broadcast: BroadcastReceiver | None = None,
         trajectories: TrajectoryTable | None = None,
+        relay_store: WeightStore | None = None,
     ) -> None:
         self._engine = engine
         self._trajectories = TrajectoryTable() if trajectories is None else trajectories
@@ -89,6 +93,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._weights_root = weights_root or None
         self._weight_budget = ByteBudget(max_inflight_weight_bytes)
         self._broadcast = broadcast
+        self._relay_store = relay_store
 
     def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.ServicerContext
@@ -152,6 +157,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self._metrics.weight_update_seconds.observe(seconds)
         log.info("broadcast weights of policy version %d applied in %.3fs", version, seconds)
         return rollout_pb2.UpdateWeightsResponse(policy_version=version, seconds=seconds)
+
+    def FetchWeights(
+        self, request: rollout_pb2.FetchWeightsRequest, context: grpc.ServicerContext
+    ) -> Iterator[rollout_pb2.FetchWeightsChunk]:
+        if self._relay_store is None:
+            raise FailedPrecondition(
+                "learner.weights.relay_fanout: this worker does not relay weights (0)"
+            )
+        return self._relay_store.chunks(request)
 
     def _broadcast_receiver(self) -> BroadcastReceiver:
         if self._broadcast is None:

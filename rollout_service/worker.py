@@ -32,6 +32,7 @@ from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
 from rollout_service.trajectories import TrajectoryTable
 from rollout_service.weights.follower import WeightFollower, make_follower
+from rollout_service.weights.relay import make_relay
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
 from scalerl.length_control import check_budgets
@@ -104,8 +105,9 @@ class RolloutWorker:
         rollout = self.config.rollout
         self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics)
         del model  # engines that load the model folder themselves need no torch copy
+        relay = make_relay(self.config, self.client, self.registry, self.worker_id)
         self.follower = make_follower(
-            self.config, self.engine, self.state.versions, self.resolved.device
+            self.config, self.engine, self.state.versions, self.resolved.device, relay
         )
         servicer = RolloutServicer(
             self.engine,
@@ -120,6 +122,7 @@ class RolloutWorker:
             max_inflight_weight_bytes=self.config.security.max_inflight_weight_bytes,
             trajectories=self.trajectories,
             broadcast=self.follower.broadcast,
+            relay_store=relay.store if relay else None,
         )
         self.server, self.port, ready_health = start_server(servicer, self.port, self.host)
         ready_health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)

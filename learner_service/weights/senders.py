@@ -26,8 +26,8 @@ import torch
 
 from learner_service.weights.broadcast import Delivery, WeightBroadcaster
 from learner_service.weights.catch_up import WeightCatchUp
-from learner_service.weights.weight_store import WeightStore
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig, StreamWeights, UriWeights
+from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import weights_requests
 from scalerl.ports import free_port
 from scalerl.rpc.clients.rollout import RolloutClient

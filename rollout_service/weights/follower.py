@@ -31,6 +31,7 @@ from rollout_service.engines.api import RolloutEngine
 from rollout_service.weights.broadcast import BroadcastReceiver
 from rollout_service.weights.pull import POLL_S, pull_weights
 from rollout_service.weights.receive import WeightsError, receive_weights
+from rollout_service.weights.relay import RelayFetcher
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig
 from scalerl.policy.weights import weights_uri_request
 from scalerl.state.version_board import VersionBoard, WeightsRef
@@ -45,7 +46,9 @@ class WeightFollower:
     weights_root: the folder `uri` payloads must lie in (None: every uri refused). pulls:
     the learner holds the versions for the workers to fetch (nothing is pushed). k: the
     READY rule's bound, `learner.off_policy_k`. period_s: how often `follow` checks.
-    broadcast: this worker's member of the broadcast group, or None."""
+    broadcast: this worker's member of the broadcast group, or None. relay: fetches
+    through the weight relay (and holds what it loaded for peers), or None: from the
+    learner."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class WeightFollower:
         k: int,
         period_s: float,
         broadcast: BroadcastReceiver | None = None,
+        relay: RelayFetcher | None = None,
     ) -> None:
         self.engine = engine
         self.board = board
@@ -64,6 +68,7 @@ class WeightFollower:
         self.k = k
         self.period_s = period_s
         self.broadcast = broadcast
+        self.relay = relay
         self._startup_version = engine.policy_version
         self._loaded = False
 
@@ -104,14 +109,17 @@ class WeightFollower:
             return False
         if ref.source:  # the broadcast's template is the layout of what was pulled
             engine = self.broadcast.recording(self.engine) if self.broadcast else self.engine
-            version, seconds = pull_weights(ref, engine)
-            log.info(
-                "pulled policy version %d (%d bytes) from %s in %.2fs",
-                version,
-                ref.total_bytes,
-                ref.source,
-                seconds,
-            )
+            if self.relay is not None:  # it logs where the version came from
+                self.relay.pull(ref, engine, pin=ref == self.board.base())
+            else:
+                version, seconds = pull_weights(ref, engine)
+                log.info(
+                    "pulled policy version %d (%d bytes) from %s in %.2fs",
+                    version,
+                    ref.total_bytes,
+                    ref.source,
+                    seconds,
+                )
         else:
             receive_weights(
                 [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
@@ -170,12 +178,17 @@ class WeightFollower:
 
 
 def make_follower(
-    config: RunConfig, engine: RolloutEngine, board: VersionBoard, device: str = "cpu"
+    config: RunConfig,
+    engine: RolloutEngine,
+    board: VersionBoard,
+    device: str = "cpu",
+    relay: RelayFetcher | None = None,
 ) -> WeightFollower:
     """The follower of `config.learner.weights`: pull transports check every
     `POLL_S` seconds at most (nothing is pushed), push transports every heartbeat; the
     broadcast transport's follower is a member of the weight group, its tensors on
-    `device` (the engine's) when the group runs over nccl."""
+    `device` (the engine's) when the group runs over nccl. relay: the worker's
+    `make_relay` (None: fetch from the learner)."""
     weights = config.learner.weights
     pulls = isinstance(weights, PullWeights | BroadcastWeights)
     heartbeat = config.rollout.heartbeat_s
@@ -191,4 +204,5 @@ def make_follower(
             if isinstance(weights, BroadcastWeights)
             else None
         ),
+        relay=relay,
     )

@@ -1,6 +1,7 @@
 """Weight transport `pull`, the rollout worker's side: fetch an announced version from the
-learner's FetchWeights (proto/scalerl/v1/learner.proto) and stage it through the same
-checks as a streamed UpdateWeights (`rollout_service.weights.receive_weights`).
+learner's FetchWeights (proto/scalerl/v1/learner.proto), or from a relaying peer's
+(RolloutService.FetchWeights, `rollout_service.weights.relay`), and stage it through the
+same checks as a streamed UpdateWeights (`rollout_service.weights.receive_weights`).
 
 Every chunk is checked as it arrives (its offset follows the previous chunk, its bytes
 hash to the sha256 it carries) and the header must match the announcement (version,
@@ -16,19 +17,28 @@ import hashlib
 import time
 from collections.abc import Generator
 from contextlib import closing
+from dataclasses import dataclass
 
 import grpc
 
 from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.receive import WeightsError, receive_weights
+from rollout_service.weights.receive import Keep, WeightsError, receive_weights
 from scalerl.rpc.channel import channel
-from scalerl.rpc.services import LEARNER
+from scalerl.rpc.services import LEARNER, ROLLOUT
 from scalerl.state.version_board import WeightsRef
-from scalerl.v1 import learner_pb2, rollout_pb2
+from scalerl.v1 import rollout_pb2
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
 RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
 POLL_S = 0.5  # how often a pulling worker looks for a newer announcement, seconds
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A relaying worker serving FetchWeights (RolloutService), at `address` (host:port)."""
+
+    worker_id: str
+    address: str
 
 
 def pull_weights(
@@ -36,35 +46,45 @@ def pull_weights(
     engine: RolloutEngine,
     timeout_s: float = FETCH_TIMEOUT_S,
     apply_timeout_s: float = 120.0,
+    peer: Peer | None = None,
+    keep: Keep | None = None,
 ) -> tuple[int, float]:
-    """Fetch `ref`'s payload from `ref.source`, verify it, stage it on `engine` and wait
-    until it serves. Returns (policy_version, seconds from the first message to the swap).
+    """Fetch `ref`'s payload from `ref.source` (or from `peer`), verify it against `ref`,
+    stage it on `engine` and wait until it serves. Returns (policy_version, seconds from
+    the first message to the swap).
 
-    timeout_s: deadline of the fetch (seconds); apply_timeout_s: of the swap. Raises
-    WeightsError: `source` (no source, the learner unreachable, the deadline passed),
-    `version` (the learner no longer holds it: fetch the newer announcement), `header`
-    (the stream's header differs from `ref`), `chunk` (a chunk out of order or damaged:
-    the message names its offset), `total_bytes` / `sha256` (the whole payload), or what
-    `receive_weights` raises; nothing is staged then."""
+    timeout_s: deadline of the fetch (seconds); apply_timeout_s: of the swap. keep: given
+    the header and the payload once its sha256 matched `ref` (a relaying worker holds it).
+    Raises WeightsError: `source` (no source, the source unreachable, the deadline
+    passed), `version` (the source no longer holds it: fetch the newer announcement),
+    `header` (the stream's header differs from `ref`), `chunk` (a chunk out of order or
+    damaged: the message names its offset), `total_bytes` / `sha256` (the whole payload),
+    or what `receive_weights` raises; nothing is staged then. A peer's stream passes the
+    same checks against the learner's announcement (`ref`), so a peer cannot alter it."""
     if not ref.source:
         raise WeightsError("source", f"policy version {ref.version} has no FetchWeights source")
-    with closing(fetched_requests(ref, timeout_s)) as requests:
-        return receive_weights(requests, engine, apply_timeout_s)
+    with closing(fetched_requests(ref, timeout_s, peer=peer)) as requests:
+        return receive_weights(requests, engine, apply_timeout_s, keep=keep)
 
 
 def fetched_requests(
-    ref: WeightsRef, timeout_s: float = FETCH_TIMEOUT_S, resumes: int = RESUMES
+    ref: WeightsRef,
+    timeout_s: float = FETCH_TIMEOUT_S,
+    resumes: int = RESUMES,
+    peer: Peer | None = None,
 ) -> Generator[rollout_pb2.UpdateWeightsRequest, None, None]:
     """The UpdateWeights messages (header, then chunks in order) of `ref`'s payload, as
-    FetchWeights from `ref.source` streams them, each chunk checked before it is yielded.
+    FetchWeights from `ref.source` (or `peer`) streams them, each chunk checked before it
+    is yielded.
 
     Raises WeightsError as `pull_weights` says, while iterating."""
     deadline = time.monotonic() + timeout_s
     offset, header_sent = 0, False
-    with channel(ref.source_address) as ch:
-        stub = LEARNER.stub(ch)
+    address = peer.address if peer else ref.source_address
+    with channel(address) as ch:
+        stub = ROLLOUT.stub(ch) if peer else LEARNER.stub(ch)
         for attempt in range(resumes + 1):
-            request = learner_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
+            request = rollout_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
             call = stub.FetchWeights(request, timeout=max(deadline - time.monotonic(), 0.001))
             try:
                 for message in call:
@@ -80,12 +100,12 @@ def fetched_requests(
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < resumes and offset:
                     continue  # resume from the next byte
-                raise _fetch_error(exc, ref, offset) from exc
+                raise _fetch_error(exc, ref, offset, peer) from exc
             finally:
                 call.cancel()
 
 
-def _check_header(message: learner_pb2.FetchWeightsChunk, ref: WeightsRef) -> None:
+def _check_header(message: rollout_pb2.FetchWeightsChunk, ref: WeightsRef) -> None:
     if not message.HasField("header"):
         raise WeightsError("header", "the first FetchWeights message carries no header")
     header = message.header
@@ -98,7 +118,7 @@ def _check_header(message: learner_pb2.FetchWeightsChunk, ref: WeightsRef) -> No
         )
 
 
-def _check_chunk(message: learner_pb2.FetchWeightsChunk, offset: int) -> None:
+def _check_chunk(message: rollout_pb2.FetchWeightsChunk, offset: int) -> None:
     if message.offset != offset:
         raise WeightsError(
             "chunk", f"chunk at offset {message.offset} arrived where offset {offset} was due"
@@ -112,13 +132,16 @@ def _check_chunk(message: learner_pb2.FetchWeightsChunk, offset: int) -> None:
         )
 
 
-def _fetch_error(exc: grpc.RpcError, ref: WeightsRef, offset: int) -> WeightsError:
+def _fetch_error(
+    exc: grpc.RpcError, ref: WeightsRef, offset: int, peer: Peer | None
+) -> WeightsError:
     code, details = exc.code(), exc.details()
     if code == grpc.StatusCode.NOT_FOUND:
         message = (details or "").removeprefix("version: ")
         return WeightsError("version", message or f"policy version {ref.version} not held")
+    source = f"worker {peer.worker_id} at {peer.address}" if peer else ref.source
     return WeightsError(
         "source",
-        f"FetchWeights of policy version {ref.version} from {ref.source} failed after "
+        f"FetchWeights of policy version {ref.version} from {source} failed after "
         f"{offset} bytes: {code.name} {details}",
     )

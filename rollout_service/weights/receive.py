@@ -30,7 +30,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
@@ -53,6 +53,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # every other field is a bad request (INVALID_ARGUMENT).
 DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
 _HASH_BLOCK_BYTES = 4 * 1024**2
+# Given a streamed payload's header and bytes once they matched its sha256 (a relaying
+# worker holds them for its peers, `rollout_service.weights.relay`).
+Keep = Callable[[rollout_pb2.WeightsHeader, bytes], None]
 # The one answer to every unusable `uri` (it must not tell files apart).
 URI_REFUSED = "no weights file at this uri inside the worker's weights root"
 
@@ -84,6 +87,7 @@ def receive_weights(
     apply_timeout_s: float = 120.0,
     weights_root: str | Path | None = None,
     budget: ByteBudget | None = None,
+    keep: Keep | None = None,
 ) -> tuple[int, float]:
     """Read an UpdateWeights stream, verify it, stage it on `engine` and wait until the new
     weights serve (with `header.adapter`: the payload's adapter, served under that name
@@ -92,7 +96,8 @@ def receive_weights(
 
     weights_root: the folder a `uri` must lie in (None: `uri` refused). budget: the
     worker's cap on buffered streamed bytes; a stream whose total_bytes does not fit is
-    refused with ResourceExhausted before its chunks are read.
+    refused with ResourceExhausted before its chunks are read. keep: given the header and
+    the streamed payload once its sha256 matched, before it is parsed.
     Raises WeightsError (the engine's InvalidArgument keeps its field: state_dict or
     payload), ResourceExhausted, or the engine's EngineStopped; the engine then serves the
     old version (after an `apply` timeout the update is cancelled unless the swap already
@@ -113,6 +118,8 @@ def receive_weights(
             with budget.hold(header.total_bytes) if budget else _nothing():
                 payload = _read_chunks(iterator, header.total_bytes)
                 _check_digest(hashlib.sha256(payload).hexdigest(), header.sha256)
+                if keep is not None:
+                    keep(header, payload)
                 state_dict = _parse(payload)
                 del payload
             if header.adapter:

@@ -29,9 +29,21 @@ class StreamWeights(_Section):
 
 class PullWeights(_Section):
     """The learner holds the newest two versions in RAM and every worker fetches the latest
-    itself (FetchWeights, checksummed chunks; no shared disk)."""
+    itself (FetchWeights, checksummed chunks; no shared disk); with `relay_fanout`, workers
+    that loaded a version serve it to their peers."""
 
     transport: Literal["pull"] = "pull"
+    relay_fanout: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Weight relay: each worker that loaded a version serves it to at most "
+        "this many peers at once, and the learner to as many; a fetcher takes the least "
+        "busy holder. Publishing to N workers then takes about log_(f+1)(N) payload "
+        "transfers of one uplink instead of N of the learner's. Every peer's bytes are "
+        "checked against the learner's signed announcement. A relaying worker keeps the "
+        "payload it loaded in RAM. 0 = every worker fetches from the learner.",
+    )
 
 
 class BroadcastWeights(_Section):

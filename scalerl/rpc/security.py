@@ -9,8 +9,9 @@ metadata `authorization: Bearer <token>`; servers compare it in constant time
 Privileged are the RPCs that change a run or spend its accelerators: UpdateWeights (replaces
 the policy), Interrupt (cuts a request short), Generate (only the learner's evaluator calls
 it; anyone else would spend the workers' decode slots and the run's compute), RecordPoint
-and TrimRun (write the run's curve), and FetchWeights: it changes nothing, but it hands out
-the policy itself and spends the learner's network, so only the run's workers may call it.
+and TrimRun (write the run's curve), and FetchWeights (the learner's, and a relaying
+worker's): it changes nothing, but it hands out the policy itself and spends the server's
+network, so only the run's workers may call it.
 The other reads stay open, so dashboards and `scalerl curve` need no secret: GetStatus of
 both services, Fit / Extrapolate / CompareRuns (pure functions of the request or of stored
 points, nothing is written), GetRun, and health and reflection.
@@ -38,6 +39,7 @@ PRIVILEGED_METHODS = frozenset(
         "/scalerl.v1.RolloutService/UpdateWeights",
         "/scalerl.v1.RolloutService/JoinWeightGroup",
         "/scalerl.v1.RolloutService/ReceiveWeights",
+        "/scalerl.v1.RolloutService/FetchWeights",
         "/scalerl.v1.LearnerService/FetchWeights",
         "/scalerl.v1.CurveService/RecordPoint",
         "/scalerl.v1.CurveService/TrimRun",

@@ -117,6 +117,10 @@ class RunKeys:
         # The ids of the registered workers (a set), so listing them costs O(workers),
         # not a SCAN of the whole keyspace; an id whose entry expired is pruned on read.
         self.workers_index = run_key(run_id, "workers_index")
+        # Weight relay, per policy version: `relay:{version}:holders` (a set of the workers
+        # that hold it and serve it to peers) and `relay:{version}:claims` (a hash: fetching
+        # worker -> "source|lease deadline in ms"), both with a TTL (`weight_relay`).
+        self.relay_prefix = run_key(run_id, "relay") + ":"
         # Launcher-managed rollout workers wanted (an integer; `scalerl workers add|remove`).
         self.fleet_target = run_key(run_id, "fleet", "launcher_workers")
         # Per-worker accounting (hash: "{worker_id}|{stat}" -> value; `worker_stats`).
@@ -146,6 +150,11 @@ class RunKeys:
     def once(self, writer: str) -> str:
         """The idempotency key of one writer (`scalerl.state.once.OpId.writer`)."""
         return self.once_prefix + writer
+
+    def relay(self, version: int) -> tuple[str, str]:
+        """The weight relay's (holders, claims) keys of one policy version."""
+        prefix = f"{self.relay_prefix}{int(version)}:"
+        return prefix + "holders", prefix + "claims"
 
     def pool_keys(self, task: str) -> PoolKeys:
         """The prompt pool keys of one task, `scalerl:{run_id}:pool:{task}:...`. Raises

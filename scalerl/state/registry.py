@@ -163,14 +163,28 @@ class WorkerRegistry:
             if value is None:
                 expired.append((worker_id, key))
                 continue
-            data = _load(value)
-            sig = data.pop(SIG_FIELD, None)
-            if self._signer.verify("worker", self._entry(worker_id), data, sig):
-                found[worker_id] = _parse(data)
+            info = self._verified(worker_id, value)
+            if info is not None:
+                found[worker_id] = info
         if expired:
             gone_ids, gone_keys = zip(*expired, strict=True)
             self._prune(keys=[self._index, *gone_keys], args=list(gone_ids))
         return found
+
+    def info(self, worker_id: str) -> WorkerInfo | None:
+        """One worker's entry, or None when it is not registered (expired, left) or not
+        signed with the run's secret. Raises ValueError for an id outside
+        `WORKER_ID_PATTERN`."""
+        value = self._client.get(self._keys.worker(worker_id))
+        return None if value is None else self._verified(worker_id, value)
+
+    def _verified(self, worker_id: str, value: bytes | str) -> WorkerInfo | None:
+        """The entry `value` of `worker_id`, or None when its signature does not check."""
+        data = _load(value)
+        sig = data.pop(SIG_FIELD, None)
+        if not self._signer.verify("worker", self._entry(worker_id), data, sig):
+            return None
+        return _parse(data)
 
     def _entry(self, worker_id: str) -> str:
         return f"{self._run_id}/{worker_id}"

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from scalerl.v1 import rollout_pb2 as scalerl_dot_v1_dot_rollout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scalerl/v1/learner.proto\x12\nscalerl.v1\x1a\x18scalerl/v1/rollout.proto\"\x19\n\x17GetLearnerStatusRequest\"\xa3\x02\n\x18GetLearnerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x15\n\rcompute_hours\x18\x03 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12K\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x35.scalerl.v1.GetLearnerStatusResponse.LastMetricsEntry\x12\x1e\n\x11heldout_pass_rate\x18\x06 \x01(\x01H\x00\x88\x01\x01\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x14\n\x12_heldout_pass_rate\"6\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"l\n\x11\x46\x65tchWeightsChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.scalerl.v1.WeightsHeader\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t2\xba\x01\n\x0eLearnerService\x12V\n\tGetStatus\x12#.scalerl.v1.GetLearnerStatusRequest\x1a$.scalerl.v1.GetLearnerStatusResponse\x12P\n\x0c\x46\x65tchWeights\x12\x1f.scalerl.v1.FetchWeightsRequest\x1a\x1d.scalerl.v1.FetchWeightsChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scalerl/v1/learner.proto\x12\nscalerl.v1\x1a\x18scalerl/v1/rollout.proto\"\x19\n\x17GetLearnerStatusRequest\"\xa3\x02\n\x18GetLearnerStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x15\n\rcompute_hours\x18\x03 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12K\n\x0clast_metrics\x18\x05 \x03(\x0b\x32\x35.scalerl.v1.GetLearnerStatusResponse.LastMetricsEntry\x12\x1e\n\x11heldout_pass_rate\x18\x06 \x01(\x01H\x00\x88\x01\x01\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x14\n\x12_heldout_pass_rate2\xba\x01\n\x0eLearnerService\x12V\n\tGetStatus\x12#.scalerl.v1.GetLearnerStatusRequest\x1a$.scalerl.v1.GetLearnerStatusResponse\x12P\n\x0c\x46\x65tchWeights\x12\x1f.scalerl.v1.FetchWeightsRequest\x1a\x1d.scalerl.v1.FetchWeightsChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,10 +40,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETLEARNERSTATUSRESPONSE']._serialized_end=385
   _globals['_GETLEARNERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=313
   _globals['_GETLEARNERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=363
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=387
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=441
-  _globals['_FETCHWEIGHTSCHUNK']._serialized_start=443
-  _globals['_FETCHWEIGHTSCHUNK']._serialized_end=551
-  _globals['_LEARNERSERVICE']._serialized_start=554
-  _globals['_LEARNERSERVICE']._serialized_end=740
+  _globals['_LEARNERSERVICE']._serialized_start=388
+  _globals['_LEARNERSERVICE']._serialized_end=574
 # @@protoc_insertion_point(module_scope)

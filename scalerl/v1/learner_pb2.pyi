@@ -3,7 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -33,23 +33,3 @@ class GetLearnerStatusResponse(_message.Message):
     last_metrics: _containers.ScalarMap[str, float]
     heldout_pass_rate: float
     def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., compute_hours: _Optional[float] = ..., queue_depth: _Optional[int] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., heldout_pass_rate: _Optional[float] = ...) -> None: ...
-
-class FetchWeightsRequest(_message.Message):
-    __slots__ = ("version", "offset")
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    version: int
-    offset: int
-    def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
-
-class FetchWeightsChunk(_message.Message):
-    __slots__ = ("header", "offset", "data", "sha256")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
-    header: _rollout_pb2.WeightsHeader
-    offset: int
-    data: bytes
-    sha256: str
-    def __init__(self, header: _Optional[_Union[_rollout_pb2.WeightsHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ...) -> None: ...

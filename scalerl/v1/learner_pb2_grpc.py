@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from scalerl.v1 import learner_pb2 as scalerl_dot_v1_dot_learner__pb2
+from scalerl.v1 import rollout_pb2 as scalerl_dot_v1_dot_rollout__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -41,8 +42,8 @@ class LearnerServiceStub:
                 _registered_method=True)
         self.FetchWeights = channel.unary_stream(
                 '/scalerl.v1.LearnerService/FetchWeights',
-                request_serializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.SerializeToString,
-                response_deserializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.FromString,
+                request_serializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.FromString,
                 _registered_method=True)
 
 
@@ -72,8 +73,8 @@ def add_LearnerServiceServicer_to_server(servicer, server):
             ),
             'FetchWeights': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchWeights,
-                    request_deserializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.FromString,
-                    response_serializer=scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.SerializeToString,
+                    request_deserializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -128,8 +129,8 @@ class LearnerService:
             request,
             target,
             '/scalerl.v1.LearnerService/FetchWeights',
-            scalerl_dot_v1_dot_learner__pb2.FetchWeightsRequest.SerializeToString,
-            scalerl_dot_v1_dot_learner__pb2.FetchWeightsChunk.FromString,
+            scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
+            scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.FromString,
             options,
             channel_credentials,
             insecure,

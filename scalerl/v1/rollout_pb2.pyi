@@ -194,6 +194,26 @@ class GetRolloutStatusResponse(_message.Message):
     tokens_generated: int
     def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., active_requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
 
+class FetchWeightsRequest(_message.Message):
+    __slots__ = ("version", "offset")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    offset: int
+    def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class FetchWeightsChunk(_message.Message):
+    __slots__ = ("header", "offset", "data", "sha256")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    header: WeightsHeader
+    offset: int
+    data: bytes
+    sha256: str
+    def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ...) -> None: ...
+
 class Sample(_message.Message):
     __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed", "environment", "turns", "tool_calls", "tool_errors")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class RolloutServiceStub:
                 request_serializer=scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.FetchWeights = channel.unary_stream(
+                '/scalerl.v1.RolloutService/FetchWeights',
+                request_serializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -110,6 +115,17 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchWeights(self, request, context):
+        """Privileged. Weight relay (`learner.weights.relay_fanout` > 0): the chunks of a version
+        this worker loaded, as the learner's FetchWeights sends them (NOT_FOUND naming
+        `version` for one it does not hold, FAILED_PRECONDITION when it does not relay). The
+        fetcher checks them against the learner's signed announcement, never against this
+        worker's word.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +158,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ReceiveWeights,
                     request_deserializer=scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'FetchWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchWeights,
+                    request_deserializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +327,33 @@ class RolloutService:
             '/scalerl.v1.RolloutService/ReceiveWeights',
             scalerl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
             scalerl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/scalerl.v1.RolloutService/FetchWeights',
+            scalerl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
+            scalerl_dot_v1_dot_rollout__pb2.FetchWeightsChunk.FromString,
             options,
             channel_credentials,
             insecure,

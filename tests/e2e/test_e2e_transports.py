@@ -1,7 +1,8 @@
 """End to end without shared disk: the tiny job trains through to its end with
 `learner.weights.transport=pull` (every worker fetches each new version from the learner's
-FetchWeights) and with `broadcast` (workers pull v0 to join, then the learner's weight
-group broadcasts every version to the READY ones)."""
+FetchWeights; with `relay_fanout`, from a worker that holds it when one does) and with
+`broadcast` (workers pull v0 to join, then the learner's weight group broadcasts every
+version to the READY ones)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from scalerl.run_folder import StepRecord, read_records
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 15
-PULLED = re.compile(r"pulled policy version (\d+) \(\d+ bytes\) from grpc://127\.0\.0\.1:\d+")
+PULLED = re.compile(
+    r"policy version (\d+) \(\d+ bytes\) from (?:grpc://127\.0\.0\.1:\d+|the learner|worker (\S+))"
+)
 BROADCAST = re.compile(r"broadcast weights of policy version (\d+) applied")
 EPOCH = re.compile(r"weight group epoch (\d+) formed \(\w+\): (.*)")
 
@@ -27,6 +30,7 @@ EPOCH = re.compile(r"weight group epoch (\d+) formed \(\w+\): (.*)")
     ("transport", "lora"),
     [
         pytest.param("pull", False, marks=pytest.mark.slow),
+        pytest.param("pull-relay", False, marks=pytest.mark.slow),
         pytest.param("broadcast", False, marks=pytest.mark.system),
         pytest.param("broadcast", True, marks=pytest.mark.system, id="broadcast-lora"),
     ],
@@ -39,7 +43,8 @@ def test_tiny_run_without_shared_disk(tmp_path, transport, lora):
     args += ["--run-dir", str(run_dir)]
     # A shorter warm-up than the tiny job's: this run checks the transport, not the learning.
     overrides = (
-        f"learner.weights.transport={transport}",
+        f"learner.weights.transport={transport.removesuffix('-relay')}",
+        *(["learner.weights.relay_fanout=1"] if transport == "pull-relay" else []),
         f"learner.max_steps={STEPS}",
         "model.warmup_steps=100",
         *(["learner.lora.rank=8"] if lora else []),
@@ -57,14 +62,19 @@ def test_tiny_run_without_shared_disk(tmp_path, transport, lora):
     assert versions == list(itertools.accumulate(int(m.stepped) for m in steps)), versions
     assert versions[-1] >= STEPS // 2, versions
     assert all(m.staleness_max <= 2 for m in steps)  # the tiny config's k
+    relayed = []
     for worker in ("rollout-0", "rollout-1"):
         log = (run_dir / "logs" / f"{worker}.log").read_text()
-        pulled = [int(v) for v in PULLED.findall(log)]
+        found = PULLED.findall(log)
+        pulled = [int(v) for v, _ in found]
+        relayed += [peer for _, peer in found if peer]
         assert pulled[:1] == [0], f"{worker} did not start on a pulled v0: {log[-2000:]}"
         received = sorted(pulled + [int(v) for v in BROADCAST.findall(log)])
         assert received == sorted(set(received)) and received[-1] >= STEPS // 2, received
         if transport == "broadcast":  # after v0 the group delivers (a pull is a fallback)
             assert len(received) - len(pulled) >= STEPS // 2, (pulled, received)
+    # Each worker fetches a version from the other when the other got it first.
+    assert bool(relayed) == (transport == "pull-relay"), relayed
     if transport == "broadcast":
         learner_log = (run_dir / "logs" / "learner.log").read_text()
         epochs = EPOCH.findall(learner_log)

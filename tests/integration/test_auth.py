@@ -21,11 +21,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
-from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import serialize_state_dict, weights_requests
 from scalerl.rpc.channel import channel
 from scalerl.rpc.clients.curve import CurveClient
@@ -267,7 +267,7 @@ def test_fetch_weights_hands_the_policy_only_to_a_caller_with_the_token(security
         payload,
     )
     server, port = serve_learner(LearnerStatus(), security=Security(token=TOKEN), weights=store)
-    request = learner_pb2.FetchWeightsRequest(version=3)
+    request = rollout_pb2.FetchWeightsRequest(version=3)
 
     def fetch(caller: Security) -> list:
         with channel(f"127.0.0.1:{port}", caller) as ch:

@@ -25,11 +25,11 @@ from proto_strategies import messages, near
 from curve_service.server import serve as serve_curve
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
-from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
 from scalerl.v1 import curve_pb2, learner_pb2, rollout_pb2
@@ -56,6 +56,7 @@ RPCS = [
     (rollout_pb2, "RolloutService", "GetStatus", "GetRolloutStatusRequest", False, False),
     (rollout_pb2, "RolloutService", "JoinWeightGroup", "JoinWeightGroupRequest", False, False),
     (rollout_pb2, "RolloutService", "ReceiveWeights", "ReceiveWeightsRequest", False, False),
+    (rollout_pb2, "RolloutService", "FetchWeights", "FetchWeightsRequest", False, True),
     (curve_pb2, "CurveService", "Fit", "FitRequest", False, False),
     (curve_pb2, "CurveService", "Extrapolate", "ExtrapolateRequest", False, False),
     (curve_pb2, "CurveService", "RecordPoint", "RecordPointRequest", False, False),
@@ -63,7 +64,7 @@ RPCS = [
     (curve_pb2, "CurveService", "GetRun", "GetRunRequest", False, False),
     (curve_pb2, "CurveService", "CompareRuns", "CompareRunsRequest", False, False),
     (learner_pb2, "LearnerService", "GetStatus", "GetLearnerStatusRequest", False, False),
-    (learner_pb2, "LearnerService", "FetchWeights", "FetchWeightsRequest", False, True),
+    (rollout_pb2, "LearnerService", "FetchWeights", "FetchWeightsRequest", False, True),
 ]
 # Reply types not named after their request (`...Request` -> `...Response`).
 REPLY_TYPES = {"FetchWeights": "FetchWeightsChunk", "ReceiveWeights": "UpdateWeightsResponse"}
@@ -100,7 +101,7 @@ VALID = {
     ),
     "TrimRun": curve_pb2.TrimRunRequest(run_id="r1", max_compute=1.0),
     "GetRun": curve_pb2.GetRunRequest(run_id="r1"),
-    "FetchWeights": learner_pb2.FetchWeightsRequest(version=1, offset=10),
+    "FetchWeights": rollout_pb2.FetchWeightsRequest(version=1, offset=10),
     # The fuzzed worker has no weight group (transport uri): FAILED_PRECONDITION after
     # the checks that come first.
     "ReceiveWeights": rollout_pb2.ReceiveWeightsRequest(epoch=1, version=2),

@@ -23,10 +23,10 @@ from learner_service.server import LearnerStatus, serve
 from learner_service.weights.broadcast import WeightBroadcaster
 from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import BroadcastSender
-from learner_service.weights.weight_store import WeightStore
 from rollout_service.server import RolloutServicer
 from rollout_service.weights.broadcast import BroadcastReceiver
 from scalerl.policy.weight_group import tensor_sha256
+from scalerl.policy.weight_store import WeightStore
 from scalerl.ports import free_port
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security

@@ -10,7 +10,6 @@ import hashlib
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 
 import grpc
@@ -24,13 +23,13 @@ from safetensors.torch import save as save_safetensors
 from learner_service.server import LearnerStatus, serve
 from learner_service.weights.publish import WeightPublisher
 from learner_service.weights.senders import PullSender
-from learner_service.weights.weight_store import WeightStore
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.weights.pull import pull_weights
 from rollout_service.weights.receive import WeightsError
 from rollout_service.worker import RolloutWorker
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
+from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import serialize_state_dict
 from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import Unavailable
@@ -38,28 +37,11 @@ from scalerl.rpc.security import Security
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.state.version_board import WeightsRef
-from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+from scalerl.v1 import learner_pb2_grpc, rollout_pb2
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0
 CHUNK = 64 * 1024
-
-
-class FakeEngine:
-    """The engine surface weight loading uses; a staged state dict serves at once."""
-
-    def __init__(self, version: int = 0) -> None:
-        self.policy_version = version
-        self.tokens_generated = 0
-        self.active_requests = 0
-        self.staged: list[tuple[int, dict[str, torch.Tensor]]] = []
-
-    def stage_weights(self, state_dict: dict, version: int) -> Future:
-        self.staged.append((version, state_dict))
-        self.policy_version = version
-        future: Future = Future()
-        future.set_result(version)
-        return future
 
 
 def make_worker(client: redis.Redis, run_id: str, engine) -> RolloutWorker:
@@ -131,7 +113,7 @@ def test_a_worker_that_joins_after_v5_loads_v5_before_it_is_ready(
     v5 = store.get(5)[1]
     assert (ref.total_bytes, ref.sha256) == (len(v5), hashlib.sha256(v5).hexdigest())
 
-    engine = FakeEngine()
+    engine = fakes.FakeEngine()
     worker = make_worker(redis_client, run_id, engine)
     assert not worker.ready
     assert worker._await_initial_weights(threading.Event())
@@ -190,7 +172,7 @@ def test_workers_fetch_in_parallel_each_on_its_own_stream(
     payload = save_safetensors({"w": torch.arange(200_000, dtype=torch.float32)})
     store.put(header_of(payload, 3), payload)
     ref = WeightsRef(3, "", hashlib.sha256(payload).hexdigest(), len(payload), source=source)
-    engines = [FakeEngine() for _ in range(4)]
+    engines = [fakes.FakeEngine() for _ in range(4)]
     threads = [threading.Thread(target=pull_weights, args=(ref, e, TIMEOUT_S)) for e in engines]
     for thread in threads:
         thread.start()
@@ -209,7 +191,7 @@ class CorruptingStore(WeightStore):
         super().__init__(chunk_bytes=CHUNK)
         self.at, self.consistent = at, consistent
 
-    def _stream(self, header, payload, offset, digests) -> Iterator[learner_pb2.FetchWeightsChunk]:
+    def _stream(self, header, payload, offset, digests) -> Iterator[rollout_pb2.FetchWeightsChunk]:
         for chunk in super()._stream(header, payload, offset, digests):
             if chunk.offset == self.at:
                 data = bytearray(chunk.data)
@@ -272,7 +254,7 @@ def test_an_intact_fetch_swaps_the_torch_engine(
         engine.stop()
 
 
-def fetch(source: str, request: learner_pb2.FetchWeightsRequest, security=None) -> list:
+def fetch(source: str, request: rollout_pb2.FetchWeightsRequest, security=None) -> list:
     with channel(source.removeprefix("grpc://"), security or Security()) as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
         return list(stub.FetchWeights(request, timeout=TIMEOUT_S))
@@ -289,17 +271,17 @@ def test_a_version_the_learner_no_longer_holds_is_not_found_naming_version(learn
     for version in (3, 4, 5):
         payload = b"payload of version %d" % version
         store.put(header_of(payload, version), payload)
-    code, details = status_of(lambda: fetch(source, learner_pb2.FetchWeightsRequest(version=3)))
+    code, details = status_of(lambda: fetch(source, rollout_pb2.FetchWeightsRequest(version=3)))
     assert code == grpc.StatusCode.NOT_FOUND
     assert details.startswith("version: policy version 3 is not held") and "[4, 5]" in details
-    code, details = status_of(lambda: fetch(source, learner_pb2.FetchWeightsRequest(version=-1)))
+    code, details = status_of(lambda: fetch(source, rollout_pb2.FetchWeightsRequest(version=-1)))
     assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "version: must be >= 0, got -1")
-    request = learner_pb2.FetchWeightsRequest(version=5, offset=20)
+    request = rollout_pb2.FetchWeightsRequest(version=5, offset=20)
     code, details = status_of(lambda: fetch(source, request))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("offset: must lie")
     # The worker's side names the field too, and stages nothing.
     ref = WeightsRef(3, "", "0" * 64, 20, source=source)
-    engine = FakeEngine()
+    engine = fakes.FakeEngine()
     with pytest.raises(WeightsError) as info:
         pull_weights(ref, engine, TIMEOUT_S)
     assert info.value.field == "version" and "policy version 3 is not held" in str(info.value)
@@ -310,13 +292,13 @@ def test_offset_resumes_and_every_chunk_carries_its_checksum(learner) -> None:
     store, source = learner()
     payload = bytes(range(256)) * 1000  # 256_000 bytes: 4 chunks of 64 KiB
     store.put(header_of(payload, 7), payload)
-    whole = fetch(source, learner_pb2.FetchWeightsRequest(version=7))
+    whole = fetch(source, rollout_pb2.FetchWeightsRequest(version=7))
     assert [c.offset for c in whole] == [0, CHUNK, 2 * CHUNK, 3 * CHUNK]
     assert b"".join(c.data for c in whole) == payload
     assert all(c.sha256 == hashlib.sha256(c.data).hexdigest() for c in whole)
     assert whole[0].header == header_of(payload, 7)
     assert not any(c.HasField("header") for c in whole[1:])
-    resumed = fetch(source, learner_pb2.FetchWeightsRequest(version=7, offset=100_000))
+    resumed = fetch(source, rollout_pb2.FetchWeightsRequest(version=7, offset=100_000))
     assert resumed[0].offset == 100_000 and resumed[0].header.sha256 == whole[0].header.sha256
     assert b"".join(c.data for c in resumed) == payload[100_000:]
 
@@ -328,7 +310,7 @@ class BreakingStore(WeightStore):
         super().__init__(chunk_bytes=CHUNK)
         self.offsets: list[int] = []
 
-    def _stream(self, header, payload, offset, digests) -> Iterator[learner_pb2.FetchWeightsChunk]:
+    def _stream(self, header, payload, offset, digests) -> Iterator[rollout_pb2.FetchWeightsChunk]:
         self.offsets.append(offset)
         for i, chunk in enumerate(super()._stream(header, payload, offset, digests)):
             if i == 1 and len(self.offsets) == 1:
@@ -341,7 +323,7 @@ def test_a_broken_stream_is_resumed_from_its_next_byte(learner) -> None:
     payload = save_safetensors({"w": torch.arange(100_000, dtype=torch.float32)})
     store.put(header_of(payload, 2), payload)
     ref = WeightsRef(2, "", hashlib.sha256(payload).hexdigest(), len(payload), source=source)
-    engine = FakeEngine()
+    engine = fakes.FakeEngine()
     assert pull_weights(ref, engine, TIMEOUT_S)[0] == 2
     assert store.offsets == [0, CHUNK]  # the second stream started where the first broke
     assert torch.equal(engine.staged[0][1]["w"], torch.arange(100_000, dtype=torch.float32))
@@ -349,7 +331,7 @@ def test_a_broken_stream_is_resumed_from_its_next_byte(learner) -> None:
 
 def test_an_unreachable_source_names_source_and_stages_nothing() -> None:
     ref = WeightsRef(1, "", "0" * 64, 10, source="grpc://127.0.0.1:1")
-    engine = FakeEngine()
+    engine = fakes.FakeEngine()
     with pytest.raises(WeightsError) as info:
         pull_weights(ref, engine, timeout_s=2.0)
     assert info.value.field == "source" and "UNAVAILABLE" in str(info.value)
@@ -370,7 +352,7 @@ def test_the_store_refuses_bad_arguments() -> None:
 def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """N workers fetching cost the learner no hashing: each chunk's sha256 was taken when
     the version was put (an unaligned resume offset hashes its chunks on the fly)."""
-    import learner_service.weights.weight_store as weight_store
+    import scalerl.policy.weight_store as weight_store
 
     store = WeightStore(chunk_bytes=1000)
     payload = bytes(range(256)) * 20  # 5120 bytes: 6 chunks
@@ -379,8 +361,8 @@ def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyP
     real = weight_store.hashlib.sha256
     monkeypatch.setattr(weight_store.hashlib, "sha256", lambda data: calls.append(1) or real(data))
     for _ in range(3):
-        chunks = list(store.chunks(learner_pb2.FetchWeightsRequest(version=1)))
+        chunks = list(store.chunks(rollout_pb2.FetchWeightsRequest(version=1)))
         assert [c.sha256 for c in chunks] == [real(c.data).hexdigest() for c in chunks]
     assert calls == []
-    list(store.chunks(learner_pb2.FetchWeightsRequest(version=1, offset=500)))
+    list(store.chunks(rollout_pb2.FetchWeightsRequest(version=1, offset=500)))
     assert len(calls) == 5  # offsets 500, 1500, ..., 4500

@@ -4,10 +4,12 @@ no server): for tests of joining, catching up and pulling."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
 import redis
+import torch
 
 from rollout_service.weights.broadcast import BroadcastReceiver
 from rollout_service.weights.follower import WeightFollower
@@ -16,6 +18,26 @@ from rollout_service.worker import RolloutWorker
 from scalerl.state.registry import SYNCING, WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
+
+
+class FakeEngine:
+    """The engine surface weight loading and the servicer use; a staged state dict serves
+    at once (`staged` keeps every (version, state dict))."""
+
+    name, max_batch = "fake", 1
+
+    def __init__(self, version: int = 0) -> None:
+        self.policy_version = version
+        self.tokens_generated = 0
+        self.active_requests = 0
+        self.staged: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+    def stage_weights(self, state_dict: dict, version: int) -> Future:
+        self.staged.append((version, state_dict))
+        self.policy_version = version
+        future: Future = Future()
+        future.set_result(version)
+        return future
 
 
 def make_worker(

@@ -17,9 +17,9 @@ from learner_service.weights.senders import (
     UriSender,
     make_sender,
 )
-from learner_service.weights.weight_store import WeightStore
 from rollout_service.weights.follower import WeightFollower, make_follower
 from scalerl.config import load_config
+from scalerl.policy.weight_store import WeightStore
 from scalerl.state.version_board import WeightsRef
 
 SHA = "0" * 64

@@ -1,5 +1,7 @@
-"""The learner's store of published payloads for `weights.transport: pull`: the newest
-versions' safetensors bytes in RAM, served as checksummed chunks by FetchWeights.
+"""The store of published payloads for `weights.transport: pull`: the newest versions'
+safetensors bytes in RAM, served as checksummed chunks by FetchWeights. The learner holds
+one; so does a relaying rollout worker (`learner.weights.relay_fanout`), for the version it
+loaded last.
 
 The publisher puts a version in before announcing it in Redis, so a worker that reads the
 announcement always finds it; the store then drops all but the newest `keep` versions. A
@@ -12,30 +14,63 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
 from scalerl.policy.weights import CHUNK_BYTES
 from scalerl.rpc.errors import InvalidArgument, NotFound
-from scalerl.v1 import learner_pb2, rollout_pb2
+from scalerl.v1 import rollout_pb2
 
 KEEP_VERSIONS = 2  # a worker may still be fetching the older one
+
+
+class Uplink:
+    """A cap on the bytes/s every FetchWeights stream of one process sends together (a
+    token bucket one chunk deep), so a relaying worker leaves its link to other traffic,
+    and a benchmark on loopback can give each process the uplink of a real NIC.
+
+    bytes_per_s: the cap (> 0). Raises ValueError naming it otherwise."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        if not bytes_per_s > 0:
+            raise ValueError(f"bytes_per_s must be > 0, got {bytes_per_s!r}")
+        self.bytes_per_s = bytes_per_s
+        self._next_free = time.monotonic()
+        self._lock = threading.Lock()
+
+    def send(self, n_bytes: int) -> None:
+        """Wait until `n_bytes` more fit the cap (the streams of the process queue behind
+        one another, each chunk after the bytes sent before it)."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free)
+            self._next_free = start + n_bytes / self.bytes_per_s
+        if start > now:
+            time.sleep(start - now)
 
 
 class WeightStore:
     """The newest `keep` published payloads (version -> header, bytes); thread-safe.
 
     keep: versions held (>= 1). chunk_bytes: payload bytes per FetchWeights message.
-    Raises ValueError naming the argument when either is < 1.
+    uplink: the cap on what its streams send together (None: none). Raises ValueError
+    naming the argument when keep or chunk_bytes is < 1.
     """
 
-    def __init__(self, keep: int = KEEP_VERSIONS, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        keep: int = KEEP_VERSIONS,
+        chunk_bytes: int = CHUNK_BYTES,
+        uplink: Uplink | None = None,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         self.keep = keep
         self.chunk_bytes = chunk_bytes
+        self.uplink = uplink
         self._held: OrderedDict[int, tuple[rollout_pb2.WeightsHeader, bytes]] = OrderedDict()
         self._digests: dict[int, list[str]] = {}  # version -> sha256 of chunk i (hex)
         self._pinned: int | None = None
@@ -84,14 +119,14 @@ class WeightStore:
             versions = sorted(self._held)
         if held is None:
             raise NotFound(
-                f"version: policy version {version} is not held by the learner "
+                f"version: policy version {version} is not held here "
                 f"(it holds {versions or 'none yet'}); fetch the latest announced one"
             )
         return held
 
     def chunks(
-        self, request: learner_pb2.FetchWeightsRequest
-    ) -> Iterator[learner_pb2.FetchWeightsChunk]:
+        self, request: rollout_pb2.FetchWeightsRequest
+    ) -> Iterator[rollout_pb2.FetchWeightsChunk]:
         """The FetchWeights stream of `request`: chunks of at most `chunk_bytes` from
         `request.offset` to the end, each with its offset and sha256 (hex), the first
         also with the header.
@@ -112,13 +147,15 @@ class WeightStore:
 
     def _stream(
         self, header: rollout_pb2.WeightsHeader, payload: bytes, offset: int, digests: list[str]
-    ) -> Iterator[learner_pb2.FetchWeightsChunk]:
+    ) -> Iterator[rollout_pb2.FetchWeightsChunk]:
         view, size = memoryview(payload), self.chunk_bytes
         for start in range(offset, len(payload), size):
             data = bytes(view[start : start + size])
             aligned = start % size == 0 and start // size < len(digests)
             digest = digests[start // size] if aligned else hashlib.sha256(data).hexdigest()
-            chunk = learner_pb2.FetchWeightsChunk(offset=start, data=data, sha256=digest)
+            chunk = rollout_pb2.FetchWeightsChunk(offset=start, data=data, sha256=digest)
             if start == offset:
                 chunk.header.CopyFrom(header)
+            if self.uplink is not None:
+                self.uplink.send(len(data))
             yield chunk
