@@ -116,7 +116,7 @@ class RedisRunStore:
         points_key, meta_key = _keys(run_id, task)
         stderr_key = _stderr_key(run_id, task)
         tasks_key = _tasks_key(run_id)
-        with self._redis.pipeline() as pipe:
+        with self._redis.pipeline(transaction=True) as pipe:  # a cluster defaults to none
             while True:
                 try:
                     pipe.watch(points_key, stderr_key, meta_key, tasks_key)
@@ -152,7 +152,7 @@ class RedisRunStore:
     def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
         validate_run_id(run_id)
         bound = validate_max_compute(max_compute)
-        with self._redis.pipeline() as pipe:
+        with self._redis.pipeline(transaction=True) as pipe:  # a cluster defaults to none
             while True:
                 try:
                     pipe.watch(_tasks_key(run_id), *_keys(run_id, TOTAL))
