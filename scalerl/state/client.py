@@ -156,6 +156,22 @@ def _connect_cluster(url: str, retries: int, timeouts: dict[str, float]) -> Redi
         time.sleep(backoff.compute(failures))  # as redis-py's Retry waits
 
 
+def check_redis_url(url: str) -> str:
+    """Return `url` unchanged if `connect` can dial it: redis:// or rediss://, a host, a
+    port in 1-65535 when given, and a valid `cluster` flag. Raises ValueError saying what
+    is wrong (the password redacted)."""
+    form = "redis[s]://[[user]:password@]host[:port][/db][?cluster=true]"
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # not a number, or above 65535
+        port_ok = False
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname or not port_ok:
+        raise ValueError(f"must look like {form}, got {redact_url(url)!r}")
+    split_cluster_flag(url)
+    return url
+
+
 def split_cluster_flag(url: str) -> tuple[str, bool]:
     """(`url` without its `cluster` query parameter, whether it was `true`). Raises
     ValueError naming the parameter when it is given twice or is not true or false."""
