@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from types import TracebackType
 
 import redis
 
@@ -128,10 +127,5 @@ class LocalRedisCluster:
     def __enter__(self) -> LocalRedisCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -62,7 +62,7 @@ def test_persistent_server_keeps_data_across_restart(tmp_path: Path) -> None:
     assert (tmp_path / "redis" / "appendonly.aof").exists()
     with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
         client = connect(server.url)
-        assert client.get("scalerl:r:k") == b"v"
+        assert client.get(run_key("r", "k")) == b"v"
         client.close()
 
 
