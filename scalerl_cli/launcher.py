@@ -195,8 +195,8 @@ def run(
 
 
 def _unreachable(redis_url: str) -> str:
-    """ "" when the external Redis at `redis_url` answers PING, else one line saying why
-    (its password redacted), after a few seconds at most (no outage wait)."""
+    """Why the external Redis at `redis_url` does not answer PING, in one line (its
+    password redacted), or "" when it does; a few seconds at most (no outage wait)."""
     try:
         client = connect(redis_url, retries=0)
         try:

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Use this Redis instead of starting one: redis[s]://[[user]:password@]host:port"
         "[/db], with ?cluster=true for a Redis Cluster (default: SCALERL_REDIS_URL when set, "
         "which keeps the password off the command line). It may hold other runs' data "
-        "(keys are per run_id).",
+        "(keys are per run_id); a --resume of such a run needs it again.",
     )
     run.add_argument(
         "--rollout-workers",

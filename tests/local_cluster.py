@@ -42,12 +42,14 @@ class LocalRedisCluster:
     joined, and `cluster_state:ok` within `ready_timeout_s`. A context manager.
 
     `url` is the cluster URL of `scalerl.state.client.connect` (the first node; a cluster
-    client discovers the others); `ports[i]` serves `slot_ranges(masters)[i]`.
+    client discovers the others); `ports[i]` serves `slot_ranges(masters)[i]`. With a
+    `password`, every node requires it (RedisServer's rules) and `url` carries it.
     """
 
-    def __init__(self, masters: int = 3, ready_timeout_s: float = 20.0) -> None:
+    def __init__(self, masters: int = 3, ready_timeout_s: float = 20.0, password: str = "") -> None:
         if masters < 1:
             raise ValueError(f"masters must be >= 1, got {masters}")
+        self._password = password
         self._masters = masters
         self._ready_timeout_s = ready_timeout_s
         self._servers: list[RedisServer] = []
@@ -58,7 +60,8 @@ class LocalRedisCluster:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports[0]}/0?cluster=true"
+        auth = f":{self._password}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self.ports[0]}/0?cluster=true"
 
     def node_of_slot(self, slot: int) -> int:
         """The port of the master serving `slot`."""
@@ -83,7 +86,7 @@ class LocalRedisCluster:
         extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
         extra += ["--cluster-node-timeout", "5000"]
         for _ in range(3):  # the pair can be taken between the check and the bind
-            server = RedisServer(port=_cluster_port(), extra_args=extra)
+            server = RedisServer(port=_cluster_port(), extra_args=extra, password=self._password)
             try:
                 return server.start()
             except RuntimeError:
@@ -91,7 +94,8 @@ class LocalRedisCluster:
         raise RuntimeError("could not start a cluster node on a free port pair")
 
     def _form(self) -> None:
-        clients = [redis.Redis(host="127.0.0.1", port=port) for port in self.ports]
+        password = self._password or None
+        clients = [redis.Redis(port=port, password=password) for port in self.ports]
         try:
             for client, slots in zip(clients, slot_ranges(self._masters), strict=True):
                 client.execute_command("CLUSTER ADDSLOTS", *slots)

@@ -5,6 +5,10 @@ themselves run on the cluster in their own modules (`single_and_cluster`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import redis
 from local_cluster import LocalRedisCluster
@@ -171,3 +175,37 @@ def test_an_unreachable_cluster_is_a_connection_error_without_the_password() -> 
     with pytest.raises(redis.ConnectionError, match="no node answered") as caught:
         connect("redis://:s3cret@127.0.0.1:1/0?cluster=true", retries=1)
     assert "s3cret" not in str(caught.value) and "***" in str(caught.value)
+
+
+def test_a_password_protected_cluster_is_dialed_with_its_password() -> None:
+    """Every node requires the password: the URL's reaches each (the one discovered
+    included), a wrong one is refused without being printed."""
+    with LocalRedisCluster(masters=2, password="cluster-secret") as protected:
+        stops = [RunKeys(rid).stop for rid in RUN_IDS[:8]]
+        masters = {protected.node_of_slot(key_slot(key.encode())) for key in stops}
+        assert masters == set(protected.ports)  # both masters are dialed
+        client = connect(protected.url)
+        try:
+            for key in stops:
+                client.set(key, "1")
+            assert [client.get(key) for key in stops] == [b"1"] * len(stops)
+        finally:
+            client.close()
+        wrong = protected.url.replace("cluster-secret", "wrong-secret")
+        with pytest.raises(redis.ConnectionError) as caught:
+            connect(wrong, retries=0)
+        assert "wrong-secret" not in str(caught.value) and ":***@" in str(caught.value)
+
+
+def test_the_curve_service_refuses_an_unreachable_cluster_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "curve_service.main", "--port", "0", "--metrics-port", "0",
+         "--redis-url", "redis://:s3cret@127.0.0.1:1/0?cluster=true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SCALERL_REDIS_OUTAGE_S": "0"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("scalerl-curve: --redis-url redis://:***@127.0.0.1:1/0?cluster=")
+    assert "s3cret" not in done.stderr + done.stdout
