@@ -49,11 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             registry.heartbeat(
                 f"w{i}", f"10.0.{i // 250}.{i % 250}:1", 3600, WorkerProgress(1, True)
             )
-        prefix = RunKeys(RUN_ID).workers_prefix
+        keys = RunKeys(RUN_ID)
+        prefix = keys.workers_prefix
         for total in (int(n) for n in args.keys.split(",")):
             with client.pipeline(transaction=False) as pipe:
                 for i in range(client.dbsize(), total):
-                    pipe.set(f"scalerl:{RUN_ID}:once:{i:032x}", 1, ex=3600)
+                    pipe.set(keys.once(f"{i:032x}"), 1, ex=3600)
                     if i % 10_000 == 0:
                         pipe.execute()
                 pipe.execute()

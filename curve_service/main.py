@@ -144,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from curve_service.redis_store import RedisRunStore
         from scalerl.state.client import connect, redact_url
 
-        client = connect(args.redis_url)
-        try:
+        try:  # a cluster client reads the cluster's layout in connect
+            client = connect(args.redis_url)
             client.ping()
         except redis.RedisError as exc:
             url = redact_url(args.redis_url)

@@ -13,6 +13,10 @@ Keys (the schema of `scalerl.state.keys`, `scalerl:{run_id}:...`, every one buil
   scalerl:{run_id}:curve:tasks               set of the run's task names (bounds them)
   scalerl:curve-service:runs                 set of recorded run ids (bounds the number of runs)
 
+The braces around a run id are literal (the Redis Cluster hash tag, `scalerl.state.keys`):
+a run's keys share one slot, so its transactions run on a cluster too; the runs index is in
+a slot of its own and is written after a run's transaction, never in it.
+
 The total keeps the layout of the runs recorded before runs had tasks, so those still load;
 a task's hashes sit under `curve:task:{task}:`, and neither a task name nor a run id holds a
 `:`, so no two series (nor the task set) share a key. A point missing from the stderr hash
@@ -50,7 +54,7 @@ from curve_service.store import (
     validate_run_id,
     validate_task,
 )
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import CURVE_RUNS_KEY, run_key
 
 RUNS_KEY = CURVE_RUNS_KEY
@@ -83,7 +87,7 @@ class RedisRunStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         max_runs: int = MAX_RUNS,
         max_points: int = MAX_POINTS,
         max_tasks: int = MAX_TASKS,
@@ -112,10 +116,10 @@ class RedisRunStore:
         points_key, meta_key = _keys(run_id, task)
         stderr_key = _stderr_key(run_id, task)
         tasks_key = _tasks_key(run_id)
-        with self._redis.pipeline() as pipe:
+        with self._redis.pipeline(transaction=True) as pipe:  # a cluster defaults to none
             while True:
                 try:
-                    pipe.watch(points_key, stderr_key, meta_key, tasks_key, RUNS_KEY)
+                    pipe.watch(points_key, stderr_key, meta_key, tasks_key)
                     old = _load(pipe, run_id, task)
                     if old is None:
                         self._check_room(pipe, run_id, task)
@@ -123,25 +127,32 @@ class RedisRunStore:
                     new = _with_point(base, c, r, r0_value, self._max_points, se)
                     if new is base and old is not None:
                         pipe.unwatch()
-                        return self._with_fit(new)  # an identical retry changes nothing
+                        new = self._with_fit(new)  # an identical retry changes nothing
+                        break
                     pipe.multi()
                     pipe.hset(points_key, repr(c), repr(r))
                     if se:  # accepted: the point's first known stderr, or the same again
                         pipe.hset(stderr_key, repr(c), repr(se))
                     r0_text = "" if new.r0 is None else repr(new.r0)
                     pipe.hset(meta_key, mapping={"r0": r0_text, "revision": new.revision})
-                    pipe.sadd(RUNS_KEY, run_id)
                     if task != TOTAL:
                         pipe.sadd(tasks_key, task)
                     pipe.execute()
-                    return new
+                    break
                 except redis.WatchError:
                     continue  # another writer changed the run; recompute from its state
+        # The index is in another slot than the run's keys (a cluster cannot write both in
+        # one transaction), so it is added after the series, on every record: an id in the
+        # index always has a series, and a crash in between leaves a run the index lacks
+        # until its next record (the bound counts it one record late), never an id whose
+        # series is missing.
+        self._redis.sadd(RUNS_KEY, run_id)
+        return new
 
     def trim(self, run_id: str, max_compute: float) -> tuple[dict[str, RunSnapshot], int]:
         validate_run_id(run_id)
         bound = validate_max_compute(max_compute)
-        with self._redis.pipeline() as pipe:
+        with self._redis.pipeline(transaction=True) as pipe:  # a cluster defaults to none
             while True:
                 try:
                     pipe.watch(_tasks_key(run_id), *_keys(run_id, TOTAL))
@@ -206,10 +217,12 @@ class RedisRunStore:
             self._fits[(run_id, task)] = (revision, fit)
         return True
 
-    def _check_room(self, pipe: redis.client.Pipeline, run_id: str, task: str) -> None:
-        """Refuse a new series that would exceed MAX_RUNS (a new run) or MAX_TASKS."""
-        is_new_run = not pipe.sismember(RUNS_KEY, run_id)
-        if is_new_run and pipe.scard(RUNS_KEY) >= self._max_runs:
+    def _check_room(self, pipe: RedisClient, run_id: str, task: str) -> None:
+        """Refuse a new series that would exceed MAX_RUNS (a new run) or MAX_TASKS. The
+        index is read outside the run's transaction (another slot): replicas recording
+        new runs at the same moment can each add one beyond the bound."""
+        is_new_run = not self._redis.sismember(RUNS_KEY, run_id)
+        if is_new_run and self._redis.scard(RUNS_KEY) >= self._max_runs:
             raise StoreFullError(f"the store already holds the maximum {self._max_runs} runs")
         check_series_room(run_id, task, pipe.scard(_tasks_key(run_id)), self._max_tasks)
 
@@ -221,7 +234,7 @@ class RedisRunStore:
         return replace(snap, fit=cached[1])
 
 
-def _series_names(client: redis.Redis, run_id: str) -> tuple[str, ...]:
+def _series_names(client: RedisClient, run_id: str) -> tuple[str, ...]:
     """The names of the run's series as Redis holds them, sorted; () for an unknown run."""
     names = sorted(text(name) for name in client.smembers(_tasks_key(run_id)))
     if client.exists(_keys(run_id, TOTAL)[1]):
@@ -229,7 +242,7 @@ def _series_names(client: redis.Redis, run_id: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _load(client: redis.Redis, run_id: str, task: str) -> RunSnapshot | None:
+def _load(client: RedisClient, run_id: str, task: str) -> RunSnapshot | None:
     """Series `task` as Redis holds it, without a fit; None when it was never recorded.
     A point without a stderr field (recorded without one, or before series kept them) gets
     0.0, unknown."""

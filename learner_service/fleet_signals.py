@@ -23,11 +23,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import redis
-
 from scalerl.config import FleetConfig, RunConfig
 from scalerl.fleet import FleetState, desired_replicas
 from scalerl.run_folder import StepRecord
+from scalerl.state.client import RedisClient
 from scalerl.state.push_blocked import PushBlockedSeconds
 from scalerl.state.registry import WorkerInfo, WorkerRegistry
 
@@ -76,7 +75,7 @@ class FleetSignals:
 
     @classmethod
     def for_run(
-        cls, config: RunConfig, registry: WorkerRegistry, client: redis.Redis
+        cls, config: RunConfig, registry: WorkerRegistry, client: RedisClient
     ) -> FleetSignals:
         """The signals of `config`'s run: its replay capacity, `fleet` section and group
         size, the workers' push-blocked seconds read through `client`."""

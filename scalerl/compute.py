@@ -22,7 +22,7 @@ from types import TracebackType
 
 import redis
 
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys
 from scalerl.state.once import GUARD_LUA, new_op_id
 from scalerl.state.worker_stats import stat_field
@@ -57,7 +57,7 @@ return total
 class ComputeCounters:
     """Per-role busy accelerator-seconds of one run."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str) -> None:
         self._client = client
         self._keys = RunKeys(run_id)
         self._key = self._keys.compute

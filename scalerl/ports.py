@@ -27,7 +27,8 @@ def _below_ephemeral() -> tuple[int, int]:
     return (_LOWEST, first) if first - _LOWEST >= 1_000 else (0, 0)
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether 127.0.0.1:`port` can be bound now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -43,7 +44,7 @@ def free_port() -> int:
     low, high = _below_ephemeral()
     for _ in range(_TRIES if high else 0):
         port = _RNG.randrange(low, high)
-        if _bindable(port):
+        if bindable(port):
             return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -19,6 +19,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import redis
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -35,7 +36,7 @@ from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
-from scalerl.state.client import REDIS_URL_ENV, connect
+from scalerl.state.client import REDIS_URL_ENV, connect, redact_url
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
 from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
@@ -87,10 +88,17 @@ def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
     return RunConfig(**payload["config"]), precision
 
 
-def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
+def run(
+    config: RunConfig, run_dir: Path, resume: bool = False, redis_url: str | None = None
+) -> int:
     """Run one training job end to end; returns the process exit code (0 = success, 1 =
     failed or gave up (no admissible group for `learner.batch_timeout_s`; report.json says
-    `ended: gave_up`), 2 = a config this machine or model cannot run, printed as one line).
+    `ended: gave_up`), 2 = a config this machine or model cannot run, or an external Redis
+    that does not answer, printed as one line).
+
+    redis_url: an external Redis (a single server or, with ?cluster=true, a Redis Cluster;
+    `scalerl.state.client.connect`) the run uses instead of starting its own; the run
+    neither restarts nor stops it, and keeps its keys under its run_id there.
 
     resume: continue the run in `run_dir` (its Redis data, its checkpoint, the learner
     cuts its records to one timeline); the stop flag a finished run left is cleared
@@ -108,6 +116,10 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     except ValueError as exc:  # a token or certificate file that cannot be read
         console.print(f"scalerl: {escape(str(exc))}", markup=True)
         return 2
+    problem = "" if redis_url is None else _unreachable(redis_url)
+    if problem:
+        console.print(f"scalerl: {escape(problem)}", markup=True)
+        return 2
     config_path = run_dir / "config.yaml"
     config_path.write_text(dump_config(config))
     logs = run_dir / "logs"
@@ -117,16 +129,19 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
     metrics_server, metrics_port = serve_metrics(registry, 0)
     started, started_unix = time.monotonic(), time.time()
     profile = CpuProfile()
-    with launcher_redis(run_dir) as redis_server:
-        child_env = {**child_env, REDIS_URL_ENV: redis_server.url}
+    with launcher_redis(run_dir) if redis_url is None else nullcontext() as redis_server:
+        # The run's Redis: the one started here, else the external one (not supervised).
+        url = redis_url if redis_server is None else redis_server.url
+        assert url is not None  # one of the two is set
+        child_env = {**child_env, REDIS_URL_ENV: url}
         if resume:
-            prepare_resume(redis_server.url, config.run_id)
+            prepare_resume(url, config.run_id)
         try:
             curve_address, learner_address, fleet = _start_services(
                 config,
                 config_path,
                 run_dir,
-                redis_server.url,
+                url,
                 logs,
                 children,
                 child_env,
@@ -159,7 +174,7 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
         finish_report(
             run_dir,
             config,
-            (curve_address, redis_server.url),
+            (curve_address, url),
             (started_unix, wall),
             precision,
             supervisor.restarts,
@@ -177,6 +192,20 @@ def run(config: RunConfig, run_dir: Path, resume: bool = False) -> int:
         console.print(f"[red]run gave up:[/] {escape(reason)}")
         return 1
     return 0
+
+
+def _unreachable(redis_url: str) -> str:
+    """Why the external Redis at `redis_url` does not answer PING, in one line (its
+    password redacted), or "" when it does; a few seconds at most (no outage wait)."""
+    try:
+        client = connect(redis_url, retries=0)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        return f"--redis-url {redact_url(redis_url)}: {exc}"
+    return ""
 
 
 def launcher_redis(run_dir: Path) -> RedisServer:

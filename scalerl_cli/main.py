@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
         "may change limits, e.g. learner.max_steps).",
     )
     run.add_argument(
+        "--redis-url",
+        default=None,
+        metavar="URL",
+        help="Use this Redis instead of starting one: redis[s]://[[user]:password@]host:port"
+        "[/db], with ?cluster=true for a Redis Cluster (default: SCALERL_REDIS_URL when set, "
+        "which keeps the password off the command line). It may hold other runs' data "
+        "(keys are per run_id); a --resume of such a run needs it again.",
+    )
+    run.add_argument(
         "--rollout-workers",
         type=int,
         default=None,
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollout_workers is not None:
         overrides.append(f"rollout.workers={args.rollout_workers}")
     run_dir, problem = _run_dir_or_problem(args)
+    redis_url, redis_problem = _redis_url_or_problem(args.redis_url)
+    problem = problem or redis_problem
     if problem:
         print(f"scalerl: {problem}", file=sys.stderr)
         return 2
@@ -178,13 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)
     return launcher.run(
-        config, run_dir or launcher.default_run_dir(config), resume=args.resume is not None
+        config,
+        run_dir or launcher.default_run_dir(config),
+        resume=args.resume is not None,
+        redis_url=redis_url,
     )
 
 
 def _interrupted(signum: int, frame: object) -> None:
     """A stop signal, handled as Ctrl-C: the launcher stops every process in order."""
     raise KeyboardInterrupt
+
+
+def _redis_url_or_problem(flag: str | None) -> tuple[str | None, str]:
+    """(the external Redis URL of `--redis-url` or SCALERL_REDIS_URL, or None: the
+    launcher starts its own; "") or (None, one line naming the option and what is wrong)."""
+    from scalerl.state.client import check_redis_url, take_redis_url
+
+    try:
+        url = take_redis_url(flag)
+        return (None if url is None else check_redis_url(url)), ""
+    except ValueError as exc:
+        return None, f"--redis-url: {exc}"
 
 
 def _run_dir_or_problem(args: argparse.Namespace) -> tuple[Path | None, str]:

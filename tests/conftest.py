@@ -10,6 +10,10 @@ runs the fast tier alone.
 Tests isolate themselves by run id (every key is prefixed `scalerl:{run_id}:`), never by
 flushing the database, because servers and workers started by other fixtures may be using
 it at the same time.
+
+A module marked `single_and_cluster` runs each test that uses `redis_client` or
+`any_redis_url` twice: on the session's redis-server and on a 3-master Redis Cluster
+(`redis_cluster`, started once for the session when first needed).
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
+from local_cluster import LocalRedisCluster
 
-from scalerl.state.client import connect
+from scalerl.state.client import RedisClient, connect
 from scalerl_cli.redis_server import RedisServer
 
 TESTS = Path(__file__).resolve().parent
@@ -49,10 +53,44 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """A non-persistent 3-master Redis Cluster on loopback, stopped at the end."""
+    with LocalRedisCluster(masters=3) as cluster:
+        yield cluster
+
+
+REDIS_KINDS = ("single", "cluster")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run the tests of a `single_and_cluster` module on each kind of Redis."""
+    if metafunc.definition.get_closest_marker("single_and_cluster") is None:
+        return
+    if "redis_kind" in metafunc.fixturenames:
+        metafunc.parametrize("redis_kind", REDIS_KINDS, indirect=True)
+
+
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    """A bytes client (decode_responses=False) of the session server."""
-    client = connect(redis_url)
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    """ "single" (the session's redis-server) or "cluster" (`redis_cluster`)."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def any_redis_url(redis_kind: str, request: pytest.FixtureRequest) -> str:
+    """The URL of the Redis of this test's `redis_kind` (`connect` reads either)."""
+    if redis_kind == "cluster":
+        cluster: LocalRedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def redis_client(any_redis_url: str) -> Iterator[RedisClient]:
+    """A bytes client (decode_responses=False) of the session server (or, in a
+    `single_and_cluster` module, of each kind of Redis in turn)."""
+    client = connect(any_redis_url)
     try:
         yield client
     finally:

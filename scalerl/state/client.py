@@ -1,17 +1,28 @@
 """A Redis client configured the way every process of a run needs it: bounded socket
 waits and a retry with exponential back-off when the connection drops (a restarted Redis,
 a node moved), so a blip is survived and a dead server is an error within seconds, never
-a silent hang."""
+a silent hang. One URL names either a single server or a Redis Cluster (`connect`)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import TypeAlias
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+
+# What `connect` returns: a single server's client, or a Redis Cluster's (every key of a
+# run shares one hash slot, `scalerl.state.keys`, so the state layer uses both alike).
+RedisClient: TypeAlias = redis.Redis | RedisCluster
+# The URL's query parameter that selects a Redis Cluster: `?cluster=true` (or `false`).
+CLUSTER_PARAM = "cluster"
+_CLUSTER_VALUES = ("true", "false")
 
 # Above every blocking stream read of the run (`ReplayStream.read` checks its `block_ms`
 # against it), so a reply that never comes is a TimeoutError, not a hang.
@@ -75,17 +86,29 @@ def connect(
     connect_timeout_s: float = 5.0,
     socket_timeout_s: float = SOCKET_TIMEOUT_S,
     retries: int | None = None,
-) -> redis.Redis:
-    """A client for `url` (redis://[:password@]host:port/db, or rediss:// for TLS) returning
-    raw bytes (values are protobufs).
+) -> RedisClient:
+    """A client for `url` returning raw bytes (values are protobufs).
+
+    `url` is redis://[[user]:password@]host:port[/db], or rediss:// for TLS. With the
+    query parameter `cluster=true` (e.g. redis://:pw@redis-0.example:6379/0?cluster=true)
+    it names one node of a Redis Cluster, and the client is a `redis.cluster.RedisCluster`
+    that discovers the others and routes each command to the master of its key's slot;
+    the db must then be 0. `cluster=false`, or no parameter, is a single server. The
+    parameter is taken out before the URL reaches redis-py.
 
     Connecting gives up after `connect_timeout_s` seconds and a reply after
     `socket_timeout_s` seconds (blocking stream reads wait their own `block_ms`, which
     must stay below it); a connection or timeout error is retried `retries` times with
     exponential back-off (redis-py's Retry) before it is raised: by default as many as
     wait out the outage SCALERL_REDIS_OUTAGE_S allows (120 s), so a Redis restart pauses
-    the run instead of crashing it. Raises ValueError for a timeout <= 0, retries < 0 or
-    a bad SCALERL_REDIS_OUTAGE_S.
+    the run instead of crashing it. A cluster client reads the cluster's layout when it
+    is made, retried the same way while no node answers (then redis.ConnectionError);
+    once made, it gives up early only when no node of the cluster answers at all
+    (RedisClusterUnreachableError), where a failover of one master is waited out.
+
+    Raises ValueError for a timeout <= 0, retries < 0, a bad SCALERL_REDIS_OUTAGE_S, a
+    `cluster` value other than true or false, or a cluster URL with a db other than 0;
+    redis.ConnectionError when a cluster's nodes stay unreachable.
     """
     if retries is None:
         retries = outage_retries(outage_s_from_env())
@@ -97,20 +120,80 @@ def connect(
             raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries!r}")
+    server_url, cluster = split_cluster_flag(url)
+    timeouts = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s}
+    if cluster:
+        return _connect_cluster(server_url, retries, timeouts)
     return redis.Redis.from_url(
-        url,
+        server_url,
         decode_responses=False,
-        socket_connect_timeout=connect_timeout_s,
-        socket_timeout=socket_timeout_s,
         retry=_retry(retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=30,
+        **timeouts,
     )
 
 
-def socket_timeout_s(client: redis.Redis) -> float | None:
-    """The reply timeout of `client`'s connections, seconds (None: none set)."""
-    return client.connection_pool.connection_kwargs.get("socket_timeout")
+def _connect_cluster(url: str, retries: int, timeouts: dict[str, float]) -> RedisCluster:
+    """A RedisCluster for the node at `url`, its first read of the cluster's slots retried
+    with `connect`'s back-off (redis-py raises at once when no node answers)."""
+    path = urlsplit(url).path.strip("/")
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster URL's db must be 0, got {path!r} in {redact_url(url)}")
+    backoff = ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S)
+    failures = 0
+    while True:
+        try:
+            return RedisCluster.from_url(
+                url, decode_responses=False, retry=_retry(retries), **timeouts
+            )
+        except (RedisClusterException, redis.ConnectionError, redis.TimeoutError) as exc:
+            if isinstance(exc, redis.AuthenticationError) or failures >= retries:
+                raise redis.ConnectionError(
+                    f"Redis Cluster at {redact_url(url)}: no node answered: {exc}"
+                ) from exc
+        failures += 1
+        time.sleep(backoff.compute(failures))  # as redis-py's Retry waits
+
+
+def check_redis_url(url: str) -> str:
+    """Return `url` unchanged if `connect` can dial it: redis:// or rediss://, a host, a
+    port in 1-65535 when given, and a valid `cluster` flag. Raises ValueError saying what
+    is wrong (the password redacted)."""
+    form = "redis[s]://[[user]:password@]host[:port][/db][?cluster=true]"
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # not a number, or above 65535
+        port_ok = False
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname or not port_ok:
+        raise ValueError(f"must look like {form}, got {redact_url(url)!r}")
+    split_cluster_flag(url)
+    return url
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """(`url` without its `cluster` query parameter, whether it was `true`). Raises
+    ValueError naming the parameter when it is given twice or is not true or false."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    values = [value for name, value in query if name == CLUSTER_PARAM]
+    if not values:
+        return url, False
+    if len(values) > 1 or values[0].lower() not in _CLUSTER_VALUES:
+        raise ValueError(
+            f"Redis URL parameter {CLUSTER_PARAM} must be one of {', '.join(_CLUSTER_VALUES)}, "
+            f"got {', '.join(map(repr, values))}"
+        )
+    rest = urlencode([(name, value) for name, value in query if name != CLUSTER_PARAM])
+    return urlunsplit(parts._replace(query=rest)), values[0].lower() == "true"
+
+
+def socket_timeout_s(client: RedisClient) -> float | None:
+    """The reply timeout of `client`'s connections (each node's, for a cluster), seconds
+    (None: none set)."""
+    timeout: float | None = client.get_connection_kwargs().get("socket_timeout")
+    return timeout
 
 
 def text(value: bytes | str) -> str:

@@ -5,8 +5,7 @@ an orchestrator join and leave without it."""
 
 from __future__ import annotations
 
-import redis
-
+from scalerl.state.client import RedisClient
 from scalerl.state.keys import RunKeys
 
 MAX_WORKERS = 1024
@@ -26,7 +25,7 @@ return value
 class FleetTarget:
     """The launcher-managed rollout workers a run should have."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str) -> None:
         self._client = client
         self._key = RunKeys(run_id).fleet_target
         self._add = client.register_script(_ADD_LUA)

@@ -1,6 +1,11 @@
 """The Redis key schema: every key of a run is `scalerl:{run_id}:...` and is built here.
 The modules of `scalerl.state` name their own sub-keys through `run_key`; nothing outside
-`scalerl.state` builds a key."""
+`scalerl.state` builds a key.
+
+The braces are literal: `{run_id}` is the key's Redis Cluster hash tag, so every key of a
+run hashes to one slot (that of the run id) and lives on one master. That is what lets a
+Lua script or a MULTI/WATCH touch several keys of a run on a cluster; keys of two runs,
+or a run's and `CURVE_RUNS_KEY`, may be on different masters and never meet in one."""
 
 from __future__ import annotations
 
@@ -14,13 +19,20 @@ RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def run_key(run_id: str, *parts: str) -> str:
-    """The Redis key `scalerl:{run_id}:{part}:...` of one run's data.
+    """The Redis key `scalerl:{run_id}:{part}:...` of one run's data, the run id in
+    literal braces (the hash tag: `run_key("r1", "replay") == "scalerl:{r1}:replay"`).
 
     Raises ValueError when run_id is not 1-64 characters of [A-Za-z0-9_.-] (the same rule as
     `RunConfig.run_id`; it also keeps glob characters out of SCAN patterns).
     """
     check_run_id(run_id)
-    return ":".join((KEY_NAMESPACE, run_id, *parts))
+    return ":".join((KEY_NAMESPACE, hash_tag(run_id), *parts))
+
+
+def hash_tag(run_id: str) -> str:
+    """`{run_id}`: the part of a run's keys Redis Cluster hashes (the rule keeps braces
+    out of run ids, so the tag always ends at the run id)."""
+    return "{" + run_id + "}"
 
 
 def check_run_id(run_id: str) -> str:
@@ -54,7 +66,8 @@ def check_worker_id(worker_id: str) -> str:
     return worker_id
 
 
-# The curve service's index of the runs it holds (not under one run's prefix).
+# The curve service's index of the runs it holds: not under one run's prefix, so on a
+# cluster it is in a slot of its own; nothing writes it in a run's transaction.
 CURVE_RUNS_KEY = f"{KEY_NAMESPACE}:curve-service:runs"
 
 
@@ -85,7 +98,8 @@ class PoolKeys:
 class RunKeys:
     """Every Redis key of one run, by name: the whole schema.
 
-    `RunKeys("r1").replay == "scalerl:r1:replay"`. Raises ValueError for a run_id outside
+    `RunKeys("r1").replay == "scalerl:{r1}:replay"` (the braces literal: one hash slot
+    for the whole run, `run_key`). Raises ValueError for a run_id outside
     `RUN_ID_PATTERN`.
     """
 

@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping
 from numbers import Integral, Real
 from typing import Any
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys, task_of
 from scalerl.state.once import GUARD_LUA, new_op_id
 
@@ -89,7 +87,7 @@ class PromptPool:
     Raises ValueError for a run_id or task name outside their patterns (`scalerl.state.keys`).
     """
 
-    def __init__(self, client: redis.Redis, run_id: str, task: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str, task: str) -> None:
         self._client = client
         self.task = task
         run_keys = RunKeys(run_id)
@@ -289,7 +287,7 @@ class TaskPools:
 
     Raises ValueError for no task or a name outside `TASK_NAME_PATTERN`."""
 
-    def __init__(self, client: redis.Redis, run_id: str, tasks: Iterable[str]) -> None:
+    def __init__(self, client: RedisClient, run_id: str, tasks: Iterable[str]) -> None:
         self.pools = {name: PromptPool(client, run_id, name) for name in tasks}
         if not self.pools:
             raise ValueError("a run needs at least one task's prompt pool")

@@ -20,6 +20,7 @@ from numbers import Real
 
 import redis
 
+from scalerl.state.client import RedisClient
 from scalerl.state.keys import check_worker_id
 from scalerl.state.worker_stats import WorkerStats
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 class PushBlockedSeconds:
     """Per-worker seconds spent waiting in `ReplayStream.push` on a full stream, one run."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str) -> None:
         self._stats = WorkerStats(client, run_id)
 
     def add(self, worker_id: str, seconds: float) -> float:

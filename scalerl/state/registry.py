@@ -30,9 +30,7 @@ from dataclasses import asdict, dataclass
 from numbers import Real
 from typing import Any
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys, check_worker_id
 from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
 
@@ -106,7 +104,7 @@ class WorkerRegistry:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         run_id: str,
         stall_s: float | None = None,
         clock: Callable[[], float] = time.time,

@@ -40,7 +40,7 @@ from typing import Any
 import redis
 from google.protobuf.message import DecodeError
 
-from scalerl.state.client import socket_timeout_s, text
+from scalerl.state.client import RedisClient, socket_timeout_s, text
 from scalerl.state.keys import RunKeys
 from scalerl.state.once import new_op_id
 from scalerl.state.replay_scripts import ACK_LUA, DEAD_LETTER_LUA, PUSH_LUA, RECONCILE_LUA
@@ -77,7 +77,7 @@ class ReplayStream:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         run_id: str,
         capacity: int,
         *,
@@ -439,7 +439,7 @@ class ReplayStream:
         return out
 
 
-def replay_accounting(client: redis.Redis, run_id: str) -> dict[str, int]:
+def replay_accounting(client: RedisClient, run_id: str) -> dict[str, int]:
     """A run's replay ledger and the entries still in its stream, read in one MULTI (so
     a push or an ack in between cannot skew it): {"pushed", each outcome seen ("trained",
     "stale", "future_version", "lost", "dead_letter:{reason}"), "queued" (XLEN: waiting

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys, check_worker_id
 from scalerl.state.once import GUARD_LUA, OpId, new_op_id
 from scalerl.state.version_board import VersionBoard
@@ -135,7 +133,7 @@ class RunState:
     """The run's shared state: `versions` (announced, published, serving), the stop flag
     and the PPO-off-policy-k generation quota."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str) -> None:
         self._client = client
         self.versions = VersionBoard(client, run_id)
         keys = RunKeys(run_id)

@@ -22,9 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
@@ -86,7 +84,7 @@ class VersionBoard:
     signs and checks the publication record (default: keyed by the process's bearer
     token, `scalerl.state.signing.process_signer`)."""
 
-    def __init__(self, client: redis.Redis, run_id: str, signer: EntrySigner | None = None) -> None:
+    def __init__(self, client: RedisClient, run_id: str, signer: EntrySigner | None = None) -> None:
         self._client = client
         keys = RunKeys(run_id)
         self._announced = keys.policy_version

@@ -18,9 +18,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import WORKER_ID_PATTERN, RunKeys
 from scalerl.state.once import GUARD_LUA, new_op_id
 
@@ -70,7 +68,7 @@ return redis.call(ARGV[3], KEYS[2], ARGV[2], ARGV[4])
 class WorkerStats:
     """Reads and adds to one run's per-worker accounting."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: RedisClient, run_id: str) -> None:
         self._client = client
         self._keys = RunKeys(run_id)
         self.key = self._keys.worker_stats

@@ -29,6 +29,12 @@ COMPOSITIONS = {
     "gpu+engine-sglang": ("gpu", "engine-sglang"),
     "sandbox-gvisor": ("sandbox-gvisor",),
     "tls": ("tls",),
+    "external-redis": ("external-redis",),
+}
+# The ConfigMap of deploy/components/external-redis: each component's Redis URL, by name.
+EXTERNAL_REDIS_URLS = {
+    name: f"redis://{name}@redis-0.example.internal:6379/0?cluster=true"
+    for name in ("learner", "rollout", "curve")
 }
 KUBERNETES_VERSION = "1.32"  # what kubernetes-validate checks against (kubectl 1.32 here)
 IMAGE_PREFIX = "ghcr.io/scalerl/"  # images built from deploy/images/<name>.Dockerfile
@@ -83,7 +89,7 @@ def _data_lines(path: Path) -> list[str]:
 
 def compose(target: Path, deploy: Path, components: tuple[str, ...]) -> Path:
     """A kustomization in `target` of deploy/base plus `components`, with a Secret of test
-    values. Returns its folder."""
+    values (and, with external-redis, its ConfigMap of Redis URLs). Returns its folder."""
     target.mkdir(parents=True, exist_ok=True)
     rel = Path(os.path.relpath(deploy, target))
     text = {
@@ -99,6 +105,9 @@ def compose(target: Path, deploy: Path, components: tuple[str, ...]) -> Path:
             }
         ],
     }
+    if "external-redis" in components:
+        literals = [f"{name}={url}" for name, url in EXTERNAL_REDIS_URLS.items()]
+        text["configMapGenerator"] = [{"name": "scalerl-redis", "literals": literals}]
     (target / "kustomization.yaml").write_text(yaml.safe_dump(text))
     return target
 

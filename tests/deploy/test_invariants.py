@@ -15,6 +15,7 @@ import yaml
 from deploy_manifests import (
     COMPOSITIONS,
     DEPLOY,
+    EXTERNAL_REDIS_URLS,
     OVERLAYS,
     ROOT,
     containers,
@@ -269,6 +270,9 @@ def test_no_secret_is_in_an_environment_or_argument_but_redis_own(docs: list[dic
 
 
 def test_redis_has_a_user_per_component_and_no_default(docs: list[dict]) -> None:
+    if not find(docs, "StatefulSet", "redis"):  # an external Redis: its users are its own
+        assert find(docs, "NetworkPolicy", "external-redis")
+        return
     [redis_w] = [w for w in workloads(docs) if w["metadata"]["name"] == "redis"]
     args = containers(redis_w)[0]["args"]
     users = {}
@@ -301,10 +305,25 @@ def test_addresses_name_services_and_their_ports(docs: list[dict]) -> None:
                 continue
             # The component's ACL user; its password only in a file from the Secret.
             assert flag(c["args"], "--redis-url") == "$(REDIS_URL)", c["name"]
+            assert _redis_password_key(w, c) == f"redis-{c['name']}", c["name"]
+            if not find(docs, "StatefulSet", "redis"):
+                _assert_external_redis_url(docs, c)
+                continue
             redis_url = literal_env(c)["REDIS_URL"]
             assert redis_url == f"redis://{c['name']}@redis:6379/0", c["name"]
             _service_port(docs, redis_url.split("@", 1)[1].split("/", 1)[0])
-            assert _redis_password_key(w, c) == f"redis-{c['name']}", c["name"]
+
+
+def _assert_external_redis_url(docs: list[dict], container: dict) -> None:
+    """deploy/components/external-redis: REDIS_URL is the container's key of the ConfigMap
+    scalerl-redis (its own ACL user, a Redis Cluster here), and no Service `redis` is left."""
+    [item] = [e for e in container["env"] if e["name"] == "REDIS_URL"]
+    ref = item["valueFrom"]["configMapKeyRef"]
+    assert ref["key"] == container["name"] and "value" not in item, item
+    [config] = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"] == ref["name"]]
+    assert config["metadata"]["name"].startswith("scalerl-redis")
+    assert config["data"][ref["key"]] == EXTERNAL_REDIS_URLS[container["name"]]
+    assert not find(docs, "Service", "redis")
 
 
 def test_the_learner_advertises_its_stable_dns_name(docs: list[dict]) -> None:
@@ -366,10 +385,18 @@ def test_learner_ranks_nodes_and_gpus_agree(docs: list[dict]) -> None:
         assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
+def _learner_args(docs: list[dict]) -> list[str]:
+    """The learner's own arguments but the Redis URL's value (each render's URL is checked
+    by test_addresses_name_services_and_their_ports)."""
+    argv = split_learner(resolved_command(learner(docs))).learner_args
+    at = argv.index("--redis-url") + 1
+    return argv[:at] + argv[at + 1 :]
+
+
 def test_the_learner_gets_the_same_arguments_under_torchrun(rendered: dict) -> None:
-    plain = split_learner(resolved_command(learner(rendered["cpu-smoke"]))).learner_args
+    plain = _learner_args(rendered["cpu-smoke"])
     for name, docs in rendered.items():
-        assert split_learner(resolved_command(learner(docs))).learner_args == plain, name
+        assert _learner_args(docs) == plain, name
 
 
 @pytest.mark.parametrize("name", ["rollout", "learner"])

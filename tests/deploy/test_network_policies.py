@@ -5,6 +5,7 @@ connection is allowed when the sender's egress and the receiver's ingress both a
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from deploy_manifests import find, pod_labels, workloads
@@ -22,6 +23,7 @@ class Peer:
     namespace_labels: tuple[tuple[str, str], ...]
     labels: tuple[tuple[str, str], ...]
     ours: bool  # in the run's namespace: its own policies apply
+    ip: str = ""  # outside the Kubernetes cluster: its address (ipBlock rules match it)
 
 
 def _peers(docs: list[dict]) -> list[Peer]:
@@ -47,6 +49,9 @@ def _peers(docs: list[dict]) -> list[Peer]:
             False,
         ),
         Peer("elsewhere", (("kubernetes.io/metadata.name", "default"),), (("app", "x"),), False),
+        # A managed Redis in the private network (deploy/components/external-redis).
+        Peer("external-redis", (), (), False, ip="10.20.30.40"),
+        Peer("internet", (), (), False, ip="203.0.113.7"),
     ]
     return [*pods.values(), *outside]
 
@@ -64,7 +69,15 @@ def _matches(selector: dict | None, labels: tuple[tuple[str, str], ...]) -> bool
 
 
 def _peer_matches(entry: dict, peer: Peer) -> bool:
-    """One `from`/`to` entry: a podSelector alone means this namespace."""
+    """One `from`/`to` entry: a podSelector alone means this namespace; an ipBlock, the
+    addresses outside the Kubernetes cluster in it."""
+    if "ipBlock" in entry:
+        block = entry["ipBlock"]
+        if not peer.ip:
+            return False
+        address = ipaddress.ip_address(peer.ip)
+        excepted = any(address in ipaddress.ip_network(e) for e in block.get("except", []))
+        return address in ipaddress.ip_network(block["cidr"]) and not excepted
     if "namespaceSelector" in entry:
         if not _matches(entry["namespaceSelector"], peer.namespace_labels):
             return False
@@ -130,8 +143,22 @@ EXPECTED = {
 }
 
 
+# With deploy/components/external-redis: no Redis pod; the same components reach the
+# external one on the same port, and nothing else outside.
+EXTERNAL_REDIS = {
+    **{pair: ports for pair, ports in EXPECTED.items() if "redis" not in pair},
+    **{(c, "kube-dns"): frozenset({53}) for c in ("learner", "rollout", "curve")},
+    **{(c, "external-redis"): frozenset({6379}) for c in ("learner", "rollout", "curve")},
+}
+
+
 def test_each_pod_reaches_only_its_peers(docs: list[dict]) -> None:
-    assert {p.name for p in _peers(docs) if p.ours} == set(OURS)
+    ours = {p.name for p in _peers(docs) if p.ours}
+    if "redis" not in ours:  # an external Redis
+        assert ours == set(OURS) - {"redis"}
+        assert allowed_peers(docs) == EXTERNAL_REDIS
+        return
+    assert ours == set(OURS)
     assert allowed_peers(docs) == EXPECTED
 
 

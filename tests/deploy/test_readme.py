@@ -90,6 +90,31 @@ def test_the_managed_redis_snippet_replaces_the_statefulset(tmp_path: Path) -> N
     assert service["spec"] == {"type": "ExternalName", "externalName": "my-redis.example.internal"}
 
 
+def test_the_external_redis_snippet_points_every_component_at_the_urls(tmp_path: Path) -> None:
+    snippet = _snippet("### External Redis or Redis Cluster")
+    [component] = snippet.pop("components")
+    assert component == "../../components/external-redis"  # from an overlay's folder
+    here = Path(os.path.relpath(DEPLOY / "components" / "external-redis", tmp_path / "overlay"))
+    docs = _render_on("cpu-smoke", {**snippet, "components": [str(here)]}, tmp_path)
+    assert not find(docs, "StatefulSet", "redis") and not find(docs, "Service", "redis")
+    [config] = [
+        d for d in find(docs, "ConfigMap") if d["metadata"]["name"].startswith("scalerl-redis")
+    ]
+    urls = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                for e in c.get("env", []):
+                    if e["name"] == "REDIS_URL":
+                        ref = e["valueFrom"]["configMapKeyRef"]
+                        assert ref["name"] == config["metadata"]["name"]
+                        urls[c["name"]] = config["data"][ref["key"]]
+    assert urls == {
+        name: f"redis://{name}@redis-0.example.internal:6379/0?cluster=true"
+        for name in ("learner", "rollout", "curve")
+    }
+
+
 def test_the_registry_snippet_renames_the_image(tmp_path: Path) -> None:
     docs = _render_on("cpu-smoke", _snippet("To pull from your own registry"), tmp_path)
     images = {

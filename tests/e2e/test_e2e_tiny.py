@@ -16,16 +16,20 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 from learning import assert_pass_rate_rose
+from redis.crc import key_slot
 
 from scalerl.run_folder import EvalRecord, StepRecord, read_records, run_evals
+from scalerl.state.keys import RunKeys
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def _launch(run_dir: Path, *overrides: str, redis_url: str = "") -> subprocess.Popen:
+    """`scalerl run --config tiny` with `--set` overrides, on its own Redis or `redis_url`."""
     args = [
         sys.executable,
         "-m",
@@ -38,6 +42,8 @@ def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
     ]
     for item in overrides:
         args += ["--set", item]
+    if redis_url:
+        args += ["--redis-url", redis_url]
     return subprocess.Popen(
         args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -107,6 +113,29 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert not (run_dir / "weights").exists()  # transient publications are cleaned up
     assert _processes_of(run_dir) == []
     _assert_eval_cli_matches_the_final_evaluation(run_dir, evals[-1])
+
+
+@pytest.mark.slow
+def test_a_tiny_run_trains_on_a_redis_cluster(tmp_path, redis_cluster, run_id):
+    """`scalerl run --redis-url ...?cluster=true`: the whole run on a 3-master Redis
+    Cluster (a few steps): it trains, every group is accounted for, and the run's keys are
+    on the cluster, in its run id's slot."""
+    run_dir = tmp_path / "run"
+    overrides = (f"run_id={run_id}", "learner.max_steps=3", "eval.every=3")
+    proc = _launch(run_dir, *overrides, redis_url=redis_cluster.url)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    metrics = read_records(run_dir, StepRecord)
+    assert [m.step for m in metrics] == [1, 2, 3] and metrics[-1].policy_version >= 1
+    groups = json.loads((run_dir / "report.json").read_text())["groups"]
+    assert groups["trained"] >= 3 * 8 and groups["unaccounted"] == 0, groups
+    assert not (run_dir / "redis").exists()  # no Redis of its own
+    # The ledger is on the master of the run id's slot, read there without the cluster.
+    master = redis_cluster.node_of_slot(key_slot(run_id.encode()))
+    with redis.Redis(host="127.0.0.1", port=master) as direct:
+        pushed = direct.hget(RunKeys(run_id).replay_ledger, "pushed")
+    assert pushed == str(groups["pushed"]).encode()
+    assert _processes_of(run_dir) == []
 
 
 def _assert_eval_cli_matches_the_final_evaluation(run_dir: Path, final: EvalRecord) -> None:

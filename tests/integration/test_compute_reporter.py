@@ -10,7 +10,11 @@ import pytest
 import redis
 
 from scalerl.compute import ComputeCounters, ComputeReporter
+from scalerl.state.client import RedisClient
 from scalerl.state.worker_stats import WorkerStats
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 
 class FlakyCounters(ComputeCounters):
@@ -27,7 +31,7 @@ class FlakyCounters(ComputeCounters):
         return super().add(role, device_seconds, worker_id)
 
 
-def test_failed_flushes_keep_the_seconds(redis_client: redis.Redis, run_id: str) -> None:
+def test_failed_flushes_keep_the_seconds(redis_client: RedisClient, run_id: str) -> None:
     counters = FlakyCounters(redis_client, run_id, failures=2)
     reporter = ComputeReporter(counters, "rollout")
     reporter.record(1.5)
@@ -41,7 +45,7 @@ def test_failed_flushes_keep_the_seconds(redis_client: redis.Redis, run_id: str)
     assert reporter.pending_seconds == 0 and reporter.reported_seconds == 4.0
 
 
-def test_the_reporting_loop_survives_redis_errors(redis_client: redis.Redis, run_id: str) -> None:
+def test_the_reporting_loop_survives_redis_errors(redis_client: RedisClient, run_id: str) -> None:
     counters = FlakyCounters(redis_client, run_id, failures=3)
     reporter = ComputeReporter(counters, "rollout", max_backoff_s=0.04)
     ticks = iter(range(10_000))
@@ -64,7 +68,7 @@ def test_the_reporting_loop_survives_redis_errors(redis_client: redis.Redis, run
     assert counters.by_role()["rollout"] == pytest.approx(recorded, abs=1e-9)
 
 
-def test_bad_arguments_are_refused(redis_client: redis.Redis, run_id: str) -> None:
+def test_bad_arguments_are_refused(redis_client: RedisClient, run_id: str) -> None:
     counters = ComputeCounters(redis_client, run_id)
     with pytest.raises(ValueError, match="max_backoff_s must be > 0"):
         ComputeReporter(counters, "rollout", max_backoff_s=0)
@@ -73,7 +77,7 @@ def test_bad_arguments_are_refused(redis_client: redis.Redis, run_id: str) -> No
 
 
 def test_the_workers_compute_thread_outlives_a_redis_error(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     from types import SimpleNamespace
 

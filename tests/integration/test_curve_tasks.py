@@ -51,13 +51,17 @@ def _total(compute: float) -> float:
 # --- the store backends ---------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def make_store(request) -> Callable[..., RunStore]:
     """store(new_runs, max_tasks): a fresh store of each backend that admits `new_runs` runs
-    beyond those it already holds (the Redis one shares the tests' redis-server)."""
+    beyond those it already holds (the Redis ones share the tests' redis-server, or their
+    3-master Redis Cluster)."""
     if request.param == "memory":
         return lambda new_runs=1000, max_tasks=MAX_TASKS: MemoryRunStore(new_runs, 1000, max_tasks)
-    client = connect(request.getfixturevalue("redis_url"))
+    if request.param == "redis-cluster":
+        client = connect(request.getfixturevalue("redis_cluster").url)
+    else:
+        client = connect(request.getfixturevalue("redis_url"))
 
     def redis_store(new_runs: int = 1000, max_tasks: int = MAX_TASKS) -> RunStore:
         held = client.scard(RUNS_KEY)

@@ -9,16 +9,19 @@ from __future__ import annotations
 import threading
 import time
 
-import redis
+import pytest
 
 from scalerl.compute import ComputeCounters
-from scalerl.state.client import connect
-from scalerl.state.keys import RunKeys
+from scalerl.state.client import RedisClient, connect
+from scalerl.state.keys import RunKeys, run_key
 from scalerl.state.prompt_pool import PromptPool
 from scalerl.state.replay import ReplayStream, replay_accounting
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 # Blocks the (single-threaded) server for about `ARGV[1]` milliseconds.
 STALL_LUA = """
@@ -34,10 +37,12 @@ end
 SOCKET_TIMEOUT_S = 0.25
 
 
-def _during_a_stall(redis_url: str, call) -> None:
-    """Run `call` while another client stalls the server for 1.2 s (> 4 socket timeouts)."""
+def _during_a_stall(redis_url: str, run_id: str, call) -> None:
+    """Run `call` while another client stalls the server (on a cluster: the master of the
+    run's slot, which the script's key names) for 1.2 s (> 4 socket timeouts)."""
     staller = connect(redis_url)
-    thread = threading.Thread(target=lambda: staller.eval(STALL_LUA, 0, 1200))
+    stall = run_key(run_id, "stall")
+    thread = threading.Thread(target=lambda: staller.eval(STALL_LUA, 1, stall, 1200))
     thread.start()
     time.sleep(0.1)
     try:
@@ -55,24 +60,24 @@ def _group(group_id: str) -> rollout_pb2.RolloutGroup:
     )
 
 
-def _client(redis_url: str) -> redis.Redis:
+def _client(redis_url: str) -> RedisClient:
     return connect(redis_url, socket_timeout_s=SOCKET_TIMEOUT_S, retries=20)
 
 
-def test_a_push_during_a_stall_lands_once(redis_url: str, run_id: str) -> None:
-    client = _client(redis_url)
+def test_a_push_during_a_stall_lands_once(any_redis_url: str, run_id: str) -> None:
+    client = _client(any_redis_url)
     replay = ReplayStream(client, run_id, capacity=16)
     replay.push(_group("w0-first"))  # the script is loaded: the stall hits the push itself
     entries: list[str] = []
-    _during_a_stall(redis_url, lambda: entries.append(replay.push(_group("w0-abc"))))
+    _during_a_stall(any_redis_url, run_id, lambda: entries.append(replay.push(_group("w0-abc"))))
     assert replay.depth() == 2  # without the writer's sequence check: 3 (two of w0-abc)
     accounting = replay_accounting(client, run_id)
     assert (accounting["pushed"], accounting["queued"], accounting["unaccounted"]) == (2, 2, 0)
     assert replay.read("c", 10)[1][0] == entries[0]
 
 
-def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
-    client = _client(redis_url)
+def test_counters_during_a_stall_add_once(any_redis_url: str, run_id: str) -> None:
+    client = _client(any_redis_url)
     compute, stats = ComputeCounters(client, run_id), WorkerStats(client, run_id)
     pool = PromptPool(client, run_id, "math")
     pool.init(["math/1", "math/2"])
@@ -91,7 +96,7 @@ def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
         pool.record("math/1", 8, 3)
         assert state.take_generation_ticket(3, "w0")
 
-    _during_a_stall(redis_url, add)
+    _during_a_stall(any_redis_url, run_id, add)
     tickets = state.generation_tickets()
     assert (tickets.remaining, tickets.held) == (6, {"w0": 2})
     assert compute.by_role() == {"rollout": 1.5, "warm_up": 1.0}
@@ -101,12 +106,12 @@ def test_counters_during_a_stall_add_once(redis_url: str, run_id: str) -> None:
 
 
 def test_the_idempotency_keys_are_one_per_writer_and_threads_do_not_collide(
-    redis_url: str, run_id: str
+    any_redis_url: str, run_id: str
 ) -> None:
     """300 counter writes and 40 pushes from 4 threads, interleaved: every one lands, and
     Redis holds one idempotency key and one push key per thread (a key per call made
     340 keys, kept for an hour)."""
-    client = _client(redis_url)
+    client = _client(any_redis_url)
     compute, replay = ComputeCounters(client, run_id), ReplayStream(client, run_id, 64)
 
     def write(index: int) -> None:

@@ -7,13 +7,16 @@ import json
 import random
 
 import pytest
-import redis
 
+from scalerl.state.client import RedisClient
 from scalerl.state.prompt_pool import PromptPool, TaskPools
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 
 def test_pool_init_is_idempotent_and_samples_eligible(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     ids = [f"p{i}" for i in range(5)]
@@ -30,7 +33,7 @@ def test_pool_init_is_idempotent_and_samples_eligible(
         PromptPool(redis_client, run_id + "x", "math").init([])
 
 
-def test_pool_record_accumulates(redis_client: redis.Redis, run_id: str) -> None:
+def test_pool_record_accumulates(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     assert pool.record("p0", 4, 3) == (4, 3)
     assert pool.record("p0", 4, 2) == (8, 5)
@@ -41,7 +44,7 @@ def test_pool_record_accumulates(redis_client: redis.Redis, run_id: str) -> None
     assert pool.stats("p0") == (8, 5)
 
 
-def test_npr_retirement_at_pass_rate_0_9(redis_client: redis.Redis, run_id: str) -> None:
+def test_npr_retirement_at_pass_rate_0_9(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b", "c", "d", "keep"])
     npr = {"threshold": 0.9, "min_attempts": 8}
@@ -60,7 +63,7 @@ def test_npr_retirement_at_pass_rate_0_9(redis_client: redis.Redis, run_id: str)
         pool.record_and_maybe_retire("d", 1, 1, threshold=1.5, min_attempts=1)
 
 
-def test_last_eligible_prompt_is_never_retired(redis_client: redis.Redis, run_id: str) -> None:
+def test_last_eligible_prompt_is_never_retired(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     pool.init(["x", "y"])
     assert pool.retire("x") is True
@@ -70,7 +73,7 @@ def test_last_eligible_prompt_is_never_retired(redis_client: redis.Redis, run_id
     assert pool.sample(5) == ["y"]
 
 
-def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
+def test_pool_snapshot_restore(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b", "c"])
     pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
@@ -99,7 +102,7 @@ def test_pool_snapshot_restore(redis_client: redis.Redis, run_id: str) -> None:
 
 
 def test_an_older_snapshot_never_overwrites_a_newer_pool(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """A learner resumed from a checkpoint taken before a prompt was retired by
     No-Positive-Resampling: Redis holds the newer pool, which stays (the prompt stays
@@ -116,7 +119,7 @@ def test_an_older_snapshot_never_overwrites_a_newer_pool(
     assert pool.restore(newer) is False  # the same revision: nothing to do
 
 
-def test_a_snapshot_refills_a_pool_redis_lost(redis_client: redis.Redis, run_id: str) -> None:
+def test_a_snapshot_refills_a_pool_redis_lost(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     pool.init(["a", "b"])
     pool.record_and_maybe_retire("a", 10, 10, threshold=0.9, min_attempts=8)
@@ -128,7 +131,7 @@ def test_a_snapshot_refills_a_pool_redis_lost(redis_client: redis.Redis, run_id:
 
 
 def test_a_pool_of_many_ids_is_filled_in_chunks_and_sampled_by_redis(
-    redis_client: redis.Redis, run_id: str, monkeypatch
+    redis_client: RedisClient, run_id: str, monkeypatch
 ) -> None:
     """25,000 ids go in three chunks (INIT_CHUNK = 10,000) and become the pool at once;
     above SEEDED_SAMPLE_LIMIT a sample no longer reads every id."""
@@ -147,7 +150,7 @@ def test_a_pool_of_many_ids_is_filled_in_chunks_and_sampled_by_redis(
     assert len(set(drawn)) == 4 and set(drawn) <= set(ids)
 
 
-def test_an_interrupted_init_leaves_no_half_pool(redis_client: redis.Redis, run_id: str) -> None:
+def test_an_interrupted_init_leaves_no_half_pool(redis_client: RedisClient, run_id: str) -> None:
     pool = PromptPool(redis_client, run_id, "math")
     with pytest.raises(ValueError, match="prompt_id must be a non-empty string"):
         pool.init(["a", "b", ""])
@@ -156,7 +159,7 @@ def test_an_interrupted_init_leaves_no_half_pool(redis_client: redis.Redis, run_
 
 
 def test_each_task_has_its_own_pool_and_one_snapshot_holds_them_all(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     pools = TaskPools(redis_client, run_id, ["math", "code"])
     pools["math"].init(["math/1", "math/2"])

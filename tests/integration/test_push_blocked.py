@@ -10,8 +10,12 @@ import time
 import pytest
 import redis
 
+from scalerl.state.client import RedisClient
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
 from scalerl.state.worker_stats import WorkerStats
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 
 class FlakyBlocked(PushBlockedSeconds):
@@ -29,7 +33,7 @@ class FlakyBlocked(PushBlockedSeconds):
 
 
 def test_seconds_add_up_per_worker_in_the_worker_stats(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     blocked = PushBlockedSeconds(redis_client, run_id)
     assert blocked.total() == 0.0 and blocked.by_worker() == {}
@@ -51,7 +55,7 @@ def test_seconds_add_up_per_worker_in_the_worker_stats(
     ],
 )
 def test_bad_input_is_refused_and_adds_nothing(
-    redis_client: redis.Redis, run_id: str, worker_id: str, seconds: float, message: str
+    redis_client: RedisClient, run_id: str, worker_id: str, seconds: float, message: str
 ) -> None:
     blocked = PushBlockedSeconds(redis_client, run_id)
     with pytest.raises(ValueError, match=message):
@@ -60,7 +64,7 @@ def test_bad_input_is_refused_and_adds_nothing(
 
 
 def test_the_reporter_adds_what_grew_once_and_keeps_it_through_errors(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     blocked = FlakyBlocked(redis_client, run_id, failures=2)
     local = [0.0]
@@ -80,7 +84,7 @@ def test_the_reporter_adds_what_grew_once_and_keeps_it_through_errors(
 
 
 def test_the_reporting_loop_flushes_until_stopped_and_once_more(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     blocked = PushBlockedSeconds(redis_client, run_id)
     local = [0.5]

@@ -62,7 +62,7 @@ def test_persistent_server_keeps_data_across_restart(tmp_path: Path) -> None:
     assert (tmp_path / "redis" / "appendonly.aof").exists()
     with RedisServer(persistent=True, data_dir=tmp_path / "redis") as server:
         client = connect(server.url)
-        assert client.get("scalerl:r:k") == b"v"
+        assert client.get(run_key("r", "k")) == b"v"
         client.close()
 
 
@@ -102,7 +102,7 @@ def test_missing_binary_names_pip_command(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_run_key_validates_run_id() -> None:
-    assert run_key("run-1", "replay") == "scalerl:run-1:replay"
+    assert run_key("run-1", "replay") == "scalerl:{run-1}:replay"
     with pytest.raises(ValueError, match="run_id"):
         run_key("bad*id", "replay")
 
@@ -113,14 +113,14 @@ def test_run_keys_name_the_whole_schema() -> None:
     keys = RunKeys("r1")
     pool = keys.pool_keys("math")
     assert (keys.replay, pool.eligible, keys.policy_version, keys.workers_prefix) == (
-        "scalerl:r1:replay",
-        "scalerl:r1:pool:math:eligible",
-        "scalerl:r1:state:policy_version",
-        "scalerl:r1:workers:",
+        "scalerl:{r1}:replay",
+        "scalerl:{r1}:pool:math:eligible",
+        "scalerl:{r1}:state:policy_version",
+        "scalerl:{r1}:workers:",
     )
     assert (keys.compute, keys.curve_points, CURVE_RUNS_KEY) == (
-        "scalerl:r1:compute",
-        "scalerl:r1:curve:points",
+        "scalerl:{r1}:compute",
+        "scalerl:{r1}:curve:points",
         "scalerl:curve-service:runs",
     )
     with pytest.raises(ValueError, match="run_id must match"):

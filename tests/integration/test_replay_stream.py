@@ -7,12 +7,14 @@ import threading
 import time
 
 import pytest
-import redis
 
-from scalerl.state.client import connect
+from scalerl.state.client import RedisClient, connect
 from scalerl.state.replay import PushAborted, ReplayStream
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 
 def make_group(
@@ -37,17 +39,17 @@ def make_group(
     )
 
 
-def test_group_roundtrip(redis_client: redis.Redis, run_id: str) -> None:
+def test_group_roundtrip(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=4)
     group = make_group("p7", min_version=3, max_version=5)
     entry_id = stream.push(group)
     [(read_id, read_group)] = stream.read("learner-0", count=4)
     assert read_id == entry_id
     assert read_group == group
-    assert stream.key == "scalerl:" + run_id + ":replay"
+    assert stream.key == "scalerl:{" + run_id + "}:replay"
 
 
-def test_concurrent_push_admits_exactly_capacity(redis_client: redis.Redis, run_id: str) -> None:
+def test_concurrent_push_admits_exactly_capacity(redis_client: RedisClient, run_id: str) -> None:
     """8 threads x 5 attempts race for 7 slots: exactly 7 succeed (the Lua check-and-add is
     atomic; a separate XLEN then XADD would overshoot under this contention)."""
     stream = ReplayStream(redis_client, run_id, capacity=7)
@@ -73,11 +75,11 @@ def test_concurrent_push_admits_exactly_capacity(redis_client: redis.Redis, run_
 
 
 def test_concurrent_producers_and_consumer_never_exceed_capacity(
-    redis_client: redis.Redis, redis_url: str, run_id: str
+    redis_client: RedisClient, any_redis_url: str, run_id: str
 ) -> None:
     capacity, producers, per_producer = 5, 6, 4
     stream = ReplayStream(redis_client, run_id, capacity=capacity)
-    learner_client = connect(redis_url)
+    learner_client = connect(any_redis_url)
     learner = ReplayStream(learner_client, run_id, capacity=capacity)
     total = producers * per_producer
     max_depth = 0
@@ -119,7 +121,7 @@ def test_concurrent_producers_and_consumer_never_exceed_capacity(
     assert stream.depth() == 0
 
 
-def test_push_times_out_or_aborts_when_full(redis_client: redis.Redis, run_id: str) -> None:
+def test_push_times_out_or_aborts_when_full(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=1)
     stream.push(make_group("a"))
     started = time.monotonic()
@@ -132,7 +134,7 @@ def test_push_times_out_or_aborts_when_full(redis_client: redis.Redis, run_id: s
 
 
 def test_push_counts_the_seconds_it_waited_on_a_full_stream(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """`push_blocked_seconds` sums the waits of pushes that found the stream full,
     timed out and aborted ones included; a push with room adds nothing."""
@@ -159,7 +161,7 @@ def test_push_counts_the_seconds_it_waited_on_a_full_stream(
     assert stream.depth() == 1
 
 
-def test_ack_frees_capacity_and_deletes(redis_client: redis.Redis, run_id: str) -> None:
+def test_ack_frees_capacity_and_deletes(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=2)
     first = stream.push(make_group("a"))
     stream.push(make_group("b"))
@@ -186,7 +188,7 @@ def test_ack_frees_capacity_and_deletes(redis_client: redis.Redis, run_id: str) 
 
 
 def test_dead_consumer_entries_claimed_by_another_after_idle(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     dead = ReplayStream(redis_client, run_id, capacity=8, claim_idle_ms=200)
     for name in ("a", "b", "c"):
@@ -205,7 +207,7 @@ def test_dead_consumer_entries_claimed_by_another_after_idle(
 
 
 def test_restart_same_name_rereads_own_pending_first(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     before = ReplayStream(redis_client, run_id, capacity=8)
     for name in ("a", "b", "c"):
@@ -219,7 +221,7 @@ def test_restart_same_name_rereads_own_pending_first(
     assert after.read("learner-0", count=3) == []  # each entry handed out once
 
 
-def test_own_idle_entries_not_returned_twice(redis_client: redis.Redis, run_id: str) -> None:
+def test_own_idle_entries_not_returned_twice(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=8, claim_idle_ms=50)
     stream.push(make_group("a"))
     stream.push(make_group("b"))
@@ -230,7 +232,7 @@ def test_own_idle_entries_not_returned_twice(redis_client: redis.Redis, run_id: 
     assert [group.prompt_id for _, group in stream.read("learner-0", count=2)] == ["c"]
 
 
-def test_read_waits_up_to_block_ms(redis_client: redis.Redis, run_id: str) -> None:
+def test_read_waits_up_to_block_ms(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=2)
     started = time.monotonic()
     assert stream.read("learner-0", count=1, block_ms=100) == []
@@ -239,7 +241,7 @@ def test_read_waits_up_to_block_ms(redis_client: redis.Redis, run_id: str) -> No
         stream.read("learner-0", count=0)
 
 
-def test_stream_deleted_recreates_group(redis_client: redis.Redis, run_id: str) -> None:
+def test_stream_deleted_recreates_group(redis_client: RedisClient, run_id: str) -> None:
     stream = ReplayStream(redis_client, run_id, capacity=2)
     redis_client.delete(stream.key)  # e.g. a non-persistent Redis restarted
     stream.push(make_group("a"))
@@ -247,7 +249,7 @@ def test_stream_deleted_recreates_group(redis_client: redis.Redis, run_id: str) 
 
 
 def test_the_ledger_counts_every_group_once_by_outcome(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """6 pushed: 2 trained, 1 stale, 1 future, 1 dead-lettered, 1 queued. A retried ack or
     dead-letter (a client's retry after a lost reply) counts nothing the second time."""
@@ -277,7 +279,7 @@ def test_the_ledger_counts_every_group_once_by_outcome(
 
 
 def test_a_resume_moves_the_discarded_steps_groups_to_lost(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """A checkpoint taken after 3 trained groups, 2 more trained before the crash: the
     resume moves those 2 from trained to lost, once however often it runs."""
@@ -291,7 +293,7 @@ def test_a_resume_moves_the_discarded_steps_groups_to_lost(
     assert (ledger["trained"], ledger["lost"], ledger["unaccounted"]) == (3, 2, 0)
 
 
-def test_each_push_is_counted_for_its_worker(redis_client: redis.Redis, run_id: str) -> None:
+def test_each_push_is_counted_for_its_worker(redis_client: RedisClient, run_id: str) -> None:
     """The push script adds to the pushing worker's stats in the same step as the entry:
     the workers' groups_pushed add up to the ledger's pushed; an odd worker id is
     counted as "unknown"."""

@@ -7,16 +7,19 @@ import threading
 import time
 
 import pytest
-import redis
 
 from scalerl.compute import BusyTimer, ComputeCounters
+from scalerl.state.client import RedisClient
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import GenerationTickets, RunState
 from scalerl.state.version_board import WeightsRef
 
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
-def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
+
+def test_worker_registry_expiry(redis_client: RedisClient, run_id: str) -> None:
     registry = WorkerRegistry(redis_client, run_id)
     registry.heartbeat("rollout-0", "127.0.0.1:5001", ttl_s=0.2)
     registry.heartbeat("rollout-1", "127.0.0.1:5002", ttl_s=30)
@@ -35,7 +38,7 @@ def test_worker_registry_expiry(redis_client: redis.Redis, run_id: str) -> None:
         registry.heartbeat("rollout-2", "x:1", ttl_s=0)
 
 
-def test_run_state(redis_client: redis.Redis, run_id: str) -> None:
+def test_run_state(redis_client: RedisClient, run_id: str) -> None:
     state = RunState(redis_client, run_id)
     assert state.versions.announced() == 0
     state.versions.announce(12)
@@ -55,7 +58,7 @@ def test_run_state(redis_client: redis.Redis, run_id: str) -> None:
         WeightsRef(version=1, uri="", sha256="xyz", total_bytes=1)
 
 
-def test_latest_weights_carry_a_fetch_source(redis_client: redis.Redis, run_id: str) -> None:
+def test_latest_weights_carry_a_fetch_source(redis_client: RedisClient, run_id: str) -> None:
     """`pull` publications name the learner's FetchWeights address; a hash written before
     `source` existed reads as source "", and a later publication never inherits one."""
     state = RunState(redis_client, run_id)
@@ -78,7 +81,7 @@ def test_latest_weights_carry_a_fetch_source(redis_client: redis.Redis, run_id: 
 
 
 def test_generation_quota_is_per_version_and_never_overdrawn(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     state = RunState(redis_client, run_id)
     assert not state.take_generation_ticket(0, "w0")  # no quota yet
@@ -113,7 +116,7 @@ def test_generation_quota_is_per_version_and_never_overdrawn(
         state.take_generation_ticket(4, "bad id*")
 
 
-def test_tickets_given_back_never_exceed_those_held(redis_client: redis.Redis, run_id: str) -> None:
+def test_tickets_given_back_never_exceed_those_held(redis_client: RedisClient, run_id: str) -> None:
     state = RunState(redis_client, run_id)
     state.set_generation_quota(5, 4)
     assert state.take_generation_ticket(5, "w0") and state.take_generation_ticket(5, "w0")
@@ -127,7 +130,7 @@ def test_tickets_given_back_never_exceed_those_held(redis_client: redis.Redis, r
         state.give_back_generation_tickets(5, "w0", groups=-1)
 
 
-def test_compute_counters_sum(redis_client: redis.Redis, run_id: str) -> None:
+def test_compute_counters_sum(redis_client: RedisClient, run_id: str) -> None:
     counters = ComputeCounters(redis_client, run_id)
     assert counters.by_role() == {} and counters.total_hours() == 0.0
     counters.add("learner", 1.5)
@@ -142,7 +145,7 @@ def test_compute_counters_sum(redis_client: redis.Redis, run_id: str) -> None:
         counters.add("Bad Role", 1.0)
 
 
-def test_busy_timer_adds_devices_times_wall_seconds(redis_client: redis.Redis, run_id: str) -> None:
+def test_busy_timer_adds_devices_times_wall_seconds(redis_client: RedisClient, run_id: str) -> None:
     counters = ComputeCounters(redis_client, run_id)
     ticks = iter([10.0, 12.5, 20.0, 20.25])
     with BusyTimer(counters, "learner", devices=2, clock=lambda: next(ticks)) as timer:

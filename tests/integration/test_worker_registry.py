@@ -8,12 +8,15 @@ import logging
 import time
 
 import pytest
-import redis
 
 from learner_service.metrics import WorkerStatsCollector
+from scalerl.state.client import RedisClient
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.worker_stats import WorkerStats
+
+# Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
+pytestmark = pytest.mark.single_and_cluster
 
 
 class Clock:
@@ -25,7 +28,7 @@ class Clock:
 
 
 def test_a_wedged_worker_is_left_out_and_logged_once(
-    redis_client: redis.Redis, run_id: str, caplog: pytest.LogCaptureFixture
+    redis_client: RedisClient, run_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock(1000.0)
     registry = WorkerRegistry(redis_client, run_id, stall_s=60, clock=clock)
@@ -47,7 +50,7 @@ def test_a_wedged_worker_is_left_out_and_logged_once(
 
 
 def test_a_worker_without_run_weights_is_not_in_the_view(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     registry = WorkerRegistry(redis_client, run_id)
     registry.heartbeat("w-new", "10.0.0.3:1", 30, WorkerProgress(0, False))
@@ -57,20 +60,20 @@ def test_a_worker_without_run_weights_is_not_in_the_view(
     assert info.address == "10.0.0.3:1" and info.progress == WorkerProgress(0, False)
 
 
-def test_a_bare_address_value_still_reads(redis_client: redis.Redis, run_id: str) -> None:
+def test_a_bare_address_value_still_reads(redis_client: RedisClient, run_id: str) -> None:
     keys = RunKeys(run_id)
     redis_client.set(keys.worker("w-legacy"), b"10.0.0.5:1", px=30_000)
     redis_client.sadd(keys.workers_index, "w-legacy")
     assert WorkerRegistry(redis_client, run_id).workers() == {"w-legacy": "10.0.0.5:1"}
 
 
-def test_stall_s_must_be_positive(redis_client: redis.Redis, run_id: str) -> None:
+def test_stall_s_must_be_positive(redis_client: RedisClient, run_id: str) -> None:
     with pytest.raises(ValueError, match="stall_s must be a number > 0"):
         WorkerRegistry(redis_client, run_id, stall_s=0)
 
 
 def test_per_worker_series_stay_bounded_under_100_joins_and_leaves(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """Pods come and go with new names: their stats fold into one `departed` row once
     gone for the grace period; the live and recently gone keep their own rows, and every
@@ -103,12 +106,15 @@ def test_per_worker_series_stay_bounded_under_100_joins_and_leaves(
 
 
 def test_listing_reads_the_index_not_the_keyspace_and_prunes_the_expired(
-    redis_client: redis.Redis, run_id: str
+    redis_client: RedisClient, run_id: str
 ) -> None:
     """1,000 unrelated keys cost the listing nothing (no SCAN); an entry that expired
     leaves the index at the next listing; one that beats again stays."""
     registry = WorkerRegistry(redis_client, run_id)
-    redis_client.mset({f"{run_id}-noise-{i}": i for i in range(1000)})
+    with redis_client.pipeline(transaction=False) as pipe:  # (a cluster's MSET: one slot)
+        for i in range(1000):
+            pipe.set(f"{run_id}-noise-{i}", i)
+        pipe.execute()
     registry.heartbeat("w-live", "10.0.0.1:1", 30)
     registry.heartbeat("w-gone", "10.0.0.2:1", 0.05)
     time.sleep(0.1)

@@ -47,6 +47,25 @@ def test_environment_overrides_a_field(monkeypatch):
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
         *(
             (
+                ["--redis-url", bad],
+                "scalerl: --redis-url: must look like "
+                "redis[s]://[[user]:password@]host[:port][/db][?cluster=true], got "
+                f"{shown!r}",
+            )
+            for bad, shown in (
+                ("localhost:6379", "localhost:6379"),
+                ("http://h:6379", "http://h:6379"),
+                ("redis://:pw@:6379/0", "redis://:***@:6379/0"),
+                ("redis://h:99999/0", "redis://h:99999/0"),
+            )
+        ),
+        (
+            ["--redis-url", "redis://h:6379/0?cluster=on"],
+            "scalerl: --redis-url: Redis URL parameter cluster must be one of true, false, "
+            "got 'on'",
+        ),
+        *(
+            (
                 ["--set", f"eval.budget_fraction={bad}"],
                 f"scalerl: eval.budget_fraction must lie in (0, 1] (a share of the run's "
                 f"compute), got {bad}",
