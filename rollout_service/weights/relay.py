@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
-
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.weights.pull import FETCH_TIMEOUT_S, Peer, pull_weights
 from rollout_service.weights.receive import WeightsError
 from scalerl.config import PullWeights, RunConfig
 from scalerl.policy.weight_store import WeightStore
+from scalerl.state.client import RedisClient
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.version_board import WeightsRef
 from scalerl.state.weight_relay import LEARNER, WeightRelay
@@ -122,7 +121,7 @@ class RelayFetcher:
 
 
 def make_relay(
-    config: RunConfig, client: redis.Redis, registry: WorkerRegistry, worker_id: str
+    config: RunConfig, client: RedisClient, registry: WorkerRegistry, worker_id: str
 ) -> RelayFetcher | None:
     """The worker's relay when `learner.weights` is `pull` with `relay_fanout` > 0, else
     None (fetch from the learner)."""

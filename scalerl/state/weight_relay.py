@@ -25,9 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-import redis
-
-from scalerl.state.client import text
+from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys, check_worker_id
 
 LEARNER = ""  # the source name of the learner's FetchWeights (`WeightsRef.source`)
@@ -78,7 +76,7 @@ class WeightRelay:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         run_id: str,
         fanout: int,
         learner_slots: int | None = None,

@@ -1,14 +1,12 @@
-"""The weight relay over real gRPC on loopback and a real Redis: the board's routing rule
-(each source at most `fanout` fetches, holders before the learner, lapsed claims freed),
-a version spreading through peers to every worker with the learner's exact bytes, and the
-peers that must be refused: one altering the payload, one passing off another version
-under the announced label, one gone."""
+"""The weight relay over real gRPC on loopback and a real Redis: a version spreading
+through peers to every worker with the learner's exact bytes, and the peers that must be
+refused: one altering the payload, one passing off another version under the announced
+label, one gone. The board's rule alone: test_weight_relay_board.py."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -23,15 +21,14 @@ from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
 from rollout_service.server import RolloutServicer
 from rollout_service.weights.receive import WeightsError
-from rollout_service.weights.relay import RelayFetcher, make_relay
-from scalerl.config import RunConfig
+from rollout_service.weights.relay import RelayFetcher
 from scalerl.policy.weight_store import Uplink, WeightStore
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import ROLLOUT, serve
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.version_board import WeightsRef
-from scalerl.state.weight_relay import LEARNER, WeightRelay
+from scalerl.state.weight_relay import WeightRelay
 from scalerl.v1 import rollout_pb2
 
 CHUNK = 16 * 1024
@@ -128,74 +125,6 @@ def fleet(redis_client: redis.Redis, run_id: str) -> Iterator:
     yield make
     for each in made:
         each.close()
-
-
-# ----- the board ----------------------------------------------------------------------------
-
-
-def test_each_source_serves_at_most_fanout_and_holders_go_before_the_learner(
-    redis_client: redis.Redis, run_id: str
-) -> None:
-    relay = WeightRelay(redis_client, run_id, fanout=2)
-    assert [relay.claim(5, f"w{i}") for i in range(3)] == [LEARNER, LEARNER, None]
-    relay.offer(5, "w0")
-    # w0 holds v5: the waiting fetchers go to it, up to its fanout, not to the learner.
-    assert [relay.claim(5, f"w{i}") for i in (2, 3, 4)] == ["w0", "w0", None]
-    assert relay.load(5) == {LEARNER: 2, "w0": 2}
-    relay.release(5, "w1")  # a fetch from the learner ended: its slot is free again
-    assert relay.claim(5, "w4") == LEARNER
-    relay.offer(5, "w1")
-    assert relay.claim(5, "w5") == "w1"
-    assert relay.claim(5, "w6", skip={"w1"}) is None  # w1 failed w6; every other source busy
-    # A claimer holds one claim per version: a new one replaces its old.
-    assert relay.claim(5, "w5") == "w1"
-    assert relay.load(5) == {LEARNER: 2, "w0": 2, "w1": 1}
-    assert relay.claim(5, "w1") is None  # never itself; everything else is busy
-    relay.withdraw(5, "w0")
-    assert relay.holders(5) == {"w1"}
-    assert relay.claim(6, "w0") == LEARNER  # versions are routed apart
-    holders, claims = relay._keys.relay(5)
-    assert 0 < redis_client.ttl(holders) <= relay.ttl_s
-    assert 0 < redis_client.ttl(claims) <= relay.ttl_s
-
-
-def test_a_fetcher_that_died_frees_its_slot_when_its_lease_lapses(
-    redis_client: redis.Redis, run_id: str
-) -> None:
-    relay = WeightRelay(redis_client, run_id, fanout=1, lease_s=0.2)
-    assert relay.claim(3, "dead") == LEARNER
-    assert relay.claim(3, "w1") is None
-    time.sleep(0.3)
-    assert relay.claim(3, "w1") == LEARNER
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("fanout", 0), ("learner_slots", -1), ("lease_s", 0.0), ("ttl_s", 0)],
-)
-def test_bad_relay_settings_are_refused_by_name(
-    redis_client: redis.Redis, run_id: str, field: str, value
-) -> None:
-    kwargs = {"fanout": 2, field: value}
-    with pytest.raises(ValueError, match=field):
-        WeightRelay(redis_client, run_id, **kwargs)
-
-
-def test_make_relay_follows_the_config(redis_client: redis.Redis, run_id: str) -> None:
-    registry = WorkerRegistry(redis_client, run_id)
-    config = RunConfig.model_validate(
-        {"run_id": run_id, "learner": {"weights": {"transport": "pull"}}}
-    )
-    assert make_relay(config, redis_client, registry, "w0") is None
-    config = RunConfig.model_validate(
-        {"run_id": run_id, "learner": {"weights": {"transport": "pull", "relay_fanout": 3}}}
-    )
-    fetcher = make_relay(config, redis_client, registry, "w0")
-    assert fetcher is not None and fetcher.relay.fanout == 3
-    with pytest.raises(ValueError, match="relay_fanout"):
-        RunConfig.model_validate(
-            {"learner": {"weights": {"transport": "pull", "relay_fanout": 17}}}
-        )
 
 
 # ----- over gRPC ----------------------------------------------------------------------------
