@@ -111,8 +111,8 @@ def _pull(state: dict, ref_fields: tuple) -> float:
     ref = WeightsRef(*ref_fields)
     buffer = bytearray()
     for message in fetched_requests(ref, TIMEOUT_S):
-        if message.WhichOneof("payload") == "chunk":
-            buffer += message.chunk
+        if isinstance(message, bytes):  # a chunk (the header comes first, as a message)
+            buffer += message
     if len(buffer) != ref.total_bytes or hashlib.sha256(buffer).hexdigest() != ref.sha256:
         raise RuntimeError(f"pulled {len(buffer)} bytes that do not match the announcement")
     return time.monotonic()

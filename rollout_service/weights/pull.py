@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass
 
 import grpc
 
 from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.receive import Keep, WeightsError, receive_weights
+from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import LEARNER, ROLLOUT
 from scalerl.state.version_board import WeightsRef
@@ -31,6 +31,9 @@ from scalerl.v1 import rollout_pb2
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
 RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
 POLL_S = 0.5  # how often a pulling worker looks for a newer announcement, seconds
+# Given a fetched payload's header and bytes once they matched the announcement, with the
+# (length, sha256) of each chunk as received (a relaying worker holds them for its peers).
+Keep = Callable[[rollout_pb2.WeightsHeader, bytes, list[tuple[int, str]]], None]
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ def pull_weights(
     the first message to the swap).
 
     timeout_s: deadline of the fetch (seconds); apply_timeout_s: of the swap. keep: given
-    the header and the payload once its sha256 matched `ref` (a relaying worker holds it).
+    the header, the payload and its chunks' digests once its sha256 matched `ref` (a
+    relaying worker holds it).
     Raises WeightsError: `source` (no source, the source unreachable, the deadline
     passed), `version` (the source no longer holds it: fetch the newer announcement),
     `header` (the stream's header differs from `ref`), `chunk` (a chunk out of order or
@@ -63,8 +67,15 @@ def pull_weights(
     same checks against the learner's announcement (`ref`), so a peer cannot alter it."""
     if not ref.source:
         raise WeightsError("source", f"policy version {ref.version} has no FetchWeights source")
-    with closing(fetched_requests(ref, timeout_s, peer=peer)) as requests:
-        return receive_weights(requests, engine, apply_timeout_s, keep=keep)
+    digests: list[tuple[int, str]] = []
+    stream = fetched_requests(ref, timeout_s, peer=peer, digests=digests)
+
+    def keep_with_digests(header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
+        if keep is not None:
+            keep(header, payload, digests)
+
+    with closing(stream) as requests:
+        return receive_weights(requests, engine, apply_timeout_s, keep=keep_with_digests)
 
 
 def fetched_requests(
@@ -72,10 +83,12 @@ def fetched_requests(
     timeout_s: float = FETCH_TIMEOUT_S,
     resumes: int = RESUMES,
     peer: Peer | None = None,
-) -> Generator[rollout_pb2.UpdateWeightsRequest, None, None]:
-    """The UpdateWeights messages (header, then chunks in order) of `ref`'s payload, as
-    FetchWeights from `ref.source` (or `peer`) streams them, each chunk checked before it
-    is yielded.
+    digests: list[tuple[int, str]] | None = None,
+) -> Generator[rollout_pb2.UpdateWeightsRequest | bytes, None, None]:
+    """The UpdateWeights header message, then the chunks' bytes in order, of `ref`'s
+    payload as FetchWeights from `ref.source` (or `peer`) streams them, each chunk checked
+    before it is yielded. digests: given, gets (length, sha256) of each chunk as computed
+    here (a relay's store reuses them rather than hashing the payload again).
 
     Raises WeightsError as `pull_weights` says, while iterating."""
     deadline = time.monotonic() + timeout_s
@@ -93,9 +106,12 @@ def fetched_requests(
                     if not header_sent:
                         header_sent = True
                         yield rollout_pb2.UpdateWeightsRequest(header=message.header)
-                    _check_chunk(message, offset)
-                    offset += len(message.data)
-                    yield rollout_pb2.UpdateWeightsRequest(chunk=message.data)
+                    data = message.data  # each read of a bytes field copies it
+                    digest = _check_chunk(message.offset, data, message.sha256, offset)
+                    if digests is not None:
+                        digests.append((len(data), digest))
+                    offset += len(data)
+                    yield data
                 return
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < resumes and offset:
@@ -118,18 +134,18 @@ def _check_header(message: rollout_pb2.FetchWeightsChunk, ref: WeightsRef) -> No
         )
 
 
-def _check_chunk(message: rollout_pb2.FetchWeightsChunk, offset: int) -> None:
-    if message.offset != offset:
-        raise WeightsError(
-            "chunk", f"chunk at offset {message.offset} arrived where offset {offset} was due"
-        )
-    actual = hashlib.sha256(message.data).hexdigest()
-    if actual != message.sha256:
+def _check_chunk(at: int, data: bytes, sha256: str, offset: int) -> str:
+    """The sha256 of a chunk found at `at` once it is the one due at `offset`."""
+    if at != offset:
+        raise WeightsError("chunk", f"chunk at offset {at} arrived where offset {offset} was due")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
         raise WeightsError(
             "chunk",
-            f"chunk at offset {message.offset} ({len(message.data)} bytes) hashes to "
-            f"{actual}, its sha256 says {message.sha256!r}",
+            f"chunk at offset {at} ({len(data)} bytes) hashes to {actual}, its sha256 says "
+            f"{sha256!r}",
         )
+    return actual
 
 
 def _fetch_error(

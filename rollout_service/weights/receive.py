@@ -55,7 +55,7 @@ DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
 _HASH_BLOCK_BYTES = 4 * 1024**2
 # Given a streamed payload's header and bytes once they matched its sha256 (a relaying
 # worker holds them for its peers, `rollout_service.weights.relay`).
-Keep = Callable[[rollout_pb2.WeightsHeader, bytes], None]
+Received = Callable[[rollout_pb2.WeightsHeader, bytes], None]
 # The one answer to every unusable `uri` (it must not tell files apart).
 URI_REFUSED = "no weights file at this uri inside the worker's weights root"
 
@@ -82,12 +82,12 @@ class WeightsError(ServiceError):
 
 
 def receive_weights(
-    requests: Iterable[rollout_pb2.UpdateWeightsRequest],
+    requests: Iterable[rollout_pb2.UpdateWeightsRequest | bytes],
     engine: RolloutEngine,
     apply_timeout_s: float = 120.0,
     weights_root: str | Path | None = None,
     budget: ByteBudget | None = None,
-    keep: Keep | None = None,
+    keep: Received | None = None,
 ) -> tuple[int, float]:
     """Read an UpdateWeights stream, verify it, stage it on `engine` and wait until the new
     weights serve (with `header.adapter`: the payload's adapter, served under that name
@@ -98,10 +98,11 @@ def receive_weights(
     worker's cap on buffered streamed bytes; a stream whose total_bytes does not fit is
     refused with ResourceExhausted before its chunks are read. keep: given the header and
     the streamed payload once its sha256 matched, before it is parsed.
-    Raises WeightsError (the engine's InvalidArgument keeps its field: state_dict or
-    payload), ResourceExhausted, or the engine's EngineStopped; the engine then serves the
-    old version (after an `apply` timeout the update is cancelled unless the swap already
-    started)."""
+    A chunk may come as its bytes rather than a message (a fetch unwraps its chunks: one
+    copy of every byte less). Raises WeightsError (the engine's InvalidArgument keeps its
+    field: state_dict or payload), ResourceExhausted, or the engine's EngineStopped; the
+    engine then serves the old version (after an `apply` timeout the update is cancelled
+    unless the swap already started)."""
     start = time.monotonic()
     iterator = iter(requests)
     header = _read_header(iterator)
@@ -138,9 +139,11 @@ def receive_weights(
     return version, time.monotonic() - start
 
 
-def _read_header(iterator: Iterator[rollout_pb2.UpdateWeightsRequest]) -> rollout_pb2.WeightsHeader:
+def _read_header(
+    iterator: Iterator[rollout_pb2.UpdateWeightsRequest | bytes],
+) -> rollout_pb2.WeightsHeader:
     first = next(iterator, None)
-    if first is None or first.WhichOneof("payload") != "header":
+    if isinstance(first, bytes) or first is None or first.WhichOneof("payload") != "header":
         raise WeightsError("header", "the first message must carry the WeightsHeader")
     header = first.header
     if header.version < 0:
@@ -156,17 +159,24 @@ def _read_header(iterator: Iterator[rollout_pb2.UpdateWeightsRequest]) -> rollou
     return header
 
 
-def _read_chunks(iterator: Iterator[rollout_pb2.UpdateWeightsRequest], total: int) -> bytes:
-    buffer = bytearray()
+def _read_chunks(iterator: Iterator[rollout_pb2.UpdateWeightsRequest | bytes], total: int) -> bytes:
+    # The chunks are kept as they come and joined once: one copy of the payload, where a
+    # growing bytearray and its final bytes() made two.
+    parts, size = [], 0
     for message in iterator:
-        if message.WhichOneof("payload") != "chunk":
+        if isinstance(message, bytes):
+            chunk = message
+        elif message.WhichOneof("payload") == "chunk":
+            chunk = message.chunk
+        else:
             raise WeightsError("header", "only the first message may carry a header")
-        buffer += message.chunk
-        if len(buffer) > total:
+        size += len(chunk)
+        if size > total:
             raise WeightsError("chunk", f"received more than total_bytes = {total} bytes")
-    if len(buffer) < total:
-        raise WeightsError("total_bytes", f"stream ended after {len(buffer)} of {total} bytes")
-    return bytes(buffer)
+        parts.append(chunk)
+    if size < total:
+        raise WeightsError("total_bytes", f"stream ended after {size} of {total} bytes")
+    return b"".join(parts)
 
 
 class ByteBudget:

@@ -98,10 +98,12 @@ class RelayFetcher:
                 raise WeightsError("source", f"worker {source} has no signed registry entry")
             peer = Peer(source, info.address)
 
-        def keep(header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
+        def keep(
+            header: rollout_pb2.WeightsHeader, payload: bytes, digests: list[tuple[int, str]]
+        ) -> None:
             # Held and offered once verified, before the engine swaps: peers need not wait
             # for this worker's own load.
-            self.store.put(header, payload, pin=pin)
+            self.store.put(header, payload, pin=pin, digests=digests)
             self.relay.offer(ref.version, self.worker_id)
 
         version, seconds = pull_weights(ref, engine, timeout_s, peer=peer, keep=keep)

@@ -16,7 +16,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from scalerl.policy.weights import CHUNK_BYTES
 from scalerl.rpc.errors import InvalidArgument, NotFound
@@ -76,10 +76,19 @@ class WeightStore:
         self._pinned: int | None = None
         self._lock = threading.Lock()
 
-    def put(self, header: rollout_pb2.WeightsHeader, payload: bytes, pin: bool = False) -> None:
+    def put(
+        self,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        pin: bool = False,
+        digests: Sequence[tuple[int, str]] = (),
+    ) -> None:
         """Hold `payload` as `header.version` and drop all but the newest `keep` versions
         and the pinned one. pin: this version is the pinned one (a LoRA base, which
-        joiners fetch before the latest adapter) until another is pinned.
+        joiners fetch before the latest adapter) until another is pinned. digests: the
+        (length, sha256 hex) of the payload's chunks in order, as the caller computed them
+        from these bytes (a relaying worker's fetch did); used when they cut the payload
+        as this store does, else every chunk is hashed here.
 
         The header's sha256 is taken as given (the publisher computed it from these
         bytes). Raises ValueError when len(payload) differs from header.total_bytes or is
@@ -90,14 +99,18 @@ class WeightStore:
                 "(must be equal and >= 1)"
             )
         view, size = memoryview(payload), self.chunk_bytes
-        digests = [
-            hashlib.sha256(view[start : start + size]).hexdigest()
-            for start in range(0, len(payload), size)
-        ]
+        chunk_lengths = [min(size, len(payload) - start) for start in range(0, len(payload), size)]
+        if [length for length, _ in digests] == chunk_lengths:
+            chunk_digests = [digest for _, digest in digests]
+        else:
+            chunk_digests = [
+                hashlib.sha256(view[start : start + size]).hexdigest()
+                for start in range(0, len(payload), size)
+            ]
         with self._lock:
             self._held.pop(header.version, None)
             self._held[header.version] = (header, payload)
-            self._digests[header.version] = digests
+            self._digests[header.version] = chunk_digests
             if pin:
                 self._pinned = header.version
             newest = sorted(self._held)[-self.keep :]

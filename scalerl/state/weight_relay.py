@@ -2,9 +2,10 @@
 
 With `weights.transport: pull` and `relay_fanout` f > 0, a worker that loaded version v
 holds its payload and serves it to peers (RolloutService.FetchWeights). Each source, the
-learner included, serves at most f fetches at once; a fetcher takes the least-loaded
-worker holding v, the learner only when every holder is busy, and waits when the learner
-is busy too. The holders grow about (f + 1)-fold per round of one payload at a source's
+learner included, serves at most f fetches at once; a fetcher takes the least busy source
+with a free slot (a worker holding v before the learner when they are as busy: the
+learner's uplink is spared where it costs nothing), and waits when every source is full.
+An idle source before a busy one: a second stream would halve the busy source's rate. The holders grow about (f + 1)-fold per round of one payload at a source's
 uplink, so publishing to N workers takes about log_(f+1)(N) rounds where pulling from
 the learner takes N / f (`benchmarks/weight_relay.py` measures both).
 
@@ -33,8 +34,9 @@ DEFAULT_TTL_S = 600
 
 # KEYS: holders, claims. ARGV: claimer, fanout, learner slots, lease ms, ttl s, then the
 # holders to skip. Drops the claimer's own old claim and lapsed ones, counts each source's
-# live claims, takes the least-loaded holder below `fanout` (ties: the first in SMEMBERS
-# order), else the learner below its slots; returns the source or false (all busy).
+# live claims, and takes the least busy source with a free slot: a holder below `fanout`
+# (ties: the first in SMEMBERS order) or the learner below its slots, a holder when they
+# tie; returns the source or false (all busy).
 _CLAIM_LUA = """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -57,7 +59,8 @@ for _, holder in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     best, best_load = holder, n
   end
 end
-if best == nil and (load[''] or 0) < tonumber(ARGV[3]) then best = '' end
+local learner = load[''] or 0
+if learner < tonumber(ARGV[3]) and (best == nil or learner < best_load) then best = '' end
 if best == nil then return false end
 redis.call('HSET', KEYS[2], ARGV[1], best .. '|' .. (now_ms + tonumber(ARGV[4])))
 redis.call('EXPIRE', KEYS[2], ARGV[5])

@@ -143,6 +143,30 @@ def test_one_after_another_only_the_first_worker_fetches_from_the_learner(fleet)
     assert WeightRelay(f.client, f.run_id, 1).holders(7) == {w.worker_id for w in workers}
 
 
+def test_a_relay_serves_the_digests_its_fetch_computed_without_hashing_again(
+    fleet, monkeypatch
+) -> None:
+    import scalerl.policy.weight_store as weight_store
+
+    f = fleet(fanout=1)
+    fetcher = f.worker("w1")
+    hashed: list[int] = []
+    real = weight_store.hashlib.sha256
+    monkeypatch.setattr(weight_store.hashlib, "sha256", lambda data: hashed.append(1) or real(data))
+    fetcher.pull(f.ref, f.engines["w1"])
+    served = list(fetcher.store.chunks(rollout_pb2.FetchWeightsRequest(version=f.VERSION)))
+    # The fetch hashed each chunk and the whole payload; the store reused the chunks'.
+    assert len(hashed) == len(served) + 1
+    assert b"".join(c.data for c in served) == f.payload
+    assert [c.sha256 for c in served] == [hashlib.sha256(c.data).hexdigest() for c in served]
+    assert len(served) == -(-len(f.payload) // CHUNK) > 1
+    # Digests cut another way than the store's chunks are not trusted: hashed here.
+    other, header = WeightStore(chunk_bytes=CHUNK), header_of(f.payload, 8)
+    before = len(hashed)
+    other.put(header, f.payload, digests=[(len(f.payload), "0" * 64)])
+    assert len(hashed) - before == len(served)
+
+
 def test_concurrent_fetchers_spread_the_version_and_each_source_serves_its_fanout(fleet) -> None:
     f = fleet(fanout=1)
     # A paced learner uplink keeps every fetcher waiting on the learner's one slot.

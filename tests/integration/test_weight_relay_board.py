@@ -43,6 +43,19 @@ def test_each_source_serves_at_most_fanout_and_holders_go_before_the_learner(
     assert 0 < redis_client.ttl(claims) <= relay.ttl_s
 
 
+def test_the_least_busy_source_is_taken_and_a_holder_wins_a_tie(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    relay = WeightRelay(redis_client, run_id, fanout=2)
+    assert relay.claim(4, "w1") == LEARNER
+    relay.offer(4, "w1")
+    relay.release(4, "w1")
+    assert relay.claim(4, "w2") == "w1"  # both idle: the holder
+    assert relay.claim(4, "w3") == LEARNER  # the learner idle, w1 serving one
+    assert relay.claim(4, "w4") == "w1"  # both serving one: the holder
+    assert relay.load(4) == {LEARNER: 1, "w1": 2}
+
+
 def test_a_fetcher_that_died_frees_its_slot_when_its_lease_lapses(
     redis_client: redis.Redis, run_id: str
 ) -> None:
