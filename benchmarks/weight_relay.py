@@ -4,7 +4,7 @@ workers that loaded the version serve it to peers; `scalerl.state.weight_relay`)
 
 Everything on the weight path is the project's own: the learner's `WeightStore` behind
 the real LearnerService, the signed `VersionBoard`, and in each of N worker processes the
-real `WeightFollower` (polling the board every 20 ms), `RelayFetcher`, `pull_weights`
+real `WeightFollower` (polling the board every 100 ms), `RelayFetcher`, `pull_weights`
 (every chunk and the whole payload checked against the announcement, the payload parsed
 as safetensors) and the real RolloutService serving FetchWeights from the worker's own
 store, with the run's token on every call. Only the engine is a stand-in: it takes the
@@ -62,7 +62,7 @@ from scalerl.state.weight_relay import WeightRelay  # noqa: E402
 from scalerl.v1 import rollout_pb2  # noqa: E402
 from scalerl_cli.redis_server import RedisServer  # noqa: E402
 
-FOLLOW_S = 0.02  # the followers' poll period
+FOLLOW_S = 0.1  # the followers' poll period
 FETCH_TIMEOUT_S = 900.0
 HIDDEN, KV, MLP, VOCAB = 576, 192, 1536, 49_152  # SmolLM2-135M
 

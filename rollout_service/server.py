@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 DEFAULT_INFLIGHT_WEIGHT_BYTES = 2 * 1024**3
 
 
+# The most FetchWeights streams a relaying worker serves at once (`relay_fanout`'s bound).
+RELAY_STREAMS = 16
+
+
 class TextEncoder(Protocol):
     """What the servicer needs of a tokenizer: text -> token ids (KeyError or ValueError
     for text it cannot encode)."""
@@ -279,6 +283,9 @@ def start_server(
     health servicer). security: token and TLS (default: the process's).
 
     Each open Generate stream holds a server thread, so the pool defaults to the engine's
-    slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks."""
-    workers = max_workers or servicer._engine.max_batch + 16
+    slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks, and
+    for a relaying worker the most FetchWeights streams it serves (`relay_fanout` <= 16),
+    which must not take the threads the others need."""
+    relay = RELAY_STREAMS if servicer._relay_store is not None else 0
+    workers = max_workers or servicer._engine.max_batch + 16 + relay
     return serve(ROLLOUT, servicer, port, host, max_workers=workers, security=security)

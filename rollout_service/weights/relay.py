@@ -101,8 +101,10 @@ class RelayFetcher:
         def keep(
             header: rollout_pb2.WeightsHeader, payload: bytes, digests: list[tuple[int, str]]
         ) -> None:
-            # Held and offered once verified, before the engine swaps: peers need not wait
-            # for this worker's own load.
+            # The transfer is over: its source's slot is freed now, not after the swap, and
+            # the version is held and offered at once: peers need not wait for this
+            # worker's own load.
+            self.relay.release(ref.version, self.worker_id)
             self.store.put(header, payload, pin=pin, digests=digests)
             self.relay.offer(ref.version, self.worker_id)
 
