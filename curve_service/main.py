@@ -139,15 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     store = None
     if args.redis_url:
-        import redis
-
         from curve_service.redis_store import RedisRunStore
-        from scalerl.state.client import connect, redact_url
+        from scalerl.state.client import REDIS_ERRORS, connect, redact_url
 
         try:  # a cluster client reads the cluster's layout in connect
             client = connect(args.redis_url)
             client.ping()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             url = redact_url(args.redis_url)
             print(f"scalerl-curve: --redis-url {url}: {exc}", file=sys.stderr)
             return 1

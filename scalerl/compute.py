@@ -20,9 +20,7 @@ from collections.abc import Callable
 from numbers import Real
 from types import TracebackType
 
-import redis
-
-from scalerl.state.client import RedisClient, text
+from scalerl.state.client import REDIS_ERRORS, RedisClient, text
 from scalerl.state.keys import RunKeys
 from scalerl.state.once import GUARD_LUA, new_op_id
 from scalerl.state.worker_stats import stat_field
@@ -188,7 +186,7 @@ class ComputeReporter:
             return True
         try:
             self._counters.add(self._role, amount, self._worker_id)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.failures += 1
             if self.failures == 1:
                 log.warning("compute not reported (%.1f s kept, retrying): %s", amount, exc)

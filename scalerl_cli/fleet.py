@@ -15,10 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from scalerl.ports import free_port
-from scalerl.state.client import connect
+from scalerl.state.client import REDIS_ERRORS, connect
 from scalerl.state.fleet_target import FleetTarget
 from scalerl_cli.processes import Child, start_child
 
@@ -130,7 +128,7 @@ def workers_command(action: str, run_dir: Path, count: int) -> int:
     except ValueError as exc:
         print(f"scalerl workers: {exc}", file=sys.stderr)
         return 2
-    except redis.RedisError as exc:  # the run is over (its Redis stopped with it)
+    except REDIS_ERRORS as exc:  # the run is over (its Redis stopped with it)
         print(f"scalerl workers: the run's Redis does not answer ({exc})", file=sys.stderr)
         return 2
     print(f"launcher-managed rollout workers: {new}")

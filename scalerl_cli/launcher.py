@@ -19,7 +19,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import redis
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -36,7 +35,7 @@ from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
-from scalerl.state.client import REDIS_URL_ENV, connect, redact_url
+from scalerl.state.client import REDIS_ERRORS, REDIS_URL_ENV, connect, redact_url
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
 from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
@@ -203,7 +202,7 @@ def _unreachable(redis_url: str) -> str:
             client.ping()
         finally:
             client.close()
-    except (redis.RedisError, ValueError) as exc:
+    except REDIS_ERRORS + (ValueError,) as exc:
         return f"--redis-url {redact_url(redis_url)}: {exc}"
     return ""
 

@@ -20,6 +20,9 @@ from redis.retry import Retry
 # What `connect` returns: a single server's client, or a Redis Cluster's (every key of a
 # run shares one hash slot, `scalerl.state.keys`, so the state layer uses both alike).
 RedisClient: TypeAlias = redis.Redis | RedisCluster
+# Every error a command of either client raises: redis-py's cluster errors
+# (RedisClusterUnreachableError, a cross-slot command) are not RedisErrors.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 # The URL's query parameter that selects a Redis Cluster: `?cluster=true` (or `false`).
 CLUSTER_PARAM = "cluster"
 _CLUSTER_VALUES = ("true", "false")

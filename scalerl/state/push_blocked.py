@@ -18,9 +18,7 @@ import threading
 from collections.abc import Callable
 from numbers import Real
 
-import redis
-
-from scalerl.state.client import RedisClient
+from scalerl.state.client import REDIS_ERRORS, RedisClient
 from scalerl.state.keys import check_worker_id
 from scalerl.state.worker_stats import WorkerStats
 
@@ -77,7 +75,7 @@ class PushBlockedReporter:
             return True
         try:
             self._counters.add(self._worker_id, amount)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.failures += 1
             if self.failures == 1:
                 log.warning("push-blocked seconds not reported (%.1f s kept): %s", amount, exc)

@@ -3,9 +3,10 @@
 With `weights.transport: pull` and `relay_fanout` f > 0, a worker that loaded version v
 holds its payload and serves it to peers (RolloutService.FetchWeights). Each source, the
 learner included, serves at most f fetches at once; a fetcher takes the least busy source
-with a free slot (a worker holding v before the learner when they are as busy: the
-learner's uplink is spared where it costs nothing), and waits when every source is full.
-An idle source before a busy one: a second stream would halve the busy source's rate. The holders grow about (f + 1)-fold per round of one payload at a source's
+with a free slot, and waits when every source is full. An idle source goes before a busy
+one, because a second stream would halve the busy source's rate; a worker holding v goes
+before the learner when they are as busy, sparing the learner's uplink where that costs
+nothing. The holders grow about (f + 1)-fold per round of one payload at a source's
 uplink, so publishing to N workers takes about log_(f+1)(N) rounds where pulling from
 the learner takes N / f (`benchmarks/weight_relay.py` measures both).
 
