@@ -12,7 +12,8 @@ whose number is not above the last one its writer's key holds is a repeat. One k
 writer, kept `ONCE_TTL_S` after its last write, where a key per call held for that long
 grew with the run's write rate: about 1.5 keys per worker and second, millions for a
 large fleet (BENCHMARKS.md, "The control plane at fleet scale"). A thread that ends and
-a new one that reuses its id still draw larger numbers from the process's counter.
+a new one that reuses its id still draw larger numbers from the process's counter, and a
+forked child takes a writer id of its own.
 
 A writer's key holds its last sequence number, then, for scripts that answer a repeat
 with the first call's reply, a space and that reply.
@@ -21,6 +22,7 @@ with the first call's reply, a space and that reply.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import uuid
 from dataclasses import dataclass
@@ -44,6 +46,18 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', {ONCE_TTL_S})
 _PROCESS = uuid.uuid4().hex[:16]
 _SEQUENCE = itertools.count(1)
 _SEQUENCE_LOCK = threading.Lock()
+
+
+def _new_process() -> None:
+    """A forked child is a new writer: with the parent's id and counter its first calls
+    would carry numbers the parent already sent, and be dropped as repeats."""
+    global _PROCESS, _SEQUENCE, _SEQUENCE_LOCK
+    _PROCESS = uuid.uuid4().hex[:16]
+    _SEQUENCE = itertools.count(1)
+    _SEQUENCE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_process)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ holds; and the keys that make it so are one per writer, not one per call."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -130,3 +131,23 @@ def test_the_idempotency_keys_are_one_per_writer_and_threads_do_not_collide(
     keys = RunKeys(run_id)
     assert len(list(client.scan_iter(match=keys.once_prefix + "*"))) == 4
     assert len(list(client.scan_iter(match=keys.replay_pushed_prefix + "*"))) == 4
+
+
+def test_a_forked_child_is_a_writer_of_its_own(any_redis_url: str, run_id: str) -> None:
+    """With its parent's writer id and counter, a child's first write and the parent's
+    next one would carry the same number, and the later would be dropped as a repeat."""
+    compute = ComputeCounters(_client(any_redis_url), run_id)
+    for _ in range(3):
+        compute.add("rollout", 1.0)
+    pid = os.fork()
+    if pid == 0:  # the child: a client of its own, one write
+        code = 1
+        try:
+            ComputeCounters(_client(any_redis_url), run_id).add("rollout", 1.0)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    compute.add("rollout", 1.0)
+    assert compute.by_role() == {"rollout": 5.0}
