@@ -56,15 +56,6 @@ def payload_of(version: int) -> bytes:
     return save_safetensors({"w": torch.full((64, 64), float(version))})
 
 
-def header_of(payload: bytes, version: int) -> rollout_pb2.WeightsHeader:
-    return rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
-
-
 class Fleet:
     """A learner serving version `VERSION` and workers that relay, on one Redis."""
 
@@ -75,7 +66,7 @@ class Fleet:
         self.registry = WorkerRegistry(client, run_id)
         self.payload = payload_of(self.VERSION)
         self.learner_store = CountingStore()
-        self.learner_store.put(header_of(self.payload, self.VERSION), self.payload)
+        self.learner_store.put(fakes.header_of(self.payload, self.VERSION), self.payload)
         server, port = serve_learner(
             LearnerStatus(), security=Security(), weights=self.learner_store
         )
@@ -161,7 +152,7 @@ def test_a_relay_serves_the_digests_its_fetch_computed_without_hashing_again(
     assert [c.sha256 for c in served] == [hashlib.sha256(c.data).hexdigest() for c in served]
     assert len(served) == -(-len(f.payload) // CHUNK) > 1
     # Digests cut another way than the store's chunks are not trusted: hashed here.
-    other, header = WeightStore(chunk_bytes=CHUNK), header_of(f.payload, 8)
+    other, header = WeightStore(chunk_bytes=CHUNK), fakes.header_of(f.payload, 8)
     before = len(hashed)
     other.put(header, f.payload, digests=[(len(f.payload), "0" * 64)])
     assert len(hashed) - before == len(served)
@@ -210,10 +201,10 @@ def test_a_tampering_relay_is_refused_and_the_fetch_goes_on_from_the_learner(
         # chunk's own sha256 checks out: only the end-to-end hash can tell.
         forged = tampered(f.payload)
         assert len(forged) == len(f.payload)
-        rogue_store.put(header_of(f.payload, f.VERSION), forged)
+        rogue_store.put(fakes.header_of(f.payload, f.VERSION), forged)
     else:
         older = payload_of(6)
-        rogue_store.put(header_of(older, f.VERSION), older)
+        rogue_store.put(fakes.header_of(older, f.VERSION), older)
     rogue = f.worker("rogue", store=rogue_store)
     rogue.relay.offer(f.VERSION, "rogue")
     honest = f.worker("w1")

@@ -56,15 +56,6 @@ def wait_until(condition, timeout_s: float = 5.0) -> bool:
     return condition()
 
 
-def header_of(payload: bytes, version: int) -> rollout_pb2.WeightsHeader:
-    return rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
-
-
 @pytest.fixture()
 def learner():
     """(store, source address) of a LearnerService serving a WeightStore of small chunks."""
@@ -170,7 +161,7 @@ def test_workers_fetch_in_parallel_each_on_its_own_stream(
 ) -> None:
     store, source = learner()
     payload = save_safetensors({"w": torch.arange(200_000, dtype=torch.float32)})
-    store.put(header_of(payload, 3), payload)
+    store.put(fakes.header_of(payload, 3), payload)
     ref = WeightsRef(3, "", hashlib.sha256(payload).hexdigest(), len(payload), source=source)
     engines = [fakes.FakeEngine() for _ in range(4)]
     threads = [threading.Thread(target=pull_weights, args=(ref, e, TIMEOUT_S)) for e in engines]
@@ -217,7 +208,7 @@ def test_a_corrupted_chunk_is_rejected_and_the_old_weights_keep_serving(
 ) -> None:
     store, source = learner(CorruptingStore(at=2 * CHUNK, consistent=consistent))
     assert len(tiny_payload) > 3 * CHUNK
-    store.put(header_of(tiny_payload, 4), tiny_payload)
+    store.put(fakes.header_of(tiny_payload, 4), tiny_payload)
     state = RunState(redis_client, run_id)
     sha = hashlib.sha256(tiny_payload).hexdigest()
     state.versions.publish(WeightsRef(4, "", sha, len(tiny_payload), source=source))
@@ -240,7 +231,7 @@ def test_an_intact_fetch_swaps_the_torch_engine(
 ) -> None:
     """The same payload served intact: the engine validates it and serves it."""
     store, source = learner()
-    store.put(header_of(tiny_payload, 4), tiny_payload)
+    store.put(fakes.header_of(tiny_payload, 4), tiny_payload)
     ref = WeightsRef(
         4, "", hashlib.sha256(tiny_payload).hexdigest(), len(tiny_payload), source=source
     )
@@ -270,7 +261,7 @@ def test_a_version_the_learner_no_longer_holds_is_not_found_naming_version(learn
     store, source = learner()
     for version in (3, 4, 5):
         payload = b"payload of version %d" % version
-        store.put(header_of(payload, version), payload)
+        store.put(fakes.header_of(payload, version), payload)
     code, details = status_of(lambda: fetch(source, rollout_pb2.FetchWeightsRequest(version=3)))
     assert code == grpc.StatusCode.NOT_FOUND
     assert details.startswith("version: policy version 3 is not held") and "[4, 5]" in details
@@ -291,12 +282,12 @@ def test_a_version_the_learner_no_longer_holds_is_not_found_naming_version(learn
 def test_offset_resumes_and_every_chunk_carries_its_checksum(learner) -> None:
     store, source = learner()
     payload = bytes(range(256)) * 1000  # 256_000 bytes: 4 chunks of 64 KiB
-    store.put(header_of(payload, 7), payload)
+    store.put(fakes.header_of(payload, 7), payload)
     whole = fetch(source, rollout_pb2.FetchWeightsRequest(version=7))
     assert [c.offset for c in whole] == [0, CHUNK, 2 * CHUNK, 3 * CHUNK]
     assert b"".join(c.data for c in whole) == payload
     assert all(c.sha256 == hashlib.sha256(c.data).hexdigest() for c in whole)
-    assert whole[0].header == header_of(payload, 7)
+    assert whole[0].header == fakes.header_of(payload, 7)
     assert not any(c.HasField("header") for c in whole[1:])
     resumed = fetch(source, rollout_pb2.FetchWeightsRequest(version=7, offset=100_000))
     assert resumed[0].offset == 100_000 and resumed[0].header.sha256 == whole[0].header.sha256
@@ -321,7 +312,7 @@ class BreakingStore(WeightStore):
 def test_a_broken_stream_is_resumed_from_its_next_byte(learner) -> None:
     store, source = learner(BreakingStore())
     payload = save_safetensors({"w": torch.arange(100_000, dtype=torch.float32)})
-    store.put(header_of(payload, 2), payload)
+    store.put(fakes.header_of(payload, 2), payload)
     ref = WeightsRef(2, "", hashlib.sha256(payload).hexdigest(), len(payload), source=source)
     engine = fakes.FakeEngine()
     assert pull_weights(ref, engine, TIMEOUT_S)[0] == 2
@@ -345,7 +336,7 @@ def test_the_store_refuses_bad_arguments() -> None:
         WeightStore(chunk_bytes=0)
     store = WeightStore()
     with pytest.raises(ValueError, match="total_bytes"):
-        store.put(header_of(b"abc", 1), b"ab")
+        store.put(fakes.header_of(b"abc", 1), b"ab")
     assert store.versions == []
 
 
@@ -356,7 +347,7 @@ def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyP
 
     store = WeightStore(chunk_bytes=1000)
     payload = bytes(range(256)) * 20  # 5120 bytes: 6 chunks
-    store.put(header_of(payload, 1), payload)
+    store.put(fakes.header_of(payload, 1), payload)
     calls = []
     real = weight_store.hashlib.sha256
     monkeypatch.setattr(weight_store.hashlib, "sha256", lambda data: calls.append(1) or real(data))

@@ -3,6 +3,7 @@ no server): for tests of joining, catching up and pulling."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,6 +19,7 @@ from rollout_service.worker import RolloutWorker
 from scalerl.state.registry import SYNCING, WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
+from scalerl.v1 import rollout_pb2
 
 
 class FakeEngine:
@@ -38,6 +40,16 @@ class FakeEngine:
         future: Future = Future()
         future.set_result(version)
         return future
+
+
+def header_of(payload: bytes, version: int) -> rollout_pb2.WeightsHeader:
+    """The WeightsHeader of a streamed safetensors `payload` as `version`."""
+    return rollout_pb2.WeightsHeader(
+        version=version,
+        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+        total_bytes=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
 
 
 def make_worker(
