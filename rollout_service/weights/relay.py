@@ -80,7 +80,7 @@ class RelayFetcher:
                     raise
                 self._withdraw(ref.version, source, str(exc))
                 failed.add(source)
-            finally:
+            finally:  # a fetch that failed before its bytes were verified (`keep`)
                 self.relay.release(ref.version, self.worker_id)
         raise WeightsError(
             "source",

@@ -27,8 +27,8 @@ KEEP_VERSIONS = 2  # a worker may still be fetching the older one
 
 class Uplink:
     """A cap on the bytes/s every FetchWeights stream of one process sends together (a
-    token bucket one chunk deep), so a relaying worker leaves its link to other traffic,
-    and a benchmark on loopback can give each process the uplink of a real NIC.
+    token bucket one chunk deep). `benchmarks/weight_relay.py` gives each process the
+    uplink of a real NIC with it, since loopback has none; no setting of a run uses it.
 
     bytes_per_s: the cap (> 0). Raises ValueError naming it otherwise."""
 
