@@ -167,7 +167,7 @@ def time_engines(rank: int, dtype: str, repeats: int) -> dict:
         reference = learner(input_ids=torch.tensor([prompt])).logits[0].float()
     exactness = {}
     for name, engine in _engines(learner, tok, "float32").items():
-        logits = engine.llama.extend(0, 0, list(prompt), all_logits=True)
+        logits = engine.decoder.extend(0, 0, list(prompt), all_logits=True)
         exactness[name] = float((logits - reference).abs().max())
     engines = _engines(learner, tok, dtype)
     seconds: dict[str, list[float]] = {n: [] for n in engines}
@@ -203,7 +203,7 @@ def _engines(learner, tok, dtype: str) -> dict:
         engine = TorchEngine(_policy(0)[0], tok.stop_token_ids, 32, 128, dtype, autostart=False)
         engine.stage_weights(payload, 1)
         engine.step()
-        engine.llama.assign_adapter(0, "")  # the policy's adapter, as a request gets
+        engine.decoder.assign_adapter(0, "")  # the policy's adapter, as a request gets
         engines[name] = engine
     return engines
 

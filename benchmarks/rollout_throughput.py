@@ -10,7 +10,7 @@ sequence generates exactly the given number of new tokens):
 - `eval`: 200 distinct prompts x 2 samples, 32 new tokens, bfloat16 (the learner's
   evaluation shape, where prefilling many distinct prompts dominates).
 - `prefill`: the forward alone for 64 distinct prompts, bfloat16: one forward per prompt
-  vs one batched forward (`SlotLlama.extend_batch`, when the engine has it).
+  vs one batched forward (`SlotDecoder.extend_batch`, when the engine has it).
 
 Prompts are addition questions in the chat template. The script prints tokens per second,
 the time until every request has its first token (prefill included), and the load average
@@ -25,7 +25,10 @@ cuda` the torch engine runs on the GPU (cuda:0) and no CPU bound is computed.
 
     python benchmarks/rollout_throughput.py [--scenario rl|eval|prefill|all] [--threads 1]
         [--max-prefill-tokens N] [--engine torch|vllm] [--dtypes bfloat16 float32]
-        [--device cpu|cuda]
+        [--device cpu|cuda] [--model smollm2|qwen3-shaped]
+
+`--model qwen3-shaped` times a random Qwen3 of SmolLM2's size instead (the torch engine
+runs each family's own modeling code; this is what Qwen3's q/k norms cost).
 """
 
 from __future__ import annotations
@@ -94,6 +97,29 @@ def matmul_gflops(config, rows: int, seconds: float = 3.0) -> float:
             flops += 2.0 * rows * w.shape[0] * w.shape[1] * n
         repeats += 1
     return flops / (time.perf_counter() - start) / 1e9
+
+
+def qwen3_shaped(smollm2_config):
+    """A random Qwen3ForCausalLM of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads
+    over 3 kv heads of 64, MLP 1536, vocabulary 49152, tied head), with Qwen3's per-head
+    q/k norms: what another family costs the torch engine at the same size."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    c = smollm2_config
+    config = Qwen3Config(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
 
 
 def load_average() -> str:
@@ -194,10 +220,10 @@ def run_prefill(model, tokenizer, system: str, prompts: int = 64) -> None:
     """Time the prefill forward of `prompts` distinct prompts (bf16): one by one, batched."""
     import torch
 
-    from rollout_service.engines.torch.llama import SlotLlama
+    from rollout_service.engines.torch.decoder import SlotDecoder
 
     ids = [tokenizer.prompt_ids(f"What is {i} + {i * 7 % 40}?", system) for i in range(prompts)]
-    llama = SlotLlama(copy.deepcopy(model), prompts, max(map(len, ids)), torch.bfloat16)
+    llama = SlotDecoder(copy.deepcopy(model), prompts, max(map(len, ids)), torch.bfloat16)
     llama.extend(0, 0, ids[0])  # warm-up
     load_before, start = load_average(), time.monotonic()
     for slot, prompt in enumerate(ids):
@@ -227,6 +253,12 @@ def main() -> None:
         help="vllm needs the vllm package (make test-vllm creates .venv-vllm with it)",
     )
     parser.add_argument(
+        "--model",
+        choices=["smollm2", "qwen3-shaped"],
+        default="smollm2",
+        help="qwen3-shaped: a random Qwen3 of SmolLM2's size (q/k norms; torch engine)",
+    )
+    parser.add_argument(
         "--dtypes", nargs="+", choices=["bfloat16", "float32"], help="override the scenario's"
     )
     parser.add_argument(
@@ -238,6 +270,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda":
         args.device = "cuda:0"
+    if args.engine == "vllm" and args.model != "smollm2":
+        parser.error("--model qwen3-shaped runs on the torch engine only")
     if args.engine == "vllm" and "prefill" in ([args.scenario] if args.scenario != "all" else []):
         parser.error("--scenario prefill times the torch engine's forward only")
 
@@ -248,6 +282,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(ModelConfig())
+    if args.model == "qwen3-shaped":
+        model = qwen3_shaped(model.config)
     system = TaskConfig().effective_system_prompt
     names = [*SCENARIOS, "prefill"] if args.scenario == "all" else [args.scenario]
     for name in names:

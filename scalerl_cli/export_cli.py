@@ -95,7 +95,7 @@ def _save_adapter(model: Any, lora: Any, config: Any, out: Path) -> None:
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from scalerl.policy.lora import lora_layers
+    from scalerl.policy.lora import lora_layers, target_modules_of
 
     base = _base_source(model, config, out)
     tensors = {}
@@ -108,7 +108,7 @@ def _save_adapter(model: Any, lora: Any, config: Any, out: Path) -> None:
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
+        target_modules=target_modules_of(model, lora),
         base_model_name_or_path=base,
     ).save_pretrained(str(out))
 
@@ -116,13 +116,10 @@ def _save_adapter(model: Any, lora: Any, config: Any, out: Path) -> None:
 def _base_source(model: Any, config: Any, out: Path) -> str:
     """What `base_model_name_or_path` names: the model source, or the warmed-up base
     written to OUT/base (the adapters removed, never merged)."""
-    from scalerl.policy.models import smollm2_dir
+    from scalerl.policy.models import policy_folder
 
-    if not config.model.warmup_steps:
-        if config.model.kind == "path":
-            return str(Path(config.model.path).resolve())
-        if config.model.kind == "smollm2":
-            return str(smollm2_dir(config.model.cache_dir))
+    if not config.model.warmup_steps and config.model.kind != "tiny":
+        return str(policy_folder(config.model).resolve())
     from scalerl.policy.models import load_policy
     from scalerl.policy.weights import LORA_BASE, snapshot_state_dict
 

@@ -3,7 +3,9 @@ anything, in a process of its own.
 
 It converts the embedded model once (so no two children race to do it), resolves device
 and precision for this machine (`scalerl.policy.hardware`), checks the length-control budgets
-with the model's tokenizer (`scalerl.length_control`), that LoRA's target modules exist in
+with the model's tokenizer (`scalerl.length_control`), that a `model.path` folder holds a
+complete checkpoint of a family the engines and the learner compute alike
+(`scalerl.policy.architectures`), that LoRA's target modules exist in
 the model (`scalerl.policy.lora`) and builds every task (a missing file
 or column, an unknown dataset or verifier is one line here, not a crash in a service). Run
 apart because it imports torch and the tokenizers, which take seconds and start threads:
@@ -29,17 +31,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from scalerl.config import RunConfig
     from scalerl.length_control import check_budgets
+    from scalerl.policy.architectures import check_model_folder
     from scalerl.policy.hardware import resolved_config
     from scalerl.policy.lora import check_lora_targets
-    from scalerl.policy.models import load_tokenizer, smollm2_dir
+    from scalerl.policy.models import check_thinking, load_tokenizer, smollm2_dir
     from scalerl.tasks import build_tasks
 
     config = RunConfig(**yaml.safe_load(open(args[0])))
     try:
         if config.model.kind == "smollm2":
             smollm2_dir(config.model.cache_dir)
+        if config.model.kind == "path":
+            check_model_folder(config.model, config.rollout.max_seq_len)
         resolved = resolved_config(config)
-        check_budgets(resolved.config.rollout, load_tokenizer(resolved.config.model).encode)
+        tokenizer = load_tokenizer(resolved.config.model)
+        check_budgets(resolved.config.rollout, tokenizer.encode)
+        check_thinking(resolved.config.model, resolved.config.rollout, tokenizer)
         build_tasks(resolved.config).close()
         if config.learner.lora is not None:
             check_lora_targets(config.model, config.learner.lora)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from scalerl.policy.architectures import LogitTransform, fp32_logits
+
 
 def token_logprobs(
     model: Any,
@@ -28,9 +30,11 @@ def token_logprobs(
     with `fp32_lm_head` its final hidden states are cast to fp32 and multiplied by an fp32
     copy of `model.lm_head.weight` (the embedding matrix when embeddings are tied), the
     paper's "FP32 precision at the LM head" fix for generator/learner mismatch. Without it
-    the head runs in the body's precision and only the softmax is fp32. Logits are divided
-    by `temperature` because the generator samples from the tempered distribution. The
-    generator's top-p truncation is NOT reproduced: with top_p < 1 the generator's
+    the head runs in the body's precision and only the softmax is fp32. Either way the
+    family's own logit transform follows (Gemma's softcapping, Cohere's and Granite's
+    scaling: `scalerl.policy.architectures.LogitTransform`), as the engines apply it.
+    Logits are divided by `temperature` because the generator samples from the tempered
+    distribution. The generator's top-p truncation is NOT reproduced: with top_p < 1 the generator's
     log-probs are of the renormalised nucleus, so the importance ratio is biased upwards;
     train with top_p = 1 for an exact ratio.
 
@@ -66,9 +70,8 @@ def token_logprobs(
         ).last_hidden_state[:, start:-1]
         if not fp32_lm_head:
             logits = model.lm_head(hidden)
-    if fp32_lm_head:
-        logits = _fp32_head(model.lm_head, hidden)
-    logits = logits.float() / temperature
+    logits = fp32_logits(model, hidden) if fp32_lm_head else _body_logits(model, logits)
+    logits = logits / temperature
     targets = input_ids[:, start + 1 :].unsqueeze(-1)
     # gather - logsumexp equals log_softmax-then-gather without a second [B, T, V] tensor.
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -147,9 +150,8 @@ def prefix_logprobs(
         hidden = hidden[valid]
         if not fp32_lm_head:
             logits = model.lm_head(hidden)
-    if fp32_lm_head:
-        logits = _fp32_head(model.lm_head, hidden)
-    logits = logits.float() / temperature
+    logits = fp32_logits(model, hidden) if fp32_lm_head else _body_logits(model, logits)
+    logits = logits / temperature
     targets = completion_ids[valid].unsqueeze(-1)
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.zeros(rows, width, device=dev).masked_scatter(valid, picked)
@@ -166,9 +168,6 @@ def _cache_kwarg(body: Any) -> str:
     return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
-def _fp32_head(head: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head in fp32 (paper Sec. 3.2): hidden [..., H] -> logits [..., V] fp32."""
-    logits = hidden.float() @ head.weight.float().T
-    if getattr(head, "bias", None) is not None:
-        logits = logits + head.bias.float()
-    return logits
+def _body_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """The head's output in the body's precision -> the family's logits in fp32."""
+    return LogitTransform.of(model.config)(logits.float())

@@ -119,17 +119,13 @@ def _end_process_group(process: subprocess.Popen) -> None:
 
 def model_folder(config: RunConfig, model: Any) -> Path:
     """A transformers model folder for engines that load from disk: the cached SmolLM2
-    folder, `model.path`, or (tiny model, which exists only in memory) `model` saved to
-    a fresh temporary folder (safetensors, no tokenizer: these engines take token ids)."""
-    from scalerl.policy.models import smollm2_dir
+    folder, the folder `model.path` names (`scalerl.policy.models.policy_folder`), or
+    (tiny model, which exists only in memory) `model` saved to a fresh temporary folder
+    (safetensors, no tokenizer: these engines take token ids)."""
+    from scalerl.policy.models import policy_folder
 
-    kind = config.model.kind
-    if kind == "smollm2":
-        return smollm2_dir(config.model.cache_dir)
-    if kind == "path":
-        if not config.model.path:
-            raise ValueError("model.path: required when model.kind is 'path'")
-        return Path(config.model.path)
+    if config.model.kind != "tiny":
+        return policy_folder(config.model)
     folder = Path(tempfile.mkdtemp(prefix="scalerl-tiny-"))
     model.save_pretrained(folder)
     return folder

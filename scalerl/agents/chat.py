@@ -29,6 +29,7 @@ class ChatTokenizer(Protocol):
     tokenizer: Any
     chat: bool
     stop_token_ids: frozenset[int]
+    template_options: dict[str, Any]  # extra template arguments (enable_thinking)
 
     def prompt_ids(self, question: Any, system_prompt: str) -> list[int]: ...
 
@@ -107,7 +108,9 @@ class TurnTemplate:
     def _render(
         self, messages: list[Any], generation: bool, tools: list[dict[str, Any]] | None = None
     ) -> str:
-        options: dict[str, Any] = {"tools": tools} if tools and self.shows_tools else {}
+        options: dict[str, Any] = dict(self.tokenizer.template_options)
+        if tools and self.shows_tools:
+            options["tools"] = tools
         text = self.tokenizer.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation, **options
         )

@@ -25,7 +25,6 @@ LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 
 # Every Linear of a Llama decoder layer: "LoRA Without Regret" (Schulman et al. 2025)
 # found that adapting the MLPs as well as attention is needed to match full fine-tuning.
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class LoraConfig(_Section):
@@ -49,10 +48,12 @@ class LoraConfig(_Section):
         "drops, so above 0 the learner's log-probs differ from the generator's.",
     )
     target_modules: list[str] = Field(
-        default_factory=lambda: list(ALL_LINEAR),
-        min_length=1,
-        description="Names (or name suffixes) of the Linear modules adapted; default every "
-        "Linear of the decoder layers. The LM head is never adapted.",
+        default_factory=list,
+        description="Names (or name suffixes) of the Linear modules adapted; empty (the "
+        "default): every projection of the decoder layers by the family's own names "
+        "(q/k/v/o, gate/up/down; Phi-3's fused qkv_proj and gate_up_proj; attention only "
+        "for MoE families, whose experts are not Linear modules). The LM head is never "
+        "adapted.",
     )
 
 

@@ -29,6 +29,12 @@ class ModelConfig(_Section):
         description="Chat template (Jinja text, or a .jinja/.j2 file) replacing the "
         "tokenizer's own, e.g. a reasoning model's; empty = the tokenizer's.",
     )
+    enable_thinking: bool | None = Field(
+        None,
+        description="The chat template's enable_thinking switch (Qwen3-style reasoning "
+        "models): true or false is passed to the template; null = the template's default. "
+        "Refused for a template without the switch.",
+    )
     tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
     tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
     warmup_steps: int = Field(

@@ -40,15 +40,16 @@ def attach_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     module tree and the HF names stay, each adapted Linear gains `base_layer`, `lora_A`,
     `lora_B`) and freeze everything else; returns the model.
 
-    lora: a `scalerl.config.LoraConfig` (rank r, alpha, dropout, target_modules). The LM
-    head is never adapted: it stays the base's, in fp32 where the learner computes it so.
+    lora: a `scalerl.config.LoraConfig` (rank r, alpha, dropout, target_modules; empty:
+    the family's own, `target_modules_of`). The LM head is never adapted: it stays the
+    base's, in fp32 where the learner computes it so.
 
     Raises ValueError naming `learner.lora.target_modules` when no module of the model
     matches them (peft's NoMatchingPeftModuleError is a ValueError too).
     """
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = list(lora.target_modules)
+    targets = target_modules_of(model, lora)
     config = LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -67,20 +68,36 @@ def attach_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     return model
 
 
+def target_modules_of(model: torch.nn.Module, lora: Any) -> list[str]:
+    """`lora.target_modules`, or when empty the default LoRA targets of the model's family
+    (`scalerl.policy.architectures.Family.lora_targets`). Raises ValueError naming
+    `learner.lora.target_modules` for a family without defaults."""
+    from scalerl.policy.architectures import FAMILIES
+
+    if lora.target_modules:
+        return list(lora.target_modules)
+    family = FAMILIES.get(type(model).__name__)
+    if family is None:
+        raise ValueError(
+            f"learner.lora.target_modules: {type(model).__name__} has no default targets; "
+            "name the Linear modules to adapt"
+        )
+    return list(family.lora_targets)
+
+
 def check_lora_targets(model_config: Any, lora: Any) -> None:
     """Raise ValueError naming `learner.lora.target_modules` when they match no module of
     the model `model_config` names (a `ModelConfig`). Builds the model's skeleton on the
     meta device: no weights are read."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from scalerl.policy.models import smollm2_dir, tiny_model
+    from scalerl.policy.models import policy_folder, tiny_model
 
     with torch.device("meta"):
         if model_config.kind == "tiny":
             skeleton = tiny_model(model_config.tiny_hidden, model_config.tiny_layers)
         else:
-            folder = model_config.path if model_config.kind == "path" else None
-            folder = folder or smollm2_dir(model_config.cache_dir)
+            folder = policy_folder(model_config)
             skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
     attach_lora(skeleton, lora)
 

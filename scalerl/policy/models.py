@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ class PolicyTokenizer:
     chat: bool
     stop_token_ids: frozenset[int]
     pad_token_id: int
+    # Extra arguments of the chat template (`enable_thinking` where the model sets it).
+    template_options: dict[str, Any] = field(default_factory=dict)
 
     def prompt_ids(
         self, question: str | Sequence[Mapping[str, str]], system_prompt: str
@@ -72,7 +75,7 @@ class PolicyTokenizer:
                 {"role": "user", "content": question},
             ]
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **self.template_options
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
         return self.tokenizer.encode(f"Q:{question.removeprefix('What is ')}\nA:")
@@ -84,7 +87,7 @@ class PolicyTokenizer:
         if system_prompt and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": system_prompt}, *messages]
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True, **self.template_options
         )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -115,14 +118,14 @@ def smollm2_gguf_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def convert_smollm2(out_dir: Path) -> Path:
-    """Dequantize the GGUF once into a plain safetensors model folder; returns out_dir."""
+def convert_gguf(src: Path, gguf_file: str, out_dir: Path) -> Path:
+    """Dequantize a GGUF file (folder `src`, file name `gguf_file`) once into a plain
+    safetensors model folder with its tokenizer; returns out_dir."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    src = smollm2_gguf_dir()
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(src, gguf_file=gguf_file)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -134,18 +137,78 @@ def convert_smollm2(out_dir: Path) -> Path:
     return out_dir
 
 
-def smollm2_dir(cache_dir: str | None = None) -> Path:
-    """Cached plain-safetensors SmolLM2 folder, converting it on first use."""
-    out = Path(cache_dir) if cache_dir else default_cache_dir()
-    out = out / "smollm2-135m-instruct"
+def _converted(src: Path, gguf_file: str, out: Path) -> Path:
+    """The cached conversion of a GGUF file at `out`, made on first use."""
     if not (out / "model.safetensors").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            convert_smollm2(out)
+            convert_gguf(src, gguf_file, out)
         except OSError:
             if not (out / "model.safetensors").exists():  # lost a race: another process won
                 raise
     return out
+
+
+def smollm2_dir(cache_dir: str | None = None) -> Path:
+    """Cached plain-safetensors SmolLM2 folder, converting it on first use."""
+    out = (Path(cache_dir) if cache_dir else default_cache_dir()) / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists():
+        return out  # converted before: the package need not even be installed now
+    return _converted(smollm2_gguf_dir(), GGUF_FILE, out)
+
+
+def policy_folder(model_config) -> Path:
+    """The transformers folder of a `ModelConfig` that names one on disk (`smollm2`, or
+    `path`): the cached SmolLM2 conversion, or what `model.path` points at, which may be
+
+    - a model folder: config.json and its weights (model.safetensors, a sharded
+      checkpoint's index with every shard, or pytorch_model.bin);
+    - a Hugging Face hub cache entry (`models--ORG--NAME`, its snapshot of refs/main) or
+      one of its snapshot folders;
+    - a GGUF file, dequantized once into the cache (`model.cache_dir`).
+
+    Raises ValueError, one line naming `model.path`, for a missing or partial folder.
+    """
+    if model_config.kind == "smollm2":
+        return smollm2_dir(model_config.cache_dir)
+    if not model_config.path:
+        raise ValueError("model.path: required when model.kind is 'path'")
+    path = Path(model_config.path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        cache = Path(model_config.cache_dir) if model_config.cache_dir else default_cache_dir()
+        return _converted(path.parent, path.name, cache / "gguf" / path.stem)
+    folder = _hub_snapshot(path) or path
+    problem = _incomplete(folder)
+    if problem:
+        raise ValueError(f"model.path: {path} {problem}")
+    return folder
+
+
+def _hub_snapshot(path: Path) -> Path | None:
+    """The snapshot refs/main names in a hub cache entry (`models--ORG--NAME`), else None."""
+    ref = path / "refs" / "main"
+    if not ref.is_file():
+        return None
+    return path / "snapshots" / ref.read_text().strip()
+
+
+def _incomplete(folder: Path) -> str | None:
+    """What a model folder lacks (config, weights, shards named by its index), or None."""
+    if not folder.is_dir():
+        return "is not a folder (nor a .gguf file)"
+    if not (folder / "config.json").is_file():
+        return "has no config.json"
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+            missing = [shard for shard in shards if not (folder / shard).is_file()]
+            if not shards or missing:
+                return f"lacks shards its {index_name} names: {', '.join(missing) or 'none listed'}"
+            return None
+    if (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file():
+        return None
+    return "has no weights (model.safetensors, a sharded index, or pytorch_model.bin)"
 
 
 def tiny_model(hidden: int, layers: int, seed: int = 0) -> torch.nn.Module:
@@ -180,11 +243,7 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
     if model_config.kind == "tiny":
         model = tiny_model(model_config.tiny_hidden, model_config.tiny_layers, seed)
         return model.eval(), load_tokenizer(model_config)
-    folder = (
-        Path(model_config.path)
-        if model_config.kind == "path"
-        else smollm2_dir(model_config.cache_dir)
-    )
+    folder = policy_folder(model_config)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder), model_config)
     return model.eval(), tokenizer
@@ -198,11 +257,7 @@ def load_tokenizer(model_config) -> PolicyTokenizer:
     if model_config.kind == "tiny":
         char = CharTokenizer()
         return PolicyTokenizer(char, False, frozenset({char.eos_token_id}), char.pad_token_id)
-    folder = (
-        Path(model_config.path)
-        if model_config.kind == "path"
-        else smollm2_dir(model_config.cache_dir)
-    )
+    folder = policy_folder(model_config)
     return _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder), model_config)
 
 
@@ -226,7 +281,33 @@ def _hf_policy_tokenizer(hf_tok, model_config=None) -> PolicyTokenizer:
     if template is not None:
         hf_tok.chat_template = template  # a reasoning model's template, e.g. with <think>
     pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
-    return PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad)
+    options = _template_options(hf_tok, model_config)
+    return PolicyTokenizer(hf_tok, True, chat_stop_token_ids(hf_tok), pad, options)
+
+
+def _template_options(hf_tok, model_config) -> dict[str, Any]:
+    """`enable_thinking` for the template when `model.enable_thinking` is set. Raises
+    ValueError naming the field when the template has no such switch."""
+    enable = getattr(model_config, "enable_thinking", None)
+    if enable is None:
+        return {}
+    if "enable_thinking" not in str(hf_tok.chat_template or ""):
+        raise ValueError("model.enable_thinking: the chat template has no enable_thinking switch")
+    return {"enable_thinking": bool(enable)}
+
+
+def check_thinking(model_config, rollout, tokenizer: PolicyTokenizer) -> None:
+    """A template that opens <think> needs the thinking budget to close it: raise
+    ValueError naming `rollout.think_end` when the template thinks inside <think> tags
+    (and thinking is not switched off) but the budget would force no `</think>`, so the
+    answer after the interrupt phrase would still be inside the model's thinking."""
+    template = str(getattr(tokenizer.tokenizer, "chat_template", None) or "")
+    thinking = "<think>" in template and getattr(model_config, "enable_thinking", None) is not False
+    if thinking and rollout.thinking_budget and not rollout.think_end:
+        raise ValueError(
+            "rollout.think_end: the chat template thinks inside <think> tags; set it to the "
+            "model's think-end marker ('</think>') so the thinking budget closes the thinking"
+        )
 
 
 def chat_stop_token_ids(hf_tok) -> frozenset[int]:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_families import tiny_family_model
 from safetensors.torch import save_file
 
 from learner_service.train.logprobs import token_logprobs
@@ -60,7 +61,8 @@ TIMEOUT_S = 120.0
 class ContractEngine:
     """An engine under test. engine: serving weights "a" (model_a) at start;
     files: "a" and "b" safetensors files (HF names, tied head left out, fp32);
-    logprob_atol: tolerance on |ratio - 1| of engine vs learner log-probs."""
+    logprob_atol: tolerance on |ratio - 1| of engine vs learner log-probs; family: the
+    model family ("tiny", or a name of tests/model_families.py)."""
 
     name: str
     engine: object
@@ -68,39 +70,53 @@ class ContractEngine:
     model_b: torch.nn.Module
     files: dict[str, Path]
     logprob_atol: float = 1e-3
+    family: str = "tiny"
 
 
-def tiny_models() -> tuple[torch.nn.Module, torch.nn.Module]:
-    """Weights "a" and "b": the tiny model from seeds 0 and 1, fp32, eval mode."""
-    return (
-        load_policy(ModelConfig(kind="tiny"), seed=0)[0],
-        load_policy(ModelConfig(kind="tiny"), seed=1)[0],
-    )
+def contract_models(family: str = "tiny") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Weights "a" and "b" from seeds 0 and 1, fp32, eval mode: the tiny model, or a tiny
+    random checkpoint of `family` (97 tokens, norms and biases perturbed)."""
+    if family == "tiny":
+        return (
+            load_policy(ModelConfig(kind="tiny"), seed=0)[0],
+            load_policy(ModelConfig(kind="tiny"), seed=1)[0],
+        )
+    return tiny_family_model(family, seed=0), tiny_family_model(family, seed=1)
+
+
+def published(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors as the learner publishes them: a tied head left out (it is the
+    embedding), an untied one kept."""
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    return {
+        key: value.detach().clone().contiguous()
+        for key, value in model.state_dict().items()
+        if not (tied and key == "lm_head.weight")
+    }
 
 
 def weight_files(folder: Path, model_a, model_b) -> dict[str, Path]:
     """The two models as the learner publishes them: one safetensors file each."""
     files = {}
     for name, model in (("a", model_a), ("b", model_b)):
-        tensors = {
-            key: value.detach().contiguous()
-            for key, value in model.state_dict().items()
-            if key != "lm_head.weight"  # tied to the embeddings
-        }
         files[name] = folder / f"{name}.safetensors"
-        save_file(tensors, files[name])
+        save_file(published(model), files[name])
     return files
 
 
 def make_contract(
-    name: str, build: Callable[[torch.nn.Module, Path], object], folder: Path, atol: float = 1e-3
+    name: str,
+    build: Callable[[torch.nn.Module, Path], object],
+    folder: Path,
+    atol: float = 1e-3,
+    family: str = "tiny",
 ) -> ContractEngine:
     """A ContractEngine from `build(model, folder) -> engine` (the engine serving "a"; it
     gets its own copy of the model, which it may own and overwrite)."""
-    model_a, model_b = tiny_models()
+    model_a, model_b = contract_models(family)
     files = weight_files(folder, model_a, model_b)
     engine = build(copy.deepcopy(model_a), folder)
-    return ContractEngine(name, engine, model_a, model_b, files, atol)
+    return ContractEngine(name, engine, model_a, model_b, files, atol, family)
 
 
 def _run(contract: ContractEngine, request: GenerationRequest):
@@ -329,8 +345,7 @@ def test_corrupt_update_changes_nothing(contract, tmp_path):
     before = _run(contract, probe)
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"not a safetensors file" * 8)
-    tensors = {k: v.clone() for k, v in contract.model_b.state_dict().items()}
-    tensors.pop("lm_head.weight")
+    tensors = published(contract.model_b)
     tensors["model.norm.weight"] = torch.ones(3)
     wrong_shape = tmp_path / "wrong_shape.safetensors"
     save_file(tensors, wrong_shape)
@@ -360,8 +375,7 @@ def test_staging_an_older_version_is_refused(contract):
     try:
         probe = GenerationRequest("older-probe", PROMPT, 8, temperature=0.0)
         before = _run(contract, probe)
-        tensors = {k: v.clone() for k, v in contract.model_a.state_dict().items()}
-        tensors.pop("lm_head.weight")  # tied: engines may take the model without it
+        tensors = published(contract.model_a)
         with pytest.raises(ValueError, match="version") as refused:
             engine.stage_weights_from_file(str(contract.files["a"]), newer - 1)
         assert refused.value.field == "version"

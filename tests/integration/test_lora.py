@@ -79,8 +79,8 @@ def publish(model: torch.nn.Module, part, base_version: int) -> dict[str, torch.
 
 
 def engine_logits(engine: TorchEngine, ids: list[int]) -> torch.Tensor:
-    engine.llama.assign_adapter(0, "")
-    return engine.llama.extend(0, 0, ids, all_logits=True)
+    engine.decoder.assign_adapter(0, "")
+    return engine.decoder.extend(0, 0, ids, all_logits=True)
 
 
 @pytest.mark.parametrize("tied", [True, False])

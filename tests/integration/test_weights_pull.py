@@ -215,13 +215,13 @@ def test_a_corrupted_chunk_is_rejected_and_the_old_weights_keep_serving(
     model = load_policy(ModelConfig(kind="tiny"), seed=0)[0]
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=1, max_seq_len=32)
     try:
-        head_before = engine.llama.head_fp32.clone()
+        head_before = engine.decoder.head_fp32.clone()
         worker = make_worker(redis_client, run_id, engine)
         with pytest.raises(WeightsError) as info:
             worker.follower.load_if_behind()
         assert info.value.field == field and names in str(info.value)
         assert engine.policy_version == 0 and not worker.ready  # nothing staged
-        assert torch.equal(engine.llama.head_fp32, head_before)  # the old weights serve
+        assert torch.equal(engine.decoder.head_fp32, head_before)  # the old weights serve
     finally:
         engine.stop()
 
@@ -240,7 +240,7 @@ def test_an_intact_fetch_swaps_the_torch_engine(
         assert pull_weights(ref, engine, TIMEOUT_S)[0] == 4
         expected = load_safetensors(tiny_payload)["model.embed_tokens.weight"]
         assert engine.policy_version == 4
-        assert torch.equal(engine.llama.head_fp32, expected)
+        assert torch.equal(engine.decoder.head_fp32, expected)
     finally:
         engine.stop()
 

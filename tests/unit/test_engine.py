@@ -1,6 +1,6 @@
 """Torch engine: batched prefill, continuous batching, log-probs against the HF forward,
 interrupts, in-flight weight swaps, metrics. Tiny model (fixtures in conftest.py), fp32, CPU.
-The slot-batched Llama forward and the sampling math: test_slot_llama.py."""
+The slot-batched forward and the sampling math: test_slot_decoder.py."""
 
 from __future__ import annotations
 
@@ -86,13 +86,13 @@ def test_sequence_in_changing_batch_matches_alone(model0):
 
 def spy_extends(engine: TorchEngine) -> list[list[int]]:
     """Record the chunk lengths of every batched extend the engine runs."""
-    calls, original = [], engine.llama.extend_batch
+    calls, original = [], engine.decoder.extend_batch
 
     def spy(slots, starts, chunks, all_logits=False):
         calls.append([len(c) for c in chunks])
         return original(slots, starts, chunks, all_logits)
 
-    engine.llama.extend_batch = spy
+    engine.decoder.extend_batch = spy
     return calls
 
 
@@ -396,7 +396,7 @@ def test_weight_swap_keeps_kv_cache_and_stamps_new_version(model0, model1):
 
 def test_stage_weights_rejects_bad_state_dicts(model0, model1):
     engine = make_engine(model0, autostart=False)
-    before = copy.deepcopy(engine.llama.model.state_dict())
+    before = copy.deepcopy(engine.decoder.model.state_dict())
     good = model1.state_dict()
     wrong_shape = dict(good, **{"model.norm.weight": torch.ones(64)})
     nan = dict(
@@ -418,7 +418,7 @@ def test_stage_weights_rejects_bad_state_dicts(model0, model1):
             engine.stage_weights(state_dict, 1)
     engine.step()
     assert engine.policy_version == 0
-    after = engine.llama.model.state_dict()
+    after = engine.decoder.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     engine.stop()
 
@@ -431,8 +431,8 @@ def test_staged_weights_are_a_snapshot_and_bf16_keeps_an_fp32_head(model0, model
     state["model.embed_tokens.weight"].add_(1.0)  # the learner keeps training meanwhile
     engine.step()
     assert future.result(timeout=0) == 2
-    assert torch.equal(engine.llama.head_fp32, expected_head)  # fp32, not bf16-rounded
-    body = engine.llama.model.model.embed_tokens.weight
+    assert torch.equal(engine.decoder.head_fp32, expected_head)  # fp32, not bf16-rounded
+    body = engine.decoder.model.model.embed_tokens.weight
     assert body.dtype == torch.bfloat16
     assert torch.equal(body, expected_head.to(torch.bfloat16))
     engine.stop()

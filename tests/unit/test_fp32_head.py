@@ -75,13 +75,13 @@ def test_bf16_engine_gets_the_learners_fp32_head_bit_for_bit(build, redis_client
 
     engine = TorchEngine(build(0), (), max_batch=2, max_seq_len=32, dtype="bfloat16")
     try:
-        assert not torch.equal(engine.llama.head_fp32, head_of(learner))
+        assert not torch.equal(engine.decoder.head_fp32, head_of(learner))
         version, _ = receive_weights([weights_uri_request(path, 1)], engine, weights_root=tmp_path)
         assert version == 1
-        assert engine.llama.head_fp32.dtype == torch.float32
-        assert torch.equal(engine.llama.head_fp32, head_of(learner))
+        assert engine.decoder.head_fp32.dtype == torch.float32
+        assert torch.equal(engine.decoder.head_fp32, head_of(learner))
         # The body runs in bf16 (a rounded copy of the same weights).
-        embed = engine.llama.model.model.embed_tokens.weight
+        embed = engine.decoder.model.model.embed_tokens.weight
         assert embed.dtype == torch.bfloat16
         assert torch.equal(embed, learner.model.embed_tokens.weight.detach().to(torch.bfloat16))
     finally:

@@ -51,7 +51,7 @@ from rollout_service.engines.api import (
 from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
 from rollout_service.engines.torch.adapters import POLICY, Adapter
-from rollout_service.engines.torch.llama import SlotLlama, StagedWeights
+from rollout_service.engines.torch.decoder import SlotDecoder, StagedWeights
 from rollout_service.engines.torch.sampling import sample
 from rollout_service.engines.weight_check import (
     AdapterSpec,
@@ -101,9 +101,10 @@ class _Staged:
 
 
 class TorchEngine:
-    """Continuous-batching generation over an HF Llama with a slot KV cache.
+    """Continuous-batching generation over an HF causal LM with a slot KV cache.
 
-    model: an HF LlamaForCausalLM; the engine takes ownership (it is cast in place to
+    model: an HF causal LM of a served family (`scalerl.policy.architectures`; ValueError
+    otherwise); the engine takes ownership (it is cast in place to
     `dtype` and its parameters are overwritten by weight updates). stop_token_ids: token
     ids that end a sequence when sampled. max_batch: KV-cache slots (concurrent sequences;
     others wait). max_seq_len: prompt + completion tokens per slot. dtype: "float32" or
@@ -147,11 +148,11 @@ class TorchEngine:
             )
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        self.llama = SlotLlama(model, max_batch, max_seq_len, torch_dtype, device)
+        self.decoder = SlotDecoder(model, max_batch, max_seq_len, torch_dtype, device)
         # The tied head is the embedding: a state dict may leave lm_head.weight out.
-        optional = {"lm_head.weight"} if self.llama.tied else set()
-        self._spec = WeightSpec(self.llama.parameter_shapes(), optional)
-        self._adapter_spec = AdapterSpec(self.llama.adaptable, max_lora_rank)
+        optional = {"lm_head.weight"} if self.decoder.tied else set()
+        self._spec = WeightSpec(self.decoder.parameter_shapes(), optional)
+        self._adapter_spec = AdapterSpec(self.decoder.adaptable, max_lora_rank)
         # The base the policy adapter applies to: serving, and newest serving or staged.
         self._base_version: int | None = None
         self._newest_base: int | None = None
@@ -161,7 +162,7 @@ class TorchEngine:
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self.max_prefill_tokens = max_prefill_tokens
-        self.vocab_size = self.llama.vocab_size
+        self.vocab_size = self.decoder.vocab_size
         self.dtype = torch_dtype
         self._requests: RequestTable[_Seq] = RequestTable(metrics, policy_version)
         self._lock = threading.Lock()
@@ -254,7 +255,7 @@ class TorchEngine:
     @property
     def adapters(self) -> list[str]:
         """Names of the adapters serving ("" is the run's policy adapter)."""
-        return sorted(self.llama.adapters.adapters)
+        return sorted(self.decoder.adapters.adapters)
 
     def stage_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> Future:
         """Validate a payload and stage it; the loop applies it at the next decode-step
@@ -271,7 +272,7 @@ class TorchEngine:
             self._spec.check_state_dict(payload.base)
         if payload.adapter:
             self._adapter_spec.check(payload.adapter)
-        staged = self.llama.prepare_weights(payload)
+        staged = self.decoder.prepare_weights(payload)
         future: Future = Future()
         with self._wake:
             if self._stopping:
@@ -295,7 +296,7 @@ class TorchEngine:
         if not name:
             raise InvalidArgument("adapter", "must be a non-empty name")
         self._adapter_spec.check(state_dict)
-        staged = StagedWeights({}, None, Adapter.of(state_dict, self.dtype, self.llama.device))
+        staged = StagedWeights({}, None, Adapter.of(state_dict, self.dtype, self.decoder.device))
         staged.adapter_name = name
         future: Future = Future()
         with self._wake:
@@ -387,7 +388,7 @@ class TorchEngine:
                 continue  # the caller gave up waiting; never apply a cancelled update
             start = time.monotonic()
             try:
-                self.llama.load_weights(item.staged)
+                self.decoder.load_weights(item.staged)
             except Exception as exc:  # validated already; only a device fault lands here
                 item.future.set_exception(exc)
                 for later in staged[index + 1 :]:
@@ -431,7 +432,7 @@ class TorchEngine:
             if seq.slot < 0:
                 seq.slot = self._free.pop() if self._free else self._evict()
             self._active[seq.slot] = seq
-            self.llama.assign_adapter(seq.slot, seq.request.adapter)
+            self.decoder.assign_adapter(seq.slot, seq.request.adapter)
         # One prefill row per distinct prompt and adapter (an adapter changes the KV).
         first: dict[tuple[str, tuple[int, ...]], _Seq] = {}
         for seq in seqs:
@@ -439,7 +440,7 @@ class TorchEngine:
                 first.setdefault(_prefix_key(seq), seq)
         rows = [*first.values(), *continuing]
         if rows:
-            logits = self.llama.extend_batch(
+            logits = self.decoder.extend_batch(
                 [seq.slot for seq in rows],
                 [seq.reused for seq in rows],
                 [seq.request.prompt_ids[seq.reused :] for seq in rows],
@@ -452,7 +453,7 @@ class TorchEngine:
             seq.logits_version = self._version_of(seq)
             source = first.get(_prefix_key(seq), seq)
             if source is not seq:
-                self.llama.cache.copy_prefix(source.slot, seq.slot, len(prompt))
+                self.decoder.cache.copy_prefix(source.slot, seq.slot, len(prompt))
                 seq.next_logits = source.next_logits
 
     def _continue(self, seq: _Seq) -> bool:
@@ -488,7 +489,7 @@ class TorchEngine:
         rows = [(seq, phrase) for seq, phrase in zip(seqs, phrases, strict=True) if phrase]
         outputs = []
         if rows:
-            outputs = self.llama.extend_batch(
+            outputs = self.decoder.extend_batch(
                 [seq.slot for seq, _ in rows],
                 [seq.length for seq, _ in rows],
                 [([seq.unfed] if seq.unfed is not None else []) + phrase for seq, phrase in rows],
@@ -522,7 +523,7 @@ class TorchEngine:
         """Feed last step's tokens as one batch, then sample one token per request."""
         feed = [seq for seq in self._active.values() if seq.unfed is not None]
         if feed:
-            logits = self.llama.decode(
+            logits = self.decoder.decode(
                 torch.tensor([seq.slot for seq in feed]),
                 torch.tensor([seq.length for seq in feed]),
                 torch.tensor([seq.unfed for seq in feed]),

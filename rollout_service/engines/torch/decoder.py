@@ -1,30 +1,36 @@
-"""A minimal Llama forward over the engine's own slot KV cache.
+"""Any supported Hugging Face decoder, run by its own modeling code over the engine's slot
+KV cache.
 
-The Hugging Face `LlamaForCausalLM` stays the owner of the parameters (so a weight update
-is a plain `copy_` into them); this module only replaces the cache and the attention
-plumbing so that a batch of sequences with different lengths can share one preallocated
-cache:
+The HF model stays the owner of the parameters and of every family's arithmetic (norms,
+q/k norms, biases, RoPE of any scaling type, scaled embeddings, MoE routing, sliding
+windows): the forward here is the model's own `model.model(...)`. Only attention is
+swapped, through transformers' attention-function interface: `slot_attention` receives
+each layer's queries, keys and values after the family's projections, norms and RoPE,
+writes the keys and values into a preallocated cache and attends over it:
 
     k, v: [layers, max_batch, kv_heads, max_seq_len, head_dim]   (body dtype)
 
-A *slot* is one row of that cache; the engine assigns a slot per running request. Entry
+So the learner (HF's forward) and the engine run the same modules, and a new family of
+the same shape costs no code here. Which families are served is decided by
+`scalerl.policy.architectures` (exactness is tested there per family); anything else is
+refused before the engine starts.
+
+A *slot* is one row of the cache; the engine assigns a slot per running request. Entry
 points:
 
-- `SlotLlama.extend_batch(slots, starts, chunks)`: append a chunk of tokens to each of B
-  slots in one forward (batched prefill, or forced interrupt phrases). The chunks are
+- `SlotDecoder.extend_batch(slots, starts, chunks)`: append a chunk of tokens to each of
+  B slots in one forward (batched prefill, or forced interrupt phrases). The chunks are
   right-padded into a [B, T] batch; row i holds its tokens at positions
   starts[i]..starts[i] + len(chunks[i]) - 1, attends causally within itself and to its
   slot's cache below starts[i], never to padding, and only its real tokens' keys and
   values are written to the cache. Returns fp32 logits per row.
-- `SlotLlama.extend(slot, start, token_ids)`: the same for one slot.
-- `SlotLlama.decode(slots, positions, token_ids)`: one token for each of N slots, each at
-  its own position (continuous batching), returning fp32 logits [N, vocab].
+- `SlotDecoder.extend(slot, start, token_ids)`: the same for one slot.
+- `SlotDecoder.decode(slots, positions, token_ids)`: one token for each of N slots, each
+  at its own position (continuous batching), returning fp32 logits [N, vocab].
 
-Formulas follow the Llama architecture (Touvron et al. 2023, Sec. 2.2): pre-normalisation
-with RMSNorm, rotary position embeddings (RoPE; Su et al. 2021, RoFormer eq. 34, in the
-"rotate half" layout used by Hugging Face), SwiGLU MLP, grouped-query attention
-(Ainslie et al. 2023). The language-model head runs in fp32 whatever the body dtype
-(ScaleRL, Khatri et al. 2025, Sec. 3.2 "FP32 precision at the LM head").
+The language-model head runs in fp32 whatever the body dtype (ScaleRL, Khatri et al.
+2025, Sec. 3.2 "FP32 precision at the LM head"), with the family's own logit transform
+(`scalerl.policy.architectures.LogitHead`).
 """
 
 from __future__ import annotations
@@ -43,54 +49,20 @@ from rollout_service.engines.torch.adapters import (
     adaptable,
     install,
 )
+from scalerl.policy.architectures import LogitHead, check_servable
 from scalerl.policy.lora import Payload
 
-
-def default_rope_theta(config: object) -> float:
-    """RoPE base frequency of an HF Llama config (`rope_parameters` or `rope_theta`).
-
-    Raises ValueError when the config asks for a RoPE type other than "default"
-    (linear/dynamic/yarn/llama3 scaling are not implemented here).
-    """
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    params = dict(params or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(
-            f"rope_type {rope_type!r} is not supported by the torch engine; only 'default' RoPE"
-        )
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    return float(theta if theta is not None else 10000.0)
-
-
-def rope_tables(theta: float, head_dim: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, each [max_seq_len, head_dim] fp32, for positions 0..max_seq_len-1.
-
-    RoFormer eq. 34 with inv_freq_i = theta^(-2i/d), duplicated over both halves because the
-    rotation pairs dimension i with i + d/2 ("rotate half"). Computed exactly as HF's
-    default rotary embedding does (fp32 product, then cos/sin) so logits match it.
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    positions = torch.arange(max_seq_len, dtype=torch.float)
-    freqs = positions[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [N, heads, T, D] by cos/sin [N, 1, T, D] (RoFormer eq. 34, rotate-half form)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+SLOT_ATTENTION = "scalerl_slot"
 
 
 def single_query_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Attention of one query per row, the decode step: q [N, heads, 1, D] over keys and
     values [N, kv_heads, L, D] with mask [N, 1, 1, L] (True = attend) -> [N, heads, 1, D].
 
-    softmax(q k^T / sqrt(D)) v (Vaswani et al. 2017, eq. 1) with grouped-query sharing
+    softmax(scale * q k^T) v (Vaswani et al. 2017, eq. 1; scale is 1/sqrt(D) unless the
+    family sets its own, e.g. Gemma's query_pre_attn_scalar) with grouped-query sharing
     (Ainslie et al. 2023): q head h reads kv head h // (heads / kv_heads), as in HF's
     `repeat_kv`. The heads of a group become the rows of one matmul against their shared
     keys, so nothing is repeated; scores and softmax are fp32. Why not SDPA: torch's CPU
@@ -100,7 +72,7 @@ def single_query_attention(
     n, heads, _, dim = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     grouped = q.reshape(n, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * dim**-0.5
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scale
     scores = scores.masked_fill(~mask.view(n, 1, 1, length), float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     return torch.matmul(weights, values).reshape(n, heads, 1, dim)
@@ -160,6 +132,90 @@ class SlotKVCache:
 
 
 @dataclass
+class SlotBatch:
+    """What one forward's attention layers need beyond their q, k, v: the cache, the rows'
+    slots [N], positions [N, T], the cache length attended (kv_len), which tokens are real
+    (valid [N, T] bool, None: all) and the causal mask [N, 1, T, kv_len] (True = attend).
+    Passed to `slot_attention` through the model's forward kwargs."""
+
+    cache: SlotKVCache
+    slots: torch.Tensor
+    positions: torch.Tensor
+    kv_len: int
+    valid: torch.Tensor | None
+    causal: torch.Tensor
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor:
+        """The causal mask, narrowed to the last `sliding_window` positions (a query at p
+        sees keys at p - window < position <= p, HF's `sliding_window_overlay`)."""
+        if not sliding_window:
+            return self.causal
+        keys_pos = torch.arange(self.kv_len, device=self.positions.device)
+        recent = keys_pos[None, None, :] > self.positions[:, :, None] - sliding_window
+        return self.causal & recent.unsqueeze(1)
+
+
+def slot_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    slot_batch: SlotBatch | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function interface over the slot cache: query [N, heads, T,
+    D], key and value [N, kv_heads, T, D] (already normed and rotated by the family's own
+    code) -> output [N, T, heads, D], no weights. Keys and values are written at the
+    batch's positions, then every query attends to its slot's cache (Vaswani et al. 2017,
+    eq. 1, with the layer's `scaling` and `sliding_window`).
+
+    Raises RuntimeError when called outside a `SlotDecoder` forward (no `slot_batch`),
+    and ValueError for an attention feature the engine does not compute (logit
+    softcapping, attention sinks): `check_servable` refuses those models up front.
+    """
+    if slot_batch is None:
+        raise RuntimeError("slot attention runs inside SlotDecoder's forward only")
+    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+        raise ValueError("attention softcapping and sinks are not served by the torch engine")
+    batch = slot_batch
+    layer = int(module.layer_idx)
+    batch.cache.write(layer, batch.slots, batch.positions, key, value, batch.valid)
+    keys, values = batch.cache.read(layer, batch.slots, batch.kv_len)
+    mask = batch.mask(sliding_window)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if query.shape[2] == 1:
+        out = single_query_attention(query, keys, values, mask, scale)
+    else:
+        out = F.scaled_dot_product_attention(
+            query,
+            keys,
+            values,
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=query.shape[1] != keys.shape[1],
+        )
+    return out.transpose(1, 2), None
+
+
+def _register_slot_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+    try:  # a 4D mask passes through mask creation unchanged; this covers the rest
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        ALL_MASK_ATTENTION_FUNCTIONS.register(SLOT_ATTENTION, lambda *args, **kwargs: None)
+    except ImportError:  # pragma: no cover - older transformers
+        pass
+
+
+_register_slot_attention()
+
+
+@dataclass
 class StagedWeights:
     """A validated update ready to be applied (tensors already in the body dtype): base
     `tensors` and the fp32 head (empty and None for an adapter alone), and the `adapter`
@@ -173,12 +229,15 @@ class StagedWeights:
     base_version: int | None = None
 
 
-class SlotLlama:
-    """Llama forward over a `SlotKVCache`, reusing an HF `LlamaForCausalLM`'s modules.
+class SlotDecoder:
+    """An HF causal LM's own forward over a `SlotKVCache` (attention swapped for
+    `slot_attention`).
 
     The model is moved to `device`/`dtype` in place: the caller hands over ownership.
     The fp32 head weight is taken before the cast, so a bf16 body keeps an fp32 head of
-    full precision. Raises ValueError for an unsupported RoPE type.
+    full precision. Raises ValueError, one line naming the architecture and what is
+    unsupported, for a model the engine cannot serve exactly
+    (`scalerl.policy.architectures.check_servable`).
     """
 
     def __init__(
@@ -189,44 +248,39 @@ class SlotLlama:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        # An HF Llama whose submodules are read by name: torch types a submodule as
+        # An HF causal LM whose submodules are read by name: torch types a submodule as
         # `Tensor | Module`, so the tree is held as Any.
         hf: Any = model
         config = hf.config
-        theta = default_rope_theta(config)
-        self.head_fp32 = hf.lm_head.weight.detach().to(device, torch.float32).clone()
+        check_servable(config, max_seq_len, hf)
+        self.head = LogitHead.of(hf, device)
         self.model: Any = hf.to(device=device, dtype=dtype).eval()
+        self.model.config._attn_implementation = SLOT_ATTENTION
         self.dtype = dtype
         self.device = torch.device(device)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or (
-            config.hidden_size // config.num_attention_heads
-        )
-        self.vocab_size: int = config.vocab_size
+        self.vocab_size: int = self.head.weight.shape[0]
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.tied = hf.lm_head.weight is hf.model.embed_tokens.weight
-        self.head_name = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+        self.tied = self.head.tied
+        self.head_name = self.head.name
         # The parameters by HF name, taken before adapters wrap any module (which renames
         # them in the state dict): what weight updates copy into.
         self._targets = dict(self.model.state_dict())
         self.adapters = AdapterBank()
         self.adaptable = adaptable(self.model)
         self._slot_adapter: list[str | None] = [None] * max_batch
-        self.cache = SlotKVCache(
-            config.num_hidden_layers,
-            max_batch,
-            self.num_kv_heads,
-            max_seq_len,
-            self.head_dim,
-            dtype,
-            self.device,
+        kv_heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
         )
-        cos, sin = rope_tables(theta, self.head_dim, max_seq_len)
-        # HF casts cos/sin to the activation dtype before rotating; do the same.
-        self._cos = cos.to(self.device, dtype)
-        self._sin = sin.to(self.device, dtype)
+        self.cache = SlotKVCache(
+            config.num_hidden_layers, max_batch, kv_heads, max_seq_len, head_dim, dtype, self.device
+        )
+
+    @property
+    def head_fp32(self) -> torch.Tensor:
+        """The fp32 LM head weight [vocab, hidden]."""
+        return self.head.weight
 
     # ----- forward -----------------------------------------------------------------------
 
@@ -270,9 +324,9 @@ class SlotLlama:
         begin = torch.tensor(list(starts))
         offsets = torch.arange(width)
         valid = offsets[None, :] < lens[:, None]
-        # Padding repeats the row's last real position: the RoPE tables and the causal mask
-        # stay in range, and a padded query (its output is discarded) sees only its own
-        # row's real keys. Its key and value are not written (`valid`).
+        # Padding repeats the row's last real position: RoPE stays in range, and a padded
+        # query (its output is discarded) sees only its own row's real keys. Its key and
+        # value are not written (`valid`).
         positions = begin[:, None] + torch.minimum(offsets[None, :], (lens - 1)[:, None])
         valid = valid.to(self.device)
         hidden = self._forward(
@@ -327,7 +381,7 @@ class SlotLlama:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 LM head: hidden [..., hidden_size] (any dtype) -> logits [..., vocab] fp32."""
-        return F.linear(hidden.float(), self.head_fp32)
+        return self.head(hidden)
 
     def _forward(
         self,
@@ -340,52 +394,22 @@ class SlotLlama:
         """ids, positions [N, T]; slots [N]; attention over cache positions < kv_len; valid
         [N, T] bool marks the tokens whose keys and values are cached (None: all).
         Returns the final-normed hidden state [N, T, hidden] in the body dtype."""
-        body = self.model.model
         self.adapters.select([self._slot_adapter[s] for s in slots.tolist()])
-        hidden = body.embed_tokens(ids)
-        cos = self._cos[positions].unsqueeze(1)
-        sin = self._sin[positions].unsqueeze(1)
         # Causal mask per row: query at position p sees cache positions <= p. Stale entries
         # of a reused slot lie beyond p, so they are masked too.
         keys_pos = torch.arange(kv_len, device=self.device)
-        mask = (keys_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)
-        for index, layer in enumerate(body.layers):
-            normed = layer.input_layernorm(hidden)
-            hidden = hidden + self._attention(
-                layer.self_attn, normed, index, slots, positions, cos, sin, mask, kv_len, valid
-            )
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return body.norm(hidden)
-
-    def _attention(
-        self,
-        attn: Any,
-        x: torch.Tensor,
-        layer: int,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        kv_len: int,
-        valid: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Grouped-query attention of x [N, T, hidden] over the slots' cache (Vaswani et al.
-        2017 eq. 1, softmax(q k^T / sqrt(d)) v, with kv heads shared by groups of q heads)."""
-        n, t, _ = x.shape
-        q = attn.q_proj(x).view(n, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.cache.write(layer, slots, positions, k, v, valid)
-        keys, values = self.cache.read(layer, slots, kv_len)
-        if t == 1:
-            out = single_query_attention(q, keys, values, mask)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
-            )
-        return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.num_heads * self.head_dim))
+        causal = (keys_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        batch = SlotBatch(self.cache, slots, positions, kv_len, valid, causal)
+        # The 4D mask is handed through HF's mask creation as it is; slot_attention reads
+        # the batch's own masks (causal, and per layer its sliding window).
+        out = self.model.model(
+            input_ids=ids,
+            attention_mask=causal,
+            position_ids=positions,
+            use_cache=False,
+            slot_batch=batch,
+        )
+        return out.last_hidden_state
 
     # ----- weights -----------------------------------------------------------------------
 
@@ -427,7 +451,7 @@ class SlotLlama:
         for name, tensor in staged.tensors.items():
             self._targets[name].copy_(tensor)
         if staged.head_fp32 is not None:
-            self.head_fp32 = staged.head_fp32
+            self.head.weight = staged.head_fp32
         if staged.adapter is not None:
             install(self.model, list(staged.adapter.pairs), self.adapters)
             self.adapters.adapters[staged.adapter_name] = staged.adapter

@@ -1,20 +1,16 @@
-"""The torch engine's slot-batched Llama forward against the HF forward, and its sampling
-math (tempered inverse-CDF draw, top-p renormalisation). Tiny model, fp32, CPU."""
+"""The torch engine's slot-batched forward (`SlotDecoder`) against the HF forward on the
+tiny Llama, and its sampling math (tempered inverse-CDF draw, top-p renormalisation).
+Tiny model, fp32, CPU. Every other family: test_architectures.py."""
 
 from __future__ import annotations
 
 import copy
 import math
-import types
 
 import pytest
 import torch
 
-from rollout_service.engines.torch.llama import (
-    SlotLlama,
-    default_rope_theta,
-    single_query_attention,
-)
+from rollout_service.engines.torch.decoder import SlotDecoder, single_query_attention
 from rollout_service.engines.torch.sampling import sample
 
 torch.set_num_threads(1)
@@ -26,13 +22,13 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()
 
 
-# ----- Llama forward -----------------------------------------------------------------------
+# ----- slot forward -----------------------------------------------------------------------
 
 
-def test_slot_llama_matches_hf_prefill_and_mixed_decode(model0):
+def test_slot_decoder_matches_hf_prefill_and_mixed_decode(model0):
     ids = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     reference = hf_logits(model0, ids)
-    llama = SlotLlama(copy.deepcopy(model0), max_batch=4, max_seq_len=32)
+    llama = SlotDecoder(copy.deepcopy(model0), max_batch=4, max_seq_len=32)
     prefill = llama.extend(3, 0, ids[:6], all_logits=True)
     assert prefill.dtype == torch.float32
     torch.testing.assert_close(prefill, reference[:6], atol=1e-4, rtol=0)
@@ -60,18 +56,21 @@ def test_single_query_attention_is_sdpa_with_grouped_heads_and_mask():
         q, keys, values, attn_mask=mask, enable_gqa=True
     )
     torch.testing.assert_close(
-        single_query_attention(q, keys, values, mask), expected, atol=1e-6, rtol=0
+        single_query_attention(q, keys, values, mask, 16**-0.5), expected, atol=1e-6, rtol=0
     )
     # Row 0 sees only position 0: its output is that position's value, per kv group.
     torch.testing.assert_close(
-        single_query_attention(q, keys, values, mask)[0, 4, 0], values[0, 1, 0], atol=1e-6, rtol=0
+        single_query_attention(q, keys, values, mask, 16**-0.5)[0, 4, 0],
+        values[0, 1, 0],
+        atol=1e-6,
+        rtol=0,
     )
 
 
 def test_extend_batch_matches_one_slot_at_a_time(model0):
     prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 4]]
-    slots, batched = [2, 0, 1], SlotLlama(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
-    single = SlotLlama(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
+    slots, batched = [2, 0, 1], SlotDecoder(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
+    single = SlotDecoder(copy.deepcopy(model0), max_batch=3, max_seq_len=32)
     batched.extend(0, 0, [16, 15, 14, 13, 12, 11, 10, 9, 8])  # stale keys a mask must hide
     first = batched.extend_batch(slots, [0, 0, 0], prompts)
     assert [tuple(t.shape) for t in first] == [(21,)] * 3
@@ -97,7 +96,7 @@ def test_extend_batch_matches_one_slot_at_a_time(model0):
 
 
 def test_extend_batch_rejects_bad_batches(model0):
-    llama = SlotLlama(copy.deepcopy(model0), max_batch=2, max_seq_len=8)
+    llama = SlotDecoder(copy.deepcopy(model0), max_batch=2, max_seq_len=8)
     cases = [
         (([0, 1], [0], [[3], [4]]), "same length"),
         (([0, 0], [0, 0], [[3], [4]]), "distinct"),
@@ -112,22 +111,12 @@ def test_extend_batch_rejects_bad_batches(model0):
 
 def test_bf16_body_keeps_full_precision_fp32_head(model0):
     original = model0.lm_head.weight.detach().clone()
-    llama = SlotLlama(copy.deepcopy(model0), max_batch=1, max_seq_len=16, dtype=torch.bfloat16)
+    llama = SlotDecoder(copy.deepcopy(model0), max_batch=1, max_seq_len=16, dtype=torch.bfloat16)
     assert llama.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     assert torch.equal(llama.head_fp32, original)  # taken before the bf16 cast
     logits = llama.extend(0, 0, [3, 4, 5])
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, hf_logits(model0, [3, 4, 5])[-1], atol=0.1, rtol=0)
-
-
-def test_rope_theta_and_unsupported_rope_type():
-    plain = types.SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 5e5})
-    assert default_rope_theta(plain) == 5e5
-    legacy = types.SimpleNamespace(rope_parameters=None, rope_theta=1234.0)
-    assert default_rope_theta(legacy) == 1234.0
-    scaled = types.SimpleNamespace(rope_parameters={"rope_type": "linear", "factor": 2.0})
-    with pytest.raises(ValueError, match="'linear'"):
-        default_rope_theta(scaled)
 
 
 # ----- sampling ----------------------------------------------------------------------------
