@@ -11,6 +11,7 @@ sliding windows, softcapping, logit scaling, MoE routing), with 3 layers, hidden
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,3 +205,31 @@ def save_family_checkpoint(name: str, folder, seed: int = 0):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def run_two_steps(name: str, folder: Path) -> Any:
+    """`scalerl run` of the tiny job on family `name`'s checkpoint (saved under `folder`):
+    `model.kind=path`, fp32, 2 steps, the zero-variance filter off, one rollout worker.
+    Returns step 1's `StepRecord`. Raises CalledProcessError when the run fails."""
+    import subprocess
+    import sys
+
+    from scalerl.run_folder import StepRecord, read_records
+
+    checkpoint = save_family_checkpoint(name, folder / name)
+    run_dir = folder / f"run-{name}"
+    args = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", "tiny"]
+    args += ["--run-dir", str(run_dir)]
+    for item in (
+        "model.kind=path",
+        f"model.path={checkpoint}",
+        "model.warmup_steps=0",
+        "learner.max_steps=2",
+        "learner.zero_variance_filter=false",
+        "rollout.max_seq_len=96",
+        "rollout.workers=1",
+    ):
+        args += ["--set", item]
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(args, cwd=root, check=True, capture_output=True, text=True, timeout=900)
+    return read_records(run_dir, StepRecord)[0]

@@ -13,7 +13,7 @@ from scalerl.policy.models import check_thinking, load_tokenizer
 QWEN3_STYLE = (
     "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n<tools>' }}"
     "{%- for tool in tools %}{{ tool | tojson }}{%- endfor %}"
-    "{{ '</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
+    '{{ \'</tools>\\nCall a tool as <tool_call>{"name": ..., "arguments": ...}</tool_call>'
     "<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
     "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"

@@ -129,9 +129,9 @@ class VLLMEngine:
     size on a CPU (GiB); gpu_memory_utilization: fraction of GPU memory on a GPU.
     threads: CPU threads of the model worker (None = vLLM's default). max_lora_rank:
     serve LoRA adapters up to this rank (`vllm.adapters`; None: none). Raises ValueError
-    for a bad argument (an MoE family in float32 on a CPU included), FileNotFoundError for a folder without safetensors weights,
-    ImportError when vLLM is not installed, and a TimeoutError when vLLM does not start
-    within `start_timeout_s` seconds.
+    for a bad argument (an MoE family in float32 on a CPU included), FileNotFoundError
+    for a folder without safetensors weights, ImportError when vLLM is not installed,
+    and a TimeoutError when vLLM does not start within `start_timeout_s` seconds.
     """
 
     name = "vllm"
