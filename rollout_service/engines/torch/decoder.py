@@ -51,6 +51,7 @@ from rollout_service.engines.torch.adapters import (
 )
 from scalerl.policy.architectures import LogitHead, check_servable
 from scalerl.policy.lora import Payload
+from scalerl.policy.routing import RoutingRecorder, moe_routers, pack
 
 SLOT_ATTENTION = "scalerl_slot"
 
@@ -276,6 +277,18 @@ class SlotDecoder:
         self.cache = SlotKVCache(
             config.num_hidden_layers, max_batch, kv_heads, max_seq_len, head_dim, dtype, self.device
         )
+        # MoE: the experts each cached token was routed to, per MoE layer (R3,
+        # `scalerl.policy.routing`): [max_batch, max_seq_len, moe layers, k], packed.
+        self.routes: torch.Tensor | None = None
+        self._recorder: RoutingRecorder | None = None
+        if moe_routers(self.model):
+            self._recorder = RoutingRecorder(self.model)
+            k = int(config.num_experts_per_tok)
+            experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
+            self.routes = pack(
+                torch.zeros(max_batch, max_seq_len, self._recorder.layers, k, dtype=torch.long),
+                experts,
+            )
 
     @property
     def head_fp32(self) -> torch.Tensor:
@@ -409,7 +422,33 @@ class SlotDecoder:
             use_cache=False,
             slot_batch=batch,
         )
+        if self._recorder is not None:
+            self._keep_routes(slots, positions, valid)
         return out.last_hidden_state
+
+    def _keep_routes(
+        self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None
+    ) -> None:
+        """Store the last forward's routed experts at its tokens' (slot, position)."""
+        assert self._recorder is not None and self.routes is not None
+        n, t = positions.shape
+        picked = self._recorder.last().view(n, t, self._recorder.layers, -1)
+        rows = slots[:, None].expand(n, t)
+        if valid is not None:
+            rows, positions, picked = rows[valid], positions[valid], picked[valid]
+        self.routes[rows.cpu(), positions.cpu()] = picked.cpu().to(self.routes.dtype)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Give slot dst the first `length` cached tokens of slot src (a shared prompt):
+        keys, values and routed experts."""
+        self.cache.copy_prefix(src, dst, length)
+        if self.routes is not None:
+            self.routes[dst, :length] = self.routes[src, :length]
+
+    def routed_experts(self, slot: int, length: int) -> torch.Tensor | None:
+        """The experts the first `length` tokens of `slot` were routed to, packed
+        [length, moe layers, k] (`scalerl.policy.routing.pack`); None for a dense model."""
+        return None if self.routes is None else self.routes[slot, :length].clone()
 
     # ----- weights -----------------------------------------------------------------------
 

@@ -453,7 +453,7 @@ class TorchEngine:
             seq.logits_version = self._version_of(seq)
             source = first.get(_prefix_key(seq), seq)
             if source is not seq:
-                self.decoder.cache.copy_prefix(source.slot, seq.slot, len(prompt))
+                self.decoder.copy_prefix(source.slot, seq.slot, len(prompt))
                 seq.next_logits = source.next_logits
 
     def _continue(self, seq: _Seq) -> bool:
