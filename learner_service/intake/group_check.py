@@ -12,8 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scalerl.v1 import rollout_pb2
+
+if TYPE_CHECKING:  # the intake itself loads no torch
+    from scalerl.policy.routing import MoeShape
 
 # fp32 rounding of a log-softmax can land a hair above 0 for a near-certain token.
 _LOGPROB_SLACK = 1e-3
@@ -29,6 +33,7 @@ REASONS = (
     "bad_version",
     "token_out_of_vocab",
     "too_long",
+    "bad_routes",
 )
 
 
@@ -37,11 +42,13 @@ class GroupLimits:
     """What a trainable group must fit. group_size: the run's G; vocab_size: every token
     id (prompt and completion) is below it (None: unchecked, before the model is loaded);
     max_tokens: a sample's prompt plus completion, tokens (`rollout.max_seq_len`; None:
-    unchecked)."""
+    unchecked); moe: the policy's routing, which a sample's routed experts must fit (None:
+    unchecked, or a dense policy, which takes none)."""
 
     group_size: int
     vocab_size: int | None = None
     max_tokens: int | None = None
+    moe: MoeShape | None = None
 
 
 def group_problem(group: rollout_pb2.RolloutGroup, limits: GroupLimits) -> tuple[str, str] | None:
@@ -101,6 +108,33 @@ def _sample_fit(
     total = len(group.prompt_token_ids) + len(sample.token_ids)
     if limits.max_tokens is not None and total > limits.max_tokens:
         return "too_long", f"{total} tokens (prompt and completion), over {limits.max_tokens}"
+    if sample.HasField("routed_experts") and limits.vocab_size is not None:
+        problem = routes_problem(sample.routed_experts, total, limits.moe)
+        if problem is not None:
+            return "bad_routes", problem
+    return None
+
+
+def routes_problem(
+    routes: rollout_pb2.RoutedExperts, tokens: int, moe: MoeShape | None
+) -> str | None:
+    """Why a sample's routed experts cannot be replayed on the policy (`moe`; None: a
+    dense policy) for its `tokens` (prompt and completion), or None."""
+    if moe is None:
+        return "routed experts for a model without MoE layers"
+    if (routes.layers, routes.top_k) != (moe.layers, moe.top_k):
+        return (
+            f"routed experts of {routes.layers} layers x {routes.top_k}; the policy routes "
+            f"{moe.layers} layers x {moe.top_k}"
+        )
+    width = 2 if routes.wide else 1
+    row = moe.layers * moe.top_k * width
+    if len(routes.indices) % row or len(routes.indices) // row > tokens:
+        rows = len(routes.indices) / row
+        return f"routed experts of {rows:g} rows of {row} bytes for {tokens} tokens"
+    indices = memoryview(routes.indices).cast("h") if routes.wide else routes.indices
+    if indices and not 0 <= min(indices) <= max(indices) < moe.experts:
+        return f"a routed expert outside [0, {moe.experts})"
     return None
 
 

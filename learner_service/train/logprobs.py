@@ -68,10 +68,7 @@ def token_logprobs(
         hidden = model.model(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
         ).last_hidden_state[:, start:-1]
-        if not fp32_lm_head:
-            logits = model.lm_head(hidden)
-    logits = fp32_logits(model, hidden) if fp32_lm_head else _body_logits(model, logits)
-    logits = logits / temperature
+    logits = _logits(model, hidden, fp32_lm_head, autocast_bf16) / temperature
     targets = input_ids[:, start + 1 :].unsqueeze(-1)
     # gather - logsumexp equals log_softmax-then-gather without a second [B, T, V] tensor.
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -148,10 +145,7 @@ def prefix_logprobs(
         # completion token: padding is skipped.
         valid = completion_mask.bool()
         hidden = hidden[valid]
-        if not fp32_lm_head:
-            logits = model.lm_head(hidden)
-    logits = fp32_logits(model, hidden) if fp32_lm_head else _body_logits(model, logits)
-    logits = logits / temperature
+    logits = _logits(model, hidden, fp32_lm_head, autocast_bf16) / temperature
     targets = completion_ids[valid].unsqueeze(-1)
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.zeros(rows, width, device=dev).masked_scatter(valid, picked)
@@ -168,6 +162,13 @@ def _cache_kwarg(body: Any) -> str:
     return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
-def _body_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """The head's output in the body's precision -> the family's logits in fp32."""
-    return LogitTransform.of(model.config)(logits.float())
+def _logits(
+    model: Any, hidden: torch.Tensor, fp32_lm_head: bool, autocast_bf16: bool
+) -> torch.Tensor:
+    """The family's fp32 logits [..., vocab] of hidden states [..., hidden]: the fp32 head,
+    or the head in the body's precision (under the body's autocast), then fp32."""
+    if fp32_lm_head:
+        return fp32_logits(model, hidden)
+    with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+        raw = model.lm_head(hidden)
+    return LogitTransform.of(model.config)(raw.float())

@@ -7,23 +7,28 @@ on the whole batch."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from learner_service.train.logprobs import prefix_logprobs, token_logprobs
 from learner_service.train.packing import PackedBatch
+from scalerl.policy.routing import RoutingReplay
 
 
 @dataclass(frozen=True)
 class LogprobSettings:
     """How the learner computes log-probs: the rollout temperature (> 0), the fp32 LM
-    head, bf16 autocast of the body, and the model's device."""
+    head, bf16 autocast of the body, the model's device, and for an MoE model with
+    `learner.routing_replay` the replay of the engine's routed experts (R3)."""
 
     temperature: float
     fp32_lm_head: bool
     autocast_bf16: bool
     device: torch.device
+    replay: RoutingReplay | None = None
 
 
 def sample_spans(batch: PackedBatch, max_samples: int) -> list[tuple[int, int]]:
@@ -72,16 +77,18 @@ def _sample_chunk(model, batch, span, t0, t1, settings) -> torch.Tensor:
     width = int(batch.seq_lens[s0:s1].max())  # drop columns that are padding for all
     positions = batch.positions[t0:t1].to(dev)
     start = int(positions.min())  # no log-prob needed before the first completion
-    logp_all = call_policy(
-        model,
-        token_logprobs,
-        batch.input_ids[s0:s1, :width].to(dev),
-        batch.attention_mask[s0:s1, :width].to(dev),
-        settings.temperature,
-        settings.fp32_lm_head,
-        settings.autocast_bf16,
-        start,
-    )
+    routes = None if batch.routes is None else batch.routes[s0:s1, :width]
+    with _replaying(settings, routes):
+        logp_all = call_policy(
+            model,
+            token_logprobs,
+            batch.input_ids[s0:s1, :width].to(dev),
+            batch.attention_mask[s0:s1, :width].to(dev),
+            settings.temperature,
+            settings.fp32_lm_head,
+            settings.autocast_bf16,
+            start,
+        )
     rows = batch.sample_index[t0:t1].to(dev) - s0
     return logp_all[rows, positions - start]
 
@@ -102,21 +109,42 @@ def _prefix_chunk(model, batch, span, t0, t1, settings) -> torch.Tensor:
     cols = plen_of[:, None] + torch.arange(width)[None]
     comp_ids = batch.input_ids[s0:s1].gather(1, cols.clamp_max(batch.input_ids.shape[1] - 1))
     comp_mask = (cols < batch.seq_lens[s0:s1, None]).long()
-    logp = call_policy(
-        model,
-        prefix_logprobs,
-        prompts.to(dev),
-        prompt_mask.to(dev),
-        (comp_ids * comp_mask).to(dev),
-        comp_mask.to(dev),
-        owner.to(dev),
-        settings.temperature,
-        settings.fp32_lm_head,
-        settings.autocast_bf16,
-    )
+    routes = None
+    if batch.routes is not None:  # the two forwards' rows: the prompts', the completions'
+        of_prompts = _masked(batch.routes[starts, :pwidth], prompt_mask)
+        spans = batch.routes[s0:s1]
+        at = cols.clamp_max(spans.shape[1] - 1)[:, :, None, None].expand(-1, -1, *spans.shape[2:])
+        routes = (of_prompts, _masked(spans.gather(1, at), comp_mask))
+    with _replaying(settings, *(routes or ())):
+        logp = call_policy(
+            model,
+            prefix_logprobs,
+            prompts.to(dev),
+            prompt_mask.to(dev),
+            (comp_ids * comp_mask).to(dev),
+            comp_mask.to(dev),
+            owner.to(dev),
+            settings.temperature,
+            settings.fp32_lm_head,
+            settings.autocast_bf16,
+        )
     rows = batch.sample_index[t0:t1] - s0
     token_cols = batch.positions[t0:t1] - (plen_of[rows] - 1)
     return logp[rows.to(dev), token_cols.to(dev)]
+
+
+def _masked(routes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """routes [B, T, layers, k] with -1 (unknown) where mask [B, T] is 0."""
+    return routes.masked_fill(~mask.bool()[:, :, None, None], -1)
+
+
+def _replaying(settings: LogprobSettings, *forwards: torch.Tensor | None) -> Any:
+    """The replay context of a micro-batch's forwards (each routes [B, T, layers, k], one
+    per forward in order), or a no-op without replay or routes."""
+    if settings.replay is None or not forwards or forwards[0] is None:
+        return contextlib.nullcontext()
+    rows = [f.reshape(-1, *f.shape[2:]) for f in forwards if f is not None]
+    return settings.replay.replaying(*rows)
 
 
 def call_policy(model: torch.nn.Module, compute, *args):

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from learner_service.intake.group_check import sample_problem
+from scalerl.policy import routing
 from scalerl.v1 import rollout_pb2
 
 
@@ -34,6 +35,10 @@ class PackedBatch:
     rewards: torch.Tensor  # float32 [S]
     sample_group: torch.Tensor  # long [S], group of each sample
     finish_reasons: torch.Tensor  # long [S], rollout_pb2.FinishReason values
+    # MoE: int16 [S, T, moe layers, k], the experts the engine routed each token to, -1
+    # where unknown (padding, a sample without routes, the tokens past its last routed
+    # one); None when no sample carries routes (`scalerl.policy.routing`, R3).
+    routes: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -89,7 +94,8 @@ def pack_groups(
 
     Raises:
         ValueError: no groups, an empty prompt or group, or per-token arrays of unequal
-            lengths, non-finite log-probs or rewards.
+            lengths, non-finite log-probs or rewards, or routed experts of other shapes
+            across samples or with more rows than the sample's tokens.
     """
     if not groups:
         raise ValueError("groups must hold at least one RolloutGroup")
@@ -129,7 +135,9 @@ def pack_groups(
     for s, seq in enumerate(seqs):
         input_ids[s, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[s, : len(seq)] = 1
+    routes = _routes([sample for _, sample in order], input_ids.shape[1], lens)
     return PackedBatch(
+        routes=routes,
         input_ids=input_ids,
         attention_mask=attention_mask,
         seq_lens=torch.tensor(lens, dtype=torch.long),
@@ -144,3 +152,23 @@ def pack_groups(
         sample_group=torch.tensor(sample_group, dtype=torch.long),
         finish_reasons=torch.tensor(finish, dtype=torch.long),
     )
+
+
+def _routes(samples: list[rollout_pb2.Sample], width: int, lens: list[int]) -> torch.Tensor | None:
+    """The samples' routed experts as int16 [S, width, layers, k], -1 where unknown; None
+    when no sample carries any."""
+    carried = [(s, sample.routed_experts) for s, sample in enumerate(samples)]
+    carried = [(s, routes) for s, routes in carried if samples[s].HasField("routed_experts")]
+    if not carried:
+        return None
+    shapes = {(routes.layers, routes.top_k) for _, routes in carried}
+    if len(shapes) > 1:
+        raise ValueError(f"routed experts of different shapes (layers, k) in one batch: {shapes}")
+    layers, k = shapes.pop()
+    out = torch.full((len(samples), width, layers, k), -1, dtype=torch.int16)
+    for s, message in carried:
+        rows = routing.from_message(message)
+        if len(rows) > lens[s]:
+            raise ValueError(f"sample {s}: {len(rows)} routed rows for {lens[s]} tokens")
+        out[s, : len(rows)] = rows.to(torch.int16)
+    return out

@@ -32,6 +32,10 @@ class StepStats:
 
     multi_turn: the batch's multi-turn trajectories (None for a single-turn batch).
 
+    MoE with routing replay (R3): routing_choices, the (token, layer) choices replayed from
+    the engine's routed experts, routing_agreed, those the learner's router would have
+    made alike, and routing_agreement, their ratio (None: nothing replayed).
+
     Time (seconds) and memory: forward_backward_seconds, optimizer_seconds,
     learner_tokens_per_second, peak_memory_bytes_by_rank (bytes, one per rank), mfu
     (model FLOPs utilisation; None where the device's peak is unknown, as on CPUs).
@@ -58,11 +62,21 @@ class StepStats:
     peak_memory_bytes_by_rank: list[int] | None = None
     mfu: float | None = None
     multi_turn: MultiTurnStats | None = None
+    routing_choices: int = 0
+    routing_agreed: int = 0
+    routing_agreement: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> StepStats:
         """From the trainer's named values (counts given as floats become ints)."""
-        counts = ("groups_zero_variance", "tokens", "samples", "groups_used")
+        counts = (
+            "groups_zero_variance",
+            "tokens",
+            "samples",
+            "groups_used",
+            "routing_choices",
+            "routing_agreed",
+        )
         typed = dict(values)
         for name in (*counts, "tokens_ratio_clipped"):
             if name in typed:
@@ -79,13 +93,16 @@ class StepStats:
 class RatioTotals:
     """One step's running sums over its micro-batches: the policy loss, and of the
     importance ratio rho (paper Sec. 3.2) the sum over tokens, the tokens whose rho was
-    clipped or truncated, the tokens counted, and the largest rho."""
+    clipped or truncated, the tokens counted, and the largest rho; the routing choices
+    replayed and those the learner's router agreed with (R3)."""
 
     loss: float = 0.0
     rho_sum: float = 0.0
     clipped: float = 0.0
     tokens: float = 0.0
     rho_max: float = 0.0
+    routed: float = 0.0
+    routed_agreed: float = 0.0
 
     def add(self, loss: float, ratio: Mapping[str, float]) -> None:
         """Add one micro-batch's `loss` and `recipe.importance_ratio_stats`."""
@@ -100,11 +117,20 @@ class RatioTotals:
         """The totals of every rank of `mesh`: sums summed, the largest rho the largest."""
         group = mesh.get_group()
         device = "cuda" if mesh.device_type == "cuda" else "cpu"
-        sums = torch.tensor(
-            [self.loss, self.rho_sum, self.clipped, self.tokens], dtype=torch.float64, device=device
-        )
+        values = [self.loss, self.rho_sum, self.clipped, self.tokens]
+        values += [self.routed, self.routed_agreed]
+        sums = torch.tensor(values, dtype=torch.float64, device=device)
         peak = torch.tensor([self.rho_max], dtype=torch.float64, device=device)
         dist.all_reduce(sums, group=group)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-        loss, rho_sum, clipped, tokens = sums.tolist()
-        return RatioTotals(loss, rho_sum, clipped, tokens, float(peak))
+        loss, rho_sum, clipped, tokens, routed, agreed = sums.tolist()
+        return RatioTotals(loss, rho_sum, clipped, tokens, float(peak), routed, agreed)
+
+    def routing(self) -> dict[str, float | None]:
+        """The step's routing replay fields (StepStats)."""
+        agreement = self.routed_agreed / self.routed if self.routed else None
+        return {
+            "routing_choices": self.routed,
+            "routing_agreed": self.routed_agreed,
+            "routing_agreement": agreement,
+        }

@@ -53,6 +53,7 @@ from learner_service.train.step_stats import RatioTotals, StepStats
 from scalerl.agents.stats import multi_turn_stats
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
+from scalerl.policy.routing import RoutingReplay, moe_routers
 from scalerl.policy.weights import FULL, Part, snapshot_state_dict, wire_copy, wire_tensors
 from scalerl.v1 import rollout_pb2
 
@@ -118,6 +119,8 @@ class Trainer:
         # What the micro-batches run: the model, or the FSDP2 root around it.
         self.module = model if mesh is None else shard_policy(model, mesh)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        # MoE: the learner's forward routes by the engine's routed experts (R3).
+        self.replay = RoutingReplay(model) if config.routing_replay and moe_routers(model) else None
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.lr,
@@ -257,6 +260,7 @@ class Trainer:
             # Accumulated as fraction x tokens per micro-batch: integral up to rounding.
             "tokens_ratio_clipped": float(round(totals.clipped)),
             "stepped": float(stepped),
+            **totals.routing(),
         }
 
     def _throughput(
@@ -319,14 +323,19 @@ class Trainer:
         spans = (group_spans if shared else sample_spans)(batch, cfg.micro_batch_samples)
         spans = [span for span in spans if span_tokens(batch, span)]
         settings = LogprobSettings(
-            self.temperature, cfg.fp32_lm_head, self.autocast_bf16, self.device
+            self.temperature, cfg.fp32_lm_head, self.autocast_bf16, self.device, self.replay
         )
+        replay = self.replay
         share = assign_spans([span_tokens(batch, s) for s in spans], self.world_size)
         mine = share[self.rank]
         for i in range(max(len(spans_of) for spans_of in share)):
             real = i < len(mine)
             span = spans[mine[i]] if real else spans[0]  # an idle rank's pass counts 0
+            before = (replay.choices, replay.agreed) if replay is not None else (0, 0)
             t0, t1, logp = span_logprobs(self.module, batch, span, settings, shared)
+            if replay is not None and real:  # an idle rank's extra pass is not counted
+                totals.routed += replay.choices - before[0]
+                totals.routed_agreed += replay.agreed - before[1]
             self._backward(batch, slice(t0, t1), logp, token_adv, weights, totals, real)
         if self.mesh is not None:
             totals = totals.over_ranks(self.mesh)

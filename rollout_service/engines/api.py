@@ -96,13 +96,16 @@ class GenerationRequest:
 @dataclass
 class Chunk:
     """Tokens emitted together, as parallel lists; finish_reason is set on the last chunk
-    only (0 = FINISH_REASON_UNSPECIFIED otherwise)."""
+    only (0 = FINISH_REASON_UNSPECIFIED otherwise). routed_experts: on the last chunk of
+    an MoE model's request, where the engine records them (None otherwise): the experts
+    every token the engine fed (the prompt's first to the last fed) was routed to."""
 
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     forced: list[bool]
     finish_reason: int = 0
+    routed_experts: rollout_pb2.RoutedExperts | None = None
 
     @classmethod
     def empty(cls) -> Chunk:
@@ -121,6 +124,7 @@ class Completion:
     versions: list[int] = field(default_factory=list)
     forced: list[bool] = field(default_factory=list)
     finish_reason: int = 0
+    routed_experts: rollout_pb2.RoutedExperts | None = None
 
 
 class GenerationStream:
@@ -180,6 +184,7 @@ class GenerationStream:
             done.versions += chunk.versions
             done.forced += chunk.forced
             done.finish_reason = chunk.finish_reason or done.finish_reason
+            done.routed_experts = chunk.routed_experts or done.routed_experts
         return done
 
     def cancel(self) -> bool:

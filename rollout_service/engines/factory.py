@@ -77,10 +77,13 @@ def _build_sglang(
 ) -> RolloutEngine:
     """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
     when this process exits) when that is empty."""
+    from transformers import AutoConfig
+
     from rollout_service.engines.sglang.adapters import server_args
     from rollout_service.engines.sglang.engine import SGLangEngine
     from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
     from rollout_service.engines.weight_check import folder_shapes
+    from scalerl.policy.architectures import CheckpointNames
 
     rollout = resolved.config.rollout
     lora_rank = rollout.max_lora_rank if resolved.config.learner.lora is not None else None
@@ -108,6 +111,7 @@ def _build_sglang(
         weight_shapes=shapes or None,
         api_key=api_key,
         max_lora_rank=lora_rank,
+        checkpoint_names=CheckpointNames(AutoConfig.from_pretrained(folder)),
     )
 
 

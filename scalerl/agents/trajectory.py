@@ -98,6 +98,9 @@ class Trajectory:
     env_scores: bool = False
     error: str = ""
     answer_start: int = 0
+    # MoE: the last turn's routed experts, which cover every token before its last (its
+    # prompt is the whole trajectory so far); None when the engine records none.
+    routed_experts: rollout_pb2.RoutedExperts | None = None
 
     def roles(self) -> list[str]:
         """Each token's role after the prompt: "model", "environment" or "forced"."""
@@ -121,6 +124,8 @@ class Trajectory:
         self.forced += out.forced or [False] * n
         self.environment += [False] * n
         self.turns += 1
+        # Optional in a TurnOutput: only an MoE model's engine output carries routes.
+        self.routed_experts = getattr(out, "routed_experts", None)
 
     def _drop_trailing_environment(self) -> None:
         """Keep the trajectory ending with model tokens: drop a message no turn followed."""

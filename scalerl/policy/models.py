@@ -213,10 +213,19 @@ def _incomplete(folder: Path) -> str | None:
 
 def tiny_model(hidden: int, layers: int, seed: int = 0) -> torch.nn.Module:
     """A small Llama over the character vocabulary (~1M parameters at hidden 128)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    config = tiny_config(hidden, layers)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def tiny_config(hidden: int, layers: int) -> Any:
+    """The tiny model's LlamaConfig: heads of 32, the character vocabulary."""
+    from transformers import LlamaConfig
 
     tok = CharTokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=tok.vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 4,
@@ -228,9 +237,18 @@ def tiny_model(hidden: int, layers: int, seed: int = 0) -> torch.nn.Module:
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
         bos_token_id=tok.eos_token_id,
+        architectures=["LlamaForCausalLM"],
     )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+
+
+def hf_config(model_config) -> Any:
+    """The transformers config of the policy a `ModelConfig` names (the tiny model's is
+    built; a folder's is read from its config.json). Raises as `policy_folder`."""
+    from transformers import AutoConfig
+
+    if model_config.kind == "tiny":
+        return tiny_config(model_config.tiny_hidden, model_config.tiny_layers)
+    return AutoConfig.from_pretrained(policy_folder(model_config))
 
 
 def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTokenizer]:

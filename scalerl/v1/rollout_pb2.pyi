@@ -215,7 +215,7 @@ class FetchWeightsChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed", "environment", "turns", "tool_calls", "tool_errors")
+    __slots__ = ("token_ids", "logprobs", "policy_versions", "forced", "reward", "finish_reason", "parse_failed", "environment", "turns", "tool_calls", "tool_errors", "routed_experts")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class Sample(_message.Message):
     TURNS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     policy_versions: _containers.RepeatedScalarFieldContainer[int]
@@ -238,7 +239,20 @@ class Sample(_message.Message):
     turns: int
     tool_calls: int
     tool_errors: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., parse_failed: _Optional[bool] = ..., environment: _Optional[_Iterable[bool]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ...) -> None: ...
+    routed_experts: RoutedExperts
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., forced: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., parse_failed: _Optional[bool] = ..., environment: _Optional[_Iterable[bool]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ...) -> None: ...
+
+class RoutedExperts(_message.Message):
+    __slots__ = ("indices", "layers", "top_k", "wide")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    WIDE_FIELD_NUMBER: _ClassVar[int]
+    indices: bytes
+    layers: int
+    top_k: int
+    wide: bool
+    def __init__(self, indices: _Optional[bytes] = ..., layers: _Optional[int] = ..., top_k: _Optional[int] = ..., wide: _Optional[bool] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "prompt_id", "prompt_token_ids", "samples", "min_policy_version", "max_policy_version", "worker_id", "created_unix_s")

@@ -185,3 +185,45 @@ def test_dynamic_sampling_stops_at_its_limit(redis_client: redis.Redis, run_id: 
 def test_informative_is_any_spread_of_rewards() -> None:
     assert informative(mixed_group("a", (0.0, 0.5)))
     assert not informative(mixed_group("b", (0.5, 0.5)))
+
+
+def _routed(group: rollout_pb2.RolloutGroup, rows: int, fill: int = 7, wide: bool = False):
+    """Give sample 0 routes of `rows` tokens x 2 layers x top-2, every expert `fill`."""
+    values = [fill] * (rows * 2 * 2)
+    data = b"".join(v.to_bytes(2, "little", signed=True) for v in values) if wide else bytes(values)
+    group.samples[0].routed_experts.CopyFrom(
+        rollout_pb2.RoutedExperts(indices=data, layers=2, top_k=2, wide=wide)
+    )
+    return group
+
+
+@pytest.mark.parametrize(
+    ("change", "moe", "problem"),
+    [
+        (lambda g: g, None, "routed experts for a model without MoE layers"),
+        (lambda g: setattr(g.samples[0].routed_experts, "layers", 3) or g, "", "3 layers x 2"),
+        (lambda g: _routed(g, 6), "", "6 rows of 4 bytes for 5 tokens"),
+        (
+            lambda g: setattr(g.samples[0].routed_experts, "indices", bytes(15)) or g,
+            "",
+            "3.75 rows",
+        ),
+        (lambda g: _routed(g, 4, fill=8), "", "a routed expert outside [0, 8)"),
+        (lambda g: _routed(g, 4, fill=-1, wide=True), "", "a routed expert outside [0, 8)"),
+    ],
+)
+def test_routed_experts_must_fit_the_policy(change, moe, problem) -> None:
+    """A sample's routes (R3) that the learner's replay would raise on, every restart: at
+    most one row per token (prompt and completion: 5 here), whole rows of the policy's
+    MoE layers x top_k, experts below its count."""
+    from scalerl.policy.routing import MoeShape
+
+    shape = MoeShape(layers=2, top_k=2, experts=8)
+    limits = GroupLimits(G, VOCAB, MAX_TOKENS, shape)
+    for rows in (0, 4, 5):
+        assert group_problem(_routed(make_group("p"), rows), limits) is None
+    assert group_problem(_routed(make_group("p"), 5, fill=300, wide=True), limits) is not None
+    group = change(_routed(make_group("p"), 4))
+    limits = GroupLimits(G, VOCAB, MAX_TOKENS, None if moe is None else shape)
+    reason, detail = group_problem(group, limits)
+    assert reason == "bad_routes" and problem in detail, detail

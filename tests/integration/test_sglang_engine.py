@@ -496,3 +496,32 @@ def test_the_servers_api_key_is_on_no_command_line(tmp_path, monkeypatch) -> Non
     assert "s3cret-key" not in cmdline and env_key is None  # nobody else reads it
     with pytest.raises(ValueError, match="api_key must not be empty"):
         launch_sglang_server("/models/m", 30000, dtype="bfloat16", api_key="")
+
+
+def test_moe_weights_reach_the_server_in_the_checkpoints_names(servers, engines, tmp_path):
+    """The learner holds an MoE layer's experts fused ([E, ...] tensors); SGLang loads a
+    checkpoint's names (one tensor per expert). A state dict and a published file in the
+    learner's names both reach the server split, every tensor equal to its slice."""
+    from model_families import tiny_family_model
+
+    from scalerl.policy.architectures import CheckpointNames
+
+    moe = tiny_family_model("qwen3-moe")
+    names = CheckpointNames(moe.config)
+    layers = {k: v for k, v in moe.state_dict().items() if k.startswith("model.layers.")}
+    saved = names(layers)
+    fused = "model.layers.1.mlp.experts.gate_up_proj"
+    assert fused in layers and fused not in saved  # the names differ
+    server = servers()
+    server.weights.update({k: torch.zeros_like(v) for k, v in saved.items()})
+    engine = engines(server, checkpoint_names=names)
+    assert engine.stage_weights(server.state_dict(step=2) | layers, 1).result(timeout=5) == 1
+    for name, tensor in saved.items():
+        assert torch.equal(server.weights[name], tensor), name
+    server.weights.update({k: torch.zeros_like(v) for k, v in saved.items()})
+    path = tmp_path / "published.safetensors"
+    save_file(server.state_dict(step=3) | layers, str(path))
+    assert engine.stage_weights_from_file(str(path), 2).result(timeout=5) == 2
+    assert all(torch.equal(server.weights[k], v) for k, v in saved.items())
+    done = engine.submit(GenerationRequest("m", (0,), 3, temperature=0.0)).result(timeout=5)
+    assert done.token_ids == [3, 6, 9] and done.versions == [2, 2, 2]

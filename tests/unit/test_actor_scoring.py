@@ -17,6 +17,7 @@ class _Done:
     def __init__(self, text: str) -> None:
         self.token_ids, self.forced = [ord(c) for c in text], []
         self.logprobs, self.versions, self.finish_reason = [0.0] * len(text), [0] * len(text), 1
+        self.routed_experts = None  # a dense model's
 
 
 class _Stream:

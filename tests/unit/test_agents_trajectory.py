@@ -213,3 +213,27 @@ def test_an_observation_without_a_message_aborts_with_why(bad: Observation) -> N
 
     t = run_trajectory(Bad([]), TEMPLATE, ScriptedEngine(["1"]), LIMITS, 128)
     assert t.finish_reason == ABORTED and t.error.startswith("environment:")
+
+
+def test_the_last_turns_routed_experts_cover_the_whole_trajectory() -> None:
+    """MoE (R3): each turn's prompt is the trajectory so far, token for token, so the last
+    turn's routed experts (one row per token the engine fed: its prompt and all of its
+    sampled tokens but the last) are the rows of the whole trajectory's sequence."""
+    from scalerl.v1 import rollout_pb2
+
+    @dataclass
+    class RoutedTurn(Turn):
+        routed_experts: rollout_pb2.RoutedExperts | None = None
+
+    scripted = ScriptedEngine(["1", "5"])
+
+    def engine(ids, max_new_tokens, turn):
+        out = scripted(ids, max_new_tokens, turn)
+        rows = len(ids) + len(out.token_ids) - 1
+        routes = rollout_pb2.RoutedExperts(indices=bytes([turn]) * rows, layers=1, top_k=1)
+        return RoutedTurn(**vars(out), routed_experts=routes)
+
+    t = run_trajectory(ScriptedEnv(["=4", ""]), TEMPLATE, engine, LIMITS, max_seq_len=128)
+    assert t.turns == 2
+    assert scripted.asked[-1][0] == t.prompt_ids + t.token_ids[: t.answer_start]
+    assert t.routed_experts.indices == bytes([1]) * (len(t.prompt_ids) + len(t.token_ids) - 1)

@@ -96,7 +96,10 @@ def test_observe_step_sets_gauges_and_adds_counts() -> None:
     registry = CollectorRegistry()
     metrics = LearnerMetrics(registry, max_staleness=2)
     metrics.observe_step(RECORD)
-    metrics.observe_step(RECORD.model_copy(update={"step": 8, "tokens_ratio_clipped": 2}))
+    routing = {"routing_choices": 96, "routing_agreed": 90, "routing_agreement": 0.9375}
+    metrics.observe_step(
+        RECORD.model_copy(update={"step": 8, "tokens_ratio_clipped": 2, **routing})
+    )
     metrics.count_stale_group()
     value = registry.get_sample_value
     assert value("scalerl_learner_step") == 8
@@ -116,6 +119,10 @@ def test_observe_step_sets_gauges_and_adds_counts() -> None:
     assert value(samples, {"finish_reason": "FINISH_REASON_INTERRUPTED"}) == 8
     assert value("scalerl_learner_tokens_total") == 800
     assert value("scalerl_learner_tokens_ratio_clipped_total") == 10
+    # R3: the dashboard divides agreed by all; a dense model's records add nothing.
+    choices = "scalerl_learner_routing_choices_total"
+    assert value(choices, {"outcome": "agreed"}) == 90
+    assert value(choices, {"outcome": "differed"}) == 6
     # Cumulative buckets, twice [1, 2, 1]: lag <= 0: 2, <= 1: 6, <= 2: 8.
     bucket = "scalerl_replay_staleness_versions_bucket"
     assert [value(bucket, {"le": le}) for le in ("0.0", "1.0", "2.0")] == [2, 6, 8]

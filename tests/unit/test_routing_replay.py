@@ -121,3 +121,154 @@ def test_replay_checks_the_shape_and_agreement_counts_sets():
     assert pack(routed, 256).dtype == torch.uint8 and pack(routed, 257).dtype == torch.int16
     with pytest.raises(ValueError, match="int16"):
         pack(routed, 40_000)
+
+
+# ----- routes travel with the group: engine -> actor -> replay stream -> learner --------
+
+
+def _groups(model, dtype: str, prompts: int = 2, group: int = 3) -> list:
+    """Groups as a worker builds them (`build_group`) from the torch engine's completions
+    of prompts of unequal lengths, at temperature 1."""
+    from rollout_service.actor import _GroupInFlight, build_group
+    from rollout_service.engines.api import GenerationRequest
+    from rollout_service.engines.torch.engine import TorchEngine
+    from scalerl.verifiers import Verdict
+
+    engine = TorchEngine(copy.deepcopy(model), (), max_batch=8, max_seq_len=128, dtype=dtype)
+    built = []
+    try:
+        for p in range(prompts):
+            prompt = IDS[p : p + 9 + 4 * p]
+            streams = [
+                engine.submit(GenerationRequest(f"p{p}s{i}", tuple(prompt), 12, seed=10 * p + i))
+                for i in range(group)
+            ]
+            done = [stream.result(timeout=60) for stream in streams]
+            flight = _GroupInFlight(f"p{p}", prompt, streams, 0)
+            verdicts = [Verdict(float(i % 2), False) for i in range(group)]
+            built.append(build_group(flight, done, verdicts, "w"))
+    finally:
+        engine.stop()
+    return built
+
+
+def _learner_logprobs(model, groups, shared_prefix: bool, replay: bool):
+    """The learner's log-probs [N] of the groups' tokens (its micro-batch code, fp32) and
+    its replay's agreement; with the batch's routes replayed or not."""
+    from learner_service.train.micro_batches import (
+        LogprobSettings,
+        group_spans,
+        sample_spans,
+        span_logprobs,
+    )
+    from learner_service.train.packing import pack_groups
+
+    batch = pack_groups(groups, pad_id=0, sort_by_length=not shared_prefix)
+    replayer = RoutingReplay(model) if replay else None
+    settings = LogprobSettings(1.0, True, False, torch.device("cpu"), replayer)
+    spans = (group_spans if shared_prefix else sample_spans)(batch, 4)
+    out = torch.empty(int(batch.token_offsets[-1]))
+    try:
+        with torch.no_grad():
+            for span in spans:
+                t0, t1, logp = span_logprobs(model, batch, span, settings, shared_prefix)
+                out[t0:t1] = logp
+    finally:
+        if replayer is not None:
+            replayer.close()
+    agreed = None if replayer is None else replayer.agreed / replayer.choices
+    return out, batch.logp_gen, agreed
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["per-sample", "shared-prefix"])
+def test_routes_travel_with_the_group_and_the_learner_replays_them(moe, shared_prefix):
+    """fp32 engine: every sample carries its prompt's and completion's routed experts (all
+    tokens but the last sampled one, which the engine never fed), they are the learner's
+    own choices (agreement 1), and the learner's log-probs through its micro-batch paths
+    equal the engine's."""
+    groups = _groups(moe, "float32")
+    for group in groups:
+        for sample in group.samples:
+            routes = sample.routed_experts
+            rows = len(group.prompt_token_ids) + len(sample.token_ids) - 1
+            assert (routes.layers, routes.top_k, routes.wide) == (2, 4, False)
+            assert len(routes.indices) == rows * 2 * 4
+    logp, logp_gen, agreed = _learner_logprobs(moe, groups, shared_prefix, replay=True)
+    assert agreed == 1.0
+    torch.testing.assert_close(logp, logp_gen, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["per-sample", "shared-prefix"])
+def test_the_learner_replays_a_bf16_engines_routes(moe, shared_prefix):
+    """bf16 engine, fp32 learner, through pack_groups and the micro-batch paths. The
+    tokens the replay changes are those after a routing flip. Without replay their
+    log-probs stray from the engine's further than the bf16 body's rounding does on any
+    other token (0.058 against 0.032 here); with replay they come back within it."""
+    groups = _groups(moe, "bfloat16", prompts=3, group=4)
+    plain, logp_gen, _ = _learner_logprobs(moe, groups, shared_prefix, replay=False)
+    replayed, _, agreed = _learner_logprobs(moe, groups, shared_prefix, replay=True)
+    assert agreed is not None and 0.9 < agreed < 1.0  # some choices flipped
+    gap_plain, gap_replayed = (plain - logp_gen).abs(), (replayed - logp_gen).abs()
+    flipped = (plain - replayed).abs() > 1e-4
+    rounding = gap_plain[~flipped].max()  # the bf16 body's, where routing agreed
+    assert 0 < flipped.sum() < len(flipped)
+    assert gap_plain[flipped].max() > 1.5 * rounding
+    assert gap_replayed[flipped].max() < rounding
+    assert gap_replayed[flipped].mean() < 0.8 * gap_plain[flipped].mean()
+
+
+def test_unknown_rows_keep_the_routers_choice_and_are_not_counted(moe):
+    """A row with a negative index is unknown (padding, the last token): the router's own
+    choice stands there, and only known rows count towards the agreement."""
+    engine = SlotDecoder(copy.deepcopy(moe), max_batch=1, max_seq_len=128)
+    engine.extend(0, 0, IDS)
+    routes = unpack(engine.routed_experts(0, len(IDS)))
+    routes[:40] = -1
+    # Other experts in the last MoE layer (so no later router sees other inputs): the
+    # log-probs must move.
+    routes[40:60, 1] = (routes[40:60, 1] + 1) % 32
+    plain, _ = _learner(moe, None)
+    replayed, agreed = _learner(moe, routes)
+    assert agreed == pytest.approx(140 / 160)  # 20 of 80 known rows x 2 layers differ
+    torch.testing.assert_close(replayed[:39], plain[:39], atol=0, rtol=0)  # causal
+    assert (replayed[40:] - plain[40:]).abs().max() > 1e-3
+
+
+def test_routes_round_trip_through_the_message():
+    from scalerl.policy.routing import from_message, to_message
+
+    indices = torch.randint(0, 300, (5, 3, 2))
+    for experts in (256, 300):
+        small = indices % experts
+        message = to_message(pack(small, experts))
+        assert message.wide == (experts > 256)
+        assert torch.equal(from_message(message), small)
+    message.indices = message.indices[:-1]
+    with pytest.raises(ValueError, match="no whole rows"):
+        from_message(message)
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["per-sample", "shared-prefix"])
+def test_a_training_step_reports_the_replayed_choices(moe, shared_prefix):
+    """Trainer.step on groups that carry routes: every known (token, layer) choice of its
+    forwards is counted, by hand: per-sample forwards see each sample's prompt and all its
+    completion tokens but the last (never fed to the engine); shared-prefix forwards see
+    each group's prompt once. With routing_replay off nothing is replayed."""
+    from learner_service.train.trainer import Trainer
+    from scalerl.config import LearnerConfig
+
+    groups = _groups(moe, "float32")
+    config = LearnerConfig(shared_prefix=shared_prefix, zero_variance_filter=False, lr=1e-6)
+    stats = Trainer(copy.deepcopy(moe), config, temperature=1.0).step(groups)
+    prompts = [len(g.prompt_token_ids) for g in groups]
+    completions = [len(s.token_ids) - 1 for g in groups for s in g.samples]
+    rows = sum(prompts) + sum(completions) if shared_prefix else 3 * sum(prompts) + sum(completions)
+    assert stats.stepped and stats.routing_choices == 2 * rows
+    # fp32 on both sides: the learner's router agrees but for a near-tie that another
+    # batch shape rounds the other way (1 of 176 choices here).
+    assert stats.routing_agreement == stats.routing_agreed / stats.routing_choices > 0.99
+    off = LearnerConfig(
+        shared_prefix=shared_prefix, zero_variance_filter=False, routing_replay=False
+    )
+    stats = Trainer(copy.deepcopy(moe), off, temperature=1.0).step(groups)
+    assert stats.routing_choices == 0 and stats.routing_agreement is None

@@ -69,6 +69,7 @@ class _Done:
     def __init__(self, text_ids: list[int]) -> None:
         self.token_ids, self.logprobs = text_ids, [-0.5] * len(text_ids)
         self.versions, self.forced, self.finish_reason = [0] * len(text_ids), [], 1
+        self.routed_experts = None  # a dense model's
 
 
 def test_a_group_with_a_failing_verifier_is_still_built(monkeypatch) -> None:

@@ -82,6 +82,7 @@ from rollout_service.engines.sglang.client import SGLangClient, finish_type, tai
 from rollout_service.engines.sglang.weights import WeightUpdates
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import request_context
+from scalerl.policy.architectures import CheckpointNames
 from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,10 @@ class SGLangEngine:
     accepted update. staging_dir: where weight files are staged for the server (must be
     visible to it; None = the temp directory). api_key: the server's (`--api-key`), sent
     with every call ("" = none). max_lora_rank: serve LoRA adapters up to this rank (the
-    server runs with `sglang.adapters.server_args`; None: none). Raises ValueError for
-    max_batch < 1, max_seq_len < 2 or vocab_size < 1.
+    server runs with `sglang.adapters.server_args`; None: none). checkpoint_names: the
+    learner's names -> the checkpoint's, which the server loads (None: the same; see
+    `weights.WeightUpdates`). Raises ValueError for max_batch < 1, max_seq_len < 2 or
+    vocab_size < 1.
     """
 
     name = "sglang"
@@ -138,6 +141,7 @@ class SGLangEngine:
         staging_dir: str | None = None,
         api_key: str = "",
         max_lora_rank: int | None = None,
+        checkpoint_names: CheckpointNames | None = None,
     ) -> None:
         if max_batch < 1 or max_seq_len < 2 or vocab_size < 1:
             raise ValueError(
@@ -157,7 +161,12 @@ class SGLangEngine:
             shapes = {k: tuple(v) for k, v in weight_shapes.items()} if weight_shapes else None
             self._adapters = sglang_adapters(self._client, shapes, max_lora_rank, staging_dir)
         self._weights = WeightUpdates(
-            self._client, self._requests, weight_shapes, staging_dir, self._adapters
+            self._client,
+            self._requests,
+            weight_shapes,
+            staging_dir,
+            self._adapters,
+            checkpoint_names,
         )
         self._lock = threading.Lock()
         self._running = 0  # request workers inside _run

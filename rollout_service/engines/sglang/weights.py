@@ -43,6 +43,7 @@ from rollout_service.engines.weight_check import (
     parse_payload,
     read_header,
 )
+from scalerl.policy.architectures import CheckpointNames
 from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B, Payload
 from scalerl.rpc.errors import InvalidArgument
 
@@ -56,7 +57,9 @@ class WeightUpdates:
     version that serves. weight_shapes: HF name -> shape of the served model (None = learn
     it from the first accepted update); staging_dir: where staged directories go (None =
     the temp directory); adapters: the LoRA adapters served (None = LoRA payloads are
-    refused)."""
+    refused); checkpoint_names: the learner's in-memory names -> the checkpoint's, which
+    the server loads (`scalerl.policy.architectures.CheckpointNames`: an MoE layer's
+    fused experts split per expert; None: the same names)."""
 
     def __init__(
         self,
@@ -65,8 +68,10 @@ class WeightUpdates:
         weight_shapes: Mapping[str, Sequence[int]] | None,
         staging_dir: str | None,
         adapters: FolderAdapters | None = None,
+        checkpoint_names: CheckpointNames | None = None,
     ) -> None:
         self._client = client
+        self._names = checkpoint_names
         self._requests = requests
         self._adapters = adapters
         self._spec = WeightSpec(weight_shapes)
@@ -107,14 +112,13 @@ class WeightUpdates:
             return self._submit_job(
                 lambda: adapters.serve_policy(payload, version, self._requests), version
             )
-        self._spec.check_state_dict(payload.base)
+        base = self._names(payload.base) if self._names is not None else payload.base
+        self._spec.check_state_dict(base)
         if payload.adapter:
             self._lora().check_staged(payload)
         directory = tempfile.mkdtemp(prefix="sglang-weights-", dir=self._staging_dir)
         try:
-            tensors = {
-                k: v.detach().to("cpu").contiguous().clone() for k, v in payload.base.items()
-            }
+            tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in base.items()}
             save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
         except Exception:
             shutil.rmtree(directory, ignore_errors=True)
@@ -143,7 +147,8 @@ class WeightUpdates:
         header = {}
         for file in files:
             header.update(read_header(file))
-        if not source.is_dir() and any(_is_lora(name) for name in header):
+        renamed = self._names is not None and not self._names.identity
+        if not source.is_dir() and (renamed or any(_is_lora(name) for name in header)):
             return self.stage_state_dict(load_state_dict(source), version)
         self._spec.check_header(header)
         if source.is_dir():

@@ -51,7 +51,7 @@ from rollout_service.engines.torch.adapters import (
 )
 from scalerl.policy.architectures import LogitHead, check_servable
 from scalerl.policy.lora import Payload
-from scalerl.policy.routing import RoutingRecorder, moe_routers, pack
+from scalerl.policy.routing import RoutingRecorder, moe_shape, pack
 
 SLOT_ATTENTION = "scalerl_slot"
 
@@ -281,13 +281,12 @@ class SlotDecoder:
         # `scalerl.policy.routing`): [max_batch, max_seq_len, moe layers, k], packed.
         self.routes: torch.Tensor | None = None
         self._recorder: RoutingRecorder | None = None
-        if moe_routers(self.model):
+        moe = moe_shape(self.model)
+        if moe is not None:
             self._recorder = RoutingRecorder(self.model)
-            k = int(config.num_experts_per_tok)
-            experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
             self.routes = pack(
-                torch.zeros(max_batch, max_seq_len, self._recorder.layers, k, dtype=torch.long),
-                experts,
+                torch.zeros(max_batch, max_seq_len, moe.layers, moe.top_k, dtype=torch.long),
+                moe.experts,
             )
 
     @property

@@ -61,6 +61,7 @@ from rollout_service.engines.weight_check import (
     parse_payload,
 )
 from rollout_service.metrics import RolloutMetrics
+from scalerl.policy.routing import to_message
 from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -557,6 +558,9 @@ class TorchEngine:
         self._requests.emit(seq, chunk)
 
     def _finish(self, seq: _Seq, chunk: Chunk, reason: int) -> None:
+        if seq.slot >= 0 and self._active.get(seq.slot) is seq:
+            routes = self.decoder.routed_experts(seq.slot, seq.length)
+            chunk.routed_experts = None if routes is None else to_message(routes)
         self._release(seq, park=seq.request.keep_cache and reason != ABORTED)
         self._requests.finish(seq, chunk, reason)
 

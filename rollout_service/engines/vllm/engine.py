@@ -90,7 +90,7 @@ from rollout_service.engines.weight_check import (
 )
 from rollout_service.metrics import RolloutMetrics
 from scalerl.obs.logging import request_context
-from scalerl.policy.architectures import FAMILIES, CheckpointNames
+from scalerl.policy.architectures import CheckpointNames, check_vllm_serves
 from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B
 from scalerl.rpc.errors import InvalidArgument
 
@@ -572,18 +572,12 @@ def _hf_config(folder: Path) -> dict:
 
 
 def _checked_config(folder: Path, dtype: str) -> Any:
-    """The folder's transformers config. Raises ValueError naming `rollout.dtype` for an
-    MoE family in float32 on a CPU, where vLLM computes experts with a kernel that exists
-    in bfloat16 only (its fp32 path needs Triton, which has no CPU backend)."""
+    """The folder's transformers config. Raises ValueError, one line naming the field, for
+    what vLLM cannot compute here (`scalerl.policy.architectures.check_vllm_serves`)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    family = FAMILIES.get((getattr(config, "architectures", None) or [""])[0])
-    if family is not None and family.moe and dtype == "float32" and worker.on_cpu():
-        raise ValueError(
-            f"rollout.dtype: vLLM on a CPU computes the experts of {family.architecture} in "
-            "bfloat16 only; set rollout.dtype=bfloat16 or use the torch engine"
-        )
+    check_vllm_serves(config, dtype, worker.on_cpu())
     return config
 
 
