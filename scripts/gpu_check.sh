@@ -33,6 +33,10 @@
 #     report.json's publish.bytes_per_version), and the torch engine's adapted logits
 #     against the learner's on cuda:0, fp32, ranks 8 and 64 (TF32 off; the FSDP2 learner's
 #     adapters are checked in section 3).
+# 12. model families on CUDA: `scalerl run` on tiny random Llama 3, Qwen3, Gemma 3 and
+#     Qwen3-MoE checkpoints (step 1's importance ratio 1, the MoE's routed experts
+#     replayed by the learner), a Qwen3 and a Qwen3-MoE run resumed and exported into
+#     their own transformers classes (tests/e2e/test_e2e_families.py, `device: auto`).
 #
 #   scripts/gpu_check.sh [PYTHON] [SECTIONS]
 #
@@ -45,7 +49,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${1:-}"
-SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10,11},"
+SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10,11,12},"
 if [[ -z "$PYTHON" ]]; then
   for candidate in .venv-vllm/bin/python .venv/bin/python python3; do
     if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
@@ -265,15 +269,24 @@ for rank in (8, 64):
                          device="cuda:0", autostart=False)
     engine.stage_weights(payload, 0)
     engine.step()
-    engine.llama.assign_adapter(0, "")
+    engine.decoder.assign_adapter(0, "")
     ids = [3, 7, 11, 2, 9, 14, 4]
     with torch.no_grad():
         expected = learner(input_ids=torch.tensor([ids], device="cuda:0")).logits[0].float()
-    got = engine.llama.extend(0, 0, ids, all_logits=True)
+    got = engine.decoder.extend(0, 0, ids, all_logits=True)
     diff = float((got - expected).abs().max())
     print(f"rank {rank}: engine vs learner logits on cuda:0, max |diff| {diff:.2e}",
           "OK" if diff <= 1e-5 else "ABOVE 1e-5")
 EOF
+  else
+    echo "no CUDA device: skipped"
+  fi
+fi
+
+if section 12 "model families on CUDA: scalerl run per family, MoE routing replay, resume and export"; then
+  if has_cuda; then
+    within 900 "$PYTHON" -m pytest -q -p no:cacheprovider -m "" -rs tests/e2e/test_e2e_families.py \
+      2>&1 | tail -n 6
   else
     echo "no CUDA device: skipped"
   fi
