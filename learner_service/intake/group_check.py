@@ -28,6 +28,7 @@ REASONS = (
     "group_size",
     "empty_prompt",
     "length_mismatch",
+    "bad_role",
     "non_finite_logprob",
     "non_finite_reward",
     "bad_version",
