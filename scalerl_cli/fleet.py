@@ -45,6 +45,7 @@ class LauncherFleet:
     env: dict[str, str] | None = None
     next_index: int = 0
     leaving: set[str] = field(default_factory=set)
+    unrecorded_leaves: int = 0  # workers that left while Redis was down (target not lowered yet)
 
     def __post_init__(self) -> None:
         self.target = FleetTarget(connect(self.redis_url), self.run_id)
@@ -69,8 +70,14 @@ class LauncherFleet:
 
     def reconcile(self, children: list[Child]) -> None:
         """Start or SIGTERM workers (in place in `children`) until the running ones not
-        asked to leave match the target; the newest go first."""
-        wanted = self.target.get()
+        asked to leave match the target; the newest go first. While Redis does not answer
+        (it is being restarted) nothing changes: the next turn tries again."""
+        try:
+            self._record_leaves()
+            wanted = self.target.get()
+        except REDIS_ERRORS as exc:
+            log.warning("worker target unreadable (%s); the workers stay as they are", exc)
+            return
         if wanted is None:
             return
         staying = [c for c in children if is_worker(c) and c.name not in self.leaving]
@@ -90,11 +97,22 @@ class LauncherFleet:
         if child.name in self.leaving:
             self.leaving.discard(child.name)
         else:
+            self.unrecorded_leaves += 1
+            try:
+                self._record_leaves()
+            except REDIS_ERRORS as exc:
+                log.warning("%s left; target lowered once Redis answers (%s)", child.name, exc)
+        log.info("%s left the run", child.name)
+
+    def _record_leaves(self) -> None:
+        """Lower the target by the workers that left by themselves; raises REDIS_ERRORS
+        (keeping the count) while Redis does not answer."""
+        while self.unrecorded_leaves:
             try:
                 self.target.add(-1)
             except ValueError:
                 pass  # already 0
-        log.info("%s left the run", child.name)
+            self.unrecorded_leaves -= 1
 
 
 def write_services(path: Path, services: dict[str, object]) -> None:

@@ -83,3 +83,24 @@ def test_the_workers_command(redis_url: str, run_id: str, tmp_path: Path, capsys
     assert workers_command("remove", tmp_path, 5) == 2
     assert "would leave" in capsys.readouterr().err
     assert workers_command("remove", tmp_path, 0) == 2
+
+
+def test_a_redis_outage_changes_no_worker(fleet: LauncherFleet) -> None:
+    """Redis being restarted by the launcher: reconcile leaves the workers as they are, and
+    a worker that leaves meanwhile lowers the target once Redis answers (not replaced)."""
+    children = [*fleet.start(2), SimpleNamespace(name="learner")]
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("Error 111 connecting. Connection refused.")
+
+    with pytest.MonkeyPatch.context() as outage:
+        outage.setattr(fleet.target, "_client", SimpleNamespace(get=down))
+        outage.setattr(fleet.target, "_add", down)
+        fleet.reconcile(children)
+        fleet.left(children.pop(1))  # rollout-1 exited 0 by itself during the outage
+        fleet.reconcile(children)
+        assert [c.name for c in children] == ["rollout-0", "learner"]
+        assert children[0].proc.signals == [] and fleet.unrecorded_leaves == 1
+    fleet.reconcile(children)
+    assert fleet.target.get() == 1 and fleet.unrecorded_leaves == 0
+    assert [c.name for c in children] == ["rollout-0", "learner"]
