@@ -60,10 +60,10 @@ from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
 from scalerl.staleness import staleness
-from scalerl.state.client import connect
+from scalerl.state.client import REDIS_ERRORS, connect
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.replay import ReplayStream
+from scalerl.state.replay import VERIFIER_UNAVAILABLE, ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
@@ -482,6 +482,7 @@ class Learner:
             groups_stale_total=self.batches.stale_total,
             groups_dead_lettered_total=self.batches.dead_lettered_total,
             groups_future_total=self.batches.future_total,
+            groups_unscored_total=self._unscored_total(),
             **self.progress.counters,
             prompts_eligible=self.pools.eligible_count(),
             by_task=task_step_stats(groups, self.pools),
@@ -490,6 +491,14 @@ class Learner:
             samples_by_finish_reason=finish_reason_counts(groups),
             **stats.record_fields(),
         )
+
+    def _unscored_total(self) -> int | None:
+        """The run's groups dead-lettered unscored (replay ledger); None while Redis does
+        not answer (a step record is not worth failing the step)."""
+        try:
+            return self.replay.accounting().get(f"dead_letter:{VERIFIER_UNAVAILABLE}", 0)
+        except REDIS_ERRORS:
+            return None
 
     def _check_truncation(self, rate: float) -> None:
         """Warn when more than 10% of a batch hit the length limit (paper Sec. 3.1)."""

@@ -40,7 +40,7 @@ from scalerl.length_control import forced_ids, scored_ids
 from scalerl.offpolicy import producer_for
 from scalerl.staleness import is_admissible
 from scalerl.state.prompt_pool import TaskPools
-from scalerl.state.replay import PushAborted, ReplayStream
+from scalerl.state.replay import VERIFIER_UNAVAILABLE, PushAborted, ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.tasks import Task, TaskSet, task_of
 from scalerl.v1 import rollout_pb2
@@ -75,7 +75,9 @@ class ActorLoop:
     tasks: the run's tasks (splits, weights, verifiers, environments); pools: their
     prompt pools; trajectories: the worker's table of multi-turn trajectories in flight
     (shared with its servicer's Interrupt).
-    Counters `groups_pushed` and `groups_dropped_stale` are for metrics.
+    Counters `groups_pushed`, `groups_dropped_stale` and `groups_unscored` (a sample's
+    verifier could not run: dead-lettered as VERIFIER_UNAVAILABLE, never trained on with
+    a made-up reward) are for metrics.
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class ActorLoop:
         self.length_control = length_control_ids(rollout, tokenizer)
         self.groups_pushed = 0
         self.groups_dropped_stale = 0
+        self.groups_unscored = 0
         # Multi-turn tasks: each trajectory runs on a thread of this pool (its turns on
         # the engine, its tool calls in the sandbox).
         self.template = TurnTemplate(tokenizer)
@@ -280,6 +283,9 @@ class ActorLoop:
             self.producer.give_back([group.submitted_version])
             return
         message = build_group(group, group.completions, verdicts, self.worker_id)
+        if any(v.unscored for v in verdicts):
+            self._dead_letter_unscored(group, message, verdicts)
+            return
         learner_version = self.state.versions.announced()
         if not is_admissible(
             learner_version, message.min_policy_version, self.config.learner.off_policy_k
@@ -296,6 +302,18 @@ class ActorLoop:
             ticket_version=self.producer.ticket_version(group.submitted_version),
         )
         self.groups_pushed += 1
+
+    def _dead_letter_unscored(
+        self, group: _GroupInFlight, message: rollout_pb2.RolloutGroup, verdicts: list[Verdict]
+    ) -> None:
+        """A group with a sample its verifier could not run (`Verdict.unscored`, after the
+        verifier's own retries): dead-lettered with reason VERIFIER_UNAVAILABLE (counted
+        in the replay ledger), its PPO ticket given back so another group is made."""
+        unscored = [v for v in verdicts if v.unscored]
+        detail = f"{len(unscored)}/{len(verdicts)} samples unscored: {unscored[0].detail}"
+        self.replay.push_dead_letter(message, VERIFIER_UNAVAILABLE, detail[:500])
+        self.producer.give_back([group.submitted_version])
+        self.groups_unscored += 1
 
 
 def length_control_ids(rollout: RolloutConfig, tokenizer) -> tuple[tuple[int, ...], ...]:

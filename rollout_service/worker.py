@@ -175,9 +175,10 @@ class RolloutWorker:
         if self._state == LEAVING:
             self.stats.add(self.worker_id, "leaves")
         log.info(
-            "actor loop ended: %d groups pushed, %d dropped as stale",
+            "actor loop ended: %d groups pushed, %d dropped as stale, %d dead-lettered unscored",
             actor.groups_pushed,
             actor.groups_dropped_stale,
+            actor.groups_unscored,
         )
 
     @property

@@ -1,6 +1,6 @@
 """`scalerl-sandbox`: run the code sandbox service (gRPC SandboxService.Execute).
 
-    scalerl-sandbox --port 50054 [--host 0.0.0.0] [--concurrency 4] [--wall-s 10]
+    scalerl-sandbox --port 50054 [--host 0.0.0.0] [--concurrency 4] [--queue N] [--wall-s 10]
                     [--memory-mb 256] [--allow-uncontained] [--tls-cert F --tls-key F]
 
 It refuses to start (one line, exit status 2) where this machine's sandbox cannot
@@ -42,6 +42,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind.")
     parser.add_argument(
         "--concurrency", type=_bounded(int, 1, 256), default=4, help="Programs run at once."
+    )
+    parser.add_argument(
+        "--queue",
+        type=_bounded(int, 0, 4096),
+        default=None,
+        help="Requests that wait for a slot (default 4 x concurrency); beyond it, "
+        "RESOURCE_EXHAUSTED and the caller retries with back-off.",
     )
     parser.add_argument(
         "--wall-s", type=_bounded(float, 0.1, 600), default=10.0, help="Longest wall time."
@@ -90,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scalerl-sandbox: {exc}", file=sys.stderr)
         return 2
     try:
-        servicer = SandboxServicer(limits, args.concurrency)
+        servicer = SandboxServicer(limits, args.concurrency, args.queue)
         server, port = serve(servicer, args.port, args.host, security)
     except RuntimeError as exc:
         print(f"scalerl-sandbox: {exc}", file=sys.stderr)

@@ -161,6 +161,11 @@ class StepRecord(_Record):
     groups_dead_lettered_total: int | None = Field(
         None, description="Groups moved to the dead-letter stream (malformed), this process."
     )
+    groups_unscored_total: int | None = Field(
+        None,
+        description="Groups the workers dead-lettered because a sample's verifier could not "
+        "run (the sandbox busy or down past its retries), run total from the replay ledger.",
+    )
     groups_future_total: int | None = Field(
         default=None,
         description="Groups dropped for a policy version above the learner's (left by a "

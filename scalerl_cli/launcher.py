@@ -483,6 +483,9 @@ def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "
     trunc = s.last_metrics.get("truncation_rate", 0.0)
     wanted = s.last_metrics.get("desired_replicas")
     workers = f"  workers wanted {wanted:.0f}" if wanted is not None else ""
+    # Groups whose verifier could not run (the sandbox down): dead-lettered, never 0.
+    unscored = s.last_metrics.get("groups_unscored_total", 0.0)
+    workers += f"  unscored groups {unscored:.0f}" if unscored else ""
     evals = (
         f"  eval wait {s.last_metrics.get('eval_wait_share', 0.0):.0%} "
         f"compute {s.last_metrics.get('eval_compute_share', 0.0):.0%}"

@@ -287,7 +287,8 @@ def _short(value, limit: int = 120) -> str:
 
 
 def score_main(args: argparse.Namespace) -> int:
-    """`scalerl task score`: 0, or 2 after one line for bad input."""
+    """`scalerl task score`: 0; 2 after one line for bad input; 1 when the verifier could
+    not run (the sandbox down past its retries: the verdict is printed, unscored)."""
     from scalerl.entrypoint import config_error
     from scalerl.verifiers import build_verifier
 
@@ -308,11 +309,11 @@ def score_main(args: argparse.Namespace) -> int:
         print(json.dumps({"verifier": args.verifier, **verdict.as_dict()}))
     else:
         print(_explain(verdict))
-    return 0
+    return 1 if verdict.unscored else 0
 
 
 def _explain(verdict) -> str:
-    lines = [f"reward: {verdict.reward:g}"]
+    lines = ["reward: none (unscored)" if verdict.unscored else f"reward: {verdict.reward:g}"]
     for label, value in (
         ("extracted", verdict.extracted),
         ("expected", verdict.expected),

@@ -204,7 +204,9 @@ class Evaluator:
         turn = self._turn(worker, prompt_ids, self.max_new_tokens, seed)
         # An interrupted reply is scored on its answer after the phrase alone.
         answer = self.tokenizer.decode(scored_ids(turn.token_ids, turn.forced))
-        verdict = self.tasks.score(prompt_id, answer)
+        # A verifier that could not run fails the evaluation (retried with back-off by
+        # the schedule), never a 0 in the held-out pass rate.
+        verdict = self.tasks.score(prompt_id, answer).scored()
         return verdict.reward, verdict.parse_failed, len(turn.token_ids), turn.truncated
 
     def _trajectory(
@@ -231,7 +233,7 @@ class Evaluator:
         if t.env_scores:
             reward, parse_failed = t.env_reward, False
         else:
-            verdict = self.tasks.score(prompt_id, self.tokenizer.decode(t.answer_ids()))
+            verdict = self.tasks.score(prompt_id, self.tokenizer.decode(t.answer_ids())).scored()
             reward, parse_failed = verdict.reward, verdict.parse_failed
         return (
             reward,

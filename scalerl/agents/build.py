@@ -53,7 +53,11 @@ class ToolTaskEnvironments:
         # The sandbox is probed here (once per process, ~40 ms): a run whose tools cannot
         # be contained refuses to start (`scalerl run`'s preflight), as a code task does.
         self.runner = (
-            ProgramRunner(service=self.code.service, allow_uncontained=self.code.allow_uncontained)
+            ProgramRunner(
+                service=self.code.service,
+                allow_uncontained=self.code.allow_uncontained,
+                retry_s=self.code.retry_s,
+            )
             if config.tools
             else None
         )

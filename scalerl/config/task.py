@@ -274,6 +274,15 @@ class CodeVerifierConfig(_Section):
         "Off: a run with a code task refuses to start there.",
     )
 
+    retry_s: float = Field(
+        120.0,
+        ge=0,
+        le=3600,
+        description="Seconds a program is retried with back-off when the sandbox cannot run "
+        "it (busy, down, failed to start); then its group is dead-lettered "
+        "(verifier_unavailable), never scored 0.",
+    )
+
 
 class VerifierConfig(_Section):
     """Settings of the verifiers shared by every task."""

@@ -14,13 +14,19 @@ if TYPE_CHECKING:
     from scalerl.tasks.taskset import TaskSet
 
 # VerifierStats counter -> the `outcome` label (calls is the total; the rest are subsets).
-_OUTCOMES = {"errors": "error", "timeouts": "timeout", "parse_failures": "parse_failure"}
+_OUTCOMES = {
+    "errors": "error",
+    "timeouts": "timeout",
+    "unavailable": "unavailable",
+    "parse_failures": "parse_failure",
+}
 
 
 class VerifierCollector:
     """`scalerl_verifier_checks_total{task, verifier}` (every check) and
     `scalerl_verifier_failures_total{task, verifier, outcome}` (error: the check raised;
-    timeout: stopped at its limit; parse_failure: no answer parsed, failures included),
+    timeout: stopped at its limit; unavailable: could not run, the group dead-lettered
+    unscored; parse_failure: no answer parsed, errors and timeouts included),
     read from the tasks' verifiers at each scrape."""
 
     def __init__(self, tasks: TaskSet) -> None:
@@ -32,7 +38,8 @@ class VerifierCollector:
         )
         failures = CounterMetricFamily(
             "scalerl_verifier_failures",
-            "Completions scored 0 for a failure or with no parsed answer, per task and outcome.",
+            "Completions scored 0 for a failure or with no parsed answer, or left unscored "
+            "(unavailable), per task and outcome.",
             labels=["task", "verifier", "outcome"],
         )
         for task in self._tasks:

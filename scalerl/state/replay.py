@@ -18,7 +18,9 @@ prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
   claimed (XAUTOCLAIM), so a learner that died mid-step loses nothing.
 - Dead letters: an entry the learner cannot use (undecodable here, malformed in
   `learner_service.intake.group_check`) moves to `scalerl:{run_id}:replay:dead_letter` with its
-  reason, acknowledged in the same MULTI, so it is never delivered again.
+  reason, acknowledged in the same MULTI, so it is never delivered again. A group its
+  worker could not score (the sandbox down past its retries) goes there directly
+  (`push_dead_letter`), counted as pushed and dead-lettered at once.
 - The ledger (`scalerl:{run_id}:replay:ledger`, a hash): every entry is counted once when
   it is pushed (`pushed`, in the push script) and once when it leaves the stream, under
   its outcome (`trained`, `stale`, `future_version`, `dead_letter:{reason}`, in the same
@@ -43,7 +45,13 @@ from google.protobuf.message import DecodeError
 from scalerl.state.client import RedisClient, socket_timeout_s, text
 from scalerl.state.keys import RunKeys
 from scalerl.state.once import new_op_id
-from scalerl.state.replay_scripts import ACK_LUA, DEAD_LETTER_LUA, PUSH_LUA, RECONCILE_LUA
+from scalerl.state.replay_scripts import (
+    ACK_LUA,
+    DEAD_LETTER_LUA,
+    PUSH_DEAD_LETTER_LUA,
+    PUSH_LUA,
+    RECONCILE_LUA,
+)
 from scalerl.state.run_state import held_field
 from scalerl.state.worker_stats import stat_field
 from scalerl.v1 import rollout_pb2
@@ -57,6 +65,10 @@ DEFAULT_CLAIM_IDLE_MS = 120_000
 _MAX_CLAIM_ROUNDS = 64
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.1
+
+# The dead-letter reason of a group with a sample whose verifier could not run (its
+# worker hands it in with `push_dead_letter`; `scalerl.verifiers.VerifierUnavailable`).
+VERIFIER_UNAVAILABLE = "verifier_unavailable"
 
 # What `ack` may count an entry as (dead letters and lost groups have their own paths).
 ACK_OUTCOMES = ("trained", "stale", "future_version")
@@ -112,6 +124,7 @@ class ReplayStream:
         self._ack_script = client.register_script(ACK_LUA)
         self._reconcile_script = client.register_script(RECONCILE_LUA)
         self._dead_letter_script = client.register_script(DEAD_LETTER_LUA)
+        self._push_dead_letter_script = client.register_script(PUSH_DEAD_LETTER_LUA)
         self._lock = threading.Lock()
         self._held: set[str] = set()  # delivered to this instance, not yet acknowledged
         self._pending_cursor: dict[str, str] = {}  # consumer -> last own-pending id returned
@@ -321,6 +334,38 @@ class ReplayStream:
         log.error(
             "replay entry %s moved to the dead-letter stream: %s %s", entry_id, reason, detail
         )
+
+    def push_dead_letter(self, group: rollout_pb2.RolloutGroup, reason: str, detail: str) -> str:
+        """Hand in `group` straight to the dead-letter stream with its `reason` (a short
+        label) and `detail`: a group its worker cannot offer for training (a reward that
+        could not be computed). Counted in the ledger as `pushed` and `dead_letter:{reason}`
+        and in the worker's `groups_pushed`, in one script; a retry after a lost reply adds
+        nothing. Never waits on the stream's capacity. Returns the dead letter's id."""
+        if not reason:
+            raise ValueError("reason must be a non-empty label")
+        op = new_op_id()
+        entry_id = self._push_dead_letter_script(
+            keys=[
+                self._dead_letter_key,
+                self._ledger_key,
+                self._worker_stats_key,
+                self._keys.replay_pushed(op.writer),
+            ],
+            args=[
+                DEAD_LETTER_MAXLEN,
+                _serialize(group),
+                reason,
+                detail,
+                stat_field(group.worker_id, "groups_pushed"),
+                op.seq,
+            ],
+        )
+        with self._lock:
+            self.dead_lettered[reason] += 1
+        log.warning(
+            "group of %s dead-lettered by its worker: %s %s", group.prompt_id, reason, detail
+        )
+        return text(entry_id)
 
     def reconcile_resume(self, trained_at_checkpoint: int) -> int:
         """Move the ledger's `trained` groups beyond `trained_at_checkpoint` (the count the

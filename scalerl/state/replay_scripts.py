@@ -9,6 +9,27 @@ from __future__ import annotations
 from scalerl.state.once import ONCE_TTL_S
 from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
 
+
+def _repeat_answers_first(key: str, seq: str) -> str:
+    """Lua: a call whose sequence number (`seq`, e.g. ARGV[7]) is not above the last one
+    the writer's key (`key`, e.g. KEYS[5]) holds is a repeat (redis-py's retry after a
+    lost reply, the first try having landed): it answers the first call's entry id."""
+    return f"""
+local last = redis.call('GET', {key})
+if last then
+  local seq, first = string.match(last, '^(%d+) (.*)$')
+  if tonumber(seq) >= tonumber({seq}) then
+    return first
+  end
+end
+"""
+
+
+def _remember(key: str, seq: str) -> str:
+    """Lua: the writer's key holds this call's sequence number and entry id (`id`)."""
+    return f"redis.call('SET', {key}, {seq} .. ' ' .. id, 'EX', {ONCE_TTL_S})\n"
+
+
 # Atomic bounded append, counted in the ledger and in the pushing worker's stats
 # (`scalerl.state.worker_stats`), and, under PPO-off-policy-k, settling the group's
 # generation ticket (`scalerl.state.run_state`): returns the new entry id, or nil (None)
@@ -22,24 +43,16 @@ from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
 # the pushing writer's `replay:pushed:{writer}`, holds its last pushed call's sequence
 # number (ARGV[7]) and entry id.
 PUSH_LUA = (
-    """
-local last = redis.call('GET', KEYS[5])
-if last then
-  local seq, first = string.match(last, '^(%d+) (.*)$')
-  if tonumber(seq) >= tonumber(ARGV[7]) then
-    return first
-  end
-end
+    _repeat_answers_first("KEYS[5]", "ARGV[7]")
+    + """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   return false
 end
 local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'pushed', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-redis.call('SET', KEYS[5], ARGV[7] .. ' ' .. id, 'EX', """
-    + str(ONCE_TTL_S)
-    + """)
 """
+    + _remember("KEYS[5]", "ARGV[7]")
     + SETTLE_PUSHED_TICKET_LUA
     + """
 return id
@@ -87,3 +100,22 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*',
 redis.call('HINCRBY', KEYS[3], 'dead_letter:' .. ARGV[5], 1)
 return 1
 """
+
+# A group its worker could not score (`ReplayStream.push_dead_letter`): straight to the
+# dead-letter stream, counted in the ledger as pushed and as dead_letter:{reason} and in
+# the worker's groups_pushed, so the ledger's identity holds with it. Guarded like
+# PUSH_LUA: a retry after a lost reply answers the first call's id and changes nothing.
+# KEYS: dead-letter stream, ledger, worker stats, the writer's replay:pushed key;
+# ARGV: maxlen, payload, reason, detail, worker stats field, sequence number.
+PUSH_DEAD_LETTER_LUA = (
+    _repeat_answers_first("KEYS[4]", "ARGV[6]")
+    + """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
+                      'g', ARGV[2], 'reason', ARGV[3], 'detail', ARGV[4], 'entry', '')
+redis.call('HINCRBY', KEYS[2], 'pushed', 1)
+redis.call('HINCRBY', KEYS[2], 'dead_letter:' .. ARGV[3], 1)
+redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+"""
+    + _remember("KEYS[4]", "ARGV[6]")
+    + "return id\n"
+)

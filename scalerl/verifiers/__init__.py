@@ -12,6 +12,7 @@ from scalerl.verifiers.base import (
     Verifier,
     VerifierStats,
     VerifierTimeout,
+    VerifierUnavailable,
     answer_part,
 )
 from scalerl.verifiers.pool import VerifierPool
@@ -25,6 +26,7 @@ __all__ = [
     "VerifierPool",
     "VerifierStats",
     "VerifierTimeout",
+    "VerifierUnavailable",
     "answer_part",
     "build_verifier",
 ]

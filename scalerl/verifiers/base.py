@@ -1,5 +1,6 @@
 """What every verifier shares: the `Verdict`, the failure counters and the `Verifier`
-wrapper that turns a raising or timed-out check into a counted reward of 0.
+wrapper that turns a raising or timed-out check into a counted reward of 0, and a check
+that could not run at all (`VerifierUnavailable`) into an unscored verdict: never a reward.
 
 A check is a function `(completion, answer) -> Verdict`. `Verifier.score` is the only way
 the actor, the evaluator and `scalerl task score` call it, so all three see one reward.
@@ -25,6 +26,17 @@ class VerifierTimeout(Exception):
     """A check ran past its time limit (raised by a check, counted by `Verifier.score`)."""
 
 
+class VerifierUnavailable(Exception):
+    """The check could not be run at all: the sandbox busy or down past its retry deadline,
+    a judge unreachable. An infrastructure failure, not the completion's, so it is never
+    a reward: `Verifier.score` makes it an unscored verdict (`Verdict.unscored`) that the
+    actor dead-letters and an evaluation retries."""
+
+
+# `Verdict.failure` of a check that could not run (`VerifierUnavailable`).
+UNAVAILABLE = "unavailable"
+
+
 # A sample "passes" at a reward of at least this: every binary verifier's 1, and the better
 # half of a graded one. Pass statistics (No-Positive-Resampling, paper Sec. 3.2) count it.
 PASS_REWARD = 0.5
@@ -42,7 +54,8 @@ class Verdict:
     The explanation fields say what was extracted from the completion, what it was compared
     with and why it earned its reward; they are left out of equality, so two verdicts are
     equal when their reward and parse failure agree. `failure` is "" for a check that ran,
-    "error" for one that raised and "timeout" for one stopped at its time limit.
+    "error" for one that raised, "timeout" for one stopped at its time limit and
+    "unavailable" for one that could not run (its reward is NaN: there is none).
     """
 
     reward: float
@@ -52,10 +65,22 @@ class Verdict:
     detail: str = field(default="", compare=False)
     failure: str = field(default="", compare=False)
 
+    @property
+    def unscored(self) -> bool:
+        """The check could not run (`VerifierUnavailable`): no reward exists."""
+        return self.failure == UNAVAILABLE
+
+    def scored(self) -> Verdict:
+        """This verdict; raises VerifierUnavailable (its detail) when it is unscored."""
+        if self.unscored:
+            raise VerifierUnavailable(self.detail)
+        return self
+
     def as_dict(self) -> dict[str, Any]:
-        """The verdict as a JSON-ready dict (what `scalerl task score --json` prints)."""
+        """The verdict as a JSON-ready dict (what `scalerl task score --json` prints; an
+        unscored verdict's reward is null)."""
         return {
-            "reward": self.reward,
+            "reward": None if self.unscored else self.reward,
             "parse_failed": self.parse_failed,
             "extracted": self.extracted,
             "expected": self.expected,
@@ -70,12 +95,14 @@ class VerifierStats:
 
     calls: every `score` call; errors: checks that raised (scored 0); timeouts: checks
     stopped at their time limit (scored 0, or the partial credit earned before the limit
-    for `code`); parse_failures: verdicts with no parsable answer, failures included.
+    for `code`); unavailable: checks that could not run (unscored, no reward);
+    parse_failures: verdicts with no parsable answer, errors and timeouts included.
     """
 
     calls: int = 0
     errors: int = 0
     timeouts: int = 0
+    unavailable: int = 0
     parse_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -85,6 +112,7 @@ class VerifierStats:
             self.calls += 1
             self.errors += verdict.failure == "error"
             self.timeouts += verdict.failure == "timeout"
+            self.unavailable += verdict.unscored
             self.parse_failures += verdict.parse_failed
 
     def snapshot(self) -> dict[str, int]:
@@ -94,6 +122,7 @@ class VerifierStats:
                 "calls": self.calls,
                 "errors": self.errors,
                 "timeouts": self.timeouts,
+                "unavailable": self.unavailable,
                 "parse_failures": self.parse_failures,
             }
 
@@ -146,10 +175,13 @@ class Verifier(ABC):
     def score(self, completion: str, answer: Any) -> Verdict:
         """The reward of `completion` in [0, 1]. Never raises: a check that raises scores 0
         as an "error", one past its time limit as a "timeout" (both are parse failures and
-        counted in `stats`), a reward outside [0, 1] counts as an error."""
+        counted in `stats`), a reward outside [0, 1] counts as an error. A check that could
+        not run (`VerifierUnavailable`) is "unavailable": unscored, reward NaN."""
         try:
             verdict = self.check(completion, answer)
             verdict = replace(verdict, reward=check_reward(verdict.reward))
+        except VerifierUnavailable as exc:
+            verdict = Verdict(math.nan, False, detail=str(exc)[:500], failure=UNAVAILABLE)
         except VerifierTimeout as exc:
             verdict = Verdict(0.0, True, detail=str(exc), failure="timeout")
         except Exception as exc:  # noqa: BLE001 - a verifier bug must never stop a run
@@ -168,4 +200,6 @@ class Verifier(ABC):
         # The first failure of each kind is a warning, the rest debug: the counters carry them.
         level = logging.DEBUG if verdict.failure in self._warned else logging.WARNING
         self._warned.add(verdict.failure)
-        log.log(level, "verifier %s: %s, scored 0: %s", self.name, verdict.failure, verdict.detail)
+        outcome = "unscored" if verdict.unscored else "scored 0"
+        name, failure = self.name, verdict.failure
+        log.log(level, "verifier %s: %s, %s: %s", name, failure, outcome, verdict.detail)

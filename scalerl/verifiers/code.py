@@ -232,7 +232,9 @@ class CodeVerifier(Verifier):
     marker after which the answer starts ("" = the whole completion); allow_uncontained:
     run programs even where the sandbox cannot contain them (`verifier.code.
     allow_uncontained`); service: host:port of the sandbox service (`scalerl-sandbox`) to
-    run them on instead of here (`verifier.code.service`; its wall time is `limits'`).
+    run them on instead of here (`verifier.code.service`; its wall time is `limits'`);
+    retry_s: how long a sandbox that cannot run a program is retried before the verdict
+    is unscored (`verifier.code.retry_s`, `ProgramRunner`).
 
     Raises ValueError at construction when this machine's sandbox cannot contain a program
     (`scalerl.verifiers.sandbox.containment`) and allow_uncontained is False.
@@ -244,9 +246,10 @@ class CodeVerifier(Verifier):
         end_of_thinking: str = END_OF_THINKING,
         allow_uncontained: bool = False,
         service: str = "",
+        retry_s: float = 120.0,
     ) -> None:
         super().__init__("code")
-        self.runner = ProgramRunner(limits, service, allow_uncontained)
+        self.runner = ProgramRunner(limits, service, allow_uncontained, retry_s)
         self.limits = self.runner.limits
         self.end_of_thinking = end_of_thinking
 

@@ -34,7 +34,8 @@ def build_verifier(
     end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
     `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
     workers, memory_bytes; its reference answer is the item, or the answer text alone).
-    settings: the run's `verifier` section (`code.allow_uncontained`, `code.service`);
+    settings: the run's `verifier` section (`code.allow_uncontained`, `code.service`,
+    `code.retry_s`);
     None = defaults.
     Raises ValueError for an unknown name or dataset, a bad option value, a python:
     function that does not import or a `code` sandbox that cannot contain programs here;
@@ -56,6 +57,7 @@ def build_verifier(
         if settings is not None:
             options["allow_uncontained"] = settings.code.allow_uncontained
             options["service"] = settings.code.service
+            options["retry_s"] = settings.code.retry_s
         return CodeVerifier(**options)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))

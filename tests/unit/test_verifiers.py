@@ -77,6 +77,7 @@ def test_a_raising_check_scores_zero_and_is_counted() -> None:
         "calls": 1,
         "errors": 1,
         "timeouts": 0,
+        "unavailable": 0,
         "parse_failures": 1,
     }
 

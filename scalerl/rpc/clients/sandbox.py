@@ -13,6 +13,9 @@ from scalerl.verifiers.sandbox import CaseOutcome, Containment, SandboxRun
 KINDS = {"values": sandbox_pb2.SANDBOX_KIND_VALUES, "stdio": sandbox_pb2.SANDBOX_KIND_STDIO}
 # The answer arrives after the program's own wall time; this much more for the round trip.
 SLACK_S = 5.0
+# The longest a request waits in the service's queue for a slot; the call's deadline
+# covers it (the service's back-pressure: `sandbox_service.server`).
+QUEUE_S = 30.0
 
 
 class SandboxClient(RpcClient):
@@ -30,20 +33,20 @@ class SandboxClient(RpcClient):
     def execute(self, code: str, kind: str, cases: list[str], wall_s: float) -> SandboxRun:
         """Run `code` and its `cases` (as `scalerl.verifiers.sandbox.run_program`) on the
         service, within `wall_s` seconds of program time; the call's deadline is that plus
-        SLACK_S.
+        SLACK_S and QUEUE_S (the most the service lets it wait for a slot).
 
         Raises:
             ValueError: a kind other than "values" or "stdio".
             ServiceError: the call failed (InvalidArgument for a request out of the
-                service's limits, ResourceExhausted when it runs its maximum at once,
-                Unavailable when it is not up, ...).
+                service's limits, ResourceExhausted when its queue is full
+                or no slot freed within QUEUE_S, Unavailable when it is not up, ...).
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
         request = sandbox_pb2.ExecuteRequest(
             code=code, kind=KINDS[kind], cases=cases, wall_s=wall_s
         )
-        self.timeout_s = wall_s + SLACK_S
+        self.timeout_s = wall_s + SLACK_S + QUEUE_S
         return run_from_proto(self._call("Execute", request))
 
 
