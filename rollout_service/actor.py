@@ -18,6 +18,7 @@ what a dead worker held is re-issued by the learner once its registration expire
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import uuid
@@ -45,6 +46,7 @@ from scalerl.state.run_state import RunState
 from scalerl.tasks import Task, TaskSet, task_of
 from scalerl.v1 import rollout_pb2
 from scalerl.verifiers import Verdict, VerifierPool
+from scalerl.verifiers.base import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +217,8 @@ class ActorLoop:
             return [_done(self.tasks.score(group.prompt_id, a)) for a in answers]
         scorer = self.scorers[task_of(group.prompt_id)]
         return [
-            _done(Verdict(done.env_reward, False))
-            if isinstance(done, Trajectory) and done.env_scores
+            _done(_trajectory_verdict(done))
+            if isinstance(done, Trajectory) and (done.env_scores or done.unscored)
             else scorer.submit(answer, problem.answer)
             for done, answer in zip(group.completions, answers, strict=True)
         ]
@@ -373,6 +375,14 @@ def _errors(completions: Sequence[Completion | Trajectory]) -> str:
     return "; ".join(
         sorted({t.error for t in completions if isinstance(t, Trajectory) and t.error})
     )
+
+
+def _trajectory_verdict(done: Trajectory) -> Verdict:
+    """The environment's reward of a trajectory it scores; unscored when a tool's sandbox
+    could not run (`Trajectory.unscored`)."""
+    if done.unscored:
+        return Verdict(math.nan, False, detail=done.unscored, failure=UNAVAILABLE)
+    return Verdict(done.env_reward, False)
 
 
 def _done(verdict: Verdict) -> Future[Verdict]:

@@ -21,6 +21,7 @@ from scalerl.length_control import scored_ids
 from scalerl.rpc.clients.rollout import RolloutClient
 from scalerl.tasks import TaskSet, task_of
 from scalerl.v1 import rollout_pb2
+from scalerl.verifiers import VerifierUnavailable
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,8 @@ class Evaluator:
         t = run_trajectory(env, self.template, generate, limits, self.max_seq_len)
         if failed:  # the worker's failure, as a single completion's would be: retried
             raise failed[0]
+        if t.unscored:  # a tool's sandbox could not run: retried, never averaged
+            raise VerifierUnavailable(t.unscored)
         if t.env_scores:
             reward, parse_failed = t.env_reward, False
         else:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scalerl.agents.tool_calls import ToolCall
+from scalerl.verifiers.base import VerifierUnavailable
 from scalerl.verifiers.programs import ProgramRunner
 
 # What the model reads of one result: a tool's output can be long (a web page, a trace).
@@ -164,7 +165,9 @@ def spec_of(function: Callable[..., Any]) -> ToolSpec:
 
 
 class ToolBox:
-    """The tools of an environment, by name; `call` never raises (module docstring).
+    """The tools of an environment, by name; `call` never raises (module docstring) but
+    VerifierUnavailable: a sandbox that could not run the tool is not the model's
+    failure, so it is no observation either (the trajectory is unscored).
     timeout_s: each call's wall-time limit (seconds)."""
 
     def __init__(self, tools: Iterable[Tool], timeout_s: float = 10.0) -> None:
@@ -200,5 +203,7 @@ class ToolBox:
             return result(tool.call(call.arguments, self.timeout_s))
         except TimeoutError:
             return result(f"error: {call.name} timed out after {self.timeout_s:g} s", "timeout")
+        except VerifierUnavailable:
+            raise
         except Exception as exc:  # a tool's failure is the model's observation
             return result(f"error: {exc}", "raised")

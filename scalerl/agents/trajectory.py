@@ -32,6 +32,7 @@ from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.environment import Environment, ModelTurn, Observation
 from scalerl.length_control import scored_ids
 from scalerl.v1 import rollout_pb2
+from scalerl.verifiers.base import VerifierUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class Trajectory:
     where the last model turn starts in token_ids (the verifier scores from there).
     env_reward: the sum of the environment's rewards; env_scores: whether that sum is the
     trajectory's reward; error: why it was aborted by a failure ("environment: ...",
-    "engine: ..."; "" = none)."""
+    "engine: ..."; "" = none); unscored: why it has no reward at all ("" = it has one): a
+    tool's sandbox could not run (`VerifierUnavailable`), so its group is dead-lettered."""
 
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
@@ -97,6 +99,7 @@ class Trajectory:
     env_reward: float = 0.0
     env_scores: bool = False
     error: str = ""
+    unscored: str = ""
     answer_start: int = 0
     # MoE: the last turn's routed experts, which cover every token before its last (its
     # prompt is the whole trajectory so far); None when the engine records none.
@@ -242,6 +245,8 @@ def _observe(
         log.warning("environment failed on turn %d: %s", turn.index, exc)
         t.error = f"environment: {type(exc).__name__}: {exc}"
         t.finish_reason = ABORTED
+        if isinstance(exc, VerifierUnavailable):
+            t.unscored = str(exc)
         return None
     t.env_reward += observation.reward
     t.tool_calls += len(observation.tool_results)

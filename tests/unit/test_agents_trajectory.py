@@ -237,3 +237,28 @@ def test_the_last_turns_routed_experts_cover_the_whole_trajectory() -> None:
     assert t.turns == 2
     assert scripted.asked[-1][0] == t.prompt_ids + t.token_ids[: t.answer_start]
     assert t.routed_experts.indices == bytes([1]) * (len(t.prompt_ids) + len(t.token_ids) - 1)
+
+
+def test_a_tool_whose_sandbox_is_down_leaves_the_trajectory_unscored() -> None:
+    """A sandbox that could not run a tool is no observation for the model (it would learn
+    from our outage): the trajectory ends ABORTED and unscored, and the actor's verdict
+    of it is unscored, so its group is dead-lettered."""
+    from rollout_service.actor import _trajectory_verdict
+    from scalerl.agents.environment import ToolEnvironment
+    from scalerl.agents.tool_calls import call_format
+    from scalerl.agents.tools import ToolBox, ToolSpec
+    from scalerl.verifiers import VerifierUnavailable
+
+    class Down:
+        spec = ToolSpec("calculator", "Evaluate.", {"type": "object", "properties": {}})
+
+        def call(self, arguments, timeout_s):
+            raise VerifierUnavailable("the sandbox service at sandbox:50054 did not run it")
+
+    env = ToolEnvironment([{"role": "user", "content": "2+3"}], ToolBox([Down()]),
+                          call_format("equals"))  # fmt: skip
+    t = run_trajectory(env, TEMPLATE, ScriptedEngine(["=2+3"]), LIMITS, 256)
+    assert (t.turns, t.finish_reason) == (1, ABORTED)
+    assert t.unscored == "the sandbox service at sandbox:50054 did not run it"
+    verdict = _trajectory_verdict(t)
+    assert verdict.unscored and verdict.detail == t.unscored
