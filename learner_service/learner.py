@@ -89,9 +89,11 @@ class Learner:
         metrics: LearnerMetrics | None = None,
         advertise_host: str | None = None,
         ranks: LearnerRanks | None = None,
+        allow_unsigned_checkpoint: bool = False,
     ) -> None:
         self.config = config = resolved.config
         self.resolved = resolved
+        self.allow_unsigned_checkpoint = allow_unsigned_checkpoint
         self.ranks = ranks  # rank 0 of a sharded learner (`learner_service.train.ranks`), or None
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +196,12 @@ class Learner:
             started=self._started,
         )
         self.checkpointer = Checkpointer(
-            self.run_dir / "checkpoint", cfg.learner, self.trainer, self.pools, self.compute
+            self.run_dir / "checkpoint",
+            cfg.learner,
+            self.trainer,
+            self.pools,
+            self.compute,
+            allow_unsigned=self.allow_unsigned_checkpoint,
         )
         self._resume()
         if self.progress.step < cfg.learner.max_steps:

@@ -34,6 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)."
     )
     parser.add_argument(
+        "--allow-unsigned-checkpoint",
+        action="store_true",
+        help="Resume from a checkpoint without integrity.json, or whose manifest leaves "
+        "state.json out (written by an older version): loaded unchecked.",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:
         serve_metrics(registry, args.metrics_port, args.host)
     stop = stop_on_signals()
+    from learner_service.checkpoint.files import CheckpointRefused
+
     learner = Learner(
         resolved,
         args.redis_url,
@@ -99,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics,
         advertise_host=args.advertise_host,
         ranks=ranks,
+        allow_unsigned_checkpoint=args.allow_unsigned_checkpoint,
     )
     try:
         return learner.run(stop)
+    except CheckpointRefused as exc:  # bad input: one line, not restarted
+        print(f"scalerl-learner: checkpoint: {exc}", file=sys.stderr)
+        if ranks is not None:  # the followers wait for rank 0's next command
+            ranks.announce("stop")
+        return 2
     finally:
         learner.close()
         if ranks is not None:

@@ -88,7 +88,11 @@ def preflight(config: RunConfig) -> tuple[RunConfig, Precision]:
 
 
 def run(
-    config: RunConfig, run_dir: Path, resume: bool = False, redis_url: str | None = None
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool = False,
+    redis_url: str | None = None,
+    allow_unsigned_checkpoint: bool = False,
 ) -> int:
     """Run one training job end to end; returns the process exit code (0 = success, 1 =
     failed or gave up (no admissible group for `learner.batch_timeout_s`; report.json says
@@ -101,7 +105,9 @@ def run(
 
     resume: continue the run in `run_dir` (its Redis data, its checkpoint, the learner
     cuts its records to one timeline); the stop flag a finished run left is cleared
-    before any worker starts, so the run goes on to its new limits."""
+    before any worker starts, so the run goes on to its new limits.
+    allow_unsigned_checkpoint: the learner may resume from a checkpoint nothing vouches
+    for (`learner_service.checkpoint.files.verify_integrity`); else it refuses one."""
     try:
         config, precision = preflight(config)
     except ValueError as exc:
@@ -146,6 +152,7 @@ def run(
                 child_env,
                 launcher_metrics=f"127.0.0.1:{metrics_port}",
                 plan=plan,
+                learner_flags=["--allow-unsigned-checkpoint"] if allow_unsigned_checkpoint else [],
             )
             _watch(
                 children,
@@ -296,11 +303,13 @@ def _start_services(
     env: dict[str, str] | None = None,
     launcher_metrics: str | None = None,
     plan: CorePlan | None = None,
+    learner_flags: list[str] | None = None,
 ) -> tuple[str, str, LauncherFleet]:
     """Start the curve service, the rollout workers and the learner (in that order) and
     write their gRPC and Prometheus addresses (and the launcher's own /metrics,
     `launcher_metrics`) to services.json; with a core `plan`, the workers and the learner
-    are pinned to their cores (`scalerl.cores`). Returns (the curve address, the learner's
+    are pinned to their cores (`scalerl.cores`); `learner_flags` go to the learner.
+    Returns (the curve address, the learner's
     address, the workers' `LauncherFleet`)."""
     env = env or {}
     worker_env = {**env, **cpus_env(plan.worker_cpus)} if plan else env
@@ -350,6 +359,7 @@ def _start_services(
             str(learner_port),
             "--metrics-port",
             str(learner_metrics),
+            *(learner_flags or []),
         ],
         logs,
         learner_env,

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "may change limits, e.g. learner.max_steps).",
     )
     run.add_argument(
+        "--allow-unsigned-checkpoint",
+        action="store_true",
+        help="With --resume: load a checkpoint without integrity.json, or whose manifest "
+        "leaves state.json out (written by an older version), unchecked. Without it such a "
+        "checkpoint is refused: its files could have been swapped.",
+    )
+    run.add_argument(
         "--redis-url",
         default=None,
         metavar="URL",
@@ -193,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir or launcher.default_run_dir(config),
         resume=args.resume is not None,
         redis_url=redis_url,
+        allow_unsigned_checkpoint=args.allow_unsigned_checkpoint,
     )
 
 

@@ -49,7 +49,8 @@ class Checkpointer:
 
     config: `checkpoint_every` (steps) and `checkpoint_minutes` say when one is due.
     pools: the prompt pools snapshotted into it. compute: the run's counters
-    (`total_hours()`, accelerator-hours). clock: monotonic seconds."""
+    (`total_hours()`, accelerator-hours). clock: monotonic seconds. allow_unsigned: load a
+    checkpoint nothing vouches for (`files.verify_integrity`, --allow-unsigned-checkpoint)."""
 
     def __init__(
         self,
@@ -59,8 +60,10 @@ class Checkpointer:
         pools: TaskPools,
         compute: _Compute,
         clock: Callable[[], float] = time.monotonic,
+        allow_unsigned: bool = False,
     ) -> None:
         self.folder = Path(folder)
+        self.allow_unsigned = allow_unsigned
         self.every = config.checkpoint_every
         self.minutes = config.checkpoint_minutes
         self.trainer = trainer
@@ -107,9 +110,9 @@ class Checkpointer:
         where Redis's is older. Raises FileNotFoundError when there is none, ValueError
         for one of another model (the trainer is then unchanged)."""
         if isinstance(self.trainer, DrivenTrainer):
-            state = self.trainer.load_checkpoint(self.folder)
+            state = self.trainer.load_checkpoint(self.folder, self.allow_unsigned)
         else:
-            state = load_checkpoint(self.folder, self.trainer)
+            state = load_checkpoint(self.folder, self.trainer, self.allow_unsigned)
         counters = dict(state.counters)
         totals = {name: counters.pop(name, 0) for name in BATCH_TOTALS}
         progress = RunProgress(step=state.step, version=state.policy_version)

@@ -9,12 +9,17 @@ ranks writes `shards/` instead of model.safetensors and optimizer.pt: a
 and optimizer (nothing is gathered), which any world size loads, one process included;
 its final checkpoint also exports the full weights as model.safetensors, for users.
 
-Integrity: integrity.json lists the sha256 of every file but state.json, signed with an
-HMAC keyed by the run's secret when the run has one (`scalerl.state.signing`). Loading
-checks it first: DCP's `.metadata` is a pickle, so a sharded checkpoint whose files do not
-match, or whose signature does not verify, is refused before anything is unpickled
-(someone who can write the run's volume but does not hold the run's secret cannot have
-the learner run their code).
+Integrity: integrity.json lists the sha256 of every file, state.json included (its bytes
+are hashed before it is written last), signed with an HMAC keyed by the run's secret
+when the run has one (`scalerl.state.signing`). Loading checks it first: DCP's
+`.metadata` is a pickle, so a sharded checkpoint whose files do not match, or whose
+signature does not verify, is refused before anything is unpickled (someone who can
+write the run's volume but does not hold the run's secret cannot have the learner run
+their code, swap its weights or edit its step, version, R0 or compute). A checkpoint
+without integrity.json, or one whose manifest leaves state.json out (written before it
+was covered), is refused too, unless the learner is started with
+--allow-unsigned-checkpoint (`allow_unsigned`): then it loads unchecked, with one warning
+line saying so.
 
 Atomic replacement: the new checkpoint is written to `checkpoint.tmp/`, every file and the
 folder are fsynced, the old folder is renamed to `checkpoint.old/`, the new one renamed
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -41,9 +47,16 @@ from safetensors.torch import load_file, save_file
 from scalerl.crash_points import crash_point
 from scalerl.state.signing import process_signer
 
+log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
+ALLOW_UNSIGNED_FLAG = "--allow-unsigned-checkpoint"
 INTEGRITY_FILE = "integrity.json"
 SHARDS = "shards"  # the sharded (DCP) model and optimizer of a learner of several ranks
+
+
+class CheckpointRefused(ValueError):
+    """A checkpoint that fails its integrity check, or that nothing vouches for
+    (`verify_integrity`): nothing of it was loaded."""
 
 
 @dataclass
@@ -111,17 +124,15 @@ def save_checkpoint(folder: Path, trainer, state: LearnerState, export: bool = F
     return folder
 
 
-def load_checkpoint(folder: Path, trainer) -> LearnerState:
+def load_checkpoint(folder: Path, trainer, allow_unsigned: bool = False) -> LearnerState:
     """Restore the trainer and the RNG states from the complete checkpoint in `folder`
-    (or its `.old` sibling); returns its `LearnerState`.
+    (or its `.old` sibling); returns its `LearnerState`. allow_unsigned: load one that
+    nothing vouches for (`verify_integrity`).
 
     Raises FileNotFoundError (no complete checkpoint) or ValueError (a checkpoint of
     another model, or one that fails its integrity check: `verify_integrity`); the
     trainer is then unchanged."""
-    found = _complete(Path(folder))
-    if found is None:
-        raise FileNotFoundError(f"no complete checkpoint in {folder}")
-    verify_integrity(found)
+    found = verified_folder(folder, allow_unsigned)
     meta = json.loads((found / STATE_FILE).read_text())
     steps = meta.get("trainer_steps", meta["step"])
     if (found / SHARDS).is_dir():
@@ -139,6 +150,16 @@ def load_checkpoint(folder: Path, trainer) -> LearnerState:
         pool=pool,
         compute_hours=float(meta.get("compute_hours", 0.0)),
     )
+
+
+def verified_folder(folder: Path, allow_unsigned: bool = False) -> Path:
+    """The complete checkpoint in `folder` (or its `.old` sibling), its integrity checked
+    (`verify_integrity`). Raises FileNotFoundError when there is none, CheckpointRefused."""
+    found = _complete(Path(folder))
+    if found is None:
+        raise FileNotFoundError(f"no complete checkpoint in {folder}")
+    verify_integrity(found, allow_unsigned)
+    return found
 
 
 def _load_full(found: Path, trainer, steps: int) -> None:
@@ -170,7 +191,6 @@ def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
     (tmp / "prompt_pool.json").write_text(json.dumps(state.pool))
     for name in written:
         _fsync_file(tmp / name)
-    _write_integrity(tmp, written)
     meta = {
         "step": state.step,
         "policy_version": state.policy_version,
@@ -180,49 +200,71 @@ def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
         "compute_hours": state.compute_hours,
         "rng": _rng_state(),
     }
-    (tmp / STATE_FILE).write_text(json.dumps(meta))
+    state_bytes = json.dumps(meta).encode()
+    _write_integrity(tmp, written, state_bytes)
+    (tmp / STATE_FILE).write_bytes(state_bytes)  # last: a folder with it is complete
     _fsync_file(tmp / STATE_FILE)
 
 
-def _write_integrity(tmp: Path, names: list[str]) -> None:
+def _write_integrity(tmp: Path, names: list[str], state_bytes: bytes) -> None:
+    """integrity.json: the sha256 of each of `names` in `tmp` and of state.json's bytes
+    (`state_bytes`, written after it), signed with the run's secret."""
     files = {name: _sha256(tmp / name) for name in sorted(names)}
+    files[STATE_FILE] = hashlib.sha256(state_bytes).hexdigest()
     sig = process_signer().sign("checkpoint", "", files)
     (tmp / INTEGRITY_FILE).write_text(json.dumps({"files": files, "sig": sig}))
     _fsync_file(tmp / INTEGRITY_FILE)
 
 
-def verify_integrity(found: Path) -> None:
-    """Check a checkpoint's files against its integrity.json, and its signature when the
-    run has a secret, before any of them is loaded. A one-process checkpoint written
-    before integrity.json existed passes unchecked (nothing in it is unpickled:
-    safetensors, and optimizer.pt with weights_only); a sharded one never does.
+def verify_integrity(found: Path, allow_unsigned: bool = False) -> None:
+    """Check a checkpoint's files, state.json included, against its integrity.json, and
+    its signature when the run has a secret, before any of them is loaded. A checkpoint
+    without integrity.json, or whose manifest leaves state.json out, is refused unless
+    `allow_unsigned` (one warning then; a sharded one is refused even so: its DCP
+    `.metadata` is a pickle).
 
-    Raises ValueError naming the file that differs, or saying the signature failed."""
+    Raises CheckpointRefused (a ValueError) naming the file that differs, or saying the
+    signature failed or that nothing vouches for the checkpoint."""
     path = found / INTEGRITY_FILE
     if not path.exists():
         if (found / SHARDS).is_dir():
-            raise ValueError(f"{found}: a sharded checkpoint without {INTEGRITY_FILE}: refused")
+            raise CheckpointRefused(
+                f"{found}: a sharded checkpoint without {INTEGRITY_FILE}: refused"
+            )
+        _unvouched(found, f"no {INTEGRITY_FILE}", allow_unsigned)
         return
     manifest = json.loads(path.read_text())
     files = manifest.get("files", {})
     signer = process_signer()
     if not signer.verify("checkpoint", "", files, manifest.get("sig")):
-        raise ValueError(f"{found}: {INTEGRITY_FILE} is not signed with the run's secret")
+        raise CheckpointRefused(f"{found}: {INTEGRITY_FILE} is not signed with the run's secret")
+    if STATE_FILE not in files:
+        _unvouched(found, f"{INTEGRITY_FILE} does not cover {STATE_FILE}", allow_unsigned)
     for name, digest in files.items():
         target = found / name
         if (
             target.resolve().parent != found.resolve()
             and found.resolve() not in target.resolve().parents
         ):
-            raise ValueError(f"{found}: {INTEGRITY_FILE} names a file outside it: {name}")
+            raise CheckpointRefused(f"{found}: {INTEGRITY_FILE} names a file outside it: {name}")
         if not target.is_file() or _sha256(target) != digest:
-            raise ValueError(f"{found}: {name} does not match {INTEGRITY_FILE}")
+            raise CheckpointRefused(f"{found}: {name} does not match {INTEGRITY_FILE}")
     if (found / SHARDS).is_dir():
         extra = {str(p.relative_to(found)) for p in (found / SHARDS).rglob("*") if p.is_file()}
         if extra - set(files):
-            raise ValueError(
+            raise CheckpointRefused(
                 f"{found}: files not in {INTEGRITY_FILE}: {sorted(extra - set(files))}"
             )
+
+
+def _unvouched(found: Path, why: str, allow_unsigned: bool) -> None:
+    """A checkpoint nothing vouches for: ValueError, or one warning when allowed."""
+    if not allow_unsigned:
+        raise CheckpointRefused(
+            f"{found}: {why}: refused (its files could have been swapped); "
+            f"{ALLOW_UNSIGNED_FLAG} loads it unchecked"
+        )
+    log.warning("%s: %s: loaded unchecked (%s)", found, why, ALLOW_UNSIGNED_FLAG)
 
 
 def _sha256(path: Path) -> str:

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from learner_service.checkpoint.files import load_checkpoint
+from learner_service.checkpoint.files import load_checkpoint, verified_folder
 from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
 from scalerl.config import RunConfig
@@ -147,10 +147,12 @@ class DrivenTrainer:
         self._ranks.announce("state")
         return self._trainer.state_dict()
 
-    def load_checkpoint(self, folder: Path):
-        """`checkpoint.load_checkpoint` on every rank; returns its LearnerState."""
-        self._ranks.announce("load", str(folder))
-        return load_checkpoint(folder, self._trainer)
+    def load_checkpoint(self, folder: Path, allow_unsigned: bool = False):
+        """`checkpoint.load_checkpoint` on every rank; returns its LearnerState. Rank 0
+        checks the checkpoint's integrity first: one it refuses is announced to no rank."""
+        verified_folder(folder, allow_unsigned)
+        self._ranks.announce("load", (str(folder), allow_unsigned))
+        return load_checkpoint(folder, self._trainer, allow_unsigned)
 
     def stop(self) -> None:
         self._ranks.announce("stop")
@@ -191,7 +193,8 @@ def serve_commands(trainer: Trainer, ranks: LearnerRanks) -> int:
         elif command == "state":
             trainer.state_dict()
         elif command == "load":
-            load_checkpoint(Path(payload), trainer)
+            folder, allow_unsigned = payload
+            load_checkpoint(Path(folder), trainer, allow_unsigned)
         elif command == "stop":
             log.info("rank %d: rank 0 stopped; leaving", ranks.rank)
             return 0

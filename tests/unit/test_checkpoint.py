@@ -3,6 +3,7 @@ counters, pool), and a crash mid-save that leaves the previous checkpoint loadab
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -144,13 +145,14 @@ def test_a_manifest_signed_without_the_runs_secret_is_refused(tmp_path, monkeypa
     shards = folder / checkpoint.SHARDS
     shards.mkdir(parents=True)
     (shards / ".metadata").write_bytes(b"a pickle that runs code")
-    (folder / checkpoint.STATE_FILE).write_text('{"step": 1, "policy_version": 1}')
+    state = b'{"step": 1, "policy_version": 1}'
+    (folder / checkpoint.STATE_FILE).write_bytes(state)
     _signed_by("someone-else", monkeypatch)
-    checkpoint._write_integrity(folder, ["shards/.metadata"])
+    checkpoint._write_integrity(folder, ["shards/.metadata"], state)
     _signed_by("the-runs-secret", monkeypatch)
     with pytest.raises(ValueError, match="not signed with the run's secret"):
         checkpoint.verify_integrity(folder)
-    checkpoint._write_integrity(folder, ["shards/.metadata"])  # the learner's own
+    checkpoint._write_integrity(folder, ["shards/.metadata"], state)  # the learner's own
     checkpoint.verify_integrity(folder)
     (shards / "extra.distcp").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"files not in integrity.json: \['shards/extra.distcp'\]"):
@@ -158,4 +160,49 @@ def test_a_manifest_signed_without_the_runs_secret_is_refused(tmp_path, monkeypa
     (shards / "extra.distcp").unlink()
     (folder / checkpoint.INTEGRITY_FILE).unlink()
     with pytest.raises(ValueError, match="a sharded checkpoint without integrity.json"):
-        checkpoint.verify_integrity(folder)
+        checkpoint.verify_integrity(folder, allow_unsigned=True)  # a pickle: never unchecked
+
+
+def _saved(tmp_path, monkeypatch):
+    _signed_by("the-runs-secret", monkeypatch)
+    folder = tmp_path / "checkpoint"
+    save_checkpoint(folder, trainer(seed=0), LearnerState(step=7, policy_version=7, r0=0.25))
+    return folder
+
+
+def test_an_edited_state_json_is_refused(tmp_path, monkeypatch) -> None:
+    """state.json (step, version, R0, compute) is covered by the signed manifest: one
+    changed byte is refused before anything loads."""
+    folder = _saved(tmp_path, monkeypatch)
+    state = folder / checkpoint.STATE_FILE
+    state.write_text(state.read_text().replace('"step": 7', '"step": 9'))
+    target = trainer(seed=1)
+    before = first_param(target)
+    with pytest.raises(checkpoint.CheckpointRefused, match="state.json does not match"):
+        load_checkpoint(folder, target)
+    assert torch.equal(first_param(target), before)
+
+
+def test_a_checkpoint_nothing_vouches_for_loads_only_when_allowed(tmp_path, monkeypatch, caplog):
+    """integrity.json deleted (weights swapped unchecked, the review's P3), or a manifest
+    that leaves state.json out (an older version's): refused naming the flag; with
+    --allow-unsigned-checkpoint it loads, with one warning saying so."""
+    folder = _saved(tmp_path, monkeypatch)
+    manifest = folder / checkpoint.INTEGRITY_FILE
+    signed = json.loads(manifest.read_text())
+    manifest.unlink()
+    with pytest.raises(checkpoint.CheckpointRefused) as refused:
+        load_checkpoint(folder, trainer(seed=1))
+    assert str(refused.value) == (
+        f"{folder}: no integrity.json: refused (its files could have been swapped); "
+        "--allow-unsigned-checkpoint loads it unchecked"
+    )
+    target = trainer(seed=1)
+    assert load_checkpoint(folder, target, allow_unsigned=True).step == 7
+    assert "no integrity.json: loaded unchecked (--allow-unsigned-checkpoint)" in caplog.text
+    files = {k: v for k, v in signed["files"].items() if k != checkpoint.STATE_FILE}
+    sig = EntrySigner("the-runs-secret").sign("checkpoint", "", files)
+    manifest.write_text(json.dumps({"files": files, "sig": sig}))  # an older version's
+    with pytest.raises(checkpoint.CheckpointRefused, match="does not cover state.json"):
+        load_checkpoint(folder, trainer(seed=1))
+    assert load_checkpoint(folder, trainer(seed=1), allow_unsigned=True).r0 == 0.25
