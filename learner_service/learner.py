@@ -402,8 +402,8 @@ class Learner:
         """Announce the learner's version (staleness checks use it at once) and publish
         its weights, unless an evaluation is running: its completions must all come from
         one policy version, so the weights wait until it ends."""
-        if self.state.versions.announced() != self.progress.version:
-            self.state.versions.announce(self.progress.version)
+        # Written each time (one SET): a value someone else wrote is replaced at once.
+        self.state.versions.announce(self.progress.version)
         if self._published != self.progress.version and not self.evaluations.running:
             start = time.monotonic()
             self.publisher.publish(self.model, self.progress.version)

@@ -20,6 +20,16 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors in one line (`scalerl run: --rollout-workers: invalid int
+    value: 'x'`, exit code 2), as every other refusal of bad input; `--help` shows usage.
+    Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message.replace('argument ', '', 1)}\n")
 
 
 def add_config_options(
@@ -57,7 +67,7 @@ def add_config_options(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scalerl", description="ScaleRL post-training.")
+    parser = OneLineParser(prog="scalerl", description="ScaleRL post-training.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",

@@ -113,8 +113,10 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     if keys[0] == "task" and len(keys) > 1:
         tasks = data["task"] = as_task_list(data.get("task", [{}]))
         node, keys = _task_entry(tasks, keys[1:])
-    for key in keys[:-1]:
+    for depth, key in enumerate(keys[:-1]):
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"{'.'.join(keys[: depth + 1])}: a section, not a value")
     node[keys[-1]] = value
 
 
@@ -135,11 +137,17 @@ def _task_entry(tasks: list[dict[str, Any]], keys: list[str]) -> tuple[dict[str,
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """Split 'section.field=value' and parse value as YAML. Raises ValueError if no '='."""
+    """Split 'section.field=value' and parse value as YAML. Raises ValueError if no '=',
+    no key, or a value that is not YAML."""
     if "=" not in item:
         raise ValueError(f"override {item!r} must look like section.field=value")
     key, raw = item.split("=", 1)
-    return key.strip(), yaml.safe_load(raw)
+    if not key.strip():
+        raise ValueError(f"override {item!r} must look like section.field=value")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{key.strip()}: the value is not YAML ({_yaml_problem(exc)})") from None
 
 
 def resolve_config_path(name_or_path: str) -> Path:
@@ -184,12 +192,53 @@ def load_config(
     from scalerl.recipes import recipe_overrides
 
     path = resolve_config_path(name_or_path)
-    data = _relative_to(yaml.safe_load(path.read_text()) or {}, path.parent)
+    data = _relative_to(read_config_file(path), path.parent)
     layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
     for item in layers:
         key, value = parse_override(item)
         _set_dotted(data, resolve_key(key), value)
     return RunConfig(**data)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping of sections a YAML config file holds. Raises ValueError, one line
+    naming the file (and the line for a syntax error), for a file that cannot be read, is
+    not UTF-8, is not YAML, is empty (an empty file must not silently run the default
+    job) or holds anything but a mapping at the top."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"config {path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config {path}: not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config {path}: not valid YAML ({_yaml_problem(exc)})") from None
+    if data is None:
+        raise ValueError(
+            f"config {path}: empty; give the sections to change (e.g. run_id: my-run), "
+            "or --config default for the default job"
+        )
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"config {path}: must be a mapping of sections (run_id:, model:, learner:, ...), "
+            f"got {_a(type(data).__name__)}"
+        )
+    return data
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """ "line L, column C: problem" of a YAML error (its first line when it has no mark)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 it published and what each worker serves.
 
 - announced: the learner's current policy version, set after every optimizer step
-  (`scalerl:{run_id}:state:policy_version`; 0 before the first). Off-policyness is counted
-  from it: a worker serves only within k of it, a group is admissible only within k of
-  it (paper Sec. 3.1, PipelineRL's max off-policyness).
+  (`scalerl:{run_id}:state:policy_version`: "VERSION SIG", signed with the run's secret
+  like the records below; 0 before the first). Off-policyness is counted from it: a
+  worker serves only within k of it, a group is admissible only within k of it (paper
+  Sec. 3.1, PipelineRL's max off-policyness). An unsigned or forged value is ignored (the
+  last genuine one stands), so whoever can write Redis cannot have every worker drop
+  every group as stale.
 - published: the newest weights a worker can load, a `WeightsRef`
   (`scalerl:{run_id}:state:latest_weights`, a hash: version, uri, sha256, total_bytes,
   source; one written before `source` existed reads as source ""). It trails announced
@@ -15,11 +18,17 @@ it published and what each worker serves.
 - serving: the version each worker's engine serves, as its registry heartbeat reported
   it (`scalerl.state.registry.WorkerProgress.serving_version`; a worker beats again at
   once when its version changes, so the board trails a swap by one Redis write).
+
+Freshness: versions only grow (a resumed learner starts above every version Redis names),
+so a board never goes back: a genuine but older announcement or publication record
+replayed into Redis is ignored by every board that has seen a newer one.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from dataclasses import dataclass
 
 from scalerl.state.client import RedisClient, text
@@ -27,6 +36,7 @@ from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.signing import SIG_FIELD, EntrySigner, process_signer
 
+log = logging.getLogger(__name__)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # A learner's gRPC address: grpc://host:port (host a name, an IPv4 or a bracketed IPv6).
 SOURCE_RE = re.compile(r"^grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
@@ -93,17 +103,61 @@ class VersionBoard:
         self._signer = signer or process_signer()
         self._registry = WorkerRegistry(client, run_id, signer=self._signer)
         self._run_id = run_id
+        self._lock = threading.Lock()
+        self._newest: dict[str, int] = {}  # kind -> the highest genuine version seen
+        self._warned: set[str] = set()
 
     def announced(self) -> int:
-        """The learner's current policy version; 0 before the first step."""
-        value = self._client.get(self._announced)
-        return int(value) if value is not None else 0
+        """The learner's current policy version; 0 before the first step. A value that is
+        not signed with the run's secret, or older than one this board has seen, is
+        ignored: the newest genuine one stands."""
+        version = self._genuine_announcement(self._client.get(self._announced))
+        if version is not None and self._fresh("policy_version", version):
+            return version
+        with self._lock:
+            return self._newest.get("policy_version", 0)
 
     def announce(self, version: int) -> None:
-        """Set the announced version. Raises ValueError for a negative or non-integer value."""
+        """Set the announced version, signed. Raises ValueError for a negative or
+        non-integer value."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"policy_version must be an integer >= 0, got {version!r}")
-        self._client.set(self._announced, version)
+        sig = self._signer.sign("policy_version", self._run_id, {"version": version})
+        self._client.set(self._announced, f"{version} {sig}".rstrip())
+        self._fresh("policy_version", version)
+
+    def _genuine_announcement(self, raw: bytes | str | None) -> int | None:
+        """The version of a stored announcement ("VERSION SIG"), 0 for none, None when it
+        is not the learner's (unsigned, forged or no version)."""
+        if raw is None:
+            return 0
+        value, _, sig = text(raw).partition(" ")
+        if not value.isdigit() or len(value) > 18:
+            self._refuse("policy_version", f"{value[:40]!r} is no policy version")
+            return None
+        version = int(value)
+        if not self._signer.verify("policy_version", self._run_id, {"version": version}, sig):
+            return None  # the signer logs it once
+        return version
+
+    def _fresh(self, kind: str, version: int) -> bool:
+        """True, and `version` the newest this board has seen of `kind`, unless a newer
+        one was seen: versions only grow, so an older genuine record is a replay."""
+        with self._lock:
+            newest = self._newest.get(kind, -1)
+            if version >= newest:
+                self._newest[kind] = version
+                return True
+        self._refuse(kind, f"version {version} after {newest}: an old record replayed")
+        return False
+
+    def _refuse(self, kind: str, why: str) -> None:
+        """Log a refused record once per kind."""
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        log.warning("%s in Redis ignored: %s", kind, why)
 
     def published(self) -> WeightsRef | None:
         """The most recently published weights, or None before the first publication (or
@@ -150,9 +204,10 @@ class VersionBoard:
         sig = text(fields.get(SIG_FIELD.encode(), b""))
         if not self._signer.verify(kind, self._run_id, _signed(ref), sig):
             return None  # not the learner's: its source would receive a worker's token
-        return ref
+        return ref if self._fresh(kind, ref.version) else None
 
     def _write(self, key: str, kind: str, ref: WeightsRef) -> None:
+        self._fresh(kind, ref.version)
         self._client.hset(
             key,
             mapping={
@@ -166,13 +221,13 @@ class VersionBoard:
         )
 
     def highest_label(self) -> int | None:
-        """The highest policy version the board names (announced, published); None for a
-        run that never announced one."""
-        with self._client.pipeline(transaction=False) as pipe:
-            pipe.get(self._announced)
-            pipe.hget(self._published, "version")
-            labels = [int(v) for v in pipe.execute() if v is not None]
-        return max(labels, default=None)
+        """The highest genuine policy version the board names (announced, published);
+        None for a run that never announced one."""
+        announced = self._client.get(self._announced)
+        published = self.published()
+        labels = [self._genuine_announcement(announced) if announced is not None else None]
+        labels.append(published.version if published is not None else None)
+        return max((v for v in labels if v is not None), default=None)
 
     def serving(self, registry: WorkerRegistry | None = None) -> dict[str, int]:
         """worker_id -> the version its engine serves, for the workers that take work

@@ -71,9 +71,9 @@ def test_latest_weights_carry_a_fetch_source(redis_client: RedisClient, run_id: 
     key = RunKeys(run_id).latest_weights
     redis_client.delete(key)
     redis_client.hset(
-        key, mapping={"version": 2, "uri": "/w", "sha256": "cd" * 32, "total_bytes": 5}
+        key, mapping={"version": 5, "uri": "/w", "sha256": "cd" * 32, "total_bytes": 5}
     )
-    assert state.versions.published() == WeightsRef(2, "/w", "cd" * 32, 5)
+    assert state.versions.published() == WeightsRef(5, "/w", "cd" * 32, 5)
     assert WeightsRef(1, "", "ab" * 32, 1, source="grpc://[::1]:7").source_address == "[::1]:7"
     for bad in ("10.0.0.7:50051", "grpc://host", "grpc://host:0", "grpc://host:70000", 5):
         with pytest.raises(ValueError, match="source must be"):

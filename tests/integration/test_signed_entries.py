@@ -1,7 +1,8 @@
 """Whoever can write Redis cannot send the run's processes, and their bearer token, to an
-address of their choosing: registry entries and the published weights' record carry an
-HMAC made with the run's secret, and a channel attaches the token to privileged methods
-only."""
+address of their choosing, or stall it: registry entries, the published weights' record
+and the announced policy version carry an HMAC made with the run's secret (and versions
+only grow, so an old one replayed is ignored), and a channel attaches the token to
+privileged methods only."""
 
 from __future__ import annotations
 
@@ -48,6 +49,49 @@ def test_a_forged_weights_source_is_not_followed(redis_client: redis.Redis, run_
     assert board.published() == ref
     redis_client.hset(RunKeys(run_id).latest_weights, "source", "grpc://6.6.6.6:443")
     assert board.published() is None
+
+
+def test_a_forged_announced_version_is_ignored(redis_client: redis.Redis, run_id: str) -> None:
+    """The review's P6: SET of the announced version to 10^9 made every worker drop every
+    group as stale. Now an unsigned, forged or garbage value leaves the last genuine one
+    standing, for a board that saw it and for a fresh one alike (0: none yet)."""
+    learner = VersionBoard(redis_client, run_id, signer=EntrySigner(TOKEN))
+    worker = VersionBoard(redis_client, run_id, signer=EntrySigner(TOKEN))
+    learner.announce(7)
+    assert worker.announced() == 7
+    key = RunKeys(run_id).policy_version
+    for forged in ("1000000000", "1000000000 " + "ab" * 32, "x", "99999999999999999999999 s"):
+        redis_client.set(key, forged)
+        assert worker.announced() == 7, forged
+        assert VersionBoard(redis_client, run_id, signer=EntrySigner(TOKEN)).announced() == 0
+    other_run = VersionBoard(redis_client, "another-run", signer=EntrySigner(TOKEN))
+    other_run.announce(10**9)  # genuine, but for another run: its signature names that run
+    redis_client.set(key, redis_client.get(RunKeys("another-run").policy_version))
+    assert worker.announced() == 7
+    learner.announce(8)  # the learner writes it again at its next step
+    assert worker.announced() == 8
+    assert learner.highest_label() == 8
+
+
+def test_an_old_genuine_record_replayed_is_ignored(redis_client: redis.Redis, run_id: str) -> None:
+    """Versions only grow: a genuine announcement or publication of an older version,
+    copied back into Redis, is ignored by a board that has seen a newer one."""
+    learner = VersionBoard(redis_client, run_id, signer=EntrySigner(TOKEN))
+    worker = VersionBoard(redis_client, run_id, signer=EntrySigner(TOKEN))
+    keys = RunKeys(run_id)
+    learner.announce(3)
+    old_announcement = redis_client.get(keys.policy_version)
+    old = WeightsRef(3, "", "ab" * 32, 1000)
+    learner.publish(old)
+    old_record = redis_client.hgetall(keys.latest_weights)
+    assert (worker.announced(), worker.published()) == (3, old)
+    learner.announce(4)
+    new = WeightsRef(4, "", "cd" * 32, 1000)
+    learner.publish(new)
+    assert (worker.announced(), worker.published()) == (4, new)
+    redis_client.set(keys.policy_version, old_announcement)
+    redis_client.hset(keys.latest_weights, mapping=old_record)
+    assert (worker.announced(), worker.published()) == (4, None)
 
 
 class _Recorder(rollout_pb2_grpc.RolloutServiceServicer):
