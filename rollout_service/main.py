@@ -11,6 +11,10 @@ import time
 
 from scalerl.state.client import REDIS_URL_ENV, take_redis_url
 
+# Beyond rollout.leave_grace_s, seconds a stopping worker has to deregister and stop its
+# server and engine before it exits regardless.
+DRAIN_SLACK_S = 10.0
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scalerl-rollout", description=__doc__)
@@ -62,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     registry = service_registry("rollout", precision.device, precision.rollout_dtype)
 
-    stop = stop_on_signals()
+    # A leave that overruns (its Redis gone) must not outlast the orchestrator's grace.
+    stop = stop_on_signals(deadline_s=resolved.config.rollout.leave_grace_s + DRAIN_SLACK_S)
     worker = RolloutWorker(
         resolved,
         args.redis_url,

@@ -103,9 +103,35 @@ def start_service(
     return resolved
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, so a process can finish its current step."""
+def stop_on_signals(deadline_s: float | None = None) -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so a process can finish its current step.
+
+    deadline_s: the process ends (exit 0, after one warning) that many seconds after the
+    first signal, whatever it still waits on: a drain towards a Redis that is gone would
+    otherwise retry for minutes, past any orchestrator's grace period."""
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if deadline_s is not None and not stop.is_set():
+            threading.Thread(
+                target=_exit_after, args=(deadline_s,), name="stop-deadline", daemon=True
+            ).start()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     return stop
+
+
+def _exit_after(deadline_s: float) -> None:
+    """End the process `deadline_s` seconds from now (its stop overran its deadline)."""
+    import logging
+    import os
+    import time
+
+    time.sleep(deadline_s)
+    logging.getLogger("scalerl.entrypoint").warning(
+        "still stopping %.0f s after the signal: exiting now", deadline_s
+    )
+    logging.shutdown()
+    os._exit(0)

@@ -1,7 +1,15 @@
 """`python -m scalerl_cli.orphan_guard PARENT_PID COMMAND [ARG...]`: become COMMAND (exec,
-same pid) tied to process PARENT_PID: it gets SIGTERM when that process dies, even by
-SIGKILL (Linux's PR_SET_PDEATHSIG, which an exec keeps), and it never starts when that
-process is already gone. So a killed launcher leaves no worker, learner or Redis behind.
+same pid) tied to process PARENT_PID: it gets SIGKILL when that process dies (Linux's
+PR_SET_PDEATHSIG, which an exec keeps), and it never starts when that process is already
+gone. So a launcher that dies, however (SIGKILL, `timeout -s KILL`, an OOM kill), leaves
+no worker, learner or Redis behind.
+
+Why SIGKILL and not SIGTERM: a launcher that stops normally (its own SIGTERM, SIGINT or
+SIGHUP) stops its children in order before it exits, so the tie only fires when nobody is
+left to coordinate a drain. A SIGTERM then made every child drain towards services that
+were going too: a worker whose Redis had gone retried its leave for minutes. Every
+process is safe to kill at any point (the replay stream, the checkpoint and Redis's
+fsynced append-only file are crash-safe).
 
 Why a process of its own and not a `preexec_fn`: the launcher starts children again while
 its gRPC threads run, and Python code between fork and exec in a threaded process can
@@ -31,10 +39,10 @@ PARENT_GONE = 3
 
 
 def tie_to_parent() -> None:
-    """Ask the kernel for SIGTERM when this process's parent dies (Linux; else nothing)."""
+    """Ask the kernel for SIGKILL when this process's parent dies (Linux; else nothing)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # no prctl here
         pass
 

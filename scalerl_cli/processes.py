@@ -15,7 +15,7 @@ from typing import Any
 def spawn_tied(command: list[str], **popen: Any) -> subprocess.Popen:
     """`subprocess.Popen(command, **popen)` in a process group of its own (Ctrl-C reaches
     the launcher only; it stops children in order) and tied to this process: it gets
-    SIGTERM when this process dies, even by SIGKILL (`scalerl_cli.orphan_guard`, which
+    SIGKILL when this process dies without stopping it (`scalerl_cli.orphan_guard`, which
     execs `command` under the same pid). No Python code runs between fork and exec, which
     would be unsafe beside the launcher's gRPC threads."""
     guard = [sys.executable, "-m", "scalerl_cli.orphan_guard", str(os.getpid())]

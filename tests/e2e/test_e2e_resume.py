@@ -32,6 +32,17 @@ def _scalerl(*args: str) -> subprocess.Popen:
     )
 
 
+def _gone_within(run_dir: Path, timeout_s: float) -> bool:
+    """True once no process's command line names `run_dir`, within timeout_s seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+        if not [p for p in found.stdout.split() if int(p) != os.getpid()]:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def _finish(proc: subprocess.Popen, timeout_s: float = 600) -> tuple[int, str]:
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -117,7 +128,7 @@ def test_a_run_killed_mid_run_resumes_with_monotone_versions(tmp_path, lora: boo
     finally:
         code, output = _finish(proc, 120)
     assert code == -signal.SIGKILL, output[-2000:]
-    time.sleep(3)  # the workers and Redis stop on their parent's death (SIGTERM)
+    assert _gone_within(run_dir, 30)  # the workers and Redis die with their parent
     crashed = read_records(run_dir, StepRecord)
     code, output = _finish(_scalerl("--resume", str(run_dir)))
     assert code == 0, output[-3000:]

@@ -42,14 +42,22 @@ def test_a_child_runs_its_command_under_its_own_pid_and_process_group(tmp_path):
     assert out.split() == [str(proc.pid), str(proc.pid)]  # exec'd in place, group leader
 
 
-def test_a_child_dies_with_its_sigkilled_parent(tmp_path):
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+)
+
+
+@pytest.mark.parametrize("command", ["import time; time.sleep(120)", IGNORES_SIGTERM])
+def test_a_child_dies_with_its_sigkilled_parent(tmp_path, command: str):
+    """Even one that would not stop on SIGTERM (a worker draining towards a Redis that
+    died with the launcher retried for minutes): the tie is SIGKILL."""
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys, time; from scalerl_cli.processes import spawn_tied;"
-            "p = spawn_tied([sys.executable, '-c', 'import time; time.sleep(120)']);"
+            f"p = spawn_tied([sys.executable, '-c', {command!r}]);"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)",
         ]
     )
@@ -115,3 +123,24 @@ def test_children_start_every_time_beside_busy_grpc_threads():
             thread.join(timeout=10)
         server.stop(grace=0)
     assert failed == []
+
+
+def test_a_stop_that_overruns_its_deadline_ends_the_process(tmp_path):
+    """A worker told to stop whose drain hangs (its Redis gone) exits at its deadline."""
+    script = (
+        "import time; from scalerl.entrypoint import stop_on_signals;"
+        "stop = stop_on_signals(deadline_s=1.0); print('ready', flush=True);"
+        "stop.wait(60); time.sleep(60)"  # the drain that never ends
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert 1.0 <= time.monotonic() - started < 15
+        assert "still stopping 1 s after the signal: exiting now" in proc.stderr.read()
+    finally:
+        proc.kill()
