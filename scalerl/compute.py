@@ -208,13 +208,17 @@ class ComputeReporter:
     ) -> None:
         """Every `period_s` seconds, record the period as busy when `busy()` is true and
         flush; after a failed flush wait 2x longer (capped) before the next try. A last
-        flush is attempted once `stop` is set."""
+        flush is attempted once `stop` is set.
+
+        A tick that comes more than STOPPED_TICKS periods late found a process that did
+        not run meanwhile (SIGSTOP, a suspended machine): it records one period, not the
+        wall time it was stopped, so compute counts what was computed."""
         last = clock()
         retry_at, backoff = 0.0, period_s
         while not stop.wait(period_s):
             now = clock()
             if busy():
-                self.record(now - last)
+                self.record(_ran(now - last, period_s))
             last = now
             if now < retry_at:
                 continue
@@ -223,6 +227,20 @@ class ComputeReporter:
             else:
                 retry_at, backoff = now + backoff, min(2 * backoff, self._max_backoff_s)
         self.flush()
+
+
+# A reporting tick this many periods late means the process was not running in between.
+STOPPED_TICKS = 5
+
+
+def _ran(elapsed_s: float, period_s: float) -> float:
+    """Seconds of `elapsed_s` (since the last tick of a `period_s` loop) the process ran."""
+    if elapsed_s <= STOPPED_TICKS * period_s:
+        return elapsed_s
+    log.warning(
+        "%.0f s between compute ticks: the process was stopped; 1 period counted", elapsed_s
+    )
+    return period_s
 
 
 def _check_role(role: str) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from pathlib import Path
 
 import torch
@@ -41,6 +42,10 @@ _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the ol
 POLICY_PREFIX = "policy-v"  # policy-v{version}.safetensors
 BASE_PREFIX = "base-v"  # a LoRA base: base-v{version}.safetensors
 Announce = Callable[[WeightsRef], None]
+# The most a push publish waits for its workers: one still receiving then is skipped by
+# later publishes until it answers, and catches up (uri: the announced file; stream: the
+# catch-up's resend), so one stopped or slow worker cannot hold the learner's steps.
+PUBLISH_DEADLINE_S = 10.0
 
 
 class Sender:
@@ -71,8 +76,8 @@ class Sender:
         raise NotImplementedError
 
     def held_version(self) -> int | None:
-        """The newest version the learner holds for the workers to fetch (None: the
-        transport pushes, and a finished delivery means every worker got it)."""
+        """The newest version the workers must serve once a delivery returned (the
+        publisher's `wait_served` waits for them); None when there is none yet."""
         return None
 
     def start(self, closing: threading.Event) -> None:
@@ -87,16 +92,35 @@ class _PushSender(Sender):
     """Sends every version to every registered worker by UpdateWeights (a header when it
     names a file, else the payload in chunks), each within `timeout_s` seconds. A worker
     that refuses or cannot be reached is logged and counted in `failures`: it keeps its
-    old version, and its groups age out by the staleness bound."""
+    old version, and its groups age out by the staleness bound. A delivery waits at most
+    `deadline_s` for its workers; one still receiving an older version is skipped
+    (`skipped`) until that send ends."""
 
-    def __init__(self, registry: WorkerRegistry, weights_dir: Path, timeout_s: float) -> None:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        weights_dir: Path,
+        timeout_s: float,
+        deadline_s: float = PUBLISH_DEADLINE_S,
+    ) -> None:
         self.registry = registry
         # Absolute: workers run in other folders and read a relative uri as a path under
         # their weights root (`rollout_service.weights.confined_path`), where it is not.
         self.weights_dir = Path(weights_dir).resolve()
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
         self.failures = 0
+        self.skipped = 0
+        self._pool = ThreadPoolExecutor(256, thread_name_prefix="weights-push")
+        self._lock = threading.Lock()
+        self._sending: dict[str, Future[bool]] = {}  # address -> its send in flight
+        self._delivered: int | None = None
+
+    def held_version(self) -> int | None:
+        """The last version delivered: a worker skipped at its deadline may still be
+        behind it, so an evaluation waits for the workers to serve it."""
+        return self._delivered
 
     def deliver(
         self,
@@ -105,14 +129,42 @@ class _PushSender(Sender):
         announce: Announce,
         pin: bool = False,
     ) -> None:
-        """Write the file the header names (if any), announce, send to every worker."""
+        """Write the file the header names (if any), announce, send to every worker not
+        still receiving an older version; return when all answered or after deadline_s."""
         if header.uri:
             write_payload(Path(header.uri), payload)
         announce(WeightsRef(header.version, header.uri, header.sha256, len(payload)))
-        workers = list(self.registry.workers().values())
-        if workers:
-            with ThreadPoolExecutor(len(workers)) as pool:
-                list(pool.map(lambda a: self.send(a, header, payload), workers))
+        with self._lock:  # forget the finished sends (of workers gone too)
+            self._sending = {a: f for a, f in self._sending.items() if not f.done()}
+        sends = [
+            send
+            for address in self.registry.workers().values()
+            if (send := self._start_send(address, header, payload)) is not None
+        ]
+        _, late = wait_all(sends, timeout=self.deadline_s)
+        self._delivered = header.version
+        if late:
+            log.warning(
+                "weights v%d: %d worker(s) still receiving after the %.0f s publish deadline: "
+                "skipped until they answer",
+                header.version,
+                len(late),
+                self.deadline_s,
+            )
+
+    def _start_send(
+        self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes
+    ) -> Future[bool] | None:
+        """`send` in the background, or None (counted in `skipped`) when a send to
+        `address` is still in flight."""
+        with self._lock:
+            pending = self._sending.get(address)
+            if pending is not None and not pending.done():
+                self.skipped += 1
+                return None
+            future = self._pool.submit(self.send, address, header, payload)
+            self._sending[address] = future
+            return future
 
     def _file(self, version: int, base: bool = False) -> Path:
         return self.weights_dir / f"{BASE_PREFIX if base else POLICY_PREFIX}{version}.safetensors"
@@ -154,8 +206,9 @@ class StreamSender(_PushSender):
         grace_s: float = 3.0,
         stall_s: float = 120.0,
         period_s: float = 2.0,
+        deadline_s: float = PUBLISH_DEADLINE_S,
     ) -> None:
-        super().__init__(registry, weights_dir, timeout_s)
+        super().__init__(registry, weights_dir, timeout_s, deadline_s)
         self.catch_up = WeightCatchUp(registry, self, grace_s, stall_s)
         self.period_s = period_s
         self._latest: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
@@ -190,7 +243,10 @@ class StreamSender(_PushSender):
         """Send the last delivered version to the worker at `address` again. False when
         it failed (logged, counted in `failures`) or nothing was delivered yet."""
         latest = self._latest
-        return latest is not None and self.send(address, *latest)
+        if latest is None:
+            return False
+        send = self._start_send(address, *latest)
+        return send is not None and send.result()
 
     def start(self, closing: threading.Event) -> None:
         self.catch_up.start(closing, period_s=self.period_s)

@@ -50,9 +50,9 @@ def test_the_reporting_loop_survives_redis_errors(redis_client: RedisClient, run
     reporter = ComputeReporter(counters, "rollout", max_backoff_s=0.04)
     ticks = iter(range(10_000))
     stop = threading.Event()
-    # A clock that advances 1 s per reading: every period counts exactly 1 s of busy time.
+    # A clock that advances one period (10 ms) per reading: each counts exactly 10 ms.
     thread = threading.Thread(
-        target=reporter.run, args=(lambda: True, stop, 0.01, lambda: float(next(ticks)))
+        target=reporter.run, args=(lambda: True, stop, 0.01, lambda: 0.01 * next(ticks))
     )
     thread.start()
     deadline = time.monotonic() + 5
@@ -64,8 +64,28 @@ def test_the_reporting_loop_survives_redis_errors(redis_client: RedisClient, run
     thread.join(timeout=5)
     assert counters.failures_left == 0
     recorded = reporter.reported_seconds + reporter.pending_seconds
-    assert recorded >= 5 and reporter.pending_seconds == 0
+    assert recorded >= 0.05 and reporter.pending_seconds == 0
     assert counters.by_role()["rollout"] == pytest.approx(recorded, abs=1e-9)
+
+
+def test_a_stopped_process_adds_no_compute(redis_client: RedisClient, run_id: str) -> None:
+    """The review's P4: a worker SIGSTOPped for 30 s with requests in its engine counted
+    the 30 s. Ticks at 1, 2, 3, then 33 (stopped in between), then 34: 5 periods count,
+    not 34."""
+    counters = ComputeCounters(redis_client, run_id)
+    reporter = ComputeReporter(counters, "rollout")
+    readings = iter([0.0, 1.0, 2.0, 3.0, 33.0, 34.0])
+    stop = threading.Event()
+    busy_calls = []
+
+    def busy() -> bool:
+        busy_calls.append(1)
+        if len(busy_calls) == 5:
+            stop.set()
+        return True
+
+    reporter.run(busy, stop, 0.001, lambda: next(readings) / 1000)  # ms: a quick loop
+    assert counters.by_role()["rollout"] == pytest.approx(0.005)  # 1 + 1 + 1 + 1 + 1 ms
 
 
 def test_bad_arguments_are_refused(redis_client: RedisClient, run_id: str) -> None:
