@@ -92,6 +92,7 @@ def start_service(
     resolved = config and resolve_hardware_or_none(prog, config)
     if not resolved:
         return None
+    _register_run_folder(config_path)
     set_run_id(resolved.config.run_id)
     try:
         security = from_config(resolved.config.security)
@@ -101,6 +102,17 @@ def start_service(
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     return resolved
+
+
+def _register_run_folder(config_path: str) -> None:
+    """The folder of a config file (not a built-in one) is private: under `scalerl run`
+    it is the run folder, which holds the run's token and its Redis password."""
+    from scalerl import private_paths
+    from scalerl.config import CONFIG_DIR, resolve_config_path
+
+    folder = resolve_config_path(config_path).resolve().parent
+    if folder != CONFIG_DIR.resolve():
+        private_paths.register(folder)
 
 
 def stop_on_signals(deadline_s: float | None = None) -> threading.Event:

@@ -34,7 +34,7 @@ class LauncherFleet:
     """Starts and stops the launcher-managed workers of one run.
 
     services: the run's services.json content (updated in `services_path` whenever a
-    worker starts); env: the workers' environment (the token and the Redis URL)."""
+    worker starts); env: the workers' environment (the Redis URL and its password file)."""
 
     config_path: Path
     redis_url: str
@@ -60,7 +60,7 @@ class LauncherFleet:
         name = f"{WORKER_PREFIX}{self.next_index}"
         self.next_index += 1
         port, metrics = free_port(), free_port()
-        # The Redis URL (with its password) comes in the environment: self.env.
+        # The Redis URL comes in the environment (self.env), its password in a file.
         args = ["--config", str(self.config_path)]
         args += ["--worker-id", name, "--port", str(port), "--metrics-port", str(metrics)]
         child = start_child(name, "rollout_service.main", args, self.logs, self.env)

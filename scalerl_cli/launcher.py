@@ -35,7 +35,14 @@ from scalerl.rpc.clients.learner import LearnerClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import TOKEN_ENV, configure, from_config
 from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, read_records
-from scalerl.state.client import REDIS_ERRORS, REDIS_URL_ENV, connect, redact_url
+from scalerl.state.client import (
+    REDIS_ERRORS,
+    REDIS_PASSWORD_FILE_ENV,
+    REDIS_URL_ENV,
+    connect,
+    redact_url,
+    split_password,
+)
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
 from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
@@ -117,7 +124,7 @@ def run(
     console.print(f"[dim]{escape(describe(plan))}[/]")
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        config, child_env = secure_run(config, run_dir)
+        config = secure_run(config, run_dir)
     except ValueError as exc:  # a token or certificate file that cannot be read
         console.print(f"scalerl: {escape(str(exc))}", markup=True)
         return 2
@@ -138,7 +145,7 @@ def run(
         # The run's Redis: the one started here, else the external one (not supervised).
         url = redis_url if redis_server is None else redis_server.url
         assert url is not None  # one of the two is set
-        child_env = {**child_env, REDIS_URL_ENV: url}
+        child_env = redis_env(url, run_dir)
         if resume:
             prepare_resume(url, config.run_id)
         try:
@@ -241,13 +248,15 @@ def run_token(run_dir: Path) -> str:
     return token
 
 
-def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, str]]:
+def secure_run(config: RunConfig, run_dir: Path) -> RunConfig:
     """The run's config with `security.weights_root` set to its weights folder when unset,
-    and the environment its children get: the token of SCALERL_AUTH_TOKEN, of
-    `security.token_file`, or else the run's own random one (`run_token`: no process
-    outside the run needs the privileged RPCs, and another user of the machine can reach
-    its 127.0.0.1 ports). Installs the same credentials for the launcher's own channels.
-    Raises ValueError when a token or certificate file cannot be read."""
+    and `security.token_file` naming the file its children read their token from: the
+    configured one, or run_dir/token (this user's only) holding the token of
+    SCALERL_AUTH_TOKEN or else the run's own random one (`run_token`: no process outside
+    the run needs the privileged RPCs, and another user of the machine can reach its
+    127.0.0.1 ports). No child gets a secret in its environment. Installs the same
+    credentials for the launcher's own channels. Raises ValueError when a token or
+    certificate file cannot be read."""
     section = config.security
     if not section.weights_root:
         section = section.model_copy(update={"weights_root": str((run_dir / "weights").resolve())})
@@ -257,14 +266,39 @@ def secure_run(config: RunConfig, run_dir: Path) -> tuple[RunConfig, dict[str, s
         environ[TOKEN_ENV] = run_token(run_dir)
     security = from_config(section, environ)
     configure(security)
-    return config, ({TOKEN_ENV: security.token} if security.token else {})
+    if security.token and not section.token_file:
+        path = _private_file(run_dir / "token", security.token)
+        section = section.model_copy(update={"token_file": str(path.resolve())})
+        config = config.model_copy(update={"security": section})
+    return config
+
+
+def redis_env(url: str, run_dir: Path) -> dict[str, str]:
+    """How the children reach the run's Redis: its URL without the password, and
+    SCALERL_REDIS_PASSWORD_FILE naming run_dir/redis-password (this user's only) holding
+    it; the URL alone when it has none."""
+    bare, password = split_password(url)
+    if not password:
+        return {REDIS_URL_ENV: url}
+    path = _private_file(run_dir / "redis-password", password)
+    return {REDIS_URL_ENV: bare, REDIS_PASSWORD_FILE_ENV: str(path.resolve())}
+
+
+def _private_file(path: Path, secret: str) -> Path:
+    """Write `secret` to `path`, readable by this user only (replacing it whole)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret)
+    tmp.replace(path)
+    return path
 
 
 def _curve_security_args(config: RunConfig) -> list[str]:
-    """The curve service's TLS flags for the run's `security` section (its token comes in
-    the environment)."""
+    """The curve service's token file and TLS flags for the run's `security` section."""
     s = config.security
-    flags = [("--tls-cert", s.tls_cert_file), ("--tls-key", s.tls_key_file)]
+    flags = [("--token-file", s.token_file)]
+    flags += [("--tls-cert", s.tls_cert_file), ("--tls-key", s.tls_key_file)]
     flags += [("--tls-ca", s.tls_ca_file)]
     args = [part for flag, value in flags if value for part in (flag, value)]
     return args + (["--require-client-cert"] if s.require_client_cert else [])

@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerl.rpc.security import TOKEN_ENV
+from scalerl.state.client import REDIS_URL_ENV
+
+# Environment variables that may hold a secret: never passed on to a child.
+SECRET_ENV = frozenset({TOKEN_ENV, REDIS_URL_ENV})
+
 
 def spawn_tied(command: list[str], **popen: Any) -> subprocess.Popen:
     """`subprocess.Popen(command, **popen)` in a process group of its own (Ctrl-C reaches
@@ -45,10 +51,13 @@ class Child:
 def start_child(
     name: str, module: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None
 ) -> Child:
-    """Run `python -m module args...` with stdout and stderr in log_dir/NAME.log."""
+    """Run `python -m module args...` with stdout and stderr in log_dir/NAME.log, in this
+    process's environment with `env` added, less its secrets (`SECRET_ENV`: a child reads
+    its token and Redis password from files, so no /proc/<pid>/environ holds them)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-u", "-m", module, *args]
-    env = {**os.environ, **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env = {**inherited, **(env or {})}
     log_path = log_dir / f"{name}.log"
     return Child(name, _spawn(command, env, log_path), log_path, command, env)
 

@@ -132,10 +132,12 @@ class WeightPublisher:
         """`wait`, then, where the workers fetch the versions the learner holds, also until
         every READY worker serves the last one or a newer one (`VersionBoard.serving`,
         read every `poll_s` seconds, for at most `timeout_s`; a worker that leaves the
-        registry is no longer waited for). With the push transports `wait` already means
-        that. Returns the ids of the workers still behind at the deadline (logged), []
-        when all serve it. Raises what `wait` raises."""
+        registry is no longer waited for). With the push transports, until the sends a
+        delivery left running past its deadline end (`Sender.settle`, at most
+        `timeout_s`). Returns the ids of the workers still behind at the deadline (logged),
+        [] when all serve it. Raises what `wait` raises."""
         self.wait()
+        self.sender.settle(self.timeout_s)
         version = self.sender.held_version()
         if version is None:
             return []

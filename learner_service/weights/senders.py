@@ -76,9 +76,13 @@ class Sender:
         raise NotImplementedError
 
     def held_version(self) -> int | None:
-        """The newest version the workers must serve once a delivery returned (the
-        publisher's `wait_served` waits for them); None when there is none yet."""
+        """The newest version the learner holds for the workers to fetch (None: the
+        transport pushes)."""
         return None
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for sends a delivery left running (a push to a worker
+        past the publish deadline), before something needs every worker served."""
 
     def start(self, closing: threading.Event) -> None:
         """Start what runs beside publishing (stream's catch-up) until `closing`."""
@@ -115,12 +119,11 @@ class _PushSender(Sender):
         self._pool = ThreadPoolExecutor(256, thread_name_prefix="weights-push")
         self._lock = threading.Lock()
         self._sending: dict[str, Future[bool]] = {}  # address -> its send in flight
-        self._delivered: int | None = None
 
-    def held_version(self) -> int | None:
-        """The last version delivered: a worker skipped at its deadline may still be
-        behind it, so an evaluation waits for the workers to serve it."""
-        return self._delivered
+    def settle(self, timeout_s: float) -> None:
+        with self._lock:
+            running = [f for f in self._sending.values() if not f.done()]
+        wait_all(running, timeout=timeout_s)
 
     def deliver(
         self,
@@ -142,7 +145,6 @@ class _PushSender(Sender):
             if (send := self._start_send(address, header, payload)) is not None
         ]
         _, late = wait_all(sends, timeout=self.deadline_s)
-        self._delivered = header.version
         if late:
             log.warning(
                 "weights v%d: %d worker(s) still receiving after the %.0f s publish deadline: "

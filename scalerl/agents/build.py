@@ -52,6 +52,10 @@ class ToolTaskEnvironments:
             _function(name)  # a bad name fails where the config is read
         # The sandbox is probed here (once per process, ~40 ms): a run whose tools cannot
         # be contained refuses to start (`scalerl run`'s preflight), as a code task does.
+        if config.mcp_servers:  # refused here (`scalerl run`'s preflight), not mid-run
+            from scalerl.agents.mcp import check_contained
+
+            check_contained(config.mcp_servers)
         self.runner = (
             ProgramRunner(
                 service=self.code.service,

@@ -2,21 +2,28 @@
 
 The worker starts the server as a child process (`task.environment.mcp_servers`), with
 only the environment its config gives (and mcp's few defaults such as PATH and HOME):
-nothing of the worker's own, so no token or Redis URL. The session lives on a private
-event loop thread, so the trajectories' threads call tools concurrently with a plain
-blocking call; each call has the environment's timeout.
+nothing of the worker's own, so no token or Redis URL. It runs jailed
+(`scalerl.agents.jail`): its own PID namespace and /proc, so the worker's
+/proc/<pid>/environ is out of its reach, and the worker's secret files and run folder
+hidden (unless `allow_uncontained` where the jail cannot be set up). The session lives on
+a private event loop thread, so the trajectories' threads call tools concurrently with a
+plain blocking call; each call has the environment's timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from scalerl.agents.jail import jailed, probe
 from scalerl.agents.tools import ToolError, ToolSpec
 from scalerl.config import McpServerConfig
+
+log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
 # Beyond a call's own timeout, for the session's answer to come back.
@@ -54,7 +61,7 @@ class McpServer:
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import stdio_client
 
-        command, *args = self.config.command
+        command, *args = server_command(self.config)
         params = StdioServerParameters(command=command, args=args, env=dict(self.config.env))
         self._closing = asyncio.Event()
         try:
@@ -104,6 +111,29 @@ class McpServer:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
+
+
+def server_command(config: McpServerConfig) -> list[str]:
+    """The server's command line: jailed, unless it may run uncontained and the jail
+    cannot be set up here (`scalerl.agents.jail.probe`)."""
+    if config.allow_uncontained and probe():
+        return list(config.command)
+    return jailed(list(config.command))
+
+
+def check_contained(servers: list[McpServerConfig]) -> None:
+    """Raise ValueError (one line naming the setting) when a server must be jailed and the
+    jail cannot be set up on this machine; log a warning for one allowed to run without."""
+    why = probe() if servers else ""
+    if not why:
+        return
+    for i, server in enumerate(servers):
+        if not server.allow_uncontained:
+            raise ValueError(
+                f"mcp_servers[{i}]: the MCP server cannot be jailed here ({why}); set "
+                f"mcp_servers[{i}].allow_uncontained: true to run it with the worker's view"
+            )
+    log.warning("MCP servers run uncontained (allow_uncontained): %s", why)
 
 
 class McpTool:

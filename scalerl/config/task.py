@@ -30,6 +30,12 @@ class McpServerConfig(_Section):
     tools: list[str] = Field(
         default_factory=list, description="The server's tools to offer (empty = all of them)."
     )
+    allow_uncontained: bool = Field(
+        False,
+        description="Run the server even where it cannot be jailed (no user namespaces): it "
+        "would see the worker's processes (/proc/<pid>/environ) and secret files. Off: a "
+        "run with such a server refuses to start there.",
+    )
 
 
 class OpenEnvConfig(_Section):

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from scalerl import private_paths
 from scalerl.config import SecurityConfig
 
 TOKEN_ENV = "SCALERL_AUTH_TOKEN"
@@ -89,8 +90,10 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
     token = (given or "").strip()
     if not token and section.token_file:
         token = _read("security.token_file", section.token_file).decode().strip()
+        private_paths.register(section.token_file)
         if not token:
             raise ValueError(f"security.token_file: {section.token_file} is empty")
+    private_paths.register(section.tls_key_file)
     return Security(
         token=token,
         cert_pem=_read("security.tls_cert_file", section.tls_cert_file),

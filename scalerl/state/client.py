@@ -9,13 +9,15 @@ import os
 import time
 from pathlib import Path
 from typing import TypeAlias
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+
+from scalerl import private_paths
 
 # What `connect` returns: a single server's client, or a Redis Cluster's (every key of a
 # run shares one hash slot, `scalerl.state.keys`, so the state layer uses both alike).
@@ -215,6 +217,18 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def split_password(url: str) -> tuple[str, str]:
+    """(`url` without its password, the password decoded; "" when it has none). The user
+    stays: an ACL user's password goes back in with `with_password`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, ""
+    user = quote(parts.username or "", safe="")
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{user}@{host}" if user else host
+    return urlunsplit(parts._replace(netloc=netloc)), unquote(parts.password)
+
+
 def take_redis_url(flag: str | None) -> str | None:
     """The Redis URL a service dials: `--redis-url` when given, else SCALERL_REDIS_URL,
     which is then removed from this process's environment so that the processes it
@@ -234,6 +248,7 @@ def take_redis_url(flag: str | None) -> str | None:
         password = Path(path).read_text().strip()
     except OSError as exc:
         raise ValueError(f"{REDIS_PASSWORD_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+    private_paths.register(path)
     if not password:
         raise ValueError(f"{REDIS_PASSWORD_FILE_ENV}: {path} is empty")
     return with_password(url, password)

@@ -55,6 +55,20 @@ def _processes_of(run_dir: Path) -> list[int]:
     return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
 
 
+def _assert_no_secret_in_an_environment(run_dir: Path) -> None:
+    """What /proc/<pid>/environ shows of every process of the run (its environment at
+    exec, whatever it changed since) holds neither the run's token nor its Redis password:
+    both come in files of the run folder."""
+    secrets = [(run_dir / name).read_text().strip() for name in ("token", "redis-password")]
+    assert all(len(secret) >= 16 for secret in secrets)
+    for pid in _processes_of(run_dir):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        assert not [s for s in secrets if s in environ], f"a secret in pid {pid}'s environment"
+
+
 def _wait_for(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -202,6 +216,7 @@ def test_ctrl_c_or_kill_stops_every_process(tmp_path, stop):
     try:
         assert _wait_for(lambda: len(_processes_of(run_dir)) >= 3, 120)
         time.sleep(2)
+        _assert_no_secret_in_an_environment(run_dir)
         proc.send_signal(stop)
         proc.communicate(timeout=60)
     finally:

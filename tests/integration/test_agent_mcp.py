@@ -31,7 +31,7 @@ def server():
 
 def test_the_servers_tools_with_their_schemas(server: McpServer) -> None:
     specs = {tool.spec.name: tool.spec for tool in server.tools}
-    assert sorted(specs) == ["fail", "multiply", "secret", "sleep"]
+    assert sorted(specs) == ["fail", "multiply", "secret", "sleep", "snoop"]
     assert specs["multiply"].parameters["required"] == ["a", "b"]
     assert specs["multiply"].description == "Multiply two integers."
 
@@ -56,6 +56,68 @@ def test_the_server_reads_no_secret_of_the_worker(monkeypatch) -> None:
         assert ToolBox(started.tools).call(ToolCall("secret", {})).content == "none"
     finally:
         started.close()
+
+
+# A worker: the token in its environment at exec (what /proc/<pid>/environ shows, whatever
+# os.environ says later), a secret file in its run folder; it starts the MCP server.
+WORKER = """
+import sys
+from scalerl import private_paths
+from scalerl.agents import mcp
+from scalerl.config import McpServerConfig
+
+run_folder, secret_file, jail = sys.argv[1], sys.argv[2], sys.argv[3] == "jail"
+private_paths.register(run_folder)
+if not jail:  # the control: the server as it ran before the jail
+    mcp.server_command = lambda config: list(config.command)
+server = mcp.McpServer(McpServerConfig(command=sys.argv[4:]))
+try:
+    print(server.call("snoop", {"paths": [secret_file]}, 20.0))
+finally:
+    server.close()
+"""
+
+
+@pytest.mark.parametrize("jail", [True, False])
+def test_a_jailed_server_reads_no_secret_of_the_worker(tmp_path, jail: bool) -> None:
+    """The review's demonstration: a file-reading MCP tool returned the worker's token
+    from /proc/<ppid>/environ. Jailed, it finds neither the token nor the secret file's
+    content; the control (no jail) finds both, so the snoop can see them."""
+    import os
+    import subprocess
+
+    from scalerl.agents.jail import probe
+
+    if jail and probe():
+        pytest.skip(f"no jail on this machine: {probe()}")
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    secret_file = run_folder / "token"
+    secret_file.write_text("run-folder-secret")
+    env = {**os.environ, "SCALERL_AUTH_TOKEN": "exec-env-secret"}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, str(run_folder), str(secret_file),
+         "jail" if jail else "none", *SERVER],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    leaked = {s for s in ("exec-env-secret", "run-folder-secret") if s in done.stdout}
+    assert leaked == (set() if jail else {"exec-env-secret", "run-folder-secret"})
+
+
+def test_an_uncontainable_server_is_refused_in_one_line(monkeypatch) -> None:
+    from scalerl.agents import mcp
+
+    monkeypatch.setattr(mcp, "probe", lambda: "jail: namespaces refused (unshare: EPERM)")
+    with pytest.raises(ValueError) as refused:
+        mcp.check_contained([McpServerConfig(command=SERVER)])
+    assert str(refused.value) == (
+        "mcp_servers[0]: the MCP server cannot be jailed here (jail: namespaces refused "
+        "(unshare: EPERM)); set mcp_servers[0].allow_uncontained: true to run it with the "
+        "worker's view"
+    )
+    mcp.check_contained([McpServerConfig(command=SERVER, allow_uncontained=True)])  # allowed
+    assert mcp.server_command(McpServerConfig(command=SERVER, allow_uncontained=True)) == SERVER
 
 
 def test_a_missing_tool_or_server_is_one_line() -> None:

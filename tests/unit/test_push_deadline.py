@@ -42,8 +42,11 @@ def test_a_stopped_worker_costs_at_most_one_publish_deadline(tmp_path) -> None:
     for version in (2, 3, 4):  # the stopped one is still receiving v1: skipped at once
         assert _publish(sender, version) < 0.4
     assert got == [("fast:1", v) for v in (1, 2, 3, 4)] and sender.skipped == 3
-    assert sender.held_version() == 4  # an evaluation waits for the workers to serve it
+    started = time.monotonic()
+    sender.settle(0.3)  # an evaluation waits (up to its deadline) for the late sends
+    assert 0.3 <= time.monotonic() - started < 1.0
     stopped.set()  # it runs again: v1's send ends, and the next publish reaches it
+    sender.settle(10)
     deadline = time.monotonic() + 10
     while ("stopped:1", 1) not in got and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,8 +1,10 @@
-"""`scalerl run` hands its children a token and the run's weights root."""
+"""`scalerl run` hands its children a token file (never the token itself in an
+environment), the Redis password in a file, and the run's weights root."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,9 @@ from scalerl.rpc.security import (
     current,
     from_config,
 )
-from scalerl_cli.launcher import _curve_security_args, secure_run
+from scalerl.state.client import REDIS_PASSWORD_FILE_ENV, REDIS_URL_ENV
+from scalerl_cli.launcher import _curve_security_args, redis_env, secure_run
+from scalerl_cli.processes import start_child
 
 
 @pytest.fixture(autouse=True)
@@ -25,29 +29,60 @@ def _clean(monkeypatch):
     configure(Security())
 
 
+def _token(config: RunConfig) -> str:
+    return Path(config.security.token_file).read_text()
+
+
 def test_a_token_per_run_kept_across_its_resumes_and_the_weights_folder_as_root(tmp_path):
-    config, env = secure_run(RunConfig(), tmp_path)
+    config = secure_run(RunConfig(), tmp_path)
     assert config.security.weights_root == str((tmp_path / "weights").resolve())
-    assert len(env[TOKEN_ENV]) >= 40
-    assert current().token == env[TOKEN_ENV]  # the launcher's own channels send it
+    assert config.security.token_file == str((tmp_path / "token").resolve())
+    token = _token(config)
+    assert len(token) >= 40
+    assert current().token == token  # the launcher's own channels send it
     # A resume of the run keeps its token (its checkpoints are signed with it), in a file
     # of this user's only; another run gets its own.
-    assert secure_run(RunConfig(), tmp_path)[1][TOKEN_ENV] == env[TOKEN_ENV]
+    assert _token(secure_run(RunConfig(), tmp_path)) == token
     assert (tmp_path / "token").stat().st_mode & 0o077 == 0
     other = tmp_path / "other"
     other.mkdir()
-    assert secure_run(RunConfig(), other)[1][TOKEN_ENV] != env[TOKEN_ENV]
+    assert _token(secure_run(RunConfig(), other)) != token
 
 
 def test_a_configured_token_and_root_are_kept(tmp_path, monkeypatch):
-    token_file = tmp_path / "token"
+    token_file = tmp_path / "mine"
     token_file.write_text("from-the-file\n")
     config = RunConfig(security={"token_file": str(token_file), "weights_root": "/shared/w"})
-    config, env = secure_run(config, tmp_path)
-    assert env == {TOKEN_ENV: "from-the-file"}
+    config = secure_run(config, tmp_path)
+    assert config.security.token_file == str(token_file) and current().token == "from-the-file"
     assert config.security.weights_root == "/shared/w"
-    monkeypatch.setenv(TOKEN_ENV, "from-the-env")
-    assert secure_run(config, tmp_path)[1] == {TOKEN_ENV: "from-the-env"}
+    monkeypatch.setenv(TOKEN_ENV, "from-the-env")  # wins, and goes to the run's own file
+    env_config = secure_run(RunConfig(), tmp_path)
+    assert _token(env_config) == "from-the-env" and current().token == "from-the-env"
+
+
+def test_the_children_get_the_redis_password_in_a_file(tmp_path):
+    env = redis_env("redis://rollout:s3cr%40t@127.0.0.1:6379/0", tmp_path)
+    assert env == {
+        REDIS_URL_ENV: "redis://rollout@127.0.0.1:6379/0",
+        REDIS_PASSWORD_FILE_ENV: str((tmp_path / "redis-password").resolve()),
+    }
+    assert (tmp_path / "redis-password").read_text() == "s3cr@t"
+    assert (tmp_path / "redis-password").stat().st_mode & 0o077 == 0
+    assert redis_env("redis://127.0.0.1:6379/0", tmp_path) == {
+        REDIS_URL_ENV: "redis://127.0.0.1:6379/0"
+    }
+
+
+def test_no_child_inherits_a_secret_from_the_launchers_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "the-launchers-token")
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://:pw@127.0.0.1:1/0")
+    child = start_child(
+        "env", "scalerl_cli.orphan_guard", [], tmp_path, {"SCALERL_EXTRA": "kept"}
+    )  # usage error: exits at once; its environment is what counts
+    child.proc.wait(timeout=30)
+    assert TOKEN_ENV not in child.env and REDIS_URL_ENV not in child.env
+    assert child.env["SCALERL_EXTRA"] == "kept"
 
 
 def test_an_unreadable_token_file_is_one_error_naming_the_field(tmp_path):
