@@ -256,9 +256,10 @@ def _redis_password_key(workload: dict, container: dict) -> str:
 
 
 def test_no_secret_is_in_an_environment_or_argument_but_redis_own(docs: list[dict]) -> None:
-    """Only the token (read and removed at start) is an environment variable of our
-    containers; Redis passwords are files. Redis's own container takes its users'
-    passwords in its arguments: nothing else runs in its pod."""
+    """No secret is an environment variable of our containers (what /proc/<pid>/environ
+    shows to anything in the pod): the token and the Redis passwords are files of the
+    Secret, readable by the pod's group only (mode 0440, fsGroup). Redis's own container
+    takes its users' passwords in its arguments: nothing else runs in its pod."""
     for w in workloads(docs):
         for c in filter(ours, containers(w)):
             refs = [
@@ -266,7 +267,13 @@ def test_no_secret_is_in_an_environment_or_argument_but_redis_own(docs: list[dic
                 for e in c.get("env", [])
                 if "secretKeyRef" in e.get("valueFrom", {})
             ]
-            assert set(refs) <= {"auth-token"}, (c["name"], refs)
+            assert refs == [], (c["name"], refs)
+            assert "SCALERL_AUTH_TOKEN" not in env_names(c), c["name"]
+        pod = w["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                assert volume["secret"].get("defaultMode") == 0o440, volume["name"]
+                assert pod["securityContext"].get("fsGroup") == 10001, w["metadata"]["name"]
 
 
 def test_redis_has_a_user_per_component_and_no_default(docs: list[dict]) -> None:
