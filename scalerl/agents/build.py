@@ -94,6 +94,12 @@ class ToolTaskEnvironments:
             self._close_servers()
             raise
 
+    @property
+    def servers(self) -> list[Any]:
+        """The MCP servers started so far (`scalerl.agents.mcp.McpServer`)."""
+        with self._lock:
+            return list(self._servers)
+
     def make(self, problem: Any, tools_in_template: bool) -> ToolEnvironment:
         """The environment of one trajectory of `problem` (a `scalerl.tasks.Problem`)."""
         messages = first_messages(problem.messages or problem.question)

@@ -1,6 +1,7 @@
 """Prometheus view of the verifiers' counters (`scalerl.verifiers.VerifierStats`): per task,
 the checks run and how they ended, so a verifier that raises or times out (each scored 0,
-never stopping the run) shows on a dashboard instead of only lowering the reward."""
+never stopping the run) shows on a dashboard instead of only lowering the reward; and of
+the tasks' MCP servers (up, restarts)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from scalerl.tasks.taskset import TaskSet
@@ -50,6 +51,28 @@ class VerifierCollector:
                 failures.add_metric([*labels, outcome], stats[key])
         yield checks
         yield failures
+        yield from _mcp_families(self._tasks)
+
+
+def _mcp_families(tasks: TaskSet) -> Iterator[Metric]:
+    """`scalerl_mcp_server_up{task, server}` (1 while its session answers) and
+    `scalerl_mcp_server_restarts_total{task, server}` of the tasks' MCP servers: a
+    server's loss is a health signal, not only failed tool calls."""
+    up = GaugeMetricFamily(
+        "scalerl_mcp_server_up", "1 while the MCP server answers.", labels=["task", "server"]
+    )
+    restarts = CounterMetricFamily(
+        "scalerl_mcp_server_restarts",
+        "Times the MCP server was started again after it stopped answering.",
+        labels=["task", "server"],
+    )
+    for task in tasks:
+        for i, server in enumerate(getattr(task.environments, "servers", [])):
+            labels = [task.name, f"{i}:{server.config.command[0]}"]
+            up.add_metric(labels, float(server.up))
+            restarts.add_metric(labels, server.restarts)
+    yield up
+    yield restarts
 
 
 def register_verifier_metrics(registry: CollectorRegistry, tasks: TaskSet) -> VerifierCollector:

@@ -13,7 +13,7 @@ from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.environment import ToolEnvironment, first_messages
 from scalerl.agents.mcp import McpServer
 from scalerl.agents.tool_calls import HermesFormat, ToolCall
-from scalerl.agents.tools import ToolBox
+from scalerl.agents.tools import ToolBox, ToolError
 from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
 from scalerl.config import McpServerConfig, ModelConfig
 from scalerl.policy.models import load_tokenizer
@@ -152,3 +152,42 @@ def test_an_mcp_tool_in_a_trajectory(server: McpServer) -> None:
     )
     assert tokenizer.decode(t.token_ids) == "=21 23\n483\nA:483"
     assert (t.turns, t.tool_calls, t.tool_errors, t.finish_reason) == (2, 1, 0, STOP)
+
+
+def test_a_killed_server_is_back_within_10_s() -> None:
+    """The review's P11: a server that crashed was never started again, and every later
+    call failed. Killed -9 now, it is found by the watcher's ping and back within 10 s;
+    a call while it is down is no observation (VerifierUnavailable), and one after works."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from scalerl.verifiers import VerifierUnavailable
+
+    marker = "mcp_tool_server.py"
+    started = McpServer(McpServerConfig(command=SERVER), check_s=0.5)
+    try:
+        assert started.call("multiply", {"a": 6, "b": 7}, 10.0) == "42"
+        mine = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+        pids = [int(p) for p in mine.stdout.split()]
+        assert pids
+        killed_at = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        while started.up and time.monotonic() - killed_at < 10:
+            time.sleep(0.05)  # the watcher notices
+        deadline = killed_at + 10
+        while not (started.up and started.restarts == 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.up and started.restarts == 1, "not back within 10 s"
+        assert started.call("multiply", {"a": 2, "b": 3}, 10.0) == "6"
+        for pid in [int(p) for p in subprocess.run(
+            ["pgrep", "-f", marker], capture_output=True, text=True
+        ).stdout.split()]:  # fmt: skip
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises((VerifierUnavailable, ToolError)):
+            started.call("multiply", {"a": 1, "b": 1}, 10.0)  # it died on this call, or
+        # was found down and not back in time: either way no reward is made from it
+    finally:
+        started.close()

@@ -35,3 +35,18 @@ def test_checks_and_failures_are_counted_per_task_and_outcome() -> None:
         'scalerl_verifier_failures_total{outcome="error",task="a",verifier="last_integer"} 0.0'
         in text
     )
+
+
+def test_the_mcp_servers_health_is_on_the_workers_metrics() -> None:
+    """A server's loss is a health signal: up (0 while it is being started again) and its
+    restarts, per task and server."""
+    from types import SimpleNamespace
+
+    tasks = TaskSet([build_task(TaskConfig(name="a", large_max=9, heldout_size=5))])
+    down = SimpleNamespace(config=SimpleNamespace(command=["mcp-files"]), up=False, restarts=2)
+    tasks["a"].environments = SimpleNamespace(servers=[down], close=lambda: None)
+    registry = CollectorRegistry()
+    register_verifier_metrics(registry, tasks)
+    text = generate_latest(registry).decode()
+    assert 'scalerl_mcp_server_up{server="0:mcp-files",task="a"} 0.0' in text
+    assert 'scalerl_mcp_server_restarts_total{server="0:mcp-files",task="a"} 2.0' in text
