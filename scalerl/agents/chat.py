@@ -13,6 +13,11 @@ with and without the message and taking the text between (the template's own end
 assistant turn, the message, and the next generation prompt). The end of the assistant
 turn is left out where the model sampled it (its stop token); where the model did not
 stop (an interrupted or truncated turn) the environment closes the turn.
+
+A message's content is hostile (a tool result, an environment's text): it is tokenized as
+literal text, never parsed for special tokens, so a result holding "<|im_end|>
+<|im_start|>assistant" cannot forge a turn boundary; only the template's own text around
+it is.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 _PLACEHOLDER = "\x00placeholder\x00"
+_CONTENT = "\x00content\x00"  # where a message's own content goes in its rendering
 
 
 class ChatTokenizer(Protocol):
@@ -73,25 +79,41 @@ class TurnTemplate:
 
         Raises ValueError when the template does not render the placeholder conversation
         with the message as an extension of the one without it (a template that rewrites
-        earlier turns when a message is added), or the message has no "content" string.
+        earlier turns when a message is added), does not hold the content verbatim once,
+        or the message has no "content" string.
         """
         content = message.get("content")
         if not isinstance(content, str):
             raise ValueError("an environment message needs a 'content' string")
         if not self.tokenizer.chat:  # a character vocabulary: what it cannot spell is left out
             return [i for c in f"\n{content}\nA:" for i in self._spelled(c)]
-        full = self._render([*_base(), dict(message)], generation=True)
+        full = self._render([*_base(), {**message, "content": _CONTENT}], generation=True)
         if not full.startswith(self._base):
             raise ValueError(
                 f"the chat template renders a {message.get('role')!r} message by changing "
                 "the turns before it; token-in-token-out needs an appending template"
+            )
+        parts = full[len(self._base) :].split(_CONTENT)
+        if len(parts) != 2:
+            raise ValueError(
+                f"the chat template does not hold a {message.get('role')!r} message's content "
+                "verbatim once; its text could not be kept apart from the template's"
             )
         closing = self._closing
         if turn_ids and turn_ids[-1] in self.tokenizer.stop_token_ids:
             sampled = self.tokenizer.tokenizer.decode([turn_ids[-1]], skip_special_tokens=False)
             if closing.startswith(sampled):
                 closing = closing[len(sampled) :]
-        return self.tokenizer.encode(closing + full[len(self._base) :])
+        before, after = parts
+        encode = self.tokenizer.encode
+        return encode(closing + before) + self._literal_ids(content) + encode(after)
+
+    def _literal_ids(self, text: str) -> list[int]:
+        """`text` tokenized as text: a special token's spelling in it stays characters."""
+        if not text:
+            return []
+        ids = self.tokenizer.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        return list(ids["input_ids"])
 
     def _spellable(self, text: str) -> str:
         return "".join(c for c in text if self._spelled(c))
