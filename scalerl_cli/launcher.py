@@ -123,6 +123,7 @@ def run(
     config, plan = planned_config(config)
     console.print(f"[dim]{escape(describe(plan))}[/]")
     run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o700)  # its token, Redis password, logs and weights: this user's only
     try:
         config = secure_run(config, run_dir)
     except ValueError as exc:  # a token or certificate file that cannot be read

@@ -89,10 +89,13 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
         raise ValueError(f"{TOKEN_ENV} is set but empty: unset it, or give the run's token")
     token = (given or "").strip()
     if not token and section.token_file:
+        _check_private("security.token_file", section.token_file)
         token = _read("security.token_file", section.token_file).decode().strip()
         private_paths.register(section.token_file)
         if not token:
             raise ValueError(f"security.token_file: {section.token_file} is empty")
+    if section.tls_key_file:
+        _check_private("security.tls_key_file", section.tls_key_file)
     private_paths.register(section.tls_key_file)
     return Security(
         token=token,
@@ -103,6 +106,21 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
         max_concurrent_rpcs=section.max_concurrent_rpcs,
         server_name=section.tls_server_name,
     )
+
+
+def _check_private(field: str, path: str) -> None:
+    """Raise ValueError naming `field` when the file at `path` is readable by every user
+    of the machine (a secret anyone can read is no secret); group-readable is allowed
+    (a Kubernetes Secret with fsGroup). A file that cannot be read is `_read`'s error."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return
+    if mode & 0o004:
+        raise ValueError(
+            f"{field}: {path} is readable by every user (mode {mode & 0o777:o}); "
+            f"chmod o-r {path}"
+        )
 
 
 def _read(field: str, path: str) -> bytes:

@@ -52,6 +52,7 @@ def test_a_token_per_run_kept_across_its_resumes_and_the_weights_folder_as_root(
 def test_a_configured_token_and_root_are_kept(tmp_path, monkeypatch):
     token_file = tmp_path / "mine"
     token_file.write_text("from-the-file\n")
+    token_file.chmod(0o640)  # group-readable is fine (a Kubernetes Secret with fsGroup)
     config = RunConfig(security={"token_file": str(token_file), "weights_root": "/shared/w"})
     config = secure_run(config, tmp_path)
     assert config.security.token_file == str(token_file) and current().token == "from-the-file"
@@ -85,6 +86,32 @@ def test_no_child_inherits_a_secret_from_the_launchers_environment(tmp_path, mon
     assert child.env["SCALERL_EXTRA"] == "kept"
 
 
+def test_a_token_file_every_user_can_read_is_refused(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("the-runs-token")
+    token_file.chmod(0o644)
+    with pytest.raises(ValueError) as refused:
+        from_config(SecurityConfig(token_file=str(token_file)), {})
+    assert str(refused.value) == (
+        f"security.token_file: {token_file} is readable by every user (mode 644); "
+        f"chmod o-r {token_file}"
+    )
+
+
+def test_a_new_run_folder_is_this_users_only(tmp_path, monkeypatch):
+    from scalerl_cli import launcher
+
+    def stop_here(config, run_dir):
+        raise ValueError("stop after the folder is made")
+
+    monkeypatch.setattr(launcher, "secure_run", stop_here)
+    monkeypatch.setattr(launcher, "preflight", lambda config: (config, None))
+    monkeypatch.setattr(launcher, "planned_config", lambda config: (config, None))
+    monkeypatch.setattr(launcher, "describe", lambda plan: "")
+    assert launcher.run(RunConfig(), tmp_path / "run") == 2
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+
+
 def test_an_unreadable_token_file_is_one_error_naming_the_field(tmp_path):
     config = RunConfig(security={"token_file": str(tmp_path / "absent")})
     with pytest.raises(ValueError, match="security.token_file: cannot read"):
@@ -106,6 +133,7 @@ def test_an_empty_token_fails_loudly(monkeypatch, tmp_path, blank):
     with pytest.raises(ValueError, match=f"{TOKEN_ENV} is set but empty"):
         from_config(SecurityConfig())
     (tmp_path / "token").write_text(blank)
+    (tmp_path / "token").chmod(0o600)
     with pytest.raises(ValueError, match="security.token_file: .* is empty"):
         from_config(SecurityConfig(token_file=str(tmp_path / "token")), {})
 
