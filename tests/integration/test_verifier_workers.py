@@ -52,6 +52,7 @@ def test_a_math_timeout_is_counted_and_the_next_check_works() -> None:
             "calls": 2,
             "errors": 0,
             "timeouts": 1,
+            "unavailable": 0,
             "parse_failures": 1,
         }
     finally:
