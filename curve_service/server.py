@@ -87,8 +87,9 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         analyse it (`analysis.analyse`). RESOURCE_EXHAUSTED when its points x (resamples +
         80) is over the service's cost limit (`curve_service.cost`)."""
         check_max_points(len(request.points))  # INVALID_ARGUMENT first: a bad request
-        self.budget.check(self._cost(request), "Fit: " + _cost_terms(request))
-        return analysis_to_proto(self._analyse(request))
+        what = "Fit: " + _cost_terms(request)
+        with self.budget.admitted(self._cost(request), what, _wait_s(context)):
+            return analysis_to_proto(self._analyse(request))
 
     def CompareRuns(
         self, request: curve_pb2.CompareRunsRequest, context: Any
@@ -100,15 +101,16 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             with _request_fields(_prefixed(f"runs[{i}].")):
                 check_max_points(len(run.points))
         cost = sum(self._cost(run) for run in request.runs)
-        self.budget.check(cost, f"CompareRuns of {len(request.runs)} runs")
+        what = f"CompareRuns of {len(request.runs)} runs"
         analyses = []
-        for i, run in enumerate(request.runs):
-            with _request_fields(_prefixed(f"runs[{i}].")):
-                analyses.append(self._analyse(run))
         seeds = [int(run.method.seed) for run in request.runs]
         grids = [PAPER_GRID if run.method.paper_grid else None for run in request.runs]
         margin = request.a_margin or DEFAULT_A_MARGIN
-        return comparison_to_proto(compare(analyses, margin, seeds, grids))
+        with self.budget.admitted(cost, what, _wait_s(context)):
+            for i, run in enumerate(request.runs):
+                with _request_fields(_prefixed(f"runs[{i}].")):
+                    analyses.append(self._analyse(run))
+            return comparison_to_proto(compare(analyses, margin, seeds, grids))
 
     def Extrapolate(
         self, request: curve_pb2.ExtrapolateRequest, context: Any
@@ -276,6 +278,13 @@ def _points_field(field: str) -> str:
 def _prefixed(prefix: str) -> Callable[[str], str]:
     """A field renamer that puts the request path `prefix` before a field."""
     return lambda field: prefix + field
+
+
+def _wait_s(context: Any) -> float | None:
+    """How long a request may wait for room: what its deadline leaves (None: no deadline,
+    or called without a server)."""
+    remaining = context.time_remaining() if context is not None else None
+    return None if remaining is None else max(0.0, float(remaining) - 1.0)
 
 
 def _cost_terms(request: curve_pb2.FitRequest) -> str:

@@ -1,6 +1,7 @@
 """Fit and CompareRuns have a cost limit (points x (resamples + 80), curve_service.cost)
 tied to the service's memory: an oversized request is answered RESOURCE_EXHAUSTED before
-any fit work, and the largest allowed one keeps the process under the curve pod's 512 MiB."""
+any fit work, and the largest allowed one keeps the process under the curve pod's 512 MiB,
+three of them at once too (each waits for room in the global budget)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,21 @@ try:
     answers["compare"] = "OK"
 except grpc.RpcError as exc:
     answers["compare"] = exc.code().name
+# Three maximal Fits at once (the review's P7: 1,081 MiB together): admitted one by one.
+import threading
+concurrent = []
+def fit_now():
+    try:
+        stub.Fit(request(10_000, 200), timeout=300)
+        concurrent.append("OK")
+    except grpc.RpcError as exc:
+        concurrent.append(exc.code().name)
+threads = [threading.Thread(target=fit_now) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+answers["concurrent"] = sorted(concurrent)
 answers["peak_bytes"] = peak_bytes()
 print(json.dumps(answers))
 server.stop(None)
@@ -69,7 +85,39 @@ def test_an_oversized_fit_is_refused_and_the_peak_stays_under_the_pod_limit() ->
         "points or ask for fewer bootstrap resamples"
     )
     assert answers["compare"] == "RESOURCE_EXHAUSTED"  # 2 x 2.8M together
+    assert answers["concurrent"] == ["OK"] * 3  # each waited for room, none refused
     assert answers["peak_bytes"] < POD_LIMIT
+
+
+def test_requests_in_flight_share_the_budget() -> None:
+    """Three requests of 60 units under a limit of 100 run one at a time; one that finds
+    no room within its wait is refused, naming what is in flight."""
+    import threading
+    import time
+
+    import pytest
+
+    from scalerl.rpc.errors import ResourceExhausted
+
+    budget = FitBudget(max_cost=100)
+    running: list[int] = []
+
+    def fit() -> None:
+        with budget.admitted(60, "Fit"):
+            running.append(budget.in_flight)
+            time.sleep(0.1)
+
+    threads = [threading.Thread(target=fit) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert running == [60, 60, 60] and budget.peak_in_flight == 60 and budget.in_flight == 0
+    with budget.admitted(60, "Fit"), pytest.raises(ResourceExhausted) as refused:
+        with budget.admitted(50, "Fit: 50", wait_s=0.05):
+            pass
+    assert str(refused.value).startswith("Fit: 50 = 50 cost units: 60 in flight already")
+    assert budget.in_flight == 0
 
 
 def test_the_limit_follows_the_cgroup_memory_limit(tmp_path: Path) -> None:
