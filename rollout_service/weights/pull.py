@@ -14,10 +14,12 @@ A stream that breaks mid-way (UNAVAILABLE) is resumed from its next byte (`offse
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -29,6 +31,9 @@ from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
+# The longest wait for the source's next message (the header, then each chunk): a source
+# that accepts and then hangs costs a fetcher this, not the whole fetch's deadline.
+CHUNK_TIMEOUT_S = 15.0
 RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
 POLL_S = 0.5  # how often a pulling worker looks for a newer announcement, seconds
 # Given a fetched payload's header and bytes once they matched the announcement, with the
@@ -51,12 +56,14 @@ def pull_weights(
     apply_timeout_s: float = 120.0,
     peer: Peer | None = None,
     keep: Keep | None = None,
+    chunk_timeout_s: float = CHUNK_TIMEOUT_S,
 ) -> tuple[int, float]:
     """Fetch `ref`'s payload from `ref.source` (or from `peer`), verify it against `ref`,
     stage it on `engine` and wait until it serves. Returns (policy_version, seconds from
     the first message to the swap).
 
-    timeout_s: deadline of the fetch (seconds); apply_timeout_s: of the swap. keep: given
+    timeout_s: deadline of the fetch (seconds); chunk_timeout_s: the longest wait for the
+    source's next message (`fetched_requests`); apply_timeout_s: of the swap. keep: given
     the header, the payload and its chunks' digests once its sha256 matched `ref` (a
     relaying worker holds it).
     Raises WeightsError: `source` (no source, the source unreachable, the deadline
@@ -68,7 +75,9 @@ def pull_weights(
     if not ref.source:
         raise WeightsError("source", f"policy version {ref.version} has no FetchWeights source")
     digests: list[tuple[int, str]] = []
-    stream = fetched_requests(ref, timeout_s, peer=peer, digests=digests)
+    stream = fetched_requests(
+        ref, timeout_s, peer=peer, digests=digests, chunk_timeout_s=chunk_timeout_s
+    )
 
     def keep_with_digests(header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
         if keep is not None:
@@ -84,13 +93,17 @@ def fetched_requests(
     resumes: int = RESUMES,
     peer: Peer | None = None,
     digests: list[tuple[int, str]] | None = None,
+    chunk_timeout_s: float = CHUNK_TIMEOUT_S,
 ) -> Generator[rollout_pb2.UpdateWeightsRequest | bytes, None, None]:
     """The UpdateWeights header message, then the chunks' bytes in order, of `ref`'s
     payload as FetchWeights from `ref.source` (or `peer`) streams them, each chunk checked
     before it is yielded. digests: given, gets (length, sha256) of each chunk as computed
     here (a relay's store reuses them rather than hashing the payload again).
+    chunk_timeout_s: the longest wait for the source's next message (time spent by the
+    consumer of this generator does not count).
 
-    Raises WeightsError as `pull_weights` says, while iterating."""
+    Raises WeightsError as `pull_weights` says, while iterating (`source` for a source
+    that sent nothing for chunk_timeout_s)."""
     deadline = time.monotonic() + timeout_s
     offset, header_sent = 0, False
     address = peer.address if peer else ref.source_address
@@ -99,8 +112,9 @@ def fetched_requests(
         for attempt in range(resumes + 1):
             request = rollout_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
             call = stub.FetchWeights(request, timeout=max(deadline - time.monotonic(), 0.001))
+            stalled = threading.Event()
             try:
-                for message in call:
+                for message in _each_within(call, chunk_timeout_s, stalled):
                     if message.HasField("header") or not header_sent:
                         _check_header(message, ref)
                     if not header_sent:
@@ -114,11 +128,42 @@ def fetched_requests(
                     yield data
                 return
             except grpc.RpcError as exc:
+                if stalled.is_set():
+                    source = f"worker {peer.worker_id}" if peer else ref.source
+                    raise WeightsError(
+                        "source",
+                        f"{source} sent nothing for {chunk_timeout_s:g} s after {offset} bytes "
+                        f"of policy version {ref.version}",
+                    ) from exc
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < resumes and offset:
                     continue  # resume from the next byte
                 raise _fetch_error(exc, ref, offset, peer) from exc
             finally:
                 call.cancel()
+
+
+def _each_within(
+    call: Any, timeout_s: float, stalled: threading.Event
+) -> Iterator[rollout_pb2.FetchWeightsChunk]:
+    """The messages of a server-streaming `call`; the call is cancelled (and `stalled`
+    set) when the next one does not come within `timeout_s` seconds."""
+    messages = iter(call)
+
+    def give_up() -> None:
+        stalled.set()
+        call.cancel()
+
+    while True:
+        timer = threading.Timer(timeout_s, give_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            message = next(messages)
+        except StopIteration:
+            return
+        finally:
+            timer.cancel()
+        yield message
 
 
 def _check_header(message: rollout_pb2.FetchWeightsChunk, ref: WeightsRef) -> None:

@@ -7,8 +7,9 @@ Trust: a peer is dialled at the address of its signed registry entry, with the r
 token; its stream passes every check a learner's does against the learner's signed
 announcement (header fields, each chunk's offset and sha256, the whole payload's size and
 sha256), so a peer that alters or mislabels a version is refused before anything is
-staged. A peer that fails a fetch in any way is withdrawn from the version's holders, and
-the fetch goes on from another source, the learner at last.
+staged. A peer that fails a fetch in any way, or sends nothing for `chunk_timeout_s` (a
+holder that accepts and hangs), is withdrawn from the version's holders, and the fetch
+goes on from another source within the same call, the learner at last.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import time
 
 from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.pull import FETCH_TIMEOUT_S, Peer, pull_weights
+from rollout_service.weights.pull import CHUNK_TIMEOUT_S, FETCH_TIMEOUT_S, Peer, pull_weights
 from rollout_service.weights.receive import WeightsError
 from scalerl.config import PullWeights, RunConfig
 from scalerl.policy.weight_store import WeightStore
@@ -42,7 +43,8 @@ class RelayFetcher:
     relay: the run's relay board. registry: where a peer's signed address is read.
     worker_id: this worker. store: what this worker serves to peers (`keep` 1: the version
     it loaded last, and a pinned LoRA base). timeout_s: deadline of one version's fetch,
-    every source tried included, and the lease of each claim."""
+    every source tried included, and the lease of each claim. chunk_timeout_s: the
+    longest a source may leave the fetch without its next message."""
 
     def __init__(
         self,
@@ -51,8 +53,10 @@ class RelayFetcher:
         worker_id: str,
         store: WeightStore | None = None,
         timeout_s: float = FETCH_TIMEOUT_S,
+        chunk_timeout_s: float = CHUNK_TIMEOUT_S,
     ) -> None:
         self.relay = relay
+        self.chunk_timeout_s = chunk_timeout_s
         self.registry = registry
         self.worker_id = worker_id
         self.store = store if store is not None else WeightStore(keep=1)
@@ -108,7 +112,9 @@ class RelayFetcher:
             self.store.put(header, payload, pin=pin, digests=digests)
             self.relay.offer(ref.version, self.worker_id)
 
-        version, seconds = pull_weights(ref, engine, timeout_s, peer=peer, keep=keep)
+        version, seconds = pull_weights(
+            ref, engine, timeout_s, peer=peer, keep=keep, chunk_timeout_s=self.chunk_timeout_s
+        )
         log.info(
             "policy version %d (%d bytes) from %s in %.2fs, relaying it",
             version,

@@ -258,3 +258,38 @@ def test_relayed_weights_need_the_token_and_a_relaying_worker(redis_client, run_
         assert "relay_fanout" in refused.value.details()
     finally:
         server.stop(None)
+
+
+class HangingStore(CountingStore):
+    """A holder that accepts FetchWeights and then sends nothing (the review's P10)."""
+
+    def __init__(self, release: threading.Event, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.release = release
+
+    def chunks(self, request: rollout_pb2.FetchWeightsRequest) -> Iterator:
+        self.fetches += 1
+        self.release.wait(30)
+        return iter(())
+
+
+def test_a_holder_that_hangs_costs_one_chunk_deadline_then_the_learner_serves(fleet) -> None:
+    import time
+
+    f = fleet(fanout=1)
+    release = threading.Event()
+    hanging = HangingStore(release, keep=1)
+    f.worker("stuck", store=hanging)
+    WeightRelay(f.client, f.run_id, 1).offer(f.VERSION, "stuck")
+    fetcher = f.worker("w1")
+    fetcher.chunk_timeout_s = 0.5
+    started = time.monotonic()
+    try:
+        version, _ = fetcher.pull(f.ref, f.engines["w1"])
+    finally:
+        release.set()
+    assert version == f.VERSION and hanging.fetches == 1
+    assert time.monotonic() - started < 5.0  # one chunk deadline, not the fetch's 10 s
+    assert [peer for peer, _ in fetcher.withdrawn] == ["stuck"]
+    assert "sent nothing for 0.5 s" in fetcher.withdrawn[0][1]
+    assert torch.equal(f.served("w1"), torch.full((64, 64), 7.0))
