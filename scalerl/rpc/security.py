@@ -118,8 +118,7 @@ def _check_private(field: str, path: str) -> None:
         return
     if mode & 0o004:
         raise ValueError(
-            f"{field}: {path} is readable by every user (mode {mode & 0o777:o}); "
-            f"chmod o-r {path}"
+            f"{field}: {path} is readable by every user (mode {mode & 0o777:o}); chmod o-r {path}"
         )
 
 

@@ -37,10 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from scalerl.verifiers.memcg import MemoryCgroup
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,8 @@ class CaseOutcome:
 class SandboxRun:
     """What a run produced. outcomes: per case index, the first claim the program made;
     syntax_error: the program did not compile; stopped: "" when it ran to the end, else
-    why it was stopped ("wall time", "CPU time", "killed by signal N", "exited (code N)");
+    why it was stopped ("wall time", "CPU time", "memory": its processes together passed
+    the memory cgroup's limit, "killed by signal N", "exited (code N)");
     containment: from the trusted channel."""
 
     outcomes: dict[int, CaseOutcome] = field(default_factory=dict)
@@ -142,9 +145,13 @@ def run_program(code: str, kind: str, cases: list[str], limits: SandboxLimits) -
     job = {"limits": limits.model_dump(), "folder": folder, "code": code, "kind": kind}
     job["cases"] = cases
     started = time.monotonic()
+    group: MemoryCgroup | None = None
     try:
         proc, report_fd, data_fd = _start(folder)
         try:
+            # Before the job: the launcher forks nothing until it has read it, so every
+            # process of the run is born in the cgroup.
+            group = _memory_cgroup(proc.pid, limits)
             _send_job(proc, job)
             run, report = _collect(proc, report_fd, data_fd, len(cases), limits, started)
             if not run.stopped:
@@ -156,8 +163,35 @@ def run_program(code: str, kind: str, cases: list[str], limits: SandboxLimits) -
             proc.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        oom = group is not None and group.oom_killed()
+        if group is not None:
+            group.remove()
     run.seconds = time.monotonic() - started
-    return _finish(run, report, proc.returncode)
+    finished = _finish(run, report, proc.returncode)
+    if oom:
+        finished.stopped = finished.stopped or "memory"
+    if group is None and limits.namespaces:
+        note = "no memory cgroup: each process within its address-space limit only"
+        finished.containment = replace(
+            finished.containment, notes=(*finished.containment.notes, note)
+        )
+    return finished
+
+
+def _memory_cgroup(pid: int, limits: SandboxLimits) -> MemoryCgroup | None:
+    """The run's memory cgroup (`scalerl.verifiers.memcg`) with process `pid` in it, limited
+    to `limits.memory_bytes` for all its processes together; None where there is none."""
+    if not limits.namespaces:
+        return None
+    group = MemoryCgroup.create(limits.memory_bytes)
+    if group is None:
+        return None
+    try:
+        group.add(pid)
+    except OSError:
+        group.remove()
+        return None
+    return group
 
 
 _containment_cache: dict[bool, Containment] = {}

@@ -291,3 +291,36 @@ def test_a_run_with_a_code_task_refuses_to_start_uncontained(
     assert err.startswith("task 'add': the code sandbox cannot contain programs here") and (
         err.count("\n") == 1
     )
+
+
+FORKS_2_GIB = """
+import os, time
+kids = []
+for i in range(10):  # each within its own 256 MiB address space: 2 GiB together
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 << 20)
+        for j in range(0, len(block), 4096):
+            block[j] = 1
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+for kid in kids:
+    os.waitpid(kid, 0)
+"""
+
+
+def test_a_program_allocating_2_gib_is_killed_at_the_cgroup_limit() -> None:
+    """The review's P8: one program held 2.9 GiB within the default limits (each process
+    under RLIMIT_AS, many processes). Its processes share one memory cgroup of the run's
+    memory_bytes, where this machine lets the sandbox make one."""
+    from scalerl.verifiers.memcg import MemoryCgroup
+
+    probe = MemoryCgroup.create(64 << 20)
+    if probe is None:
+        pytest.skip("no writable memory cgroup here")
+    probe.remove()
+    limits = SandboxLimits(wall_s=20, cpu_s=20, max_processes=32)
+    run = run_program(FORKS_2_GIB, "stdio", [""], limits)
+    assert run.stopped == "memory"  # the kernel killed its processes at the limit
+    assert not any("no memory cgroup" in note for note in run.containment.notes)
