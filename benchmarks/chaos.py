@@ -1,0 +1,268 @@
+"""Chaos soak: a whole `scalerl run` under a random fault every 30-90 s, and what it cost.
+
+Runs `scalerl run --config CONFIG` for `--minutes` (the learner's `max_minutes`, no step
+limit) and, every 30-90 s (seeded: `--seed`), injects one fault chosen at random:
+
+- `kill:<process>`: SIGKILL of a rollout worker, the learner, the curve service or Redis
+  (the launcher's supervisor must start it again);
+- `stop:<worker>`: SIGSTOP of a rollout worker for 30 s, then SIGCONT;
+- `stall:redis`: SIGSTOP of redis-server for 10 s (every process sees a Redis that
+  does not answer), then SIGCONT.
+
+A fault has recovered when the process is running again (a kill: a new pid under the
+same name; a stop or stall: the same pid, continued) and the learner took a step after it;
+the seconds until both are recorded. `--no-faults` runs the same job undisturbed, for the
+pass-rate comparison.
+
+    python benchmarks/chaos.py [--config tiny] [--minutes 20] [--seed 0] [--no-faults]
+        [--run-dir DIR] [--out chaos.json] [--set KEY=VALUE ...]
+
+The JSON (`--out`, rewritten after every fault) holds the command, the machine, every
+fault with its recovery, and a summary from the run folder: the replay ledger (groups
+pushed, trained, dead-lettered by reason, unaccounted: the identity that must be 0),
+steps and steps lost to resumes, restarts per process, and the held-out pass-rate curve
+(eval.jsonl). A Markdown summary is printed at the end.
+
+Not injected by this harness (they need parts `scalerl run` does not start): a sandbox
+service at capacity (tests/integration/test_sandbox_service.py), a hanging relay holder
+(tests/integration/test_weight_relay.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from soak import (
+    NO_STEP_LIMIT,
+    REPO_ROOT,
+    SERVICES_WAIT_S,
+    learner_steps,
+    machine_info,
+    process_name,
+    stop_launcher,
+    wait_services,
+    write_results,
+)
+
+from scalerl.run_folder import EvalRecord, read_records, run_evals
+
+STOP_S = 30.0  # a SIGSTOPped worker's pause
+STALL_S = 10.0  # a SIGSTOPped Redis's pause
+RECOVERY_TIMEOUT_S = 300.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="tiny", help="Built-in config or YAML.")
+    parser.add_argument("--minutes", type=float, default=20.0, help="Run length (learner).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the faults and gaps.")
+    parser.add_argument("--min-gap-s", type=float, default=30.0)
+    parser.add_argument("--max-gap-s", type=float, default=90.0)
+    parser.add_argument("--no-faults", action="store_true", help="The undisturbed baseline.")
+    parser.add_argument("--run-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("chaos.json"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return parser.parse_args(argv)
+
+
+def launch_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    command = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", args.config]
+    command += ["--run-dir", str(run_dir), "--set", f"learner.max_steps={NO_STEP_LIMIT}"]
+    command += ["--set", f"learner.max_minutes={args.minutes:g}"]
+    for override in args.set:
+        command += ["--set", override]
+    return command
+
+
+def processes(launcher: psutil.Process) -> dict[str, psutil.Process]:
+    """The run's processes by service name (rollout-0, learner, curve, redis)."""
+    found = {}
+    for child in launcher.children(recursive=True):
+        try:
+            name = process_name(child.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if name is not None and name not in found:
+            found[name] = child
+    return found
+
+
+def choose_fault(rng: random.Random, running: dict[str, psutil.Process]) -> tuple[str, str]:
+    """(kind, process name) of the next fault, among the processes running now."""
+    workers = sorted(name for name in running if name.startswith("rollout-"))
+    choices = [("kill", name) for name in (*workers, "learner", "curve", "redis")]
+    choices += [("stop", name) for name in workers] + [("stall", "redis")]
+    choices = [(kind, name) for kind, name in choices if name in running]
+    return rng.choice(choices)
+
+
+def inject(kind: str, proc: psutil.Process) -> None:
+    """The fault on `proc` (a stop or stall: paused, continued after its pause)."""
+    if kind == "kill":
+        proc.send_signal(signal.SIGKILL)
+        return
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(STOP_S if kind == "stop" else STALL_S)
+    proc.send_signal(signal.SIGCONT)
+
+
+def recovered(
+    launcher: psutil.Process, name: str, old_pid: int, kind: str, step: int | None, run_dir: Path
+) -> float | None:
+    """Seconds until `name` runs again (a new pid after a kill) and the learner steps past
+    `step`; None when that did not happen within RECOVERY_TIMEOUT_S or the run ended."""
+    started = time.monotonic()
+    while time.monotonic() - started < RECOVERY_TIMEOUT_S and launcher.is_running():
+        proc = processes(launcher).get(name)
+        back = proc is not None and (proc.pid != old_pid if kind == "kill" else True)
+        now = learner_steps(run_dir)["step"]
+        if back and now is not None and (step is None or now > step):
+            return round(time.monotonic() - started, 1)
+        time.sleep(1.0)
+    return None
+
+
+def run_folder_summary(run_dir: Path) -> dict:
+    """The ledger, restarts, steps, resumes and pass-rate curve of the run folder."""
+    summary: dict = {}
+    try:
+        report = json.loads((run_dir / "report.json").read_text())
+    except (OSError, ValueError):
+        report = {}
+    summary["groups"] = report.get("groups")
+    summary["restarts"] = report.get("restarts")
+    summary["ended"] = report.get("ended")
+    summary["steps"] = learner_steps(run_dir)["step"]
+    resumes = _jsonl(run_dir / "resumes.jsonl")
+    summary["resumes"] = len(resumes)
+    summary["steps_lost"] = sum(r.get("steps_discarded", 0) for r in resumes)
+    evals = run_evals(read_records(run_dir, EvalRecord))  # the run's total, per step
+    summary["pass_rate_curve"] = [(e.step, e.compute, e.pass_rate) for e in evals]
+    summary["final_pass_rate"] = evals[-1].pass_rate if evals else None
+    return summary
+
+
+def _jsonl(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
+    """Launch the run, inject faults until it ends, fill `results`."""
+    rng = random.Random(args.seed)
+    log_path = run_dir.parent / f"{run_dir.name}-chaos-launcher.log"
+    command = launch_command(args, run_dir)
+    results["config"].update(command=command, launcher_log=str(log_path))
+    with log_path.open("wb") as log:
+        launcher = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    started = time.monotonic()
+    deadline = started + 60.0 * (args.minutes + 10)
+    try:
+        if wait_services(run_dir, launcher, SERVICES_WAIT_S) is None:
+            return
+        observed = psutil.Process(launcher.pid)
+        while launcher.poll() is None and time.monotonic() < deadline:
+            try:
+                launcher.wait(timeout=rng.uniform(args.min_gap_s, args.max_gap_s))
+                break  # the run ended
+            except subprocess.TimeoutExpired:
+                pass
+            if args.no_faults:
+                continue
+            running = processes(observed)
+            if "learner" not in running:
+                continue  # between a crash and its restart: the next gap
+            kind, name = choose_fault(rng, running)
+            step = learner_steps(run_dir)["step"]
+            fault = {"t_s": round(time.monotonic() - started, 1), "fault": f"{kind}:{name}"}
+            inject(kind, running[name])
+            fault["recovery_s"] = recovered(observed, name, running[name].pid, kind, step, run_dir)
+            results["faults"].append(fault)
+            write_results(args.out, results)
+    finally:
+        results["overran"] = launcher.poll() is None
+        stop_launcher(launcher)
+        results["launcher_exit_code"] = launcher.returncode
+
+
+def markdown(results: dict) -> str:
+    s = results["summary"]
+    faults = results["faults"]
+    back = [f["recovery_s"] for f in faults if f["recovery_s"] is not None]
+    groups = s.get("groups") or {}
+    lines = [
+        "| measure | value |",
+        "|---|---|",
+        f"| faults injected | {len(faults)} |",
+        f"| recovered | {len(back)} of {len(faults)} |",
+        f"| recovery s (median, max) | {_median(back)}, {max(back, default=None)} |",
+        f"| groups pushed / trained | {groups.get('pushed')} / {groups.get('trained')} |",
+        "| dead-lettered | "
+        + (", ".join(f"{k}: {v}" for k, v in groups.items() if k.startswith("dead_letter")) or "0")
+        + " |",
+        f"| unaccounted | {groups.get('unaccounted')} |",
+        f"| steps (lost to resumes) | {s.get('steps')} ({s.get('steps_lost')}) |",
+        f"| final held-out pass rate | {s.get('final_pass_rate')} |",
+        f"| launcher exit code | {results.get('launcher_exit_code')} |",
+    ]
+    return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="scalerl-chaos-")) / "run"
+    run_dir = run_dir.resolve()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "config": {
+            "config": args.config,
+            "minutes": args.minutes,
+            "seed": args.seed,
+            "faults": not args.no_faults,
+            "run_dir": str(run_dir),
+            "set": args.set,
+            "pid": os.getpid(),
+        },
+        "machine": machine_info(),
+        "faults": [],
+        "launcher_exit_code": None,
+    }
+    try:
+        chaos(args, run_dir, results)
+    except KeyboardInterrupt:
+        print("interrupted: the run was stopped", file=sys.stderr)
+    results["summary"] = run_folder_summary(run_dir)
+    write_results(args.out, results)
+    print(markdown(results))
+    print(f"\nresults in {args.out}")
+    return 0 if results["launcher_exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
