@@ -9,6 +9,10 @@ limit) and, every 30-90 s (seeded: `--seed`), injects one fault chosen at random
 - `stall:redis`: SIGSTOP of redis-server for 10 s (every process sees a Redis that
   does not answer), then SIGCONT.
 
+A process is not killed a 4th time within 10 minutes: the launcher's supervisor would
+then (rightly) fail the run as crash-looping (`scalerl_cli.supervisor`, 3 restarts per
+process per 10 minutes); the soak tests recovery, not that policy.
+
 A fault has recovered when the process is running again (a kill: a new pid under the
 same name; a stop or stall: the same pid, continued) and the learner took a step after it;
 the seconds until both are recorded. `--no-faults` runs the same job undisturbed, for the
@@ -42,6 +46,7 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 from soak import (
     NO_STEP_LIMIT,
     REPO_ROOT,
@@ -55,10 +60,13 @@ from soak import (
 )
 
 from scalerl.run_folder import EvalRecord, read_records, run_evals
+from scalerl.state.client import connect
+from scalerl.state.replay import replay_accounting
 
 STOP_S = 30.0  # a SIGSTOPped worker's pause
 STALL_S = 10.0  # a SIGSTOPped Redis's pause
 RECOVERY_TIMEOUT_S = 300.0
+RESTART_BUDGET = (3, 600.0)  # the supervisor's: restarts per process within seconds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,10 +105,14 @@ def processes(launcher: psutil.Process) -> dict[str, psutil.Process]:
     return found
 
 
-def choose_fault(rng: random.Random, running: dict[str, psutil.Process]) -> tuple[str, str]:
-    """(kind, process name) of the next fault, among the processes running now."""
+def choose_fault(
+    rng: random.Random, running: dict[str, psutil.Process], spent: frozenset[str] = frozenset()
+) -> tuple[str, str]:
+    """(kind, process name) of the next fault, among the processes running now; no kill
+    of a process in `spent` (its restart budget used up)."""
     workers = sorted(name for name in running if name.startswith("rollout-"))
-    choices = [("kill", name) for name in (*workers, "learner", "curve", "redis")]
+    killable = [n for n in (*workers, "learner", "curve", "redis") if n not in spent]
+    choices = [("kill", name) for name in killable]
     choices += [("stop", name) for name in workers] + [("stall", "redis")]
     choices = [(kind, name) for kind, name in choices if name in running]
     return rng.choice(choices)
@@ -132,14 +144,25 @@ def recovered(
     return None
 
 
-def run_folder_summary(run_dir: Path) -> dict:
-    """The ledger, restarts, steps, resumes and pass-rate curve of the run folder."""
+def ledger(run_dir: Path) -> dict | None:
+    """The replay ledger from the run's Redis (None when it does not answer)."""
+    try:
+        services = json.loads((run_dir / "services.json").read_text())
+        run_id = yaml.safe_load((run_dir / "config.yaml").read_text())["run_id"]
+        return replay_accounting(connect(services["redis"], retries=0), run_id)
+    except Exception as exc:  # noqa: BLE001 - a summary without the ledger, said why
+        return {"error": str(exc)}
+
+
+def run_folder_summary(run_dir: Path, ledger_at_stop: dict | None = None) -> dict:
+    """The ledger (report.json's, else `ledger_at_stop`), restarts, steps, resumes and
+    pass-rate curve of the run folder."""
     summary: dict = {}
     try:
         report = json.loads((run_dir / "report.json").read_text())
     except (OSError, ValueError):
         report = {}
-    summary["groups"] = report.get("groups")
+    summary["groups"] = report.get("groups") or ledger_at_stop
     summary["restarts"] = report.get("restarts")
     summary["ended"] = report.get("ended")
     summary["steps"] = learner_steps(run_dir)["step"]
@@ -182,6 +205,7 @@ def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
         if wait_services(run_dir, launcher, SERVICES_WAIT_S) is None:
             return
         observed = psutil.Process(launcher.pid)
+        kills: dict[str, list[float]] = {}  # monotonic times of each process's kills
         while launcher.poll() is None and time.monotonic() < deadline:
             try:
                 launcher.wait(timeout=rng.uniform(args.min_gap_s, args.max_gap_s))
@@ -193,7 +217,14 @@ def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
             running = processes(observed)
             if "learner" not in running:
                 continue  # between a crash and its restart: the next gap
-            kind, name = choose_fault(rng, running)
+            now = time.monotonic()
+            restarts, window_s = RESTART_BUDGET
+            spent = frozenset(
+                n for n in running if sum(now - t < window_s for t in kills.get(n, [])) >= restarts
+            )
+            kind, name = choose_fault(rng, running, spent)
+            if kind == "kill":
+                kills.setdefault(name, []).append(now)
             step = learner_steps(run_dir)["step"]
             fault = {"t_s": round(time.monotonic() - started, 1), "fault": f"{kind}:{name}"}
             inject(kind, running[name])
@@ -202,6 +233,8 @@ def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
             write_results(args.out, results)
     finally:
         results["overran"] = launcher.poll() is None
+        if results["overran"]:  # an interrupted run writes no report.json: read Redis now
+            results["ledger_at_stop"] = ledger(run_dir)
         stop_launcher(launcher)
         results["launcher_exit_code"] = launcher.returncode
 
@@ -257,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         chaos(args, run_dir, results)
     except KeyboardInterrupt:
         print("interrupted: the run was stopped", file=sys.stderr)
-    results["summary"] = run_folder_summary(run_dir)
+    results["summary"] = run_folder_summary(run_dir, results.get("ledger_at_stop"))
     write_results(args.out, results)
     print(markdown(results))
     print(f"\nresults in {args.out}")
