@@ -316,6 +316,7 @@ class LocalVolumes:
             path = folder / item["path"]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(data[item["key"]])
+            path.chmod(item.get("mode", source.get("defaultMode", 0o644)))  # as the kubelet
         return folder
 
     def mounts(self, pod: Pod, container: dict) -> dict[str, Path]:
