@@ -201,6 +201,7 @@ class Learner:
             self.trainer,
             self.pools,
             self.compute,
+            started=self._started,
             allow_unsigned=self.allow_unsigned_checkpoint,
         )
         self._resume()
@@ -282,14 +283,17 @@ class Learner:
         Returns 0, or GAVE_UP_EXIT when no admissible group came for
         `learner.batch_timeout_s` (the run did not finish; the launcher exits 1).
 
-        `max_minutes` bounds the whole learner, set-up and the final evaluation included:
-        training stops early enough for one more step and the final evaluation to fit
-        (each estimated by the last one measured)."""
+        `max_minutes` bounds the run's whole learner time, set-up and the final evaluation
+        included, across resumes (`RunProgress.learner_seconds`): training stops early
+        enough for one more step and the final evaluation to fit (each estimated by the
+        last one measured)."""
         started = self._started = time.monotonic()  # the budget covers set-up and evaluations
         cfg = self.config.learner
-        deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
-        self._deadline = deadline
         self._setup()
+        # The budget is the run's: a resumed learner has what its predecessors left.
+        budget_s = 60 * cfg.max_minutes - self.progress.learner_seconds
+        deadline = started + budget_s if cfg.max_minutes else float("inf")
+        self._deadline = deadline
         if not self._await_workers(stop):
             log.info("stopped while waiting for the rollout workers, before any step")
             return 0

@@ -27,13 +27,17 @@ class RunProgress:
     training (its first evaluation; "" is the run's, paper Eq. 1's R0). counters: the
     run's totals (name -> count). lost_versions: (low, high), exclusive bounds of the
     versions a crashed learner published after its last checkpoint, whose groups are
-    stale (`learner_service.checkpoint.resume`); (0, 0) when none."""
+    stale (`learner_service.checkpoint.resume`); (0, 0) when none. learner_seconds: the
+    run's learner time before this learner process started (seconds: its earlier
+    processes', restored at a resume), what `learner.max_minutes` bounds with this
+    process's own."""
 
     step: int = 0
     version: int = 0
     r0_by_task: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=_run_counters)
     lost_versions: tuple[int, int] = (0, 0)
+    learner_seconds: float = 0.0
 
     @property
     def r0(self) -> float | None:

@@ -352,6 +352,11 @@ class ResumeRecord(_Record):
         description="Whether the checkpoint's prompt pool replaced Redis's (only when Redis "
         "held an older or no pool)."
     )
+    seconds_discarded: float = Field(
+        0.0,
+        description="Learner seconds the discarded steps took (from the checkpoint to the "
+        "last of them): still counted against learner.max_minutes.",
+    )
     time: float = Field(description="Unix seconds of the resume.")
 
 

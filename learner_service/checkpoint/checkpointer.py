@@ -35,12 +35,14 @@ class Saved:
     """A loaded checkpoint: the run's `progress` (lost_versions not yet known), the batch
     collector's `batch_totals`, whether the checkpoint's prompt pool replaced Redis's
     (`pool_restored`), and the replay ledger's `trained` count when it was written
-    (`groups_trained`; None for a checkpoint older than the ledger)."""
+    (`groups_trained`; None for a checkpoint older than the ledger), and when it was
+    written (`saved_at`, Unix seconds; 0.0: unknown)."""
 
     progress: RunProgress
     batch_totals: dict[str, int] = field(default_factory=dict)
     pool_restored: bool = False
     groups_trained: int | None = None
+    saved_at: float = 0.0
 
 
 class Checkpointer:
@@ -49,8 +51,10 @@ class Checkpointer:
 
     config: `checkpoint_every` (steps) and `checkpoint_minutes` say when one is due.
     pools: the prompt pools snapshotted into it. compute: the run's counters
-    (`total_hours()`, accelerator-hours). clock: monotonic seconds. allow_unsigned: load a
-    checkpoint nothing vouches for (`files.verify_integrity`, --allow-unsigned-checkpoint)."""
+    (`total_hours()`, accelerator-hours). clock: monotonic seconds. started: the `clock`
+    reading when this learner process started (default: now), from which its share of the
+    run's learner time is counted. allow_unsigned: load a checkpoint nothing vouches for
+    (`files.verify_integrity`, --allow-unsigned-checkpoint)."""
 
     def __init__(
         self,
@@ -60,6 +64,7 @@ class Checkpointer:
         pools: TaskPools,
         compute: _Compute,
         clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
         allow_unsigned: bool = False,
     ) -> None:
         self.folder = Path(folder)
@@ -71,6 +76,7 @@ class Checkpointer:
         self.compute = compute
         self.clock = clock
         self._saved_at = clock()
+        self._started = self._saved_at if started is None else started
         self._saved_step = -1
 
     def exists(self) -> bool:
@@ -90,8 +96,9 @@ class Checkpointer:
         self, progress: RunProgress, batch_totals: Mapping[str, int], final: bool = False
     ) -> None:
         """Save model, optimizer, RNG states, step, version, R0, the counters (with the
-        batch collector's `batch_totals`) and the prompt pool atomically; the `final` one
-        of a learner of several ranks also exports the full weights."""
+        batch collector's `batch_totals`), the prompt pool and the run's learner time
+        (`progress.learner_seconds` plus this process's) atomically; the `final` one of a
+        learner of several ranks also exports the full weights."""
         state = LearnerState(
             step=progress.step,
             policy_version=progress.version,
@@ -99,6 +106,8 @@ class Checkpointer:
             counters=progress.counters | dict(batch_totals),
             pool=self.pools.snapshot(),
             compute_hours=self.compute.total_hours(),
+            learner_seconds=progress.learner_seconds + self.clock() - self._started,
+            saved_at=time.time(),
         )
         save_checkpoint(self.folder, self.trainer, state, export=final)
         self._saved_at = self.clock()
@@ -118,10 +127,12 @@ class Checkpointer:
         progress = RunProgress(step=state.step, version=state.policy_version)
         progress.counters.update(counters)
         progress.set_r0(state.r0)
+        progress.learner_seconds = state.learner_seconds
         self._saved_step = state.step
         return Saved(
             progress=progress,
             batch_totals=totals,
             pool_restored=self.pools.restore(state.pool),
             groups_trained=counters.get("groups_trained_total"),
+            saved_at=state.saved_at,
         )

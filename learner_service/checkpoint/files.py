@@ -67,6 +67,9 @@ class LearnerState:
     step-0 held-out pass rate (the curve's R0, paper Eq. 1), None before it was measured.
     counters: the run's totals (name -> count) of metrics.jsonl. pool: a
     `PromptPool.snapshot()`. compute_hours: run compute when saved (accelerator-hours).
+    learner_seconds: the run's learner time when saved (seconds, every learner process
+    of the run so far: what `learner.max_minutes` bounds). saved_at: Unix seconds of the
+    save (0.0: unknown, a checkpoint written before it was recorded).
     """
 
     step: int
@@ -75,6 +78,8 @@ class LearnerState:
     counters: dict[str, int] = field(default_factory=dict)
     pool: dict[str, Any] = field(default_factory=dict)
     compute_hours: float = 0.0
+    learner_seconds: float = 0.0
+    saved_at: float = 0.0
 
 
 def checkpoint_exists(folder: Path) -> bool:
@@ -149,6 +154,8 @@ def load_checkpoint(folder: Path, trainer, allow_unsigned: bool = False) -> Lear
         counters={k: int(v) for k, v in meta.get("counters", {}).items()},
         pool=pool,
         compute_hours=float(meta.get("compute_hours", 0.0)),
+        learner_seconds=float(meta.get("learner_seconds", 0.0)),
+        saved_at=float(meta.get("saved_at", 0.0)),
     )
 
 
@@ -198,6 +205,8 @@ def _write_files(tmp: Path, trainer, state: LearnerState, export: bool) -> None:
         "r0": state.r0,
         "counters": state.counters,
         "compute_hours": state.compute_hours,
+        "learner_seconds": state.learner_seconds,
+        "saved_at": state.saved_at,
         "rng": _rng_state(),
     }
     state_bytes = json.dumps(meta).encode()

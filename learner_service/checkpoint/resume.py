@@ -16,6 +16,9 @@ supervisor's restart with the same command line) continues from it:
   stale: those weights never were an ancestor of the resumed policy;
 - the prompt pool: the checkpoint's snapshot replaces Redis's only when Redis holds an
   older one (`PromptPool.restore`), so prompts retired meanwhile stay retired;
+- the time budget: `learner.max_minutes` bounds the run's learner time, not each
+  process's: the resumed learner goes on from the checkpoint's learner time plus the
+  discarded steps' (ResumeRecord.seconds_discarded);
 - the curve: the kept evaluations are recorded again on the curve service (an identical
   point is a no-op there; a curve service that lost its store gets them back), with the
   checkpoint's R0.
@@ -81,7 +84,9 @@ def resume_run(
         lost,
         replay.pending(),
         saved.pool_restored,
+        saved.saved_at,
     )
+    progress.learner_seconds += record.seconds_discarded
     log.info(
         "resumed at step %d from policy version %d as version %d (%d later steps, "
         "%d groups lost, %d read again; prompt pool from %s)",
@@ -134,12 +139,19 @@ def one_timeline(
     groups_lost: int,
     groups_replayed: int,
     pool_restored: bool,
+    saved_at: float = 0.0,
 ) -> ResumeRecord:
     """Cut the run folder's records to `step` and append the resume's record (see the
     module docstring). `groups_lost`: the replay ledger's groups trained after the
     checkpoint (`ReplayStream.reconcile_resume`), also those of a step whose record the
-    crash kept from being written. Returns the record."""
+    crash kept from being written. `saved_at`: the checkpoint's Unix seconds (0.0:
+    unknown), from which the discarded steps' learner time is counted. Returns the
+    record."""
     steps = keep_records_until(run_dir, StepRecord, step)
+    # The crashed process's time after its checkpoint was spent: it still counts against
+    # max_minutes (the downtime until this restart does not; a resume can be days later).
+    last = max((r.time for r in steps), default=saved_at)
+    spent = max(0.0, last - saved_at) if saved_at else 0.0
     evals = keep_records_until(run_dir, EvalRecord, step)
     record = ResumeRecord(
         step=step,
@@ -150,6 +162,7 @@ def one_timeline(
         groups_lost=groups_lost,
         groups_replayed=groups_replayed,
         pool_restored=pool_restored,
+        seconds_discarded=round(spent, 3),
         time=time.time(),
     )
     append_record(run_dir, record)

@@ -77,8 +77,9 @@ class LearnerConfig(_Section):
     max_minutes: float = Field(
         0.0,
         ge=0,
-        description="Stop training this many minutes after the learner started, set-up and "
-        "evaluations included (0 = no limit); a final evaluation follows.",
+        description="The run's learner time budget in minutes, set-up and evaluations "
+        "included, summed over its learner processes (a restarted or resumed learner has "
+        "what the earlier ones left; 0 = no limit); the final evaluation fits within it.",
     )
     off_policy_k: int = Field(8, ge=0, le=1024, description="k: max policy-version lag.")
     off_policy_mode: Literal["pipeline", "ppo"] = Field(

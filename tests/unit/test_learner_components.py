@@ -5,6 +5,7 @@ finished evaluation writes and sets."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -106,6 +107,27 @@ def test_a_saved_checkpoint_gives_back_the_progress_and_the_batch_totals(tmp_pat
     assert torch.equal(next(target.model.parameters()), next(source.trainer.model.parameters()))
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["compute_hours"] == 0.125
+
+
+def test_the_run_s_learner_time_is_saved_and_given_back(tmp_path) -> None:
+    """An earlier process used 600 s of the budget; this one started 90 s before its
+    save: the checkpoint holds 690 s, and the next process goes on from there."""
+    clock = _Clock()
+    started = clock.now
+    source = Checkpointer(
+        tmp_path / "checkpoint",
+        LearnerConfig(),
+        _trainer(),
+        _Pools(),
+        _Compute(),
+        clock=clock,
+        started=started,
+    )
+    clock.now += 90
+    source.save(RunProgress(step=3, version=3, learner_seconds=600.0), {})
+    saved = _checkpointer(tmp_path).load()
+    assert saved.progress.learner_seconds == 690.0
+    assert abs(saved.saved_at - time.time()) < 60
 
 
 def test_a_checkpoint_older_than_the_replay_ledger_has_no_trained_count(tmp_path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_run_folder import STEP  # a complete StepRecord's fields
 
-from learner_service.checkpoint.resume import record_label, resumed_version
-from scalerl.run_folder import StepRecord, append_record
+from learner_service.checkpoint.resume import one_timeline, record_label, resumed_version
+from scalerl.run_folder import ResumeRecord, StepRecord, append_record, read_records
 from scalerl.staleness import from_lost_versions
 from scalerl_cli.main import main
 
@@ -34,6 +34,21 @@ def test_a_step_recorded_before_its_version_was_announced_counts_as_a_label(tmp_
         append_record(tmp_path, StepRecord(**(STEP | {"step": step, "policy_version": step})))
     assert record_label(tmp_path) == 8
     assert resumed_version(4, [7, None, record_label(tmp_path)]) == 9
+
+
+def test_the_discarded_steps_time_still_counts_against_the_budget(tmp_path) -> None:
+    """Checkpoint at step 5 saved at t=1000 s; the crashed learner recorded steps 6 and 7
+    at 1030 s and 1042.5 s: the resume discards them and their 42.5 s, not the downtime
+    until the restart, join the run's learner time (max_minutes)."""
+    for step, at in ((5, 999.0), (6, 1030.0), (7, 1042.5)):
+        append_record(tmp_path, StepRecord(**(STEP | {"step": step, "time": at})))
+    record = one_timeline(tmp_path, 5, 5, 8, 0, 0, False, saved_at=1000.0)
+    assert record.steps_discarded == 2 and record.seconds_discarded == 42.5
+    assert read_records(tmp_path, ResumeRecord)[0].seconds_discarded == 42.5
+    again = one_timeline(tmp_path, 5, 5, 9, 0, 0, False, saved_at=1000.0)
+    assert again.seconds_discarded == 0.0  # nothing after the checkpoint any more
+    unknown = one_timeline(tmp_path, -1, 0, 10, 0, 0, False)  # no checkpoint: no time known
+    assert unknown.steps_discarded == 1 and unknown.seconds_discarded == 0.0
 
 
 def test_groups_of_the_lost_versions_are_recognised() -> None:
