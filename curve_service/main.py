@@ -63,7 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="Largest points x (bootstrap resamples + 80) of one Fit or CompareRuns "
         "(0 = from this process's memory limit; curve_service.cost).",
     )
-    parser.add_argument("--token-file", default="", help="File holding the bearer token.")
+    parser.add_argument(
+        "--token-file", default="", help="File holding the run's token (it signs privileged RPCs)."
+    )
     parser.add_argument(
         "--allow-insecure",
         action="store_true",

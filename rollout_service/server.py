@@ -278,9 +278,11 @@ def start_server(
     host: str = "127.0.0.1",
     max_workers: int | None = None,
     security: Security | None = None,
+    advertise_host: str | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Serve `servicer` (`scalerl.rpc.services.serve`); returns (server, bound port,
-    health servicer). security: token and TLS (default: the process's).
+    health servicer). security: token and TLS (default: the process's). advertise_host:
+    the host the run dials this worker by (its registry address's; default: `host`).
 
     Each open Generate stream holds a server thread, so the pool defaults to the engine's
     slot count plus room for Interrupt, UpdateWeights, GetStatus and health checks, and
@@ -288,4 +290,12 @@ def start_server(
     which must not take the threads the others need."""
     relay = RELAY_STREAMS if servicer._relay_store is not None else 0
     workers = max_workers or servicer._engine.max_batch + 16 + relay
-    return serve(ROLLOUT, servicer, port, host, max_workers=workers, security=security)
+    return serve(
+        ROLLOUT,
+        servicer,
+        port,
+        host,
+        max_workers=workers,
+        security=security,
+        advertise_host=advertise_host,
+    )

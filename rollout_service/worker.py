@@ -124,7 +124,9 @@ class RolloutWorker:
             broadcast=self.follower.broadcast,
             relay_store=relay.store if relay else None,
         )
-        self.server, self.port, ready_health = start_server(servicer, self.port, self.host)
+        self.server, self.port, ready_health = start_server(
+            servicer, self.port, self.host, advertise_host=self.advertise_host
+        )
         ready_health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health = ready_health
         if self.metrics_port:

@@ -95,7 +95,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     parser.add_argument("--server", default=None, help="Use a curve service at HOST:PORT.")
     parser.add_argument(
-        "--token-file", default="", help="Bearer token of --server (or SCALERL_AUTH_TOKEN)."
+        "--token-file",
+        default="",
+        help="The run's token, to sign for --server (or SCALERL_AUTH_TOKEN).",
     )
     parser.add_argument("--tls-ca", default="", help="PEM CA of a TLS --server.")
     parser.add_argument("--tls-cert", default="", help="PEM client certificate (mutual TLS).")

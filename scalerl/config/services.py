@@ -133,7 +133,7 @@ class SecurityConfig(_Section):
     `token_file`, or from the environment variable SCALERL_AUTH_TOKEN, which wins."""
 
     token_file: str = Field(
-        "", description="File holding the shared bearer token of privileged RPCs ('' = none)."
+        "", description="File holding the run's secret, which signs privileged RPCs ('' = none)."
     )
     tls_cert_file: str = Field("", description="PEM certificate of this process's servers.")
     tls_key_file: str = Field("", description="PEM private key of tls_cert_file.")

@@ -1,13 +1,14 @@
 """Client channels with the project's message size limits and the process's credentials
-(`scalerl.rpc.security`: the bearer token, TLS when a CA is configured), and waiting for a
-server."""
+(`scalerl.rpc.security`: privileged calls signed with the run's secret, TLS when a CA is
+configured), and waiting for a server."""
 
 from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scalerl.rpc.security import Security, TokenInterceptor, channel_credentials, current
+from scalerl.rpc.request_auth import SigningInterceptor
+from scalerl.rpc.security import PRIVILEGED_METHODS, Security, channel_credentials, current
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -20,7 +21,8 @@ def channel(address: str, security: Security | None = None) -> grpc.Channel:
     """A channel to host:port with the project's message size limits: TLS when `security`
     (default: the process's, `scalerl.rpc.security.current`) has a CA, verifying the
     server's certificate against its `server_name` when set (else the address),
-    plaintext otherwise; privileged calls carry its token when it has one."""
+    plaintext otherwise; with its token, privileged calls are signed for the server
+    process that proves itself at `address` (`scalerl.rpc.request_auth`)."""
     security = current() if security is None else security
     credentials = channel_credentials(security)
     if credentials is None:
@@ -31,7 +33,8 @@ def channel(address: str, security: Security | None = None) -> grpc.Channel:
             options.append(("grpc.ssl_target_name_override", security.server_name))
         ch = grpc.secure_channel(address, credentials, options=options)
     if security.token:
-        ch = grpc.intercept_channel(ch, TokenInterceptor(security.token))
+        signing = SigningInterceptor(ch, address, security.token, PRIVILEGED_METHODS)
+        ch = grpc.intercept_channel(ch, signing)
     return ch
 
 

@@ -1,10 +1,11 @@
-"""Who may call what: the shared bearer token of privileged RPCs and optional (mutual) TLS.
+"""Who may call what: the run's secret that signs privileged RPCs, and optional (mutual) TLS.
 
 One `Security` value per process, built from the run config's `security` section
 (`from_config`) and installed once at start-up (`configure`); `scalerl.rpc.server.make_server`
-and `scalerl.rpc.channel.channel` use it unless given another. The token travels as gRPC
-metadata `authorization: Bearer <token>`; servers compare it in constant time
-(`hmac.compare_digest`) and answer UNAUTHENTICATED without calling the handler.
+and `scalerl.rpc.channel.channel` use it unless given another. The secret (`token`) never
+travels: each privileged call is signed for the one server process that proved itself
+with it (`scalerl.rpc.request_auth`), and servers answer an unsigned, replayed or stale
+call UNAUTHENTICATED without calling the handler.
 
 Privileged are the RPCs that change a run or spend its accelerators: UpdateWeights (replaces
 the policy), Interrupt (cuts a request short), Generate (only the learner's evaluator calls
@@ -19,13 +20,11 @@ points, nothing is written), GetRun, and health and reflection.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -46,15 +45,11 @@ PRIVILEGED_METHODS = frozenset(
         "/scalerl.v1.CurveService/TrimRun",
     }
 )
-_HEADER = "authorization"
-# A server interceptor's `continuation`: the method's details -> its handler (None when
-# the server has no such method).
-Continuation = Callable[[grpc.HandlerCallDetails], "grpc.RpcMethodHandler | None"]
 
 
 @dataclass(frozen=True)
 class Security:
-    """token: shared secret of privileged RPCs ('' = auth off). cert_pem/key_pem: this
+    """token: the run's secret, which signs privileged RPCs ('' = auth off). cert_pem/key_pem: this
     process's certificate (servers present it; clients present it under mutual TLS).
     ca_pem: the CA clients verify servers with (and mTLS servers verify clients with).
     max_concurrent_rpcs: RPCs one server runs at once (`security.max_concurrent_rpcs`).
@@ -189,49 +184,6 @@ def server_credentials(security: Security) -> grpc.ServerCredentials | None:
     )
 
 
-def authorized(metadata: Any, token: str) -> bool:
-    """True when `metadata` (gRPC invocation metadata) carries `Bearer <token>`."""
-    expected = f"Bearer {token}".encode()
-    for key, value in metadata or ():
-        if key == _HEADER:
-            given = value.encode() if isinstance(value, str) else value
-            return hmac.compare_digest(given, expected)
-    return False
-
-
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Answers UNAUTHENTICATED to a privileged method called without the token, before
-    its handler runs; every other method passes untouched."""
-
-    def __init__(self, token: str, privileged: frozenset[str] = PRIVILEGED_METHODS) -> None:
-        self._token = token
-        self._privileged = privileged
-
-    def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method not in self._privileged:
-            return handler
-        if authorized(handler_call_details.invocation_metadata, self._token):
-            return handler
-        return _denied(handler, method.rsplit("/", 1)[-1])
-
-
-def _denied(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    def deny(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            f"{method} needs metadata 'authorization: Bearer <token>' with the run's token",
-        )
-
-    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-        if getattr(handler, kind):
-            return handler._replace(**{kind: deny})
-    return handler
-
-
 # ----- client side -----------------------------------------------------------------------
 
 
@@ -245,64 +197,3 @@ def channel_credentials(security: Security) -> grpc.ChannelCredentials | None:
         private_key=security.key_pem or None,
         certificate_chain=security.cert_pem or None,
     )
-
-
-class _Call(grpc.ClientCallDetails):
-    def __init__(
-        self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]
-    ) -> None:
-        self.method = details.method
-        self.timeout = details.timeout
-        self.metadata = metadata
-        self.credentials = details.credentials
-        self.wait_for_ready = details.wait_for_ready
-        self.compression = details.compression
-
-
-class TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` to the calls of a channel that need it: the
-    `privileged` methods only, so a read (GetStatus, health) sent to a server that is not
-    the run's never carries the token. (Call credentials would need TLS; the token must
-    also work on the plaintext laptop job.)"""
-
-    def __init__(self, token: str, privileged: frozenset[str] = PRIVILEGED_METHODS) -> None:
-        self._pair = (_HEADER, f"Bearer {token}")
-        self._privileged = privileged
-
-    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        method = details.method
-        name = method.decode() if isinstance(method, bytes) else method
-        if name not in self._privileged:
-            return details
-        return _Call(details, [*(details.metadata or ()), self._pair])
-
-    def intercept_unary_unary(
-        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
-    ) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(
-        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
-    ) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_stream_unary(
-        self,
-        continuation: Callable[..., Any],
-        details: grpc.ClientCallDetails,
-        request_iterator: Any,
-    ) -> Any:
-        return continuation(self._with_token(details), request_iterator)
-
-    def intercept_stream_stream(
-        self,
-        continuation: Callable[..., Any],
-        details: grpc.ClientCallDetails,
-        request_iterator: Any,
-    ) -> Any:
-        return continuation(self._with_token(details), request_iterator)

@@ -1,7 +1,8 @@
 """The one way every service builds its gRPC server: thread pool, message limits, a cap on
 concurrent RPCs, a cap on the open-ended streams anyone may open (health Watch,
-reflection), the token check of privileged methods and the one error interceptor,
-optional TLS (`scalerl.rpc.security`), grpc.health.v1 and server reflection."""
+reflection), the signature check of privileged methods (`scalerl.rpc.request_auth`) and
+the one error interceptor, optional TLS (`scalerl.rpc.security`), grpc.health.v1 and
+server reflection."""
 
 from __future__ import annotations
 
@@ -17,16 +18,20 @@ from grpc_reflection.v1alpha import reflection
 
 from scalerl.rpc.channel import CHANNEL_OPTIONS
 from scalerl.rpc.errors import ServiceError
-from scalerl.rpc.security import (
-    PRIVILEGED_METHODS,
+from scalerl.rpc.request_auth import (
+    ADD_IDENTITY,
+    IDENTITY_SERVICE,
+    REPLICATED_SERVICES,
     AuthInterceptor,
-    Continuation,
-    Security,
-    current,
-    server_credentials,
+    ServerIdentity,
+    rpc_key,
 )
+from scalerl.rpc.security import PRIVILEGED_METHODS, Security, current, server_credentials
 
 log = logging.getLogger(__name__)
+# A server interceptor's `continuation`: the method's details -> its handler (None when
+# the server has no such method).
+Continuation = Callable[[grpc.HandlerCallDetails], "grpc.RpcMethodHandler | None"]
 # A method's behavior: (request or request iterator, context) -> response or responses.
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
 
@@ -140,18 +145,21 @@ def make_server(
     security: Security | None = None,
     privileged: frozenset[str] = PRIVILEGED_METHODS,
     maximum_concurrent_rpcs: int | None = None,
+    advertise_host: str | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start a server with the given (add_fn, servicer, full_service_name) registrations,
     plus grpc.health.v1 (every service SERVING) and server reflection, behind the one
     `ErrorInterceptor`.
 
     security (default: the process's, `scalerl.rpc.security.current`): with a token, the
-    `privileged` full method names ("/pkg.Service/Method") answer UNAUTHENTICATED to a
-    call without `authorization: Bearer <token>`, before the handler runs; with a
-    certificate, the port speaks TLS only (mutual TLS when it requires client
-    certificates). maximum_concurrent_rpcs: RPCs beyond it are answered
-    RESOURCE_EXHAUSTED (None = the security's cap, else `max_workers` x 4, so a flood
-    queues boundedly instead of without limit). Health Watch and reflection streams,
+    server proves itself (`scalerl.v1.IdentityService`) and the `privileged` full method
+    names ("/pkg.Service/Method") answer UNAUTHENTICATED to a call not signed for it
+    (`scalerl.rpc.request_auth`), before the handler runs; advertise_host: the host
+    clients dial it by, which a replicated service (a rollout worker) proves with its
+    port (default: `host`). With a certificate, the port speaks TLS only (mutual TLS
+    when it requires client certificates). maximum_concurrent_rpcs: RPCs beyond it are
+    answered RESOURCE_EXHAUSTED (None = the security's cap, else `max_workers` x 4, so a
+    flood queues boundedly instead of without limit). Health Watch and reflection streams,
     open to anyone and held open as long as the client likes, get a quarter of the pool
     at most (`OpenStreamCap`).
 
@@ -161,8 +169,10 @@ def make_server(
     security = current() if security is None else security
     open_streams = max(1, max_workers // 4)
     interceptors: list[grpc.ServerInterceptor] = [OpenStreamCap(open_streams), ErrorInterceptor()]
+    identity = None
     if security.token:
-        interceptors.insert(0, AuthInterceptor(security.token, privileged))
+        identity = ServerIdentity(rpc_key(security.token), registrations[0][2])
+        interceptors.insert(0, AuthInterceptor(identity, privileged))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=CHANNEL_OPTIONS,
@@ -179,6 +189,9 @@ def make_server(
         names.append(name)
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    if identity is not None:
+        ADD_IDENTITY(identity, server)
+        names.append(IDENTITY_SERVICE)
     reflection.enable_server_reflection(names, server)
     credentials = server_credentials(security)
     if credentials is None:
@@ -187,5 +200,7 @@ def make_server(
         bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise RuntimeError(f"could not bind gRPC port {host}:{port}")
+    if identity is not None and identity.service in REPLICATED_SERVICES:
+        identity.address = f"{advertise_host or host}:{bound}"  # before the first Hello
     server.start()
     return server, bound, health_servicer

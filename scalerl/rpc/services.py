@@ -60,16 +60,23 @@ def serve(
     host: str = "127.0.0.1",
     max_workers: int = 16,
     security: Security | None = None,
+    advertise_host: str | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start a server of `service` backed by `servicer` on host:port (0 = a free port),
     with health (the service and "" SERVING) and reflection, behind the one error
     interceptor, the token check of the privileged methods and the RPC cap
     (`scalerl.rpc.server.make_server`). max_workers: the server's thread pool (an open
     stream holds a thread). security: token and TLS (default: the process's).
+    advertise_host: the host clients dial (default: `host`), which a rollout worker proves.
 
     Returns (server, bound port, health servicer). Raises RuntimeError when the port
     cannot be bound."""
     registration = (service.add_to_server, servicer, service.name)
     return make_server(
-        [registration], port=port, host=host, max_workers=max_workers, security=security
+        [registration],
+        port=port,
+        host=host,
+        max_workers=max_workers,
+        security=security,
+        advertise_host=advertise_host,
     )

@@ -9,8 +9,8 @@ from the index by a script that checks the entry again, so a worker beating at t
 moment stays.
 
 With a run token, each entry carries an HMAC made with the run's secret
-(`scalerl.state.signing`): an entry someone else wrote (a rogue address that would receive
-the learner's bearer token) is not a worker.
+(`scalerl.state.signing`): an entry someone else wrote (a rogue address the learner
+would send its weights and prompts to) is not a worker.
 
 A heartbeat proves only that the worker's heartbeat thread runs; the progress it carries
 (tokens generated, requests in the engine, when tokens last moved, the version serving)
@@ -99,7 +99,7 @@ class WorkerRegistry:
     stall_s: seconds without progress while it has work after which a worker is left out
     of `workers()` (None: never). clock: wall time in Unix seconds. signer: signs this
     process's heartbeats and checks every entry read (default: keyed by the process's
-    bearer token, `scalerl.state.signing.process_signer`).
+    token, `scalerl.state.signing.process_signer`).
     """
 
     def __init__(

@@ -1,11 +1,11 @@
 """Signed entries: what in Redis makes a process dial someone carries an HMAC made with
-the run's secret, so that whoever can write Redis cannot send a process (and its bearer
-token) to an address of their choosing.
+the run's secret, so that whoever can write Redis cannot send a process (with its
+weights or prompts) to an address of their choosing.
 
 Two entries are signed: a worker's registry entry (its address; the learner dials it
-with the token to push weights and evaluate) and the published weights' record
+to push weights and evaluate) and the published weights' record
 (`latest_weights`: its `source` is the learner a worker fetches from). The key is derived
-from the run's bearer token (`scalerl.rpc.security`), which only the run's processes
+from the run's token (`scalerl.rpc.security`), which only the run's processes
 hold; a run without a token (auth off, the laptop default binding 127.0.0.1) signs
 nothing and checks nothing. An entry that fails the check is ignored, logged once.
 """
@@ -63,7 +63,7 @@ class EntrySigner:
 
 
 def process_signer() -> EntrySigner:
-    """The signer of this process's run: keyed by its bearer token
+    """The signer of this process's run: keyed by its token
     (`scalerl.rpc.security.current`)."""
     from scalerl.rpc.security import current
 

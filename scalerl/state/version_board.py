@@ -91,7 +91,7 @@ def _valid_source(source: str) -> bool:
 
 class VersionBoard:
     """announced, published and serving(worker) of one run (module docstring). signer:
-    signs and checks the publication record (default: keyed by the process's bearer
+    signs and checks the publication record (default: keyed by the process's
     token, `scalerl.state.signing.process_signer`)."""
 
     def __init__(self, client: RedisClient, run_id: str, signer: EntrySigner | None = None) -> None:

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from scalerl.rpc.channel import channel
-from scalerl.rpc.security import Security, TokenInterceptor
+from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -59,7 +59,7 @@ def test_64_open_watch_streams_leave_check_and_privileged_calls_answering() -> N
         assert _answered(streams[-1:]) == 0  # the cap covers reflection too
         answer = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
-        privileged = grpc.intercept_channel(channel(address), TokenInterceptor(TOKEN))
+        privileged = channel(address, Security(token=TOKEN))
         stub = rollout_pb2_grpc.RolloutServiceStub(privileged)
         assert stub.Interrupt(rollout_pb2.InterruptRequest(request_id="r1"), timeout=2).found
         # A slot comes back when a watcher leaves.

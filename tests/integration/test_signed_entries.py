@@ -7,13 +7,13 @@ privileged methods only."""
 from __future__ import annotations
 
 import json
-from concurrent import futures
 
-import grpc
 import redis
 
 from scalerl.rpc.channel import channel
-from scalerl.rpc.security import PRIVILEGED_METHODS, TokenInterceptor
+from scalerl.rpc.security import PRIVILEGED_METHODS, Security
+from scalerl.rpc.server import make_server
+from scalerl.rpc.services import ROLLOUT
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.signing import EntrySigner
@@ -107,19 +107,19 @@ class _Recorder(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.InterruptResponse()
 
 
-def test_the_token_goes_with_privileged_methods_only() -> None:
+def test_privileged_methods_alone_are_signed_and_the_token_never_travels() -> None:
     recorder = _Recorder()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(recorder, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    registration = (ROLLOUT.add_to_server, recorder, ROLLOUT.name)
+    server, port, _ = make_server([registration], max_workers=2, security=Security(token=TOKEN))
     try:
-        ch = grpc.intercept_channel(channel(f"127.0.0.1:{port}"), TokenInterceptor(TOKEN))
-        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        stub = rollout_pb2_grpc.RolloutServiceStub(
+            channel(f"127.0.0.1:{port}", Security(token=TOKEN))
+        )
         stub.GetStatus(rollout_pb2.GetRolloutStatusRequest(), timeout=5)
         stub.Interrupt(rollout_pb2.InterruptRequest(request_id="r"), timeout=5)
     finally:
         server.stop(None)
     assert "authorization" not in recorder.metadata["GetStatus"]
-    assert recorder.metadata["Interrupt"]["authorization"] == f"Bearer {TOKEN}"
+    signature = recorder.metadata["Interrupt"]["authorization"]
+    assert signature.startswith("ScaleRL-HMAC ") and TOKEN not in signature
     assert "/scalerl.v1.RolloutService/Interrupt" in PRIVILEGED_METHODS
