@@ -46,7 +46,7 @@ from scalerl.state.client import (
 from scalerl.state.run_state import RunState
 from scalerl_cli.cpu_profile import CpuProfile
 from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
-from scalerl_cli.processes import Child, start_child, stop_children
+from scalerl_cli.processes import Child, kill_children, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
 from scalerl_cli.report import finish_report
 from scalerl_cli.supervisor import CrashLoop, Supervisor
@@ -174,8 +174,8 @@ def run(
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted: stopping every process[/]")
-            _stop_in_order(children)
+            console.print("[yellow]interrupted: stopping every process (again: kill them)[/]")
+            _stop_or_kill(children)
             return 130
         except RunFailed as exc:
             console.print(f"[red]run failed:[/] {escape(str(exc))}")
@@ -326,6 +326,16 @@ def _stop_in_order(children: list[Child], learner_grace_s: float = 300.0) -> Non
     learners = [c for c in children if c.name == "learner"]
     stop_children(learners, grace_s=learner_grace_s)
     stop_children([c for c in children if c.name != "learner"])
+
+
+def _stop_or_kill(children: list[Child]) -> None:
+    """`_stop_in_order`; a second interrupt (Ctrl-C again, SIGTERM, SIGHUP) meanwhile kills
+    every child at once instead, said in one line."""
+    try:
+        _stop_in_order(children)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted again: killing every process[/]")
+        kill_children(children)
 
 
 def _start_services(

@@ -205,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)
-    return launcher.run(
-        config,
-        run_dir or launcher.default_run_dir(config),
-        resume=args.resume is not None,
-        redis_url=redis_url,
-        allow_unsigned_checkpoint=args.allow_unsigned_checkpoint,
-    )
+    try:
+        return launcher.run(
+            config,
+            run_dir or launcher.default_run_dir(config),
+            resume=args.resume is not None,
+            redis_url=redis_url,
+            allow_unsigned_checkpoint=args.allow_unsigned_checkpoint,
+        )
+    except KeyboardInterrupt:  # while finishing: the children die with this process
+        print("scalerl run: interrupted while finishing: every process stopped", file=sys.stderr)
+        return 130
 
 
 def _interrupted(signum: int, frame: object) -> None:

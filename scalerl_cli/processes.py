@@ -81,6 +81,14 @@ def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> subproces
         )
 
 
+def kill_children(children: list[Child]) -> None:
+    """SIGKILL every running child and reap it (a second interrupt: no grace)."""
+    for child in children:
+        if child.poll() is None:
+            child.proc.kill()
+        child.proc.wait()
+
+
 def stop_children(children: list[Child], grace_s: float = 15.0) -> None:
     """SIGTERM every running child, wait up to grace_s, then SIGKILL the rest; reaps all."""
     for child in children:

@@ -144,3 +144,27 @@ def test_a_stop_that_overruns_its_deadline_ends_the_process(tmp_path):
         assert "still stopping 1 s after the signal: exiting now" in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_a_second_interrupt_during_the_orderly_stop_kills_every_child(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C, then Ctrl-C again while the learner still finishes (its grace is minutes):
+    every child is killed at once and the launcher says so in one line, no traceback."""
+    from scalerl_cli import launcher
+    from scalerl_cli.processes import Child
+
+    children = [
+        Child(name, subprocess.Popen(["sleep", "60"]), tmp_path / f"{name}.log")
+        for name in ("curve", "rollout-0", "learner")
+    ]
+
+    def interrupted_again(_children, grace_s=15.0):
+        raise KeyboardInterrupt  # the second signal lands inside the learner's grace
+
+    monkeypatch.setattr(launcher, "stop_children", interrupted_again)
+    started = time.monotonic()
+    launcher._stop_or_kill(children)
+    assert time.monotonic() - started < 10
+    assert [c.proc.returncode for c in children] == [-signal.SIGKILL] * 3
+    assert "interrupted again: killing every process" in capsys.readouterr().err
