@@ -41,7 +41,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +52,7 @@ from soak import (
     SERVICES_WAIT_S,
     learner_steps,
     machine_info,
+    prepared_run_dir,
     process_name,
     stop_launcher,
     wait_services,
@@ -269,9 +269,7 @@ def _median(values: list[float]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="scalerl-chaos-")) / "run"
-    run_dir = run_dir.resolve()
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_dir = prepared_run_dir(args.run_dir, "scalerl-chaos-")
     results: dict = {
         "config": {
             "config": args.config,

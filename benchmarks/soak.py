@@ -374,11 +374,17 @@ def soak(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
         results["final_learner"] = learner_steps(run_dir)
 
 
+def prepared_run_dir(given: Path | None, prefix: str) -> Path:
+    """The run folder to use (absolute): `given`, else `run` in a new temporary folder
+    named with `prefix`; its parent exists."""
+    run_dir = (given or Path(tempfile.mkdtemp(prefix=prefix)) / "run").resolve()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="scalerl-soak-")) / "run"
-    run_dir = run_dir.resolve()
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_dir = prepared_run_dir(args.run_dir, "scalerl-soak-")
     results: dict = {
         "config": {
             "minutes": args.minutes,

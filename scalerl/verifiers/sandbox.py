@@ -253,20 +253,28 @@ def _send_job(proc: subprocess.Popen, job: dict) -> None:
 
 
 class _Lines:
-    """A channel read in chunks, cut into lines, capped in bytes."""
+    """A channel read in chunks, cut into lines, capped in bytes. A line's chunks wait in
+    a list joined once at its newline: a long line costs linear time, not a copy of the
+    whole line per chunk."""
 
     def __init__(self, fd: int, cap: int) -> None:
-        self.fd, self.cap, self.buffer, self.received, self.open = fd, cap, b"", 0, True
+        self.fd, self.cap, self.received, self.open = fd, cap, 0, True
+        self.parts: list[bytes] = []  # the unfinished line
 
     def read(self) -> list[bytes]:
         chunk = os.read(self.fd, 1 << 16)
         self.received += len(chunk)
         if not chunk or self.received > self.cap:
             self.open = False
-            return [self.buffer] if chunk == b"" and self.buffer else []
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split(b"\n")
-        return lines
+            rest = b"".join(self.parts)
+            return [rest] if chunk == b"" and rest else []
+        if b"\n" not in chunk:
+            self.parts.append(chunk)
+            return []
+        head, *lines, tail = chunk.split(b"\n")
+        first = b"".join([*self.parts, head])
+        self.parts = [tail] if tail else []
+        return [first, *lines]
 
 
 def _collect(
