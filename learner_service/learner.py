@@ -58,7 +58,14 @@ from scalerl.policy.models import load_policy
 from scalerl.policy.routing import moe_shape
 from scalerl.policy.weight_store import WeightStore
 from scalerl.policy.weights import snapshot_state_dict
-from scalerl.run_folder import GAVE_UP_EXIT, EndRecord, StepRecord, append_record
+from scalerl.run_folder import (
+    GAVE_UP_EXIT,
+    EndRecord,
+    EvalRecord,
+    StepRecord,
+    append_record,
+    read_records,
+)
 from scalerl.staleness import staleness
 from scalerl.state.client import REDIS_ERRORS, connect
 from scalerl.state.prompt_pool import TaskPools
@@ -222,6 +229,7 @@ class Learner:
         self.progress = resumed.progress
         self.batches.restore_totals(resumed.batch_totals)
         self.reporter.restore(self.progress)
+        self.evaluations.resume(read_records(self.run_dir, EvalRecord))
 
     def _checkpoint(self, final: bool = False) -> None:
         """Save the run's progress and the trainer (`Checkpointer.save`)."""

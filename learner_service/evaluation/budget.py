@@ -19,10 +19,12 @@ the machine is assumed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from scalerl.config import EvalConfig
+from scalerl.run_folder import EvalRecord
 
 
 @dataclass
@@ -44,6 +46,18 @@ class EvalSpend:
             self.full += tokens
         self.evaluations += 1
         self.last_tokens_per_completion = mean_tokens
+
+    @classmethod
+    def of_records(cls, records: Iterable[EvalRecord]) -> EvalSpend:
+        """The spend of a resumed run: its kept run-level evaluations (task ""), the
+        step-0 one as R0's, every later one as one between (a final evaluation before a
+        resume counts as one between: the budget then allows a little less). A spend
+        that never measured a completion's cost lets no evaluation fall due."""
+        spend = cls()
+        for record in records:
+            if not record.task:
+                spend.add(record.completions, record.mean_tokens, budgeted=record.step > 0)
+        return spend
 
     def shares(self, compute_s: float, rollout_s: float, generated: float) -> dict[str, float]:
         """The evaluations' share of the run's compute: `between` (the budgeted ones, of

@@ -22,8 +22,13 @@ from learner_service.progress import RunProgress
 from learner_service.timing import LearnerTiming
 from scalerl.compute import ComputeCounters
 from scalerl.config import RunConfig
+from scalerl.run_folder import EvalRecord
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.worker_stats import WorkerStats
+
+# Tries after a failed one of R0 and the final evaluation: with the scheduler's back-off
+# (2 s, doubling) they wait 2 + 4 + ... + 64 = 126 s for a worker in all.
+FULL_EVAL_RETRIES = 6
 
 
 class EvalCoordinator:
@@ -83,6 +88,11 @@ class EvalCoordinator:
         cost = self.evals.evaluator.completions(full=False)
         return self.cadence.due(step, evaluated_at, self.spend, cost, self.usage())
 
+    def resume(self, records: list[EvalRecord]) -> None:
+        """After a resume: the evaluations' spend of the kept `records` (eval.jsonl), so the
+        budget goes on where it was (`EvalSpend.of_records`)."""
+        self.spend = EvalSpend.of_records(records)
+
     def start(
         self, progress: RunProgress, background: bool, full: bool = True, budgeted: bool = False
     ) -> None:
@@ -108,6 +118,9 @@ class EvalCoordinator:
             seed=self.config.seed + 7919 * step,
             full=full,
             budgeted=budgeted,
+            # R0 and the final evaluation are not skipped for a worker that is away for a
+            # minute (a restart, a paused pod): they wait for one about 2 minutes.
+            retries=None if budgeted else max(self.evals.retries, FULL_EVAL_RETRIES),
         )
         if not background:
             self.finish(progress, block=True)

@@ -105,10 +105,12 @@ class EvalScheduler:
         seed: int,
         full: bool = True,
         budgeted: bool = False,
+        retries: int | None = None,
     ) -> None:
         """Evaluate the held-out split (`full`: every prompt, else the evaluator's fixed
         subset) on `workers` (addresses, or a callable returning them, asked before every
-        try) at the current version; `budgeted`: its cost counts against the budget.
+        try) at the current version; `budgeted`: its cost counts against the budget;
+        `retries`: tries after a failed one (default: the scheduler's).
 
         Raises RuntimeError when one is running already (`take` it first)."""
         if self._job is not None:
@@ -117,7 +119,13 @@ class EvalScheduler:
         job = EvalJob(step, version, compute, time.monotonic(), full, budgeted)
         job.thread = threading.Thread(
             target=job.run,
-            args=(self.evaluator, addresses, seed, self.retries, self.backoff_s),
+            args=(
+                self.evaluator,
+                addresses,
+                seed,
+                self.retries if retries is None else retries,
+                self.backoff_s,
+            ),
             name="evaluate",
             daemon=True,
         )

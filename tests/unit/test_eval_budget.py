@@ -85,3 +85,30 @@ def test_the_final_evaluation_is_estimated_from_the_workers_rate_after_a_subset_
     assert final_eval_seconds(30.0, 128, 12.0, 400, 100.0, 10_000.0, 2) == pytest.approx(24.0)
     # No worker statistics yet: the subset's seconds scaled by the completions.
     assert final_eval_seconds(32.0, 128, 12.0, 400, 0.0, 0.0, 2) == pytest.approx(100.0)
+
+
+def test_a_resumed_run_goes_on_with_the_spend_of_its_kept_evaluations() -> None:
+    """A resumed learner starts with no evaluation of its own: a fresh spend never knows
+    a completion's cost, so no evaluation would ever fall due (the chaos soak's resumed
+    default job evaluated none in 35 steps). The kept records give R0's and the
+    between ones' tokens back, and the cadence goes on as before the crash."""
+    from test_run_folder import EVAL
+
+    from scalerl.run_folder import EvalRecord
+
+    def record(step: int, task: str, completions: int, mean_tokens: float) -> EvalRecord:
+        fields = {"step": step, "task": task, "completions": completions}
+        return EvalRecord(**(EVAL | fields | {"mean_tokens": mean_tokens}))
+
+    kept = [
+        record(0, "math", 400, 10.0),  # a task's record: the run's own counts
+        record(0, "", 400, 10.0),  # R0: 4,000 tokens
+        record(3, "", 100, 10.0),  # one between: 1,000 tokens
+    ]
+    spend = EvalSpend.of_records(kept)
+    assert (spend.full, spend.between, spend.evaluations) == (4_000.0, 1_000.0, 2)
+    assert spend.last_tokens_per_completion == 10.0
+    cadence = BudgetCadence(0.2)  # as the test above: due from C = 130 s
+    assert not cadence.due(6, 3, spend, 100, (129.0, 90.0, 9_000.0))
+    assert cadence.due(6, 3, spend, 100, (130.0, 90.0, 9_000.0))
+    assert not cadence.due(6, 3, EvalSpend(), 100, (1e6, 90.0, 9_000.0))  # the bug

@@ -80,3 +80,13 @@ def test_r0_that_keeps_failing_stops_the_learner() -> None:
 def test_bad_retry_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="retries and backoff_s must be >= 0"):
         EvalScheduler(FlakyEvaluator(0), retries=-1)
+
+
+def test_a_job_may_be_given_more_tries_than_the_scheduler_s() -> None:
+    """R0 and the final evaluation wait longer for a worker (FULL_EVAL_RETRIES) than the
+    ones between, which a worker away for half a minute may skip."""
+    evaluator = FlakyEvaluator(failures=5)
+    schedule = EvalScheduler(evaluator, retries=2, backoff_s=0.001)
+    schedule.start(step=9, version=9, compute=0.1, workers=["a:1"], seed=1, retries=6)
+    job = schedule.take(block=True)
+    assert job is not None and job.attempts == 6 and job.result == RESULT
