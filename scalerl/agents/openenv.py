@@ -1,8 +1,7 @@
 """OpenEnv environments (the `openenv-core` package) as the environments of trajectories,
-unchanged: a user's `openenv.core.env_server.interfaces.Environment` subclass runs in a
-jailed process of its own, one per trajectory (`HostedSession`), or its server (the same
-class behind OpenEnv's HTTP/WebSocket app, in a container or on a Space) is reached
-through OpenEnv's own client, one session per trajectory.
+unchanged: a user's `openenv.core.env_server.interfaces.Environment` subclass runs in the
+worker, or its server (the same class behind OpenEnv's HTTP/WebSocket app, in a container
+or on a Space) is reached through OpenEnv's own client, one session per trajectory.
 
 The mapping (`OpenEnvTrajectory`):
 - reset: `reset(seed=row seed, episode_id=prompt id, **reset_kwargs)` (only the arguments
@@ -23,33 +22,23 @@ The package is imported on first use (extra `openenv`); nothing here imports tor
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import inspect
 import json
-import logging
 import math
-import os
-import select
-import subprocess
-import sys
-import time
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
 from scalerl.agents.environment import Message, ModelTurn, Observation, Opening
-from scalerl.agents.jail import jailed, probe
 from scalerl.agents.trajectory import TurnLimits
 from scalerl.config import EnvironmentConfig, OpenEnvConfig
 
-log = logging.getLogger(__name__)
-
 # Fields of every OpenEnv observation that are not shown to the model.
 _CONTROL_FIELDS = ("done", "reward", "metadata")
-# The largest reply of an environment process (an observation as JSON): a larger one is
-# refused before it is read whole (the model reads max_env_tokens of it at most anyway).
-OBSERVATION_MAX_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -72,103 +61,46 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-class HostedSession:
-    """An instance of the `Environment` subclass `environment` ('python:MODULE:CLASS') in a
-    process of its own (`scalerl.agents.env_host`), jailed (`scalerl.agents.jail`: no
-    process of the worker, none of its secret files or run folder in its sight) unless
-    `contained` is False, with no `SCALERL_*` variable in its environment. Model output
-    drives the environment's code; none of it runs in the worker.
+class LocalSession:
+    """An instance of an `Environment` subclass in this process. Its action class is the
+    class's first generic argument (`Environment[MyAction, ...]`) or the annotation of
+    `step`'s action. Each call runs on a helper thread and raises TimeoutError past
+    `timeout_s` (the hung call's thread is left behind: a daemon, it does not keep the
+    worker alive)."""
 
-    Each call (the constructor's included) waits `timeout_s` at most: past it, or for a
-    reply over OBSERVATION_MAX_BYTES, the process is killed and the call raises
-    TimeoutError or ValueError; an environment that raised gives RuntimeError with its
-    message. Raises OSError when the process cannot be started."""
-
-    def __init__(
-        self,
-        environment: str,
-        kwargs: dict[str, Any],
-        timeout_s: float,
-        contained: bool = True,
-    ) -> None:
-        command = [sys.executable, "-m", "scalerl.agents.env_host"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SCALERL_")}
-        # It imports the environment's module as the worker does: from the worker's path.
-        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        self.proc = subprocess.Popen(
-            jailed(command) if contained else command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+    def __init__(self, environment_class: type, kwargs: dict[str, Any], timeout_s: float) -> None:
+        self.action_class = action_class(environment_class)
         self.timeout_s = timeout_s
-        self._pending = bytearray()
-        try:
-            self._call({"op": "open", "environment": environment, "kwargs": kwargs})
-        except BaseException:
-            self._kill()
-            raise
+        self.env = environment_class(**kwargs)
 
     def reset(self, **kwargs: Any) -> EnvStep:
-        return _env_step(self._call({"op": "reset", "kwargs": kwargs}))
+        accepted = _accepted(self.env.reset, kwargs)
+        return _from_model(self._call(self.env.reset, **accepted))
 
     def step(self, action: dict[str, Any]) -> EnvStep:
-        return _env_step(self._call({"op": "step", "action": action}))
+        return _from_model(self._call(self.env.step, self.action_class(**action)))
 
     def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
+
+    def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                result.set_result(function(*args, **kwargs))
+            except BaseException as exc:  # the trajectory reports it
+                result.set_exception(exc)
+
+        threading.Thread(target=run, name="openenv-call", daemon=True).start()
         try:
-            if self.proc.poll() is None:
-                self._call({"op": "close"})
-        finally:
-            self._kill()
-
-    def _call(self, request: dict[str, Any]) -> Any:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(request, default=str).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            raise RuntimeError(self._ended()) from None
-        reply = json.loads(self._line(time.monotonic() + self.timeout_s, request["op"]))
-        if "error" in reply:
-            raise RuntimeError(f"the environment's {request['op']}: {reply['error']}")
-        return reply["ok"]
-
-    def _line(self, deadline: float, op: str) -> bytes:
-        """The next reply line, within `deadline` and OBSERVATION_MAX_BYTES."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._kill()
-                raise TimeoutError(f"the environment's {op} took longer than {self.timeout_s} s")
-            if not select.select([fd], [], [], left)[0]:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise RuntimeError(self._ended())
-            self._pending += chunk
-            if len(self._pending) > OBSERVATION_MAX_BYTES:
-                self._kill()
-                raise ValueError(
-                    f"the environment's {op} replied more than {OBSERVATION_MAX_BYTES} bytes"
-                )
-        line, _, rest = bytes(self._pending).partition(b"\n")
-        self._pending = bytearray(rest)
-        return line
-
-    def _ended(self) -> str:
-        self._kill()
-        return f"the environment's process ended (exit code {self.proc.returncode})"
-
-    def _kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+            return result.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"{function.__qualname__} took longer than {self.timeout_s} s"
+            ) from None
 
 
 class RemoteSession:
@@ -275,7 +207,6 @@ class OpenEnvEnvironments:
             environment_class(self.openenv.environment) if self.openenv.environment else None
         )
         if self.environment_class is not None:
-            check_contained(self.openenv)
             fields = action_class(self.environment_class).model_fields
             if self.openenv.action_field not in fields:
                 raise ValueError(
@@ -305,28 +236,10 @@ class OpenEnvEnvironments:
 
     def _session(self) -> Session:
         if self.environment_class is not None:
-            return HostedSession(
-                self.openenv.environment,
-                self.openenv.environment_kwargs,
-                self.openenv.timeout_s,
-                contained=not (self.openenv.allow_uncontained and probe()),
+            return LocalSession(
+                self.environment_class, self.openenv.environment_kwargs, self.openenv.timeout_s
             )
         return RemoteSession(self.openenv.url, self.openenv.timeout_s)
-
-
-def check_contained(config: OpenEnvConfig) -> None:
-    """Raise ValueError (one line naming the setting) when the environment must run jailed
-    and the jail cannot be set up here (`scalerl.agents.jail.probe`); log a warning when it
-    is allowed to run without."""
-    why = probe()
-    if not why:
-        return
-    if not config.allow_uncontained:
-        raise ValueError(
-            f"environment.openenv.environment: the environment cannot be jailed here ({why}); "
-            "set environment.openenv.allow_uncontained: true to run it with the worker's view"
-        )
-    log.warning("the OpenEnv environment runs uncontained (allow_uncontained): %s", why)
 
 
 def mapped_reward(total: float, low: float, high: float) -> float:
@@ -401,11 +314,6 @@ def _accepted(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str,
         return kwargs
     names = {p.name for p in parameters}
     return {k: v for k, v in kwargs.items() if k in names}
-
-
-def _env_step(fields: dict[str, Any]) -> EnvStep:
-    """An `EnvStep` from its fields as `scalerl.agents.env_host` replies them."""
-    return EnvStep(fields["observation"], _reward(fields["reward"]), bool(fields["done"]))
 
 
 def _from_model(observation: Any) -> EnvStep:

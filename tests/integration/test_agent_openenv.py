@@ -6,7 +6,6 @@ or a hung environment fails."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -19,12 +18,8 @@ import pytest
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
-from scalerl import private_paths
 from scalerl.agents.chat import TurnTemplate
-from scalerl.agents.jail import probe
 from scalerl.agents.openenv import (
-    OBSERVATION_MAX_BYTES,
-    HostedSession,
     OpenEnvEnvironments,
     episode_seed,
     mapped_reward,
@@ -144,55 +139,6 @@ def test_a_hung_environment_ends_its_trajectory_not_the_worker(tokenizer) -> Non
     t = play(tokenizer, environments.make(Problem("guess/5", "", None)), ["sleep"])
     assert t.finish_reason == ABORTED and "took longer than 0.5 s" in t.error
     assert time.monotonic() - started < 10
-
-
-SNOOP = "python:openenv_snoop:SnoopEnvironment"
-
-
-@pytest.mark.parametrize("contained", [True, False], ids=["jailed", "control"])
-def test_a_hosted_environment_reads_no_secret_of_the_worker(tmp_path, monkeypatch, contained):
-    """Model output drives the environment to read the worker's secret file and its
-    /proc/<pid>/environ: jailed, it finds neither (the worker's processes are not in its
-    /proc, the file is hidden), and its own environment holds no SCALERL_ variable; the
-    control (unjailed) reads the file, so the snoop can see it."""
-    if contained and probe():
-        pytest.skip(f"no jail on this machine: {probe()}")
-    secret = tmp_path / "run" / "token"
-    secret.parent.mkdir()
-    secret.write_text("run-folder-secret")
-    monkeypatch.setattr(private_paths, "_paths", set())
-    private_paths.register(secret)
-    monkeypatch.setenv("SCALERL_AUTH_TOKEN", "process-env-secret")
-    session = HostedSession(SNOOP, {}, 30.0, contained=contained)
-    try:
-        assert session.reset().observation == {"message": "Say what to read."}
-        paths = (secret, f"/proc/{os.getpid()}/environ", "/proc/self/environ")
-        seen = [session.step({"message": f"read:{p}"}).observation["message"] for p in paths]
-    finally:
-        session.close()
-    leaked = {s for s in ("run-folder-secret", "process-env-secret") if s in "".join(seen)}
-    assert leaked == (set() if contained else {"run-folder-secret"})
-    assert "SCALERL_" not in seen[2]
-    if contained:
-        assert seen[1].startswith("error: [Errno 2]")  # no such process in its /proc
-
-
-def test_an_environment_s_start_reply_and_end_are_bounded(monkeypatch) -> None:
-    """A constructor that hangs is killed at timeout_s; an observation over
-    OBSERVATION_MAX_BYTES is refused unread, its process killed; the trajectory says so."""
-    monkeypatch.setattr(private_paths, "_paths", set())
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match="open took longer than 1.0 s"):
-        HostedSession(SNOOP, {"hang_s": 30}, 1.0, contained=False)
-    assert time.monotonic() - started < 10
-    session = HostedSession(SNOOP, {}, 30.0, contained=False)
-    session.reset()
-    with pytest.raises(ValueError, match=f"replied more than {OBSERVATION_MAX_BYTES} bytes"):
-        session.step({"message": "big"})
-    assert session.proc.returncode is not None  # killed
-    with pytest.raises(RuntimeError, match="process ended"):
-        session.step({"message": "read:/etc/hostname"})
-    session.close()  # a dead session closes without a word
 
 
 def free_port() -> int:
