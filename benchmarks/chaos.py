@@ -7,7 +7,14 @@ limit) and, every 30-90 s (seeded: `--seed`), injects one fault chosen at random
   (the launcher's supervisor must start it again);
 - `stop:<worker>`: SIGSTOP of a rollout worker for 30 s, then SIGCONT;
 - `stall:redis`: SIGSTOP of redis-server for 10 s (every process sees a Redis that
-  does not answer), then SIGCONT.
+  does not answer), then SIGCONT;
+- with `--sandbox`, a code task whose programs run on a sandbox service the soak starts
+  and keeps up (`chaos_sandbox.py`), and two more: `kill:sandbox` and `busy:sandbox`
+  (every slot and queue place taken for 30 s).
+
+With the pull transport and relay (`--set 'learner.weights={transport: pull,
+relay_fanout: 1}'`), a stopped worker is also a relay holder that accepts its peers'
+connections and never answers: `stop:<worker>` is then the hanging relay holder.
 
 A process is not killed a 4th time within 10 minutes: the launcher's supervisor would
 then (rightly) fail the run as crash-looping (`scalerl_cli.supervisor`, 3 restarts per
@@ -19,17 +26,13 @@ the seconds until both are recorded. `--no-faults` runs the same job undisturbed
 pass-rate comparison.
 
     python benchmarks/chaos.py [--config tiny] [--minutes 20] [--seed 0] [--no-faults]
-        [--run-dir DIR] [--out chaos.json] [--set KEY=VALUE ...]
+        [--sandbox] [--run-dir DIR] [--out chaos.json] [--set KEY=VALUE ...]
 
 The JSON (`--out`, rewritten after every fault) holds the command, the machine, every
 fault with its recovery, and a summary from the run folder: the replay ledger (groups
 pushed, trained, dead-lettered by reason, unaccounted: the identity that must be 0),
 steps and steps lost to resumes, restarts per process, and the held-out pass-rate curve
 (eval.jsonl). A Markdown summary is printed at the end.
-
-Not injected by this harness (they need parts `scalerl run` does not start): a sandbox
-service at capacity (tests/integration/test_sandbox_service.py), a hanging relay holder
-(tests/integration/test_weight_relay.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pathlib import Path
 
 import psutil
 import yaml
+from chaos_sandbox import SandboxService, run_overrides
 from soak import (
     NO_STEP_LIMIT,
     REPO_ROOT,
@@ -77,17 +81,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-gap-s", type=float, default=30.0)
     parser.add_argument("--max-gap-s", type=float, default=90.0)
     parser.add_argument("--no-faults", action="store_true", help="The undisturbed baseline.")
+    parser.add_argument(
+        "--sandbox", action="store_true", help="A code task on a sandbox service, and its faults."
+    )
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("chaos.json"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return parser.parse_args(argv)
 
 
-def launch_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+def launch_command(
+    args: argparse.Namespace, run_dir: Path, sandbox: SandboxService | None = None
+) -> list[str]:
     command = [sys.executable, "-m", "scalerl_cli.main", "run", "--config", args.config]
     command += ["--run-dir", str(run_dir), "--set", f"learner.max_steps={NO_STEP_LIMIT}"]
     command += ["--set", f"learner.max_minutes={args.minutes:g}"]
-    for override in args.set:
+    overrides = run_overrides(run_dir.parent, sandbox.port) if sandbox else []
+    for override in [*overrides, *args.set]:
         command += ["--set", override]
     return command
 
@@ -111,17 +121,21 @@ def choose_fault(
     """(kind, process name) of the next fault, among the processes running now; no kill
     of a process in `spent` (its restart budget used up)."""
     workers = sorted(name for name in running if name.startswith("rollout-"))
-    killable = [n for n in (*workers, "learner", "curve", "redis") if n not in spent]
+    killable = [n for n in (*workers, "learner", "curve", "redis", "sandbox") if n not in spent]
     choices = [("kill", name) for name in killable]
-    choices += [("stop", name) for name in workers] + [("stall", "redis")]
+    choices += [("stop", name) for name in workers] + [("stall", "redis"), ("busy", "sandbox")]
     choices = [(kind, name) for kind, name in choices if name in running]
     return rng.choice(choices)
 
 
-def inject(kind: str, proc: psutil.Process) -> None:
-    """The fault on `proc` (a stop or stall: paused, continued after its pause)."""
+def inject(kind: str, proc: psutil.Process, sandbox: SandboxService | None = None) -> None:
+    """The fault on `proc` (a stop or stall: paused, continued after its pause; busy:
+    the sandbox's slots taken)."""
     if kind == "kill":
         proc.send_signal(signal.SIGKILL)
+        return
+    if kind == "busy" and sandbox is not None:
+        sandbox.fill()
         return
     proc.send_signal(signal.SIGSTOP)
     time.sleep(STOP_S if kind == "stop" else STALL_S)
@@ -129,19 +143,32 @@ def inject(kind: str, proc: psutil.Process) -> None:
 
 
 def recovered(
-    launcher: psutil.Process, name: str, old_pid: int, kind: str, step: int | None, run_dir: Path
+    launcher: psutil.Process,
+    name: str,
+    old_pid: int,
+    kind: str,
+    step: int | None,
+    run_dir: Path,
+    sandbox: SandboxService | None = None,
 ) -> float | None:
     """Seconds until `name` runs again (a new pid after a kill) and the learner steps past
     `step`; None when that did not happen within RECOVERY_TIMEOUT_S or the run ended."""
     started = time.monotonic()
     while time.monotonic() - started < RECOVERY_TIMEOUT_S and launcher.is_running():
-        proc = processes(launcher).get(name)
+        proc = running_now(launcher, sandbox).get(name)
         back = proc is not None and (proc.pid != old_pid if kind == "kill" else True)
         now = learner_steps(run_dir)["step"]
         if back and now is not None and (step is None or now > step):
             return round(time.monotonic() - started, 1)
         time.sleep(1.0)
     return None
+
+
+def running_now(
+    launcher: psutil.Process, sandbox: SandboxService | None
+) -> dict[str, psutil.Process]:
+    """The run's processes by name, and the soak's sandbox service."""
+    return {**processes(launcher), **(sandbox.processes() if sandbox else {})}
 
 
 def ledger(run_dir: Path) -> dict | None:
@@ -172,6 +199,10 @@ def run_folder_summary(run_dir: Path, ledger_at_stop: dict | None = None) -> dic
     evals = run_evals(read_records(run_dir, EvalRecord))  # the run's total, per step
     summary["pass_rate_curve"] = [(e.step, e.compute, e.pass_rate) for e in evals]
     summary["final_pass_rate"] = evals[-1].pass_rate if evals else None
+    summary["relay_holders_abandoned"] = sum(
+        path.read_text(errors="replace").count("weight relay: worker ")
+        for path in (run_dir / "logs").glob("rollout-*.log")
+    )
     return summary
 
 
@@ -189,11 +220,13 @@ def _jsonl(path: Path) -> list[dict]:
     return out
 
 
-def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
+def chaos(
+    args: argparse.Namespace, run_dir: Path, results: dict, sandbox: SandboxService | None
+) -> None:
     """Launch the run, inject faults until it ends, fill `results`."""
     rng = random.Random(args.seed)
     log_path = run_dir.parent / f"{run_dir.name}-chaos-launcher.log"
-    command = launch_command(args, run_dir)
+    command = launch_command(args, run_dir, sandbox)
     results["config"].update(command=command, launcher_log=str(log_path))
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(
@@ -214,7 +247,7 @@ def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
                 pass
             if args.no_faults:
                 continue
-            running = processes(observed)
+            running = running_now(observed, sandbox)
             if "learner" not in running:
                 continue  # between a crash and its restart: the next gap
             now = time.monotonic()
@@ -227,8 +260,10 @@ def chaos(args: argparse.Namespace, run_dir: Path, results: dict) -> None:
                 kills.setdefault(name, []).append(now)
             step = learner_steps(run_dir)["step"]
             fault = {"t_s": round(time.monotonic() - started, 1), "fault": f"{kind}:{name}"}
-            inject(kind, running[name])
-            fault["recovery_s"] = recovered(observed, name, running[name].pid, kind, step, run_dir)
+            inject(kind, running[name], sandbox)
+            fault["recovery_s"] = recovered(
+                observed, name, running[name].pid, kind, step, run_dir, sandbox
+            )
             results["faults"].append(fault)
             write_results(args.out, results)
     finally:
@@ -256,6 +291,7 @@ def markdown(results: dict) -> str:
         + " |",
         f"| unaccounted | {groups.get('unaccounted')} |",
         f"| steps (lost to resumes) | {s.get('steps')} ({s.get('steps_lost')}) |",
+        f"| relay holders abandoned | {s.get('relay_holders_abandoned')} |",
         f"| final held-out pass rate | {s.get('final_pass_rate')} |",
         f"| launcher exit code | {results.get('launcher_exit_code')} |",
     ]
@@ -276,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "minutes": args.minutes,
             "seed": args.seed,
             "faults": not args.no_faults,
+            "sandbox": args.sandbox,
             "run_dir": str(run_dir),
             "set": args.set,
             "pid": os.getpid(),
@@ -284,10 +321,18 @@ def main(argv: list[str] | None = None) -> int:
         "faults": [],
         "launcher_exit_code": None,
     }
+    sandbox_log = run_dir.parent / f"{run_dir.name}-sandbox.log"
+    sandbox = SandboxService(sandbox_log) if args.sandbox else None
     try:
-        chaos(args, run_dir, results)
+        if sandbox is not None:
+            sandbox.start()
+        chaos(args, run_dir, results, sandbox)
     except KeyboardInterrupt:
         print("interrupted: the run was stopped", file=sys.stderr)
+    finally:
+        if sandbox is not None:
+            sandbox.stop()
+            results["sandbox_restarts"] = sandbox.restarts
     results["summary"] = run_folder_summary(run_dir, results.get("ledger_at_stop"))
     write_results(args.out, results)
     print(markdown(results))

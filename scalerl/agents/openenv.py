@@ -1,7 +1,9 @@
 """OpenEnv environments (the `openenv-core` package) as the environments of trajectories,
 unchanged: a user's `openenv.core.env_server.interfaces.Environment` subclass runs in the
-worker, or its server (the same class behind OpenEnv's HTTP/WebSocket app, in a container
-or on a Space) is reached through OpenEnv's own client, one session per trajectory.
+worker's jailed environment host (`scalerl.agents.hosted`: model output drives its code,
+none of which runs in the worker), or its server (the same class behind OpenEnv's
+HTTP/WebSocket app, in a container or on a Space) is reached through OpenEnv's own client;
+one session per trajectory.
 
 The mapping (`OpenEnvTrajectory`):
 - reset: `reset(seed=row seed, episode_id=prompt id, **reset_kwargs)` (only the arguments
@@ -22,21 +24,23 @@ The package is imported on first use (extra `openenv`); nothing here imports tor
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import inspect
 import json
+import logging
 import math
-import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
 from scalerl.agents.environment import Message, ModelTurn, Observation, Opening
+from scalerl.agents.hosted import EnvHost
+from scalerl.agents.jail import probe
 from scalerl.agents.trajectory import TurnLimits
 from scalerl.config import EnvironmentConfig, OpenEnvConfig
 
+log = logging.getLogger(__name__)
 # Fields of every OpenEnv observation that are not shown to the model.
 _CONTROL_FIELDS = ("done", "reward", "metadata")
 
@@ -59,48 +63,6 @@ class Session(Protocol):
     def step(self, action: dict[str, Any]) -> EnvStep: ...
 
     def close(self) -> None: ...
-
-
-class LocalSession:
-    """An instance of an `Environment` subclass in this process. Its action class is the
-    class's first generic argument (`Environment[MyAction, ...]`) or the annotation of
-    `step`'s action. Each call runs on a helper thread and raises TimeoutError past
-    `timeout_s` (the hung call's thread is left behind: a daemon, it does not keep the
-    worker alive)."""
-
-    def __init__(self, environment_class: type, kwargs: dict[str, Any], timeout_s: float) -> None:
-        self.action_class = action_class(environment_class)
-        self.timeout_s = timeout_s
-        self.env = environment_class(**kwargs)
-
-    def reset(self, **kwargs: Any) -> EnvStep:
-        accepted = _accepted(self.env.reset, kwargs)
-        return _from_model(self._call(self.env.reset, **accepted))
-
-    def step(self, action: dict[str, Any]) -> EnvStep:
-        return _from_model(self._call(self.env.step, self.action_class(**action)))
-
-    def close(self) -> None:
-        close = getattr(self.env, "close", None)
-        if callable(close):
-            close()
-
-    def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                result.set_result(function(*args, **kwargs))
-            except BaseException as exc:  # the trajectory reports it
-                result.set_exception(exc)
-
-        threading.Thread(target=run, name="openenv-call", daemon=True).start()
-        try:
-            return result.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(
-                f"{function.__qualname__} took longer than {self.timeout_s} s"
-            ) from None
 
 
 class RemoteSession:
@@ -185,11 +147,13 @@ class OpenEnvTrajectory:
 
 class OpenEnvEnvironments:
     """The `EnvironmentFactory` of an OpenEnv task: a session per trajectory, local (the
-    environment class imported once, here) or with the server at `url`.
+    environment class imported here to check it, its instances in the worker's environment
+    host, `scalerl.agents.hosted`) or with the server at `url`.
 
     Raises ValueError naming the field for a class that does not import, is not an OpenEnv
-    `Environment`, or has no action class with `action_field`; the package itself is
-    imported here, so a worker without the `openenv` extra fails at start, not mid-run."""
+    `Environment`, or has no action class with `action_field`, and where the host cannot be
+    jailed unless `allow_uncontained` (`check_contained`); the package itself is imported
+    here, so a worker without the `openenv` extra fails at start, not mid-run."""
 
     def __init__(self, config: EnvironmentConfig, system_prompt: str) -> None:
         assert config.openenv is not None
@@ -206,6 +170,7 @@ class OpenEnvEnvironments:
         self.environment_class = (
             environment_class(self.openenv.environment) if self.openenv.environment else None
         )
+        self.host: EnvHost | None = None
         if self.environment_class is not None:
             fields = action_class(self.environment_class).model_fields
             if self.openenv.action_field not in fields:
@@ -213,6 +178,8 @@ class OpenEnvEnvironments:
                     f"environment.openenv.action_field: {self.openenv.action_field!r} is not "
                     f"a field of the action (its fields: {sorted(fields)})"
                 )
+            contained = check_contained(self.openenv)
+            self.host = EnvHost(self.openenv.environment, self.openenv.timeout_s, contained)
 
     def make(self, problem: Any, tools_in_template: bool = False) -> OpenEnvTrajectory:
         """The environment of one trajectory of `problem` (a `scalerl.tasks.Problem`): the
@@ -232,14 +199,30 @@ class OpenEnvEnvironments:
         return TurnLimits(c.max_turns, c.max_tokens, c.max_env_tokens, turn_tokens)
 
     def close(self) -> None:
-        """Nothing is shared between trajectories (each closes its own session)."""
+        """End the environment host, if any (each trajectory closes its own session)."""
+        if self.host is not None:
+            self.host.close()
 
     def _session(self) -> Session:
-        if self.environment_class is not None:
-            return LocalSession(
-                self.environment_class, self.openenv.environment_kwargs, self.openenv.timeout_s
-            )
+        if self.host is not None:
+            return self.host.open(self.openenv.environment_kwargs)
         return RemoteSession(self.openenv.url, self.openenv.timeout_s)
+
+
+def check_contained(config: OpenEnvConfig) -> bool:
+    """Whether the environment host runs jailed: True where the jail can be set up here
+    (`scalerl.agents.jail.probe`); else False with a warning when `allow_uncontained`,
+    and ValueError (one line naming the setting) when not."""
+    why = probe()
+    if not why:
+        return True
+    if not config.allow_uncontained:
+        raise ValueError(
+            f"environment.openenv.allow_uncontained: the environment cannot be jailed here "
+            f"({why}); set it true to run the environment with the worker's view"
+        )
+    log.warning("the OpenEnv environment runs uncontained (allow_uncontained): %s", why)
+    return False
 
 
 def mapped_reward(total: float, low: float, high: float) -> float:
@@ -307,7 +290,7 @@ def action_class(environment: Any) -> Any:
     )
 
 
-def _accepted(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def accepted_kwargs(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments of `kwargs` that `function` takes (all of them with **kwargs)."""
     parameters = inspect.signature(function).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -316,11 +299,23 @@ def _accepted(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str,
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-def _from_model(observation: Any) -> EnvStep:
+def env_step(observation: Any) -> EnvStep:
     """An OpenEnv `Observation` (pydantic) as an `EnvStep`."""
     fields = observation.model_dump()
     shown = {k: v for k, v in fields.items() if k not in _CONTROL_FIELDS}
     return EnvStep(shown, _reward(fields.get("reward")), bool(fields.get("done")))
+
+
+def env_step_of(fields: Any) -> EnvStep:
+    """An `EnvStep` from its fields as the environment host replies them
+    (`scalerl.agents.env_host`), checked: the host runs code that model output drives.
+    Raises ValueError for anything else."""
+    if not (isinstance(fields, dict) and isinstance(fields.get("observation"), dict)):
+        raise ValueError(f"the environment host replied no observation: {str(fields)[:200]}")
+    done = fields.get("done")
+    if not isinstance(done, bool):
+        raise ValueError(f"the environment host replied done={done!r}, not a bool")
+    return EnvStep(fields["observation"], _reward(fields.get("reward")), done)
 
 
 def _from_result(result: Any) -> EnvStep:

@@ -40,7 +40,8 @@ class McpServerConfig(_Section):
 
 class OpenEnvConfig(_Section):
     """An OpenEnv environment (the `openenv-core` package, extra `openenv`) as a task's
-    environment, unchanged: its class run in the worker, or its server at `url`. Each
+    environment, unchanged: its class run in the worker's jailed environment host, or its
+    server at `url`. Each
     model turn is one action (the turn's text in `action_field`); each observation's
     text is the next user message; its rewards, summed and mapped from
     [reward_min, reward_max] onto [0, 1], are the trajectory's reward."""
@@ -48,7 +49,8 @@ class OpenEnvConfig(_Section):
     environment: str = Field(
         "",
         description="'python:MODULE:CLASS': an `openenv.core.env_server.interfaces."
-        "Environment` subclass, one instance per trajectory in the worker.",
+        "Environment` subclass, one instance per trajectory, all in one jailed process per "
+        "worker (none of the worker's secrets, processes or run folder in its sight).",
     )
     environment_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Arguments of the environment class's constructor."
@@ -73,7 +75,17 @@ class OpenEnvConfig(_Section):
     reward_min: float = Field(0.0, description="The trajectory reward that maps to 0.")
     reward_max: float = Field(1.0, description="The trajectory reward that maps to 1.")
     timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="Wall time of one reset or step call, seconds."
+        30.0,
+        gt=0,
+        le=3600,
+        description="Wall time of one call of the environment (its constructor, reset, step "
+        "or close), seconds: past it the trajectory fails and its instance is given up.",
+    )
+    allow_uncontained: bool = Field(
+        False,
+        description="Run `environment` unjailed where the jail cannot be set up (no user "
+        "namespaces): it would see the worker's processes and files. Off: such a machine "
+        "refuses the task.",
     )
 
     @model_validator(mode="after")

@@ -52,6 +52,7 @@ class VerifierCollector:
         yield checks
         yield failures
         yield from _mcp_families(self._tasks)
+        yield _openenv_restarts(self._tasks)
 
 
 def _mcp_families(tasks: TaskSet) -> Iterator[Metric]:
@@ -73,6 +74,22 @@ def _mcp_families(tasks: TaskSet) -> Iterator[Metric]:
             restarts.add_metric(labels, server.restarts)
     yield up
     yield restarts
+
+
+def _openenv_restarts(tasks: TaskSet) -> Metric:
+    """`scalerl_openenv_host_restarts_total{task}`: how often the task's OpenEnv
+    environment host (`scalerl.agents.hosted.EnvHost`) died or was killed (hung calls, a
+    reply too large) and each session on it failed."""
+    restarts = CounterMetricFamily(
+        "scalerl_openenv_host_restarts",
+        "Times the OpenEnv environment host died or was killed; its sessions failed.",
+        labels=["task"],
+    )
+    for task in tasks:
+        host = getattr(task.environments, "host", None)
+        if host is not None:
+            restarts.add_metric([task.name], host.restarts)
+    return restarts
 
 
 def register_verifier_metrics(registry: CollectorRegistry, tasks: TaskSet) -> VerifierCollector:

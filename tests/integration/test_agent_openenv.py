@@ -1,11 +1,13 @@
 """OpenEnv environments as trajectories' environments (scalerl.agents.openenv), unchanged:
 the echo environment OpenEnv's own `openenv init` scaffolds, and a user's game written
-against OpenEnv's API, in the worker's process and behind OpenEnv's server over its
-WebSocket client; the reward mapping, the seeds of a group, and every way a bad config
-or a hung environment fails."""
+against OpenEnv's API, in the worker's jailed environment host (scalerl.agents.hosted)
+and behind OpenEnv's server over its WebSocket client; the reward mapping, the seeds of a
+group, every way a bad config or a hung environment fails, and what an environment that
+model output drives can reach of the worker (nothing secret)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -18,7 +20,12 @@ import pytest
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
+from scalerl import private_paths
+from scalerl.agents import hosted
 from scalerl.agents.chat import TurnTemplate
+from scalerl.agents.env_host import MAX_REPLY_BYTES
+from scalerl.agents.hosted import EnvHost
+from scalerl.agents.jail import probe
 from scalerl.agents.openenv import (
     OpenEnvEnvironments,
     episode_seed,
@@ -70,9 +77,21 @@ def play(tokenizer, env, replies: list[str], max_turns: int = 4):
     )
 
 
+_made: list[OpenEnvEnvironments] = []
+
+
+@pytest.fixture(autouse=True)
+def closed_at_the_end() -> Iterator[None]:
+    """Each test's environment hosts end with it (a host holds ~200 MB)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def factory(**openenv) -> OpenEnvEnvironments:
     config = EnvironmentConfig(max_turns=4, openenv=OpenEnvConfig(**openenv))
-    return OpenEnvEnvironments(config, "Play the game.")
+    _made.append(OpenEnvEnvironments(config, "Play the game."))
+    return _made[-1]
 
 
 def messages(tokenizer, trajectory) -> list[str]:
@@ -139,6 +158,127 @@ def test_a_hung_environment_ends_its_trajectory_not_the_worker(tokenizer) -> Non
     t = play(tokenizer, environments.make(Problem("guess/5", "", None)), ["sleep"])
     assert t.finish_reason == ABORTED and "took longer than 0.5 s" in t.error
     assert time.monotonic() - started < 10
+
+
+SNOOP = "python:openenv_snoop:SnoopEnvironment"
+
+
+@pytest.fixture
+def no_private_paths(monkeypatch) -> None:
+    monkeypatch.setattr(private_paths, "_paths", set())
+
+
+@pytest.mark.parametrize("contained", [True, False], ids=["jailed", "control"])
+def test_a_hosted_environment_reads_no_secret_of_the_worker(
+    tmp_path, monkeypatch, no_private_paths, contained
+) -> None:
+    """Model output drives the environment to read the worker's secret file and its
+    /proc/<pid>/environ: jailed, it finds neither (the worker's processes are not in its
+    /proc, the file is hidden), and its own environment holds no SCALERL_ variable; the
+    control (unjailed) reads the file, so the snoop can see it."""
+    if contained and probe():
+        pytest.skip(f"no jail on this machine: {probe()}")
+    secret = tmp_path / "run" / "token"
+    secret.parent.mkdir()
+    secret.write_text("run-folder-secret")
+    private_paths.register(secret)
+    monkeypatch.setenv("SCALERL_AUTH_TOKEN", "process-env-secret")
+    host = EnvHost(SNOOP, 30.0, contained=contained)
+    try:
+        session = host.open({})
+        assert session.reset().observation == {"message": "Say what to read."}
+        paths = (secret, f"/proc/{os.getpid()}/environ", "/proc/self/environ")
+        seen = [session.step({"message": f"read:{p}"}).observation["message"] for p in paths]
+    finally:
+        host.close()
+    leaked = {s for s in ("run-folder-secret", "process-env-secret") if s in "".join(seen)}
+    assert leaked == (set() if contained else {"run-folder-secret"})
+    assert "SCALERL_" not in seen[2]
+    if contained:
+        assert seen[1].startswith("error: [Errno 2]")  # no such process in its /proc
+
+
+def test_one_host_holds_every_session_and_a_hung_one_holds_no_other(no_private_paths) -> None:
+    """Sessions share one process; a step that hangs fails at timeout_s while another
+    session's steps are answered; a constructor that hangs fails at timeout_s too."""
+    host = EnvHost(SNOOP, 2.0, contained=False)
+    try:
+        hung, other = host.open({}), host.open({})
+        pid = host._proc.pid
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="step took longer than 2.0 s"):
+            hung.step({"message": "hang"})
+        assert 2.0 <= time.monotonic() - started < 5
+        answered = other.step({"message": "read:/nonexistent"}).observation["message"]
+        assert answered.startswith("error: [Errno 2]")
+        with pytest.raises(TimeoutError, match="open took longer than 2.0 s"):
+            host.open({"hang_s": 30})
+        assert host.open({}).reset().done is False
+        assert (host._proc.pid, host.restarts) == (pid, 0)
+    finally:
+        host.close()
+
+
+@pytest.mark.slow  # two host starts: about 8 s
+@pytest.mark.parametrize(
+    ("attack", "failure"),
+    [("die", "host ended"), ("scribble", "something else than a reply")],
+)
+def test_a_reply_too_large_is_refused_and_a_dead_host_comes_back(
+    no_private_paths, attack, failure
+) -> None:
+    """An observation over MAX_REPLY_BYTES fails its call and its session, not the host;
+    an environment that kills its process, or writes a line that is no reply where the
+    replies go, fails every session there, and the next open starts a new host after a
+    back-off of 1 s."""
+    host = EnvHost(SNOOP, 30.0, contained=False)
+    try:
+        big, bystander = host.open({}), host.open({})
+        with pytest.raises(RuntimeError, match=f"replied more than {MAX_REPLY_BYTES} bytes"):
+            big.step({"message": "big"})
+        with pytest.raises(RuntimeError, match="no open session"):
+            big.step({"message": "read:/nonexistent"})
+        first = host._proc.pid
+        with pytest.raises(RuntimeError, match=failure):
+            bystander.step({"message": attack})
+        with pytest.raises(RuntimeError, match="restarted: this session is gone"):
+            bystander.step({"message": "read:/nonexistent"})
+        bystander.close()  # a session of a dead host closes without a word
+        started = time.monotonic()
+        again = host.open({})
+        assert time.monotonic() - started >= 0.9  # the back-off
+        assert again.reset().observation == {"message": "Say what to read."}
+        assert host._proc.pid != first and host.restarts == 1
+    finally:
+        host.close()
+
+
+@pytest.mark.slow  # two host starts: about 9 s
+def test_hung_calls_past_the_limit_restart_the_host(monkeypatch, no_private_paths) -> None:
+    monkeypatch.setattr(hosted, "HUNG_MAX", 2)
+    host = EnvHost(SNOOP, 0.5, contained=False)
+    try:
+        first = host.open({})
+        pid = host._proc.pid
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                host.open({}).step({"message": "hang"})
+        assert host.restarts == 1
+        with pytest.raises(RuntimeError, match="restarted"):
+            first.step({"message": "read:/nonexistent"})
+        assert host.open({}) and host._proc.pid != pid
+    finally:
+        host.close()
+
+
+def test_a_worker_refuses_an_environment_it_cannot_jail(monkeypatch, no_private_paths) -> None:
+    """Where the jail cannot be set up, the task is refused at start (one line naming the
+    setting), unless allow_uncontained, which runs the host unjailed."""
+    monkeypatch.setattr("scalerl.agents.openenv.probe", lambda: "jail: namespaces refused")
+    with pytest.raises(ValueError, match="^environment.openenv.allow_uncontained: .*refused"):
+        factory(environment=GUESS)
+    environments = factory(environment=GUESS, allow_uncontained=True)
+    assert environments.host is not None and environments.host.contained is False
 
 
 def free_port() -> int:

@@ -50,3 +50,15 @@ def test_the_mcp_servers_health_is_on_the_workers_metrics() -> None:
     text = generate_latest(registry).decode()
     assert 'scalerl_mcp_server_up{server="0:mcp-files",task="a"} 0.0' in text
     assert 'scalerl_mcp_server_restarts_total{server="0:mcp-files",task="a"} 2.0' in text
+
+
+def test_the_openenv_hosts_restarts_are_on_the_workers_metrics() -> None:
+    from types import SimpleNamespace
+
+    tasks = TaskSet([build_task(TaskConfig(name="a", large_max=9, heldout_size=5))])
+    host = SimpleNamespace(restarts=3)
+    tasks["a"].environments = SimpleNamespace(host=host, close=lambda: None)
+    registry = CollectorRegistry()
+    register_verifier_metrics(registry, tasks)
+    text = generate_latest(registry).decode()
+    assert 'scalerl_openenv_host_restarts_total{task="a"} 3.0' in text
