@@ -128,18 +128,18 @@ def choose_fault(
     return rng.choice(choices)
 
 
-def inject(kind: str, proc: psutil.Process, sandbox: SandboxService | None = None) -> None:
+def inject(kind: str, proc: psutil.Process, sandbox: SandboxService | None = None) -> dict:
     """The fault on `proc` (a stop or stall: paused, continued after its pause; busy:
-    the sandbox's slots taken)."""
+    the sandbox's slots taken, its requests and refusals returned)."""
     if kind == "kill":
         proc.send_signal(signal.SIGKILL)
-        return
+        return {}
     if kind == "busy" and sandbox is not None:
-        sandbox.fill()
-        return
+        return {"fill": sandbox.fill()}
     proc.send_signal(signal.SIGSTOP)
     time.sleep(STOP_S if kind == "stop" else STALL_S)
     proc.send_signal(signal.SIGCONT)
+    return {}
 
 
 def recovered(
@@ -260,7 +260,7 @@ def chaos(
                 kills.setdefault(name, []).append(now)
             step = learner_steps(run_dir)["step"]
             fault = {"t_s": round(time.monotonic() - started, 1), "fault": f"{kind}:{name}"}
-            inject(kind, running[name], sandbox)
+            fault.update(inject(kind, running[name], sandbox))
             fault["recovery_s"] = recovered(
                 observed, name, running[name].pid, kind, step, run_dir, sandbox
             )
@@ -333,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         if sandbox is not None:
             sandbox.stop()
             results["sandbox_restarts"] = sandbox.restarts
+            ends = [line for line in sandbox_log.read_text().splitlines() if " ran " in line]
+            results["sandbox_last_start"] = ends[-1] if ends else None  # since its last start
     results["summary"] = run_folder_summary(run_dir, results.get("ledger_at_stop"))
     write_results(args.out, results)
     print(markdown(results))

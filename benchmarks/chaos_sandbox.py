@@ -90,26 +90,33 @@ class SandboxService:
                 self.proc.kill()
         self.log.close()
 
-    def fill(self, seconds: float = BUSY_S) -> int:
-        """Keep every slot and queue place taken for `seconds`; the requests it made."""
+    def fill(self, seconds: float = BUSY_S) -> dict[str, int]:
+        """Keep every slot and queue place taken for `seconds`: the requests it made and
+        how many of them the service refused (so that the service's own count of refusals
+        at its end, less these, is the run's)."""
         until = time.monotonic() + seconds
-        made = [0]
+        counts = {"requests": 0, "refused": 0}
+        lock = threading.Lock()
 
         def occupy() -> None:
             with SandboxClient(f"127.0.0.1:{self.port}") as client:
                 while time.monotonic() < until:
-                    made[0] += 1
                     try:
                         client.execute(SLEEPER, "stdio", [""], 5.0)
+                        refused = 0
                     except ServiceError:
+                        refused = 1
                         time.sleep(0.2)  # refused (full) or down: take the place again
+                    with lock:
+                        counts["requests"] += 1
+                        counts["refused"] += refused
 
         threads = [threading.Thread(target=occupy, daemon=True) for _ in range(6 * CONCURRENCY)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(seconds + 60)
-        return made[0]
+        return counts
 
     def _launch(self) -> None:
         command = [sys.executable, "-m", "sandbox_service.main", "--port", str(self.port)]

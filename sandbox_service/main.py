@@ -7,8 +7,8 @@ It refuses to start (one line, exit status 2) where this machine's sandbox canno
 contain a program (no user namespaces, `scalerl.verifiers.sandbox.containment`), unless
 --allow-uncontained. It holds no secret: no token, no Redis. Prints "sandbox service
 listening on HOST:PORT" once bound, serves until SIGTERM or SIGINT, prints "sandbox
-service ran N programs" and stops with exit status 0; exit status 1 when the port cannot
-be bound.
+service ran N programs, refused M at capacity" and stops with exit status 0; exit status 1
+when the port cannot be bound.
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     logging.getLogger("scalerl.sandbox").info("stopping (grace %.0f s)", GRACE_S)
     server.stop(GRACE_S).wait()
-    print(f"sandbox service ran {servicer.executed} programs", flush=True)
+    print(
+        f"sandbox service ran {servicer.executed} programs, refused {servicer.refused_busy} "
+        "at capacity",
+        flush=True,
+    )
     return 0
 
 
