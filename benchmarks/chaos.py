@@ -13,8 +13,10 @@ limit) and, every 30-90 s (seeded: `--seed`), injects one fault chosen at random
   (every slot and queue place taken for 30 s).
 
 With the pull transport and relay (`--set 'learner.weights={transport: pull,
-relay_fanout: 1}'`), a stopped worker is also a relay holder that accepts its peers'
-connections and never answers: `stop:<worker>` is then the hanging relay holder.
+relay_fanout: 1}'`), `--hang-relay-every N` makes every worker a hanging relay holder
+every Nth time a peer fetches from it: it accepts the fetch and sends nothing for 150 s
+(the `relay.serve` hang point, `scalerl.crash_points`). The summary counts the holders
+the fetchers abandoned (each a warning in the fetcher's log).
 
 A process is not killed a 4th time within 10 minutes: the launcher's supervisor would
 then (rightly) fail the run as crash-looping (`scalerl_cli.supervisor`, 3 restarts per
@@ -26,7 +28,8 @@ the seconds until both are recorded. `--no-faults` runs the same job undisturbed
 pass-rate comparison.
 
     python benchmarks/chaos.py [--config tiny] [--minutes 20] [--seed 0] [--no-faults]
-        [--sandbox] [--run-dir DIR] [--out chaos.json] [--set KEY=VALUE ...]
+        [--sandbox] [--hang-relay-every N] [--run-dir DIR] [--out chaos.json]
+        [--set KEY=VALUE ...]
 
 The JSON (`--out`, rewritten after every fault) holds the command, the machine, every
 fault with its recovery, and a summary from the run folder: the replay ledger (groups
@@ -63,6 +66,7 @@ from soak import (
     write_results,
 )
 
+from scalerl.crash_points import HANG_AT_ENV
 from scalerl.run_folder import EvalRecord, read_records, run_evals
 from scalerl.state.client import connect
 from scalerl.state.replay import replay_accounting
@@ -84,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sandbox", action="store_true", help="A code task on a sandbox service, and its faults."
     )
+    parser.add_argument(
+        "--hang-relay-every", type=int, default=0, help="A relay holder hangs every Nth serve."
+    )
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("chaos.json"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -100,6 +107,14 @@ def launch_command(
     for override in [*overrides, *args.set]:
         command += ["--set", override]
     return command
+
+
+def launch_env(args: argparse.Namespace) -> dict[str, str]:
+    """The launcher's environment: this one, with the relay's hang point when asked."""
+    env = dict(os.environ)
+    if args.hang_relay_every:
+        env[HANG_AT_ENV] = f"relay.serve@every:{args.hang_relay_every}"
+    return env
 
 
 def processes(launcher: psutil.Process) -> dict[str, psutil.Process]:
@@ -230,7 +245,12 @@ def chaos(
     results["config"].update(command=command, launcher_log=str(log_path))
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            command,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=launch_env(args),
         )
     started = time.monotonic()
     deadline = started + 60.0 * (args.minutes + 10)
@@ -313,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "faults": not args.no_faults,
             "sandbox": args.sandbox,
+            "hang_relay_every": args.hang_relay_every,
             "run_dir": str(run_dir),
             "set": args.set,
             "pid": os.getpid(),

@@ -26,6 +26,7 @@ from rollout_service.metrics import RolloutMetrics
 from rollout_service.trajectories import TrajectoryTable
 from rollout_service.weights.broadcast import BroadcastReceiver
 from rollout_service.weights.receive import ByteBudget, receive_weights
+from scalerl.crash_points import hang_point
 from scalerl.obs.logging import request_context
 from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
@@ -169,6 +170,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise FailedPrecondition(
                 "learner.weights.relay_fanout: this worker does not relay weights (0)"
             )
+        hang_point("relay.serve")  # fault tests: a holder that accepted and hangs
         return self._relay_store.chunks(request)
 
     def _broadcast_receiver(self) -> BroadcastReceiver:

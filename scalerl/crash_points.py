@@ -13,6 +13,11 @@ The points (where they sit is in each caller's code):
 - checkpoint.written      the new checkpoint is complete in `checkpoint.tmp/`, not renamed
 - checkpoint.swapped      the old checkpoint moved to `checkpoint.old/`, the new not in place
 - weight_group.tensor     a broadcast receiver got one more tensor of a version (mid-broadcast)
+
+Hang points are the same for a part that accepts and then never answers:
+`SCALERL_HANG_AT=relay.serve@every:5` blocks the calling thread for HANG_S seconds every
+5th time that point is reached (`@N`: the Nth time only). The points:
+- relay.serve             a worker accepted a peer's FetchWeights, before its first chunk
 """
 
 from __future__ import annotations
@@ -20,10 +25,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections import Counter
 
 CRASH_AT_ENV = "SCALERL_CRASH_AT"
 CRASH_MARKER_ENV = "SCALERL_CRASH_MARKER"
+HANG_AT_ENV = "SCALERL_HANG_AT"
+HANG_POINTS = frozenset({"relay.serve"})
+HANG_S = 150.0  # longer than a whole weight fetch's deadline (120 s); then it goes on
+_sleep = time.sleep  # what a hang blocks in (a test counts the calls instead)
 POINTS = frozenset(
     {
         "learner.step.trained",
@@ -55,6 +65,23 @@ def crash_point(name: str) -> None:
         return
     log.error("crash point %s reached: SIGKILL", name)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang_point(name: str) -> None:
+    """Block this thread for HANG_S seconds if `SCALERL_HANG_AT` names `name` and this is
+    the stated time it is reached (`@N`, or every Nth time: `@every:N`; see the module
+    docstring). Raises ValueError for a name outside `HANG_POINTS`."""
+    if name not in HANG_POINTS:
+        raise ValueError(f"hang point must be one of {sorted(HANG_POINTS)}, got {name!r}")
+    point, _, when = os.environ.get(HANG_AT_ENV, "").partition("@")
+    if point != name:
+        return
+    _reached[name] += 1
+    every = when.startswith("every:")
+    nth = int(when.removeprefix("every:") or 1)
+    if (_reached[name] % nth == 0) if every else (_reached[name] == nth):
+        log.error("hang point %s reached (time %d): blocking %.0f s", name, _reached[name], HANG_S)
+        _sleep(HANG_S)
 
 
 def _first_to_crash() -> bool:

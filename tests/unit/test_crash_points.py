@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from scalerl.crash_points import CRASH_AT_ENV, CRASH_MARKER_ENV, crash_point
+from scalerl import crash_points
+from scalerl.crash_points import (
+    CRASH_AT_ENV,
+    CRASH_MARKER_ENV,
+    HANG_AT_ENV,
+    crash_point,
+    hang_point,
+)
 
 SCRIPT = """
 from scalerl.crash_points import crash_point
@@ -48,3 +55,23 @@ def test_another_point_or_no_setting_does_nothing() -> None:
 def test_an_unknown_point_is_refused() -> None:
     with pytest.raises(ValueError, match="crash point must be one of"):
         crash_point("learner.step.traned")
+
+
+@pytest.mark.parametrize(
+    ("setting", "hangs"),
+    [("relay.serve@every:3", [3, 6]), ("relay.serve@2", [2]), ("relay.serve", [1]), ("", [])],
+)
+def test_a_hang_point_blocks_at_the_stated_times(monkeypatch, setting, hangs) -> None:
+    """Of 7 times the point is reached, the ones the setting names block for HANG_S."""
+    blocked: list[float] = []
+    monkeypatch.setattr(crash_points, "_sleep", blocked.append)
+    monkeypatch.setattr(crash_points, "_reached", crash_points.Counter())
+    monkeypatch.setenv(HANG_AT_ENV, setting)
+    times = []
+    for i in range(1, 8):
+        before = len(blocked)
+        hang_point("relay.serve")
+        times += [i] if len(blocked) > before else []
+    assert times == hangs and set(blocked) <= {crash_points.HANG_S}
+    with pytest.raises(ValueError, match="hang point must be one of"):
+        hang_point("relay.serv")
