@@ -244,18 +244,24 @@ class SigningInterceptor(
         name = method.decode() if isinstance(method, bytes) else method
         if name not in self._privileged:
             return details
-        instance = self._proven_instance(service_of(name), details.timeout)
+        instance = self._proven_instance(
+            service_of(name), details.timeout, bool(details.wait_for_ready)
+        )
         unix_s, nonce = int(self._clock()), secrets.token_hex(16)
         mac = call_mac(self._key, name, instance, unix_s, nonce)
         header = (HEADER, f"{SCHEME} {unix_s}.{nonce}.{mac}")
         return _Call(details, [*(details.metadata or ()), header])
 
-    def _proven_instance(self, service: str, timeout: float | None) -> str:
-        """The instance of the server at the target, proven for `service` now."""
+    def _proven_instance(self, service: str, timeout: float | None, wait_for_ready: bool) -> str:
+        """The instance of the server at the target, proven for `service` now. The Hello
+        waits as its call would: with `wait_for_ready`, for a server that is down
+        (restarting) until the call's own deadline; else HELLO_TIMEOUT_S at most."""
         challenge = secrets.token_bytes(32)
+        limit = timeout if wait_for_ready and timeout else HELLO_TIMEOUT_S
         reply = self._hello(
             identity_pb2.HelloRequest(challenge=challenge),
-            timeout=min(timeout or HELLO_TIMEOUT_S, HELLO_TIMEOUT_S),
+            timeout=min(timeout or limit, limit),
+            wait_for_ready=wait_for_ready,
         )
         proof = hello_proof(self._key, challenge, reply.service, reply.address, reply.instance)
         where = f"the server at {self._target}"

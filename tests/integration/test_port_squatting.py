@@ -5,6 +5,8 @@ signature recorded on the wire cannot be used again, on this server or any other
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -190,3 +192,36 @@ def test_a_recorded_signature_is_worthless_again(worker) -> None:
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Generate(generate, metadata=wire, timeout=TIMEOUT_S))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_signed_call_waits_for_a_worker_that_is_restarting(policy) -> None:
+    """With wait_for_ready, the Hello waits as its call does: an Interrupt sent while the
+    worker's port is closed is proven and answered once the worker listens there (the
+    learner's calls to a restarting curve service, before: UNAVAILABLE at once)."""
+    from scalerl.ports import free_port
+
+    port = free_port()
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel(f"127.0.0.1:{port}", Security(token=TOKEN)))
+    answered: futures.Future = futures.Future()
+
+    def call() -> None:
+        try:
+            answered.set_result(stub.Interrupt(INTERRUPT, timeout=TIMEOUT_S, wait_for_ready=True))
+        except grpc.RpcError as exc:
+            answered.set_exception(exc)
+
+    threading.Thread(target=call, daemon=True).start()
+    time.sleep(1.0)  # the call and its Hello wait for a server that is not there yet
+    assert not answered.done()
+    model, tokenizer = policy
+    engine = TorchEngine(copy.deepcopy(model), (), max_batch=2, max_seq_len=128)
+    server, _, _ = start_server(
+        RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 16),
+        port=port,
+        security=Security(token=TOKEN),
+    )
+    try:
+        assert answered.result(timeout=TIMEOUT_S) is not None
+    finally:
+        server.stop(None)
+        engine.stop()
