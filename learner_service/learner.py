@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from learner_service.weights.senders import make_sender
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
+from scalerl.lending import lender_from_env
 from scalerl.obs import logging as obs_logging
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.offpolicy import consumer_for
@@ -134,6 +136,9 @@ class Learner:
             if self.consumer.issues_tickets
             else None,
         )
+        # Lends the learner's cores to lender workers while it waits (`scalerl.lending`).
+        self.lender = lender_from_env(on_reclaim=self.metrics.observe_reclaim)
+        self.batches.lender = self.lender
         self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
         self._closing = threading.Event()
         self._published = -1  # policy version of the weights last published
@@ -201,6 +206,7 @@ class Learner:
             publish_if_new=self._publish_if_new,
             wait_served=self.publisher.wait_served,
             started=self._started,
+            lend=self._lent,
         )
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoint",
@@ -272,12 +278,12 @@ class Learner:
         naming the count after timeout_s seconds."""
         want = self.config.rollout.workers
         deadline = time.monotonic() + timeout_s
-        while len(self.registry.workers()) < want:
+        while len(self.registry.evaluators()) < want:  # lenders are extra
             if stop.is_set():
                 return False
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"only {len(self.registry.workers())} of {want} rollout "
+                    f"only {len(self.registry.evaluators())} of {want} rollout "
                     f"workers registered after {timeout_s:.0f}s"
                 )
             stop.wait(0.5)
@@ -327,7 +333,10 @@ class Learner:
             self.timing.seconds["checkpoint"] = time.monotonic() - checkpoint_start
         self.timing.seconds["total"] = time.monotonic() - started
         self.timing.write(
-            self.run_dir / "learner_timing.json", self.compute.by_role(), self.evaluations.summary()
+            self.run_dir / "learner_timing.json",
+            self.compute.by_role(),
+            self.evaluations.summary(),
+            self.lender.stats.summary() if self.lender else None,
         )
         append_record(self.run_dir, ending)
         self.state.request_stop()
@@ -409,6 +418,10 @@ class Learner:
             deadline=self._deadline - self.timing.reserve_s(),
             fill_up_to=fill_up_to,
         )
+
+    def _lent(self) -> AbstractContextManager[None]:
+        """The learner's cores lent for a block that only waits (`scalerl.lending`)."""
+        return self.lender.lent() if self.lender else nullcontext()
 
     def _publish_if_new(self) -> None:
         """Announce the learner's version (staleness checks use it at once) and publish

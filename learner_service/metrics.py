@@ -30,6 +30,7 @@ TRUNCATION_WARNING_RATE = 0.10
 # The `task` label of the run's own series (task names start with a letter or digit).
 RUN_LABEL = "_all"
 _STEP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+_RECLAIM_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 # StepRecord field -> gauge name and help text, set after every optimizer step. Only
 # values that are no fraction of counted things: those are counters below (the dashboard
@@ -93,6 +94,26 @@ class LearnerMetrics:
             "scalerl_learner_batch_wait_seconds",
             "Seconds the learner waited for a batch of groups.",
             buckets=_STEP_BUCKETS,
+            registry=registry,
+        )
+        self.lent_seconds = Counter(
+            "scalerl_learner_lent_seconds",
+            "Wall seconds the learner's cores were lent to lender workers while it waited "
+            "(learner.lend_idle).",
+            registry=registry,
+        )
+        self.reclaim_seconds = Histogram(
+            "scalerl_learner_reclaim_seconds",
+            "Seconds from the learner taking its cores back to every lender idle (at most "
+            "one decode step).",
+            buckets=_RECLAIM_BUCKETS,
+            registry=registry,
+        )
+        self.activity_seconds = Counter(
+            "scalerl_learner_activity_seconds",
+            "The learner's wall seconds by activity: train, wait_for_groups (for the rollout "
+            "workers), wait_for_evaluation, publish.",
+            ["activity"],
             registry=registry,
         )
         # One bucket per version lag 0..k: a histogram over integers.
@@ -237,6 +258,11 @@ class LearnerMetrics:
             registry=registry,
         )
 
+    def observe_reclaim(self, lent_s: float, reclaim_s: float) -> None:
+        """One lending ended: `lent_s` wall seconds lent, `reclaim_s` to get them back."""
+        self.lent_seconds.inc(lent_s)
+        self.reclaim_seconds.observe(reclaim_s)
+
     def observe_step(self, record: StepRecord) -> None:
         """Set the per-step gauges from `record` (the desired rollout workers among them),
         add its counts to the counters and observe each group's staleness (versions, from
@@ -255,6 +281,13 @@ class LearnerMetrics:
             self.peak_memory.labels(str(rank)).set(peak)
         self.step_seconds.observe(record.step_seconds)
         self.batch_wait_seconds.observe(record.batch_wait_seconds)
+        for activity, seconds in (
+            ("train", record.step_seconds),
+            ("wait_for_groups", record.batch_wait_seconds),
+            ("wait_for_evaluation", record.eval_wait_seconds),
+            ("publish", record.publish_block_seconds),
+        ):
+            self.activity_seconds.labels(activity).inc(max(0.0, seconds or 0.0))
         for lag, count in enumerate(record.staleness_hist):
             for _ in range(count):
                 self.staleness.observe(lag)

@@ -71,12 +71,16 @@ class LearnerTiming:
         return self.seconds["wait_for_evaluation"] / elapsed_s if elapsed_s > 0 else 0.0
 
     def write(
-        self, path: Path, busy_seconds_by_role: dict[str, float], evaluation: dict | None = None
+        self,
+        path: Path,
+        busy_seconds_by_role: dict[str, float],
+        evaluation: dict | None = None,
+        lending: dict | None = None,
     ) -> None:
         """learner_timing.json: where the learner's wall time went (seconds; `total` must
         be set, `other` is what the activities leave of it), the busy seconds of each
-        role and the evaluations' budget and spend (`evaluation`),
-        for the run report's profile."""
+        role, the evaluations' budget and spend (`evaluation`) and what the learner lent
+        (`scalerl.lending.LendStats.summary`), for the run report's profile."""
         timing = dict(self.seconds)
         timing["other"] = timing["total"] - sum(
             v for k, v in timing.items() if k not in ("total", "evaluations_background")
@@ -85,5 +89,6 @@ class LearnerTiming:
             "learner_seconds": timing,
             "busy_seconds_by_role": busy_seconds_by_role,
             "evaluation": evaluation or {},
+            "lending": lending or {},
         }
         Path(path).write_text(json.dumps(payload, indent=2))

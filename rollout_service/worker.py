@@ -35,6 +35,7 @@ from rollout_service.weights.follower import WeightFollower, make_follower
 from rollout_service.weights.relay import make_relay
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
+from scalerl.lending import borrower_from_env
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
@@ -103,7 +104,9 @@ class RolloutWorker:
         check_budgets(self.config.rollout, self.tokenizer.encode)
         self.metrics = RolloutMetrics(self.metrics_registry)
         rollout = self.config.rollout
-        self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics)
+        # A lender worker (on the learner's cores) generates only while the learner waits.
+        self.gate = borrower_from_env()
+        self.engine = build_engine(self.resolved, model, self.tokenizer, self.metrics, self.gate)
         del model  # engines that load the model folder themselves need no torch copy
         relay = make_relay(self.config, self.client, self.registry, self.worker_id)
         self.follower = make_follower(
@@ -251,7 +254,8 @@ class RolloutWorker:
         tokens, moved, counted = -1, time.time(), 0
         while not self._closing.is_set():
             now_tokens, active = self.engine.tokens_generated, self.engine.active_requests
-            if now_tokens != tokens or active == 0:
+            # A lender whose learner has its cores back is paused, not stalled.
+            if now_tokens != tokens or active == 0 or not self._lent():
                 tokens, moved = now_tokens, time.time()
             progress = WorkerProgress(
                 self.engine.policy_version,
@@ -261,6 +265,7 @@ class RolloutWorker:
                 moved,
                 self._state,
                 self.gpu,
+                lender=self.gate is not None,
             )
             try:
                 self.registry.heartbeat(self.worker_id, address, 3 * period, progress)
@@ -281,12 +286,17 @@ class RolloutWorker:
                 return
 
     def _report_compute(self) -> None:
-        """Add this process's busy device-seconds (time with requests in the engine)
+        """Add this process's busy device-seconds (time with requests in the engine and,
+        for a lender, the learner's cores lent)
         to the run's compute counter once a second; seconds that
         could not be reported (Redis away) are kept and added once it is back."""
         ComputeReporter(self.compute, "rollout", worker_id=self.worker_id).run(
-            lambda: self.engine.active_requests > 0, self._closing
+            lambda: self.engine.active_requests > 0 and self._lent(), self._closing
         )
+
+    def _lent(self) -> bool:
+        """The engine may step: always, but for a lender whose learner has its cores."""
+        return self.gate is None or self.gate.lent
 
     def _report_push_blocked(self) -> None:
         """Add the seconds the actor loop's pushes waited on the full replay stream to the

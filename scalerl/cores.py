@@ -15,6 +15,12 @@ need more threads than their cores share those cores, never the learner's
 2 cores: learner 1 thread on core 0, one worker with 1 thread on core 1. 4 cores: learner
 2, two workers of 1. 16 cores: learner 8, four workers of 2.
 
+With `learner.lend_idle: workers` the learner's cores also get lender workers, planned by
+the worker rule over the learner's cores (2 cores: one of 1 thread on core 0; 16 cores:
+four of 2 on cores 0-7), which generate only while the learner waits
+(`scalerl.lending`): at any time the busy threads are the learner's or the lenders',
+never both (`CorePlan.busy_threads`).
+
 Torch-free: the launcher plans, `scalerl_cli.orphan_guard` pins a child to its cores
 (`CPUS_ENV`) before it runs, each process sets its torch threads from its config.
 """
@@ -25,6 +31,7 @@ import os
 from dataclasses import dataclass
 
 CPUS_ENV = "SCALERL_CPUS"  # comma-separated CPU ids a launcher child is pinned to
+IDLE_ENV = "SCALERL_SCHED_IDLE"  # "1": the launcher child runs at SCHED_IDLE (a lender)
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,22 @@ class CorePlan:
     worker_threads: int
     worker_cpus: tuple[int, ...]  # shared by every worker
     world_size: int = 1
+    lenders: int = 0  # lender workers on the learner's cores (`scalerl.lending`)
+    lender_threads: int = 0  # torch threads of each
 
     @property
     def threads(self) -> int:
-        """Torch threads of all the planned processes together."""
-        return self.learner_threads * self.world_size + self.workers * self.worker_threads
+        """Torch threads of the processes that compute at once (`busy_threads`, the
+        larger of its two states)."""
+        return max(self.busy_threads(lent=False), self.busy_threads(lent=True))
+
+    def busy_threads(self, lent: bool) -> int:
+        """Torch threads computing at once while the learner lends its cores (`lent`: the
+        lenders and the workers) or computes (the learner and the workers)."""
+        workers = self.workers * self.worker_threads
+        if lent:
+            return workers + self.lenders * self.lender_threads
+        return self.learner_threads * self.world_size + workers
 
     @property
     def oversubscribed(self) -> bool:
@@ -68,10 +86,12 @@ def plan_cores(
     workers: int = 0,
     worker_threads: int = 0,
     learner_threads: int = 0,
+    lend: bool = False,
 ) -> CorePlan:
     """The plan for `cpus` (usable CPU ids); 0 for workers / worker_threads /
-    learner_threads means "by the rule" (module doc). Raises ValueError for no CPU, a
-    world_size < 1 or a negative count."""
+    learner_threads means "by the rule" (module doc); `lend`: lender workers on the
+    learner's cores (none on one core, where nothing is left to lend). Raises ValueError
+    for no CPU, a world_size < 1 or a negative count."""
     if not cpus:
         raise ValueError("cpus: at least one CPU is needed")
     if world_size < 1 or min(workers, worker_threads, learner_threads) < 0:
@@ -92,6 +112,7 @@ def plan_cores(
         worker_threads = max(1, wc // workers)
     worker_threads = worker_threads or _default_worker_threads(wc)
     workers = workers or max(1, wc // worker_threads)
+    lender_threads = _default_worker_threads(learner_cores) if lend else 0
     return CorePlan(
         cpus=cpus,
         learner_threads=per_rank,
@@ -100,6 +121,8 @@ def plan_cores(
         worker_threads=worker_threads,
         worker_cpus=worker_cpus,
         world_size=world_size,
+        lenders=learner_cores // lender_threads if lend else 0,
+        lender_threads=lender_threads,
     )
 
 
@@ -125,6 +148,19 @@ def pin_from_env(environ: dict[str, str] | None = None) -> tuple[int, ...] | Non
     return cpus
 
 
+def idle_priority_from_env(environ: dict[str, str] | None = None) -> bool:
+    """Put this process at SCHED_IDLE when `SCALERL_SCHED_IDLE` is "1" (a lender worker:
+    its threads and children inherit it, and any other thread on its cores runs first).
+    True when set; False when unset or the OS has no SCHED_IDLE. Lowering one's own
+    priority needs no privilege."""
+    if (os.environ if environ is None else environ).get(IDLE_ENV) != "1":
+        return False
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
 def torch_threads(configured: int) -> int:
     """Torch threads for a process whose config says `configured` (0 = every usable
     core: a process started alone, e.g. in its own container)."""
@@ -141,6 +177,7 @@ def planned_config(config, cpus: tuple[int, ...] | None = None):
         workers=config.rollout.workers,
         worker_threads=config.rollout.threads,
         learner_threads=config.learner.threads,
+        lend=config.learner.lend_idle == "workers",
     )
     rollout = config.rollout.model_copy(
         update={"workers": plan.workers, "threads": plan.worker_threads}
@@ -157,6 +194,11 @@ def describe(plan: CorePlan) -> str:
         f"{_span(plan.learner_cpus)}, {plan.workers} rollout worker(s) x "
         f"{plan.worker_threads} thread(s) on {_span(plan.worker_cpus)}"
     )
+    if plan.lenders:
+        line += (
+            f", {plan.lenders} lender worker(s) x {plan.lender_threads} thread(s) on "
+            f"{_span(plan.learner_cpus)} while the learner waits"
+        )
     if plan.oversubscribed:
         line += f" (oversubscribed: {plan.threads} threads on {len(plan.cpus)} cores)"
     return line

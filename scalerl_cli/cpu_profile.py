@@ -10,7 +10,12 @@ Linux there is no /proc and the profile is empty.
 from __future__ import annotations
 
 import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -32,9 +37,12 @@ class CpuProfile:
     """CPU seconds per process name, kept across restarts (a new pid starts a new count
     that adds to the banked one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._banked: dict[str, float] = {}
         self._current: dict[str, tuple[int, float]] = {}  # name -> (pid, seconds)
+        self._clock = clock
+        # (time, all CPU seconds) of the latest samples: about 2 minutes at one a second.
+        self._history: deque[tuple[float, float]] = deque(maxlen=120)
 
     def sample(self, processes: dict[str, int]) -> None:
         """Read the CPU seconds of each running process (name -> pid)."""
@@ -46,6 +54,19 @@ class CpuProfile:
             if previous is not None and previous[0] != pid:  # restarted: bank the old one
                 self._banked[name] = self._banked.get(name, 0.0) + previous[1]
             self._current[name] = (pid, seconds)
+        self._history.append((self._clock(), sum(self.seconds().values())))
+
+    def recent_busy_share(self, cores: int, window_s: float = 30.0) -> float | None:
+        """The machine's busy share over the last `window_s` seconds of samples (all
+        processes' CPU seconds over cores x wall seconds); None before two samples a
+        second apart."""
+        if not self._history:
+            return None
+        t1, s1 = self._history[-1]
+        t0, s0 = next((t, s) for t, s in self._history if t >= t1 - window_s)
+        if t1 - t0 < 1.0:
+            return None
+        return max(0.0, s1 - s0) / ((t1 - t0) * max(cores, 1))
 
     def seconds(self) -> dict[str, float]:
         """CPU seconds per process name, sorted by name."""
@@ -66,3 +87,27 @@ class CpuProfile:
             },
             "machine_busy_share": round(sum(seconds.values()) / (wall * max(cores, 1)), 3),
         }
+
+
+class CpuProfileCollector:
+    """The profile on the launcher's /metrics: `scalerl_process_cpu_seconds_total{process}`
+    (user + system seconds, summed over restarts) and `scalerl_machine_cores`, so that
+    sum(rate(scalerl_process_cpu_seconds_total[1m])) / scalerl_machine_cores is the
+    machine's busy share and each process's rate its own."""
+
+    def __init__(self, profile: CpuProfile, cores: int) -> None:
+        self._profile = profile
+        self._cores = cores
+
+    def collect(self) -> Iterator[Metric]:
+        cpu = CounterMetricFamily(
+            "scalerl_process_cpu_seconds",
+            "CPU seconds (user + system, every thread) of each process of the run.",
+            labels=["process"],
+        )
+        for name, seconds in self._profile.seconds().items():
+            cpu.add_metric([name], seconds)
+        yield cpu
+        yield GaugeMetricFamily(
+            "scalerl_machine_cores", "CPU cores the run's processes share.", value=self._cores
+        )

@@ -3,7 +3,11 @@ follows the run's target in Redis (`scalerl.state.fleet_target`), which
 `scalerl workers add|remove RUN_DIR [N]` changes while the run goes. A worker asked to
 go gets SIGTERM and leaves cleanly (it pushes its groups in flight, deregisters, exits
 0); a worker that exits 0 by itself has left too (it is not replaced); one that crashes
-is the supervisor's (`scalerl_cli.supervisor`)."""
+is the supervisor's (`scalerl_cli.supervisor`).
+
+Lender workers (`learner.lend_idle: workers`, `scalerl.lending`) are apart from that
+target: `lender-0`, `lender-1`, ..., one per slot of the run's lending gate, pinned to the
+learner's cores at SCHED_IDLE; they live as long as the run."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalerl.cores import IDLE_ENV, CorePlan, cpus_env
+from scalerl.lending import GATE_ENV, SLOT_ENV
 from scalerl.ports import free_port
 from scalerl.state.client import REDIS_ERRORS, connect
 from scalerl.state.fleet_target import FleetTarget
@@ -22,11 +28,17 @@ from scalerl_cli.processes import Child, start_child
 
 log = logging.getLogger(__name__)
 WORKER_PREFIX = "rollout-"
+LENDER_PREFIX = "lender-"
 
 
 def is_worker(child: Child) -> bool:
-    """A launcher-managed rollout worker."""
+    """A launcher-managed rollout worker (not a lender)."""
     return child.name.startswith(WORKER_PREFIX)
+
+
+def is_lender(child: Child) -> bool:
+    """A lender worker: generates on the learner's cores while the learner waits."""
+    return child.name.startswith(LENDER_PREFIX)
 
 
 @dataclass
@@ -59,11 +71,26 @@ class LauncherFleet:
         """Start the next `rollout-{i}` on free ports; record it in services.json."""
         name = f"{WORKER_PREFIX}{self.next_index}"
         self.next_index += 1
+        return self._start(name, [], self.env)
+
+    def start_lenders(self, gate: Path, plan: CorePlan, env: dict[str, str]) -> list[Child]:
+        """Start `plan.lenders` lender workers on the learner's cores, each with
+        `plan.lender_threads` torch threads, its slot of `gate` and SCHED_IDLE; `env`:
+        the workers' environment but their pinning."""
+        lender_env = {**env, **cpus_env(plan.learner_cpus), IDLE_ENV: "1", GATE_ENV: str(gate)}
+        threads = ["--set", f"rollout.threads={plan.lender_threads}"]
+        return [
+            self._start(f"{LENDER_PREFIX}{i}", threads, {**lender_env, SLOT_ENV: str(i)})
+            for i in range(plan.lenders)
+        ]
+
+    def _start(self, name: str, extra: list[str], env: dict[str, str] | None) -> Child:
+        """Start worker `name` on free ports; record it in services.json."""
         port, metrics = free_port(), free_port()
-        # The Redis URL comes in the environment (self.env), its password in a file.
-        args = ["--config", str(self.config_path)]
+        # The Redis URL comes in the environment, its password in a file.
+        args = ["--config", str(self.config_path), *extra]
         args += ["--worker-id", name, "--port", str(port), "--metrics-port", str(metrics)]
-        child = start_child(name, "rollout_service.main", args, self.logs, self.env)
+        child = start_child(name, "rollout_service.main", args, self.logs, env)
         self.services[name] = {"grpc": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
         write_services(self.services_path, self.services)
         return child

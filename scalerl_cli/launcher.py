@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from rich.text import Text
 
 from scalerl.config import RunConfig, dump_config
 from scalerl.cores import CorePlan, cpus_env, describe, planned_config
+from scalerl.lending import GATE_ENV, create_gate
 from scalerl.obs.metrics import serve_metrics, service_registry
 from scalerl.policy.hardware import Precision
 from scalerl.ports import free_port
@@ -44,8 +46,8 @@ from scalerl.state.client import (
     split_password,
 )
 from scalerl.state.run_state import RunState
-from scalerl_cli.cpu_profile import CpuProfile
-from scalerl_cli.fleet import LauncherFleet, is_worker, write_services
+from scalerl_cli.cpu_profile import CpuProfile, CpuProfileCollector
+from scalerl_cli.fleet import LauncherFleet, is_lender, is_worker, write_services
 from scalerl_cli.processes import Child, kill_children, start_child, stop_children
 from scalerl_cli.redis_server import RedisServer
 from scalerl_cli.report import finish_report
@@ -142,6 +144,7 @@ def run(
     metrics_server, metrics_port = serve_metrics(registry, 0)
     started, started_unix = time.monotonic(), time.time()
     profile = CpuProfile()
+    registry.register(CpuProfileCollector(profile, len(plan.cpus)))
     with launcher_redis(run_dir) if redis_url is None else nullcontext() as redis_server:
         # The run's Redis: the one started here, else the external one (not supervised).
         url = redis_url if redis_server is None else redis_server.url
@@ -170,6 +173,7 @@ def run(
                 fleet,
                 curve=(curve_address, config.run_id),
                 profile=profile,
+                cores=len(plan.cpus),
             )
             if not console.is_terminal:
                 console.print()  # a log file: end the last progress line
@@ -387,6 +391,10 @@ def _start_services(
         config_path, redis_url, config.run_id, logs, services, services_path, worker_env
     )
     children += fleet.start(config.rollout.workers)
+    if plan and plan.lenders:
+        gate = create_gate(run_dir / "lend_gate", plan.lenders)
+        children += fleet.start_lenders(gate, plan, env)
+        learner_env = {**learner_env, GATE_ENV: str(gate)}
     learner_port, learner_metrics = free_port(), free_port()
     module, leading = _learner_command(config.learner.world_size)
     learner = start_child(
@@ -434,11 +442,13 @@ def _watch(
     fleet: LauncherFleet | None = None,
     curve: tuple[str, str] | None = None,
     profile: CpuProfile | None = None,
+    cores: int = 1,
 ) -> None:
     """Show progress until the learner exits 0 (or GAVE_UP_EXIT: it ended the run
     unfinished), with the verdict of the run's latest fit
     when `curve` = (curve service address, run id) is given, sampling each process's CPU
-    seconds into `profile`. A child that exits otherwise
+    seconds into `profile` (the line shows the machine's busy share of its `cores`). A
+    child that exits otherwise
     is restarted by `supervisor` (in place in `children`), and so is `redis_server` (on its
     port, from its append-only file); RunFailed when one crash-loops. The workers follow `fleet`'s
     target (`scalerl workers add|remove`); a worker that exits 0 has left the run.
@@ -461,8 +471,8 @@ def _watch(
                 fleet.reconcile(children)
             for index, child in enumerate(children):
                 code = child.poll()
-                if code is None or (code == 0 and is_worker(child)):
-                    continue  # running, or left (forgotten at the next turn)
+                if code is None or (code == 0 and (is_worker(child) or is_lender(child))):
+                    continue  # running, or left (a worker: forgotten at the next turn)
                 if child is learner and code == GAVE_UP_EXIT:
                     break  # it ended the run unfinished: not restarted
                 if code == 0 and _learner_finishes(learner):
@@ -482,7 +492,8 @@ def _watch(
                 profile.sample(pids)
             if curve_client is not None and curve is not None:
                 verdict = _fit_verdict(curve_client, curve[1]) or verdict
-            line = _progress_line(learner_client, time.monotonic() - start, verdict) or line
+            busy = profile.recent_busy_share(cores) if profile is not None else None
+            line = _progress_line(learner_client, time.monotonic() - start, verdict, busy) or line
             live.update(Text(line or f"[{time.monotonic() - start:5.0f}s] starting services..."))
             time.sleep(1.0)
 
@@ -529,7 +540,11 @@ def _fit_verdict(client: CurveClient, run_id: str) -> str:
     return f"fit: {fit.stability.verdict}"
 
 
-def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "") -> str:
+def _progress_line(
+    client: LearnerClient, elapsed_s: float, fit_verdict: str = "", busy: float | None = None
+) -> str:
+    """One line of where the run stands; `busy`: the machine's recent busy share. "" while
+    the learner does not answer."""
     try:
         s = client.status(wait_for_ready=True)
     except ServiceError:
@@ -549,5 +564,21 @@ def _progress_line(client: LearnerClient, elapsed_s: float, fit_verdict: str = "
         f"[{elapsed_s:5.0f}s] step {s.step:4d}  policy v{s.policy_version:<4d} "
         f"held-out pass rate {rate}  queue {s.queue_depth:3d}  truncation {trunc:.1%}  "
         f"compute {s.compute_hours:.4f} h{evals}{workers}"
+        + (f"  machine busy {busy:.0%}" if busy is not None else "")
+        + _waits_for(s.last_metrics)
         + (f"  {fit_verdict}" if fit_verdict else "")
     )
+
+
+def _waits_for(step: Mapping[str, float]) -> str:
+    """What the learner waited for longest in its last step, and its share of the step's
+    wall time: the rollout workers (groups) or an evaluation; "" before a step or
+    when it waited for nothing."""
+    waits = {
+        "rollout workers": step.get("batch_wait_seconds", 0.0),
+        "evaluation": step.get("eval_wait_seconds", 0.0),
+    }
+    wall = step.get("step_seconds", 0.0) + step.get("publish_block_seconds", 0.0)
+    wall += sum(waits.values())
+    name, seconds = max(waits.items(), key=lambda item: item[1])
+    return f"  learner waits {seconds / wall:.0%} for {name}" if seconds > 0 else ""

@@ -18,7 +18,8 @@ SIGABRT before it started). Without a `preexec_fn` the child is spawned with no 
 code between fork and exec; this module then runs single-threaded before the exec.
 
 The guard also pins the command to the CPUs `SCALERL_CPUS` names (`scalerl.cores`, the
-launcher's core plan): the affinity, like the tie, survives the exec.
+launcher's core plan) and puts a lender worker at SCHED_IDLE (`SCALERL_SCHED_IDLE`,
+`scalerl.lending`): the affinity and the policy, like the tie, survive the exec.
 
 Elsewhere than Linux there is no PR_SET_PDEATHSIG: the command runs untied (the launcher
 still stops its children on every exit but SIGKILL).
@@ -31,7 +32,7 @@ import os
 import signal
 import sys
 
-from scalerl.cores import pin_from_env
+from scalerl.cores import idle_priority_from_env, pin_from_env
 
 _PR_SET_PDEATHSIG = 1
 # Exit code when the parent died before the tie was made (the command never ran).
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
         return PARENT_GONE
     try:
         pin_from_env()
+        idle_priority_from_env()
     except (ValueError, OSError) as exc:  # a CPU outside this machine's set
         print(f"orphan_guard: cannot pin {argv[1]}: {exc}", file=sys.stderr)
         return 2

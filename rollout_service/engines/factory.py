@@ -23,7 +23,7 @@ from scalerl.ports import free_port
 
 
 def build_engine(
-    resolved: ResolvedConfig, model: Any, tokenizer: Any, metrics: Any
+    resolved: ResolvedConfig, model: Any, tokenizer: Any, metrics: Any, gate: Any = None
 ) -> RolloutEngine:
     """The engine named by `config.rollout.engine`, started and serving version 0, on
     the resolved device in the resolved dtype.
@@ -31,8 +31,10 @@ def build_engine(
     model: the policy as loaded by `scalerl.policy.models.load_policy` (the torch engine takes
     ownership of it; vLLM and SGLang load the model folder themselves and use it only
     for the tiny model, which has no folder). tokenizer: its `PolicyTokenizer` (stop
-    token ids). metrics: a `RolloutMetrics` or None. Raises ImportError naming the
-    package when the engine's package is not installed.
+    token ids). metrics: a `RolloutMetrics` or None. gate: a lender worker's
+    `scalerl.lending.Borrower` (the torch engine's; the config refuses lending with the
+    others). Raises ImportError naming the package when the engine's package is not
+    installed.
     """
     config = resolved.config
     rollout = config.rollout
@@ -49,6 +51,7 @@ def build_engine(
             device=resolved.device,
             metrics=metrics,
             max_lora_rank=rollout.max_lora_rank,
+            gate=gate,
         )
     if rollout.engine == "vllm":
         from rollout_service.engines.vllm.worker import require_vllm

@@ -144,6 +144,14 @@ class LearnerConfig(_Section):
         description="torch threads of the learner (each rank); 0 = the launcher's core "
         "plan (scalerl.cores), or every core this process may use when started alone.",
     )
+    lend_idle: Literal["off", "workers"] = Field(
+        "off",
+        description="What `scalerl run` does with the learner's cores while it waits for "
+        "groups or an evaluation. off: they idle. workers: lender workers, rollout workers "
+        "pinned to the learner's cores, generate until the learner has work, then stop "
+        "within one decode step (scalerl.lending); CPU learners of one rank with the torch "
+        "engine (on a GPU node the learner's device is not lent: off).",
+    )
     checkpoint_every: int = Field(
         10,
         ge=0,
@@ -181,6 +189,11 @@ class LearnerConfig(_Section):
 
     @model_validator(mode="after")
     def _check_mode(self) -> LearnerConfig:
+        if self.lend_idle == "workers" and self.world_size > 1:
+            raise ValueError(
+                "learner.lend_idle: workers lends the cores of a learner of one rank, got "
+                f"learner.world_size {self.world_size} (set lend_idle off)"
+            )
         if self.off_policy_mode == "ppo" and self.off_policy_k < 1:
             raise ValueError(
                 "learner.off_policy_k must be >= 1 with off_policy_mode 'ppo' "

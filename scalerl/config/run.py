@@ -77,6 +77,11 @@ class RunConfig(BaseSettings):
             raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
         r = self.rollout
         self._check_lora()
+        if self.learner.lend_idle == "workers" and r.engine != "torch":
+            raise ValueError(
+                "learner.lend_idle: workers needs rollout.engine torch (its lenders stop "
+                f"between decode steps), got {r.engine!r} (set lend_idle off)"
+            )
         # The phrase takes at least one token; its exact length needs the tokenizer
         # (scalerl.length_control.check_budgets, run before any process starts).
         if r.thinking_budget and r.thinking_budget + 1 + r.answer_budget > r.max_new_tokens:

@@ -61,7 +61,9 @@ class WorkerProgress:
     completion tokens since start; active_requests: requests in the engine now;
     progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle;
     gpu: UUID of the CUDA device its engine computes on, "" on the CPU (the learner's
-    weight group picks its backend by it: `learner_service.weights.broadcast.epoch_backend`).
+    weight group picks its backend by it: `learner_service.weights.broadcast.epoch_backend`);
+    lender: it generates on the learner's cores while the learner waits (`scalerl.lending`),
+    so it takes no evaluation (whose requests would wait out the learner's steps).
     """
 
     serving_version: int
@@ -71,6 +73,7 @@ class WorkerProgress:
     progress_unix_s: float = 0.0
     state: str = ""  # "" from workers that predate the states
     gpu: str = ""
+    lender: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,14 @@ class WorkerRegistry:
         """Workers to push weights to and evaluate on: ready and not stalled. worker_id ->
         address, sorted by id. A worker left out as stalled is logged once per stall."""
         return {worker_id: info.address for worker_id, info in self.ready().items()}
+
+    def evaluators(self) -> dict[str, str]:
+        """`workers()` less the lenders (`WorkerProgress.lender`): the ones to evaluate on."""
+        return {
+            worker_id: info.address
+            for worker_id, info in self.ready().items()
+            if info.progress is None or not info.progress.lender
+        }
 
     def ready(self) -> dict[str, WorkerInfo]:
         """`workers()` with what each one reported: worker_id -> WorkerInfo, sorted by id."""

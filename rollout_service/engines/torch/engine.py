@@ -19,7 +19,8 @@ One background thread owns the model and runs a loop of *steps*. Each step:
 
 Every emitted token carries the policy version of the weights that computed the logits
 it came from. Because step 1 precedes the forward of step 5, every token sampled after a
-swap carries the new version. Forced tokens get the log-prob under the plain untempered
+swap carries the new version. A lender worker's engine (`gate`, `scalerl.lending`) runs
+steps 1-2 at once and steps 3-5 only while the learner lends it its cores. Forced tokens get the log-prob under the plain untempered
 softmax. The contract is `rollout_service.engines.api`; the length-control decisions are
 `rollout_service.engines.length_control`.
 """
@@ -61,6 +62,7 @@ from rollout_service.engines.weight_check import (
     parse_payload,
 )
 from rollout_service.metrics import RolloutMetrics
+from scalerl.lending import Borrower
 from scalerl.policy.routing import to_message
 from scalerl.rpc.errors import InvalidArgument
 
@@ -113,7 +115,9 @@ class TorchEngine:
     autostart=False leaves the loop thread off so tests can drive `step()` by hand.
     max_prefill_tokens: token budget of one step's batched prefill, counted as distinct
     prompts x the longest of them (padding included); a single longer prompt is still
-    admitted, alone. max_lora_rank: the highest LoRA rank an adapter may have. Raises
+    admitted, alone. max_lora_rank: the highest LoRA rank an adapter may have. gate: a
+    lender worker's `scalerl.lending.Borrower`: the loop passes it before each step, so
+    the step waits while the learner has its cores back. Raises
     ValueError for an unknown dtype, max_batch < 1, max_seq_len < 2 or
     max_prefill_tokens < 1.
 
@@ -139,6 +143,7 @@ class TorchEngine:
         autostart: bool = True,
         max_prefill_tokens: int = 2048,
         max_lora_rank: int = 256,
+        gate: Borrower | None = None,
     ) -> None:
         torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
         if torch_dtype is None or torch_dtype not in DTYPES.values():
@@ -178,6 +183,7 @@ class TorchEngine:
         self._parked: OrderedDict[int, tuple[str, tuple[int, ...]]] = OrderedDict()
         self.prefix_tokens_reused = 0  # prompt tokens a continuation did not prefill
         self._stopping = False
+        self._gate = gate
         self._thread: threading.Thread | None = None
         if autostart:
             self.start()
@@ -325,15 +331,26 @@ class TorchEngine:
     def step(self) -> bool:
         """Run one loop iteration (see the module docstring). Returns False when there was
         nothing to do. Called by the loop thread; tests with autostart=False call it."""
+        housekept = self._housekeep()
+        return self._generate() or housekept
+
+    def _housekeep(self) -> bool:
+        """Apply staged weights and queued controls (interrupts, aborts); False when
+        there were none."""
         with self._lock:
             staged, self._staged = self._staged, []
             controls, self._controls = self._controls, []
         self._apply_weights(staged)
         for request_id, mode in controls:
             self._control(request_id, mode)
+        return bool(staged or controls)
+
+    def _generate(self) -> bool:
+        """Admit waiting requests (prefill), force phrases, decode one token for every
+        running one; False when nothing ran or waited."""
         with self._lock:  # after the controls, so an aborted waiting request is gone
             admitted = self._take_waiting()
-        busy = bool(staged or controls or admitted or self._active)
+        busy = bool(admitted or self._active)
         self._admit(admitted)
         forcing = [seq for seq in self._active.values() if seq.want_force]
         if forcing:
@@ -350,11 +367,25 @@ class TorchEngine:
                 if self._stopping:
                     return
             try:
-                self.step()
+                self.step() if self._gate is None else self._gated_step(self._gate)
             except Exception as exc:  # keep serving others: fail only the running requests
                 log.exception("engine step failed; failing %d requests", len(self._active))
                 for seq in list(self._active.values()):
                     self._fail(seq, exc)
+
+    def _gated_step(self, gate: Borrower) -> None:
+        """A lender's step: weights and controls at once (an update, which the learner
+        waits for, never waits for the gate), generation only through it. While the gate
+        is closed, new weights, controls or a stop end the wait (the loop comes back)."""
+        self._housekeep()
+        if not (self._active or self._waiting):
+            return
+        if not gate.enter(lambda: self._stopping or bool(self._staged or self._controls)):
+            return
+        try:
+            self._generate()
+        finally:
+            gate.leave()
 
     def _version_of(self, seq: _Seq) -> int:
         """The version of the weights `seq` is served with: its named adapter's, else the
