@@ -88,7 +88,9 @@ Outputs in `--out` (a rerun first deletes the previous run's): `metrics.jsonl` (
 per-step logs plus `wall_seconds`, and `rollout_time`: seconds of generation, scoring and
 advantages inside the step), `eval.jsonl` (`eval3` only: one line per evaluation),
 `summary.json` (settings, versions, steps, timings, `time_to_gain`), `checkpoint/` and
-`config.yaml`.
+`config.yaml`; with `--save-every-s`, `snapshots/t<SECONDS>/` and `snapshots.jsonl` (the
+policy at a step end every so many clock seconds, the saving itself off the clock:
+`benchmarks/time_to_quality.py`).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ from trl_heldout import HeldoutEvaluator  # this folder is on sys.path when run 
 
 STARTED = time.monotonic()  # the wall clock covers imports and model loading too
 STARTED_UNIX = time.time()
+_PAUSED = [0.0]  # seconds spent saving snapshots (`--save-every-s`): off the clock
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -136,6 +139,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gain", type=float, default=0.30, help="time_to_gain threshold")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--save-every-s",
+        type=float,
+        default=0.0,
+        help="save the policy to <out>/snapshots/t<SECONDS>/ at the first step end at "
+        "least this many clock seconds after the last (0: none); the save is off the clock",
+    )
     parser.add_argument("--config", default="default", help="scalerl config the job comes from")
     parser.add_argument(
         "--set",
@@ -151,8 +161,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def wall_seconds() -> float:
-    """Seconds since the script started."""
-    return time.monotonic() - STARTED
+    """Seconds since the script started, less the seconds spent saving snapshots."""
+    return time.monotonic() - STARTED - _PAUSED[0]
 
 
 def setup_environment(threads: int) -> None:
@@ -305,6 +315,8 @@ def make_callback(evaluator: HeldoutEvaluator | None, model, args, record: dict)
     deadline = 60.0 * args.max_minutes if args.max_minutes else float("inf")  # 0: no limit
 
     class BenchmarkCallback(TrainerCallback):
+        saved_at = 0.0  # clock second of the last snapshot
+
         def on_train_begin(self, _args, state, control, **kwargs):
             record["train_begin_s"] = wall_seconds()
             if evaluator:
@@ -313,6 +325,8 @@ def make_callback(evaluator: HeldoutEvaluator | None, model, args, record: dict)
         def on_step_end(self, _args, state, control, **kwargs):
             if evaluator and state.global_step % args.eval_every == 0:
                 self._evaluate(state.global_step)
+            if args.save_every_s and wall_seconds() - self.saved_at >= args.save_every_s:
+                self.saved_at = save_snapshot(args.out, model, state.global_step)
             if wall_seconds() >= deadline:  # after the evaluation: a due one is never skipped
                 record["stopped_by"] = "max_minutes"
                 control.should_training_stop = True
@@ -366,9 +380,10 @@ def clear_outputs(out: Path) -> None:
     import shutil
 
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("eval.jsonl", "metrics.jsonl", "summary.json", "config.yaml"):
+    for name in ("eval.jsonl", "metrics.jsonl", "summary.json", "config.yaml", "snapshots.jsonl"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)
+    shutil.rmtree(out / "snapshots", ignore_errors=True)
 
 
 def save_checkpoint(out: Path, model, tokenizer, cfg, record: dict) -> None:
@@ -384,6 +399,20 @@ def save_checkpoint(out: Path, model, tokenizer, cfg, record: dict) -> None:
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     record["checkpoint_at_s"] = wall_seconds()
     record["checkpoint_seconds"] = record["checkpoint_at_s"] - started
+
+
+def save_snapshot(out: Path, model, step: int) -> float:
+    """The policy as `out/snapshots/t<clock seconds>/` (config.json, model.safetensors:
+    what `scalerl eval` loads), a line in `out/snapshots.jsonl`; the seconds it took are
+    taken off the clock (`wall_seconds`), so the snapshots cost the run nothing. Returns
+    the clock second it was taken at."""
+    at = wall_seconds()
+    began = time.monotonic()
+    folder = out / "snapshots" / f"t{at:05.0f}"
+    model.save_pretrained(folder, safe_serialization=True)
+    append_jsonl(out / "snapshots.jsonl", {"wall_seconds": at, "step": step, "path": str(folder)})
+    _PAUSED[0] += time.monotonic() - began
+    return at
 
 
 def time_to_gain(evals: list[dict], gain: float) -> float | None:
@@ -439,6 +468,7 @@ def write_summary(args, config, trainer, record: dict, rollout_s: list[float]) -
         "pass_rate_final": evals[-1]["pass_rate"] if evals else None,
         "checkpoint_at_s": record.get("checkpoint_at_s"),
         "checkpoint_seconds": record.get("checkpoint_seconds"),
+        "snapshot_seconds": _PAUSED[0],  # off the clock
         "gain": args.gain,
         "time_to_gain": time_to_gain(evals, args.gain),
     }

@@ -222,6 +222,17 @@ class Borrower:
         self._gate.write(self._index, IDLE)
 
 
+def check_lendable(lend_idle: str, device: str) -> None:
+    """Raises ValueError naming `learner.lend_idle` when `workers` is asked of a learner
+    on `device` other than the CPU: its cores, not its GPU, are what lenders borrow (on a
+    GPU node the trainer's device would need an engine of its own beside training)."""
+    if lend_idle == "workers" and device != "cpu":
+        raise ValueError(
+            f"learner.lend_idle: workers lends CPU cores; the learner computes on {device} "
+            "(set lend_idle off)"
+        )
+
+
 def lender_from_env(
     environ: dict[str, str] | None = None,
     on_reclaim: Callable[[float, float], None] | None = None,

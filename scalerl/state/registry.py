@@ -63,7 +63,8 @@ class WorkerProgress:
     gpu: UUID of the CUDA device its engine computes on, "" on the CPU (the learner's
     weight group picks its backend by it: `learner_service.weights.broadcast.epoch_backend`);
     lender: it generates on the learner's cores while the learner waits (`scalerl.lending`),
-    so it takes no evaluation (whose requests would wait out the learner's steps).
+    so it takes no evaluation that runs beside training (whose requests would wait out
+    the learner's steps).
     """
 
     serving_version: int

@@ -43,6 +43,12 @@ CASES = [
     (None, ["--set", "no_such_field=1"], "no_such_field: not a config field"),
     (None, ["--set", "lr=abc"], "learner.lr: Input should be a valid number"),
     (None, ["--set", "task.5.weight=1"], "task.5.weight: name a task by index"),
+    (None, ["--set", "learner.lend_idle=threads"], "learner.lend_idle: Input should be 'off'"),
+    (
+        None,
+        ["--set", "learner.lend_idle=workers", "--set", "rollout.engine=vllm"],
+        "learner.lend_idle: workers needs rollout.engine torch",
+    ),
     (None, ["--rollout-workers", "abc"], "scalerl run: --rollout-workers: invalid int value"),
     (None, ["--rollout-workers", "-1"], "rollout.workers: Input should be greater than"),
     (None, ["--recipe", "nosuch"], "recipe"),

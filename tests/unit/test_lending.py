@@ -23,6 +23,7 @@ from scalerl.lending import (
     Borrower,
     Lender,
     borrower_from_env,
+    check_lendable,
     create_gate,
     lender_from_env,
 )
@@ -161,9 +162,7 @@ def test_new_weights_and_aborts_reach_a_lender_whose_gate_is_closed(gate, model0
         engine.stop(timeout=5)
 
 
-@pytest.mark.parametrize(
-    ("cores", "lenders", "lender_threads"), [(2, 1, 1), (4, 2, 1), (16, 4, 2)]
-)
+@pytest.mark.parametrize(("cores", "lenders", "lender_threads"), [(2, 1, 1), (4, 2, 1), (16, 4, 2)])
 def test_lending_never_runs_more_busy_threads_than_cores(cores, lenders, lender_threads) -> None:
     plan = plan_cores(tuple(range(cores)), lend=True)
     assert (plan.lenders, plan.lender_threads) == (lenders, lender_threads)
@@ -186,6 +185,10 @@ def test_the_config_carries_the_lenders_and_refuses_what_cannot_lend() -> None:
         RunConfig(learner={"lend_idle": "workers", "world_size": 2})
     with pytest.raises(ValueError, match="lend_idle"):
         RunConfig(learner={"lend_idle": "threads"})
+    check_lendable("workers", "cpu")
+    check_lendable("off", "cuda:0")
+    with pytest.raises(ValueError, match="learner.lend_idle: workers lends CPU cores; the"):
+        check_lendable("workers", "cuda:0")
 
 
 def test_a_borrower_marks_idle_between_steps(gate) -> None:
