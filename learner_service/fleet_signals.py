@@ -7,9 +7,10 @@ measured by the learner after each step, and its answer written into the step re
   a hash the workers add to once a second) grew by since the oldest remembered step at or
   before the window's start, over workers x the seconds between; clipped to [0, 1], since
   reports arrive up to a second late and a departed worker's seconds stay in the total;
-- free admission slots f: the replay capacity (k + 1) x B less the stream's depth after
-  the step (queued and read-but-unacknowledged groups) and the groups the workers are
-  generating, ceil(active_requests / G) per registered worker from its heartbeat progress
+- free admission slots f: the replay capacity (`RunConfig.replay_capacity`) less the
+  stream's depth after the step (queued and read-but-unacknowledged groups) and the
+  groups the workers are generating, ceil(active_requests / G) per registered worker
+  from its heartbeat progress
   (a group that is done and waits to be pushed is not counted: its worker is blocked,
   which g measures; requests of a held-out evaluation count while it runs);
 - current workers n: the workers registered now, ready or not, stalled or not.
@@ -46,7 +47,7 @@ class StepSample:
 class FleetSignals:
     """Measures s, g, f and n after every step and keeps the rule's state.
 
-    replay_capacity: (k + 1) x batch_prompts groups; registry: the run's worker registry;
+    replay_capacity: `RunConfig.replay_capacity` groups; registry: the run's worker registry;
     blocked: the workers' push-blocked seconds; policy: the `fleet` config section;
     group_size: G, requests per group; clock: monotonic seconds.
     """

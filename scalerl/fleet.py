@@ -14,7 +14,7 @@ threshold 1). Inputs, each over the learner's recent window (`fleet.window_s`; m
   waiting in `ReplayStream.push` on a full stream (PipelineRL's budget exhausted, prime-rl
   `wait_for_policy`, verl `rollouter/idle_ratio`): from the workers' push-blocked seconds
   (`scalerl.state.push_blocked`) over workers x window seconds;
-- free admission slots f = (k + 1) x B - (queued + in flight): the replay capacity less
+- free admission slots f = capacity - (queued + in flight): the replay capacity less
   the stream's depth and the groups the workers are generating.
 
 The rule, with n the current worker count and D the last answer (the target asked for):

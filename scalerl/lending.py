@@ -14,7 +14,7 @@ gate the learner holds:
   an overrun is counted, never waited out);
 - a lender's engine passes the gate before each step (`Borrower.enter`) and leaves it
   after (`Borrower.leave`); with the gate closed it blocks between steps, polling every
-  POLL_S, so its requests wait and its rows keep their KV cache;
+  BLOCKED_POLL_S, so its requests wait and its rows keep their KV cache;
 - the whole lender process runs at SCHED_IDLE (`scalerl.cores.idle_priority_from_env`),
   so its other threads (weight fetches, verifiers, gRPC) and the one decode step after a
   reclaim yield the core to the learner's threads, its background publisher included.
@@ -45,7 +45,10 @@ from pathlib import Path
 GATE_ENV = "SCALERL_LEND_GATE"  # the gate file of the run (launcher -> learner, lenders)
 SLOT_ENV = "SCALERL_LEND_SLOT"  # a lender's slot in it (launcher -> lender)
 IDLE = -1  # a lender's mark outside an engine step
-POLL_S = 0.002  # how often a blocked lender, or a reclaiming learner, looks at the gate
+RECLAIM_POLL_S = 0.002  # how often a reclaiming learner looks at the lenders' marks
+# How often a lender blocked at the closed gate looks at it: each look wakes a thread on
+# the learner's core (at SCHED_IDLE, but still a switch), so rarely; a lend is seconds long.
+BLOCKED_POLL_S = 0.01
 RECLAIM_DEADLINE_S = 2.0  # a reclaim waits this long for the lenders' marks at most
 _WORD = struct.Struct("<q")
 
@@ -157,7 +160,7 @@ class Lender:
             if self._clock() - start >= self._deadline_s:
                 self.stats.overruns += 1
                 break
-            time.sleep(POLL_S)
+            time.sleep(RECLAIM_POLL_S)
         waited = self._clock() - start
         self.stats.reclaims += 1
         self.stats.reclaim_seconds.append(waited)
@@ -214,7 +217,7 @@ class Borrower:
                 self._gate.write(self._index, IDLE)
             if stopping():
                 return False
-            time.sleep(POLL_S)
+            time.sleep(BLOCKED_POLL_S)
 
     def leave(self) -> None:
         """Mark this lender outside a step."""

@@ -172,8 +172,7 @@ class PipelineConsumer(Consumer):
 
     def __init__(self, config: LearnerConfig) -> None:
         super().__init__(config)
-        fill = config.dynamic_sampling * config.batch_prompts
-        self._fill = fill if config.zero_variance_filter else 0
+        self._fill = config.fill_up_to
 
     @property
     def fill_up_to(self) -> int:

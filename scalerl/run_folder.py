@@ -280,7 +280,7 @@ class StepRecord(_Record):
     )
     free_admission_slots: int | None = Field(
         default=None,
-        description="(k + 1) x batch_prompts - (groups queued + groups being generated), "
+        description="The replay capacity - (groups queued + groups being generated), "
         "groups; <= 0 when the k bound is reached.",
     )
     desired_replicas: int | None = Field(

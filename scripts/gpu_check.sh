@@ -37,6 +37,10 @@
 #     Qwen3-MoE checkpoints (step 1's importance ratio 1, the MoE's routed experts
 #     replayed by the learner), a Qwen3 and a Qwen3-MoE run resumed and exported into
 #     their own transformers classes (tests/e2e/test_e2e_families.py, `device: auto`).
+# 13. idle cores lent (`learner.lend_idle: workers`): refused in one line (exit 2) where the
+#     learner computes on cuda; on the node's CPU cores (`device=cpu`) the tiny job with
+#     lenders on the learner's cores, its plan line and report.json's profile (each
+#     process's busy share, the machine's, the seconds lent and the longest reclaim).
 #
 #   scripts/gpu_check.sh [PYTHON] [SECTIONS]
 #
@@ -49,7 +53,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${1:-}"
-SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10,11,12},"
+SECTIONS=",${2:-1,2,3,4,5,6,7,8,9,10,11,12,13},"
 if [[ -z "$PYTHON" ]]; then
   for candidate in .venv-vllm/bin/python .venv/bin/python python3; do
     if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
@@ -290,4 +294,25 @@ if section 12 "model families on CUDA: scalerl run per family, MoE routing repla
   else
     echo "no CUDA device: skipped"
   fi
+fi
+
+if section 13 "idle cores lent: refused on cuda, the tiny job with lenders on the CPU cores"; then
+  if has_cuda; then
+    "$PYTHON" -m scalerl_cli.main run --config tiny --set learner.lend_idle=workers \
+      --run-dir "$WORK/lend-cuda" 2>&1 | tail -n 1
+    echo "exit code ${PIPESTATUS[0]} (2 expected: lend_idle refused on cuda)"
+  else
+    echo "no CUDA device: the refusal is not checked"
+  fi
+  within 600 "$PYTHON" -m scalerl_cli.main run --config tiny --set device=cpu \
+    --set learner.lend_idle=workers --run-dir "$WORK/lend-cpu" 2>&1 | grep -E "cores:|pass rate"
+  "$PYTHON" - "$WORK/lend-cpu/report.json" <<'EOF'
+import json, sys
+profile = json.load(open(sys.argv[1]))["profile"]
+busy = profile.get("processes", {})
+print("machine busy share", busy.get("machine_busy_share"), "on", busy.get("cores"), "cores")
+for name, row in sorted(busy.get("processes", {}).items()):
+    print(f"  {name}: busy {row['busy_share']}")
+print("lending", profile.get("lending"))
+EOF
 fi

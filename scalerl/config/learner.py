@@ -183,6 +183,15 @@ class LearnerConfig(_Section):
     )
 
     @property
+    def fill_up_to(self) -> int:
+        """Groups a PipelineRL round reads at most with dynamic sampling: dynamic_sampling
+        x batch_prompts with the zero-variance filter in pipeline mode; 0 (no filling)
+        otherwise."""
+        if self.off_policy_mode != "pipeline" or not self.zero_variance_filter:
+            return 0
+        return self.dynamic_sampling * self.batch_prompts
+
+    @property
     def loss_hyperparameters(self) -> dict[str, float]:
         """The eps values the configured loss takes (LOSS_HYPERPARAMETERS)."""
         return {name: getattr(self, name) for name in LOSS_HYPERPARAMETERS[self.loss]}

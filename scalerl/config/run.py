@@ -105,8 +105,13 @@ class RunConfig(BaseSettings):
 
     @property
     def replay_capacity(self) -> int:
-        """(k + 1) x batch groups (docs/architecture.md, "PipelineRL-k")."""
-        return (self.learner.off_policy_k + 1) * self.learner.batch_prompts
+        """(k + 1) x the groups one round reads (docs/architecture.md, "PipelineRL-k"):
+        batch_prompts, or with dynamic sampling `learner.fill_up_to`. The groups a round
+        has read stay in the stream until its step ends, so a capacity of (k + 1) x
+        batch_prompts left the workers k batches less room than that while the learner
+        trained on a filled batch: they waited, then the learner waited for them."""
+        learner = self.learner
+        return (learner.off_policy_k + 1) * max(learner.batch_prompts, learner.fill_up_to)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -3,10 +3,11 @@
 One Redis stream per run (`scalerl:{run_id}:replay`); each entry is one
 prompt group, the serialized protobuf `RolloutGroup`, under the field `g`.
 
-- Bounded: producers wait while the stream holds `capacity` entries, (k + 1) x batch groups
-  for PipelineRL-k (ScaleRL paper Sec. 3.1). The length check and XADD run in one Lua script,
-  so concurrent producers can never overshoot. The seconds they wait are summed
-  (`push_blocked_seconds`): the generator throttle that sizes the fleet (`scalerl.fleet`).
+- Bounded: producers wait while the stream holds `capacity` entries, (k + 1) x the
+  groups a step reads (`RunConfig.replay_capacity`) for PipelineRL-k (ScaleRL paper Sec.
+  3.1). The length check and XADD run in one Lua script, so concurrent producers can
+  never overshoot. The seconds they wait are summed (`push_blocked_seconds`): the
+  generator throttle that sizes the fleet (`scalerl.fleet`).
 - PPO-off-policy-k tickets: a group pushed with its generation ticket's version settles
   that ticket in the push script (`scalerl.state.run_state`), so a worker that dies after
   the push does not have it re-issued.

@@ -1,4 +1,4 @@
-"""The replay stream against a real redis-server: group-atomic, bounded by (k + 1) x batch,
+"""The replay stream against a real redis-server: group-atomic, bounded by its capacity,
 acknowledged after the step, claimed back from dead consumers."""
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ def test_every_shipped_config_loads_and_round_trips(name, tmp_path):
 
 def test_replay_capacity_is_k_plus_one_batches():
     config = load_config("default", ["learner.off_policy_k=3", "learner.batch_prompts=5"])
-    assert config.replay_capacity == 20
+    assert config.replay_capacity == 4 * 5 * 3  # filled up to 3 x 5 groups a step
+    unfilled = load_config("default", ["learner.off_policy_k=3", "learner.dynamic_sampling=1"])
+    assert unfilled.replay_capacity == 4 * 8
 
 
 def test_environment_overrides_a_field(monkeypatch):

@@ -34,10 +34,17 @@ def test_is_admissible_rejects_bad_input(learner: int, min_token: int, k: int) -
 
 
 def test_the_replay_capacity_is_k_plus_one_batches() -> None:
-    """(k + 1) x P groups: k steps of lag plus the batch being trained on."""
+    """(k + 1) x the groups one step reads: k steps of lag plus the batch being trained
+    on, which with dynamic sampling is up to dynamic_sampling x P groups."""
     capacity = load_config("tiny", ["learner.off_policy_k=8", "learner.batch_prompts=8"])
-    assert capacity.replay_capacity == 72
+    assert capacity.replay_capacity == 9 * 8 * 3  # dynamic_sampling 3 by default
+    unfilled = ["learner.off_policy_k=8", "learner.batch_prompts=8"]
+    assert load_config("tiny", [*unfilled, "learner.dynamic_sampling=1"]).replay_capacity == 72
+    no_filter = [*unfilled, "learner.zero_variance_filter=false"]
+    assert load_config("tiny", no_filter).replay_capacity == 72
     on_policy = load_config("tiny", ["learner.off_policy_k=0", "learner.batch_prompts=4"])
-    assert on_policy.replay_capacity == 4
+    assert on_policy.replay_capacity == 12
+    ppo = ["learner.off_policy_mode=ppo", "learner.off_policy_k=2", "learner.batch_prompts=4"]
+    assert load_config("tiny", ppo).replay_capacity == 12
     with pytest.raises(ValueError, match="off_policy_k"):
         load_config("tiny", ["learner.off_policy_k=-1"])

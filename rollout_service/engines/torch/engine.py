@@ -20,8 +20,9 @@ One background thread owns the model and runs a loop of *steps*. Each step:
 Every emitted token carries the policy version of the weights that computed the logits
 it came from. Because step 1 precedes the forward of step 5, every token sampled after a
 swap carries the new version. A lender worker's engine (`gate`, `scalerl.lending`) runs
-steps 1-2 at once and steps 3-5 only while the learner lends it its cores. Forced tokens get the log-prob under the plain untempered
-softmax. The contract is `rollout_service.engines.api`; the length-control decisions are
+steps 1-2 at once and steps 3-5 only while the learner lends it its cores. Forced tokens
+get the log-prob under the plain untempered softmax. The contract is
+`rollout_service.engines.api`; the length-control decisions are
 `rollout_service.engines.length_control`.
 """
 
