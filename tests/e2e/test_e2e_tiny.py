@@ -69,6 +69,21 @@ def _assert_no_secret_in_an_environment(run_dir: Path) -> None:
         assert not [s for s in secrets if s in environ], f"a secret in pid {pid}'s environment"
 
 
+def _assert_the_cores_were_lent(run_dir: Path) -> None:
+    """With 2 cores or more a lender worker ran on the learner's core: it generated while
+    the learner waited, and every reclaim found it out of its step before the deadline."""
+    profile = json.loads((run_dir / "report.json").read_text())["profile"]
+    if len(os.sched_getaffinity(0)) < 2:
+        assert profile["lending"] == {}  # one core: nothing to lend
+        return
+    lending = profile["lending"]
+    assert lending["lenders"] == 1 and lending["lent_seconds"] > 0
+    assert lending["reclaims"] > 0 and lending["reclaim_overruns"] == 0
+    assert profile["processes"]["processes"]["lender-0"]["cpu_seconds"] > 0
+    stats = json.loads((run_dir / "report.json").read_text())["workers"]
+    assert stats["lender-0"]["groups_pushed"] > 0
+
+
 def _wait_for(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -79,14 +94,16 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 
 
 def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
+    """The smoke run, with the learner's idle cores lent (a lender worker on its core)."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir)
+    proc = _launch(run_dir, "learner.lend_idle=workers")
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     evals = run_evals(read_records(run_dir, EvalRecord))  # every line has every field, or it raises
     assert len(evals) >= 4
     assert [e.compute for e in evals] == sorted(e.compute for e in evals)
     assert_pass_rate_rose(evals)
+    _assert_the_cores_were_lent(run_dir)
     metrics = read_records(run_dir, StepRecord)
     assert [m.step for m in metrics] == list(range(1, len(metrics) + 1))
     assert metrics[-1].policy_version >= 1
