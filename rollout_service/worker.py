@@ -35,7 +35,7 @@ from rollout_service.weights.follower import WeightFollower, make_follower
 from rollout_service.weights.relay import make_relay
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
-from scalerl.lending import borrower_from_env
+from scalerl.lending import Borrower, borrower_from_env
 from scalerl.length_control import check_budgets
 from scalerl.obs.metrics import serve_metrics
 from scalerl.obs.verifier_metrics import register_verifier_metrics
@@ -58,6 +58,10 @@ CHANGE_POLL_S = 0.05
 
 class RolloutWorker:
     """Owns one engine, its gRPC server, the registry heartbeat and the actor loop."""
+
+    # A lender worker's gate (`scalerl.lending`), set by `start` from the environment;
+    # None for a worker that has its own cores.
+    gate: Borrower | None = None
 
     def __init__(
         self,
