@@ -32,7 +32,7 @@ Subcommands (run them alone on the machine, one after the other):
 
 `run` takes `--trl-python` (default .venv-trl/bin/python), `--dtype` for TRL (default:
 what scalerl's `auto` takes on this machine, bfloat16 where the CPU computes it natively)
-and `--minutes` (15).
+and `--minutes` (15, both systems' budget: scalerl's `learner.max_minutes`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ def run_pair(args: argparse.Namespace) -> None:
     keeper.start()
     try:
         subprocess.run(
-            [sys.executable, "-m", "scalerl_cli.main", "run", "--run-dir", str(run_dir)],
+            [sys.executable, "-m", "scalerl_cli.main", "run", "--run-dir", str(run_dir)]
+            + ["--set", f"learner.max_minutes={args.minutes:g}"],
             cwd=REPO,
             check=True,
         )
@@ -169,12 +170,26 @@ def kept_policies(out: Path) -> list[tuple[str, str, float, Path]]:
     return kept
 
 
+def coarse_first(kept: list[tuple[str, str, float, Path]]) -> list[tuple[str, str, float, Path]]:
+    """`kept` reordered so that every other policy of each (pair, system) comes first:
+    scoring stopped halfway still has every curve at 120 s resolution, and the rest
+    narrows each crossing's interval."""
+    index: dict[tuple[str, str], int] = {}
+    ranked = []
+    for order, item in enumerate(kept):
+        n = index.get(item[:2], 0)
+        index[item[:2]] = n + 1
+        ranked.append((n % 2, order, item))
+    return [item for _, _, item in sorted(ranked, key=lambda r: r[:2])]
+
+
 def score_all(out: Path) -> None:
     """Score every kept policy not yet in `out/scores.jsonl` with `scalerl eval` (the
-    default job's protocol: all held-out prompts x eval.samples, the same seeds)."""
+    default job's protocol: all held-out prompts x eval.samples, the same seeds), every
+    other policy of each curve first (`coarse_first`)."""
     scores = out / "scores.jsonl"
     done = {r["path"] for r in _read_jsonl(scores)}
-    for pair, system, seconds, path in kept_policies(out):
+    for pair, system, seconds, path in coarse_first(kept_policies(out)):
         if str(path) in done:
             continue
         eval_cmd = [sys.executable, "-m", "scalerl_cli.main", "eval", str(path)]

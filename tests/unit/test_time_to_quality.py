@@ -61,3 +61,13 @@ def test_the_newest_published_policy_is_kept_by_a_link(tmp_path: Path, monkeypat
     os.replace(into, pair / "snapshots")
     (_, system, seconds, _path), *_ = ttq.kept_policies(tmp_path / "out")
     assert system == "scalerl" and seconds == pytest.approx(0, abs=1)
+
+
+def test_every_other_policy_of_each_curve_is_scored_first() -> None:
+    kept = [("a", "scalerl", float(t), Path(f"s{t}")) for t in (60, 120, 180, 240, 300)]
+    kept += [("a", "trl", float(t), Path(f"t{t}")) for t in (70, 130, 190)]
+    order = [(system, seconds) for _, system, seconds, _ in ttq.coarse_first(kept)]
+    assert order == [
+        ("scalerl", 60), ("scalerl", 180), ("scalerl", 300), ("trl", 70), ("trl", 190),
+        ("scalerl", 120), ("scalerl", 240), ("trl", 130),
+    ]  # fmt: skip
