@@ -1,9 +1,11 @@
-"""The layer map of docs/architecture.md holds: import-linter's contracts (pyproject.toml) and
-a fresh interpreter that imports the torch-free layers without loading torch."""
+"""The layer map of docs/architecture.md holds: import-linter's contracts (pyproject.toml), a
+fresh interpreter that imports the torch-free layers without loading torch, and the map
+names every package and module there is, and nothing that is not."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +40,12 @@ TORCH_FREE = (
     "scalerl.tasks.split",
     "scalerl_cli.main",
     "scalerl_cli.task_cli",
+    "scalerl.weights.delta",
 )
+ROOTS = ("scalerl_cli", "rollout_service", "learner_service", "curve_service", "sandbox_service")
+ROOTS += ("scalerl",)
+GENERATED = "scalerl/v1"  # the protobuf modules: named by the map as one package
+TAG_COLUMN = 22  # the map's package names stand left of this column, its text right of it
 
 
 def test_import_contracts_hold() -> None:
@@ -79,3 +86,57 @@ def test_the_core_imports_no_service_and_no_cli() -> None:
                 if top in ("rollout_service", "learner_service", "curve_service", "scalerl_cli"):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def layer_map() -> dict[str, str]:
+    """The text docs/architecture.md's layer map gives each package ("scalerl/state":
+    ...), read by the map's indentation: left of TAG_COLUMN, a `name/` opens a package
+    (two spaces a level) and other words belong to the package one level up; right of
+    it, text continues the package above."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    block = doc[doc.index("## Layers") :].split("```")[1].split("\n", 1)[1]
+    texts: dict[str, str] = {}
+    path: list[str] = []
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if line.strip() and indent < TAG_COLUMN:
+            first = line.split()[0]
+            if first.endswith("/"):
+                path = path[: indent // 2] + [first.rstrip("/")]
+                line = line[indent + len(first) :]
+            else:
+                path = path[: max(indent // 2, 1)]
+        if path:
+            texts["/".join(path)] = texts.get("/".join(path), "") + " " + line
+    return texts
+
+
+def _packages() -> list[Path]:
+    return sorted(
+        init.parent.relative_to(ROOT)
+        for root in ROOTS
+        for init in (ROOT / root).rglob("__init__.py")
+    )
+
+
+def test_the_layer_map_names_every_package_and_module_and_nothing_else() -> None:
+    texts = layer_map()
+    inline = {  # a package named inside its parent's text: "torch/ (engine: ...)"
+        f"{key}/{name}": key
+        for key, text in texts.items()
+        for name in re.findall(r"(?<![\w/])([a-z_0-9]+)/(?=[\s(,;)]|$)", text)
+    }
+    missing = []
+    for package in map(str, _packages()):
+        home = package if package in texts else inline.get(package)
+        if home is None:
+            missing.append(f"package {package}/")
+            continue
+        if package == GENERATED:
+            continue
+        for module in sorted((ROOT / package).glob("[!_]*.py")):
+            if not re.search(rf"\b{module.stem}\b", texts[home]):
+                missing.append(f"module {package}/{module.name}")
+    assert missing == [], f"docs/architecture.md's layer map does not name {missing}"
+    named = set(texts) | set(inline)
+    assert sorted(k for k in named if not (ROOT / k / "__init__.py").exists()) == []

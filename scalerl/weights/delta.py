@@ -1,0 +1,214 @@
+"""Lossless delta versions: a policy version's payload sent as its difference from a
+version the receiver already serves, rebuilt bit for bit there.
+
+Why it pays: between two RL steps most bf16 weights do not change at all, because the
+optimizer's update is below bf16's resolution (8 significand bits: an update smaller than
+about 2^-9 of a weight rounds back to the same bf16 value). Where a value did change, the
+new bit pattern usually differs from the old one in its low significand bits alone.
+
+Encoding (`encode`), for two payloads with the same tensor layout (the same names,
+dtypes, shapes and byte offsets; `layout`):
+
+1. XOR the two payloads byte for byte: unchanged bytes become 0;
+2. split each tensor's XOR into byte planes (all first bytes of its elements, then all
+   second bytes, ...; "shuffle" in Blosc and HDF5's terms), so the always-zero sign and
+   exponent bytes form long zero runs apart from the noisier low bytes;
+3. compress the planes with Zstandard (RFC 8878).
+
+XOR and a general compressor is also what SkyRL's delta sync does (NovaSky-AI/SkyRL
+#1903); the byte planes are ours. On the default job's versions (BENCHMARKS.md, "Lossless
+delta versions") 4.5% of the bf16 elements change between two published versions, and a
+delta is 5.4x smaller than the payload: 21.7x for the bf16 tensors, 2.2x for the fp32 LM
+head. Without the planes it is 4.4x, and as positions and values (sparse) 2.8x.
+
+The delta names the sha256 of the base payload it applies to and of the payload it
+rebuilds; `decode` refuses a delta for another base and checks the rebuilt payload's
+sha256 before returning it, so a damaged or forged delta never reaches an engine (the
+caller falls back to the full version). An fp32 tensor (the LM head, ScaleRL Sec. 3.2)
+changes in nearly every element and only its low bytes compress: a delta helps it less
+than bf16 tensors.
+
+Wire form: MAGIC, a little-endian u32 length, that many bytes of JSON (`DeltaMeta`),
+then one Zstandard frame holding the planes in the payload's byte order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import zstandard
+from numpy.typing import NDArray
+
+from scalerl.rpc.errors import DataLoss, InvalidArgument
+
+MAGIC = b"SCALERL-DELTA1\n"
+# Zstandard level: 3 is its default, fast enough to keep encoding under a second for the
+# default job's 325 MB payload on one core, and within a few percent of level 9's size on
+# XOR planes (mostly zero runs).
+LEVEL = 3
+# Bytes per element of each safetensors dtype (the plane count of its tensors).
+ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+_HEADER_LEN = struct.Struct("<Q")
+_META_LEN = struct.Struct("<I")
+# A delta's metadata is a few hundred bytes; anything far larger is not one of ours.
+_MAX_META_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A byte range of a payload and its element size: the safetensors header (itemsize
+    1) or one tensor's data."""
+
+    start: int
+    end: int
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class DeltaMeta:
+    """What a delta applies to and rebuilds: the payloads' sha256 (hex) and the rebuilt
+    payload's size in bytes."""
+
+    base_sha256: str
+    target_sha256: str
+    target_bytes: int
+
+
+def layout(payload: bytes | memoryview) -> tuple[Segment, ...]:
+    """The segments of a safetensors payload in byte order: its header (8-byte length and
+    JSON, itemsize 1), then each tensor's data with its dtype's itemsize. Raises
+    InvalidArgument("payload", ...) when the bytes are not safetensors or a dtype is
+    unknown."""
+    view = memoryview(payload)
+    if len(view) < _HEADER_LEN.size:
+        raise InvalidArgument("payload", "shorter than a safetensors header")
+    (header_len,) = _HEADER_LEN.unpack_from(view)
+    data_start = _HEADER_LEN.size + header_len
+    if data_start > len(view):
+        raise InvalidArgument("payload", "the safetensors header runs past the end")
+    try:
+        header = json.loads(bytes(view[_HEADER_LEN.size : data_start]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument("payload", f"the safetensors header is not JSON: {exc}") from exc
+    segments = [Segment(0, data_start, 1)]
+    tensors = sorted(
+        (entry["data_offsets"], entry["dtype"])
+        for name, entry in header.items()
+        if name != "__metadata__"
+    )
+    for (begin, end), dtype in tensors:
+        if dtype not in ITEMSIZE:
+            raise InvalidArgument("payload", f"dtype {dtype} has no delta encoding")
+        segments.append(Segment(data_start + begin, data_start + end, ITEMSIZE[dtype]))
+    return tuple(segments)
+
+
+def encode(base: bytes | memoryview, target: bytes | memoryview) -> bytes | None:
+    """The delta that rebuilds `target` from `base` (both whole safetensors payloads), or
+    None when their layouts differ (other tensors, shapes or dtypes: send `target` whole).
+    Costs one pass over both payloads and a Zstandard compression of their XOR."""
+    shape = layout(target)
+    if len(base) != len(target) or layout(base) != shape:
+        return None
+    ours = np.frombuffer(target, dtype=np.uint8)
+    theirs = np.frombuffer(base, dtype=np.uint8)
+    meta = DeltaMeta(_sha256(base), _sha256(target), len(ours))
+    meta_bytes = json.dumps(asdict(meta)).encode()
+    compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj()
+    frames = [MAGIC, _META_LEN.pack(len(meta_bytes)), meta_bytes]
+    for segment in shape:
+        xor = np.bitwise_xor(ours[segment.start : segment.end], theirs[segment.start : segment.end])
+        frames.append(compressor.compress(_planes(xor, segment.itemsize)))
+    frames.append(compressor.flush())
+    return b"".join(frames)
+
+
+def meta_of(delta: bytes | memoryview) -> DeltaMeta:
+    """The metadata at the front of `delta`. Raises DataLoss when it is not a delta."""
+    view = memoryview(delta)
+    start = len(MAGIC) + _META_LEN.size
+    if bytes(view[: len(MAGIC)]) != MAGIC or len(view) < start:
+        raise DataLoss("delta: not a scalerl delta (bad magic)")
+    (meta_len,) = _META_LEN.unpack_from(view, len(MAGIC))
+    if meta_len > _MAX_META_BYTES or start + meta_len > len(view):
+        raise DataLoss("delta: its metadata runs past the end")
+    try:
+        fields = json.loads(bytes(view[start : start + meta_len]))
+        return DeltaMeta(**fields)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        raise DataLoss(f"delta: unreadable metadata: {exc}") from exc
+
+
+def decode(base: bytes | memoryview, delta: bytes | memoryview, base_sha256: str = "") -> bytearray:
+    """The payload `delta` rebuilds from `base`, bit-exact. `base_sha256` is the base's
+    digest when the caller knows it (it is computed otherwise). Raises DataLoss
+    ("delta: ...") when the delta is for another base, is damaged, or rebuilds bytes
+    whose sha256 is not the one it names; `base` is never modified."""
+    meta = meta_of(delta)
+    if len(base) != meta.target_bytes or (base_sha256 or _sha256(base)) != meta.base_sha256:
+        raise DataLoss("delta: made for another base payload than the one served")
+    try:
+        shape = layout(base)
+    except InvalidArgument as exc:
+        raise DataLoss(f"delta: the base is not a payload ({exc})") from exc
+    rebuilt = bytearray(base)
+    out = np.frombuffer(rebuilt, dtype=np.uint8)
+    view = memoryview(delta)
+    body_start = len(MAGIC) + _META_LEN.size + _META_LEN.unpack_from(view, len(MAGIC))[0]
+    reader = zstandard.ZstdDecompressor().stream_reader(view[body_start:])
+    try:
+        for segment in shape:
+            planes = reader.read(segment.end - segment.start)
+            if len(planes) != segment.end - segment.start:
+                raise DataLoss("delta: its data ends early")
+            out[segment.start : segment.end] ^= _unplanes(planes, segment.itemsize)
+    except zstandard.ZstdError as exc:
+        raise DataLoss(f"delta: damaged ({exc})") from exc
+    if _sha256(rebuilt) != meta.target_sha256:
+        raise DataLoss("delta: the rebuilt payload's sha256 is not the announced one")
+    return rebuilt
+
+
+def cheapest_chain(
+    serving: int, latest: int, delta_bytes: Mapping[int, int], full_bytes: int
+) -> tuple[int, ...] | None:
+    """How to bring a receiver serving version `serving` to `latest`: the versions whose
+    deltas to apply in order (`delta_bytes[v]` is the size of the delta from v - 1 to v),
+    when every one is held and together they are smaller than the full version's
+    `full_bytes` (() when it serves `latest` already); None means send the full version
+    (a joiner: `serving` < 0)."""
+    if serving < 0 or serving > latest:
+        return None
+    chain = tuple(range(serving + 1, latest + 1))
+    if any(v not in delta_bytes for v in chain):
+        return None
+    return chain if sum(delta_bytes[v] for v in chain) < full_bytes else None
+
+
+def _planes(xor: NDArray[np.uint8], itemsize: int) -> bytes:
+    """`xor` (n * itemsize bytes) as itemsize planes of n bytes each."""
+    if itemsize == 1:
+        return xor.tobytes()
+    return np.ascontiguousarray(xor.reshape(-1, itemsize).T).tobytes()
+
+
+def _unplanes(planes: bytes, itemsize: int) -> NDArray[np.uint8]:
+    """The inverse of `_planes`: the bytes in element order."""
+    flat = np.frombuffer(planes, dtype=np.uint8)
+    if itemsize == 1:
+        return flat
+    return np.ascontiguousarray(flat.reshape(itemsize, -1).T).reshape(-1)
+
+
+def _sha256(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,141 @@
+"""Lossless delta versions (`scalerl.weights.delta`): bit-exact over simulated Adam steps,
+refused when damaged, forged or aimed at another base, and the chain a lagging receiver
+gets."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from scalerl.rpc.errors import DataLoss
+from scalerl.weights import delta
+
+WIDTH, KV, MLP, ROWS = 576, 192, 1536, 2048  # SmolLM2-135M's widths, the vocabulary cut
+
+
+def smollm2_layer_shapes() -> dict[str, tuple[int, ...]]:
+    """One of SmolLM2-135M's 30 decoder layers at full width, its final norm and an
+    embedding of ROWS of its 49,152 rows."""
+    layer = "model.layers.0"
+    return {
+        "model.embed_tokens.weight": (ROWS, WIDTH),
+        f"{layer}.self_attn.q_proj.weight": (WIDTH, WIDTH),
+        f"{layer}.self_attn.k_proj.weight": (KV, WIDTH),
+        f"{layer}.self_attn.v_proj.weight": (KV, WIDTH),
+        f"{layer}.self_attn.o_proj.weight": (WIDTH, WIDTH),
+        f"{layer}.mlp.gate_proj.weight": (MLP, WIDTH),
+        f"{layer}.mlp.up_proj.weight": (MLP, WIDTH),
+        f"{layer}.mlp.down_proj.weight": (WIDTH, MLP),
+        f"{layer}.input_layernorm.weight": (WIDTH,),
+        f"{layer}.post_attention_layernorm.weight": (WIDTH,),
+        "model.norm.weight": (WIDTH,),
+    }
+
+
+def adam_versions(dtype: torch.dtype, steps: int, lr: float = 2e-5):
+    """Payloads of `steps` + 1 policy versions: fp32 master weights (N(0, 0.02), norms at
+    1) moved by Adam on random gradients, published in `dtype` as a learner does."""
+    generator = torch.Generator().manual_seed(0)
+    params = {
+        name: torch.nn.Parameter(
+            torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * 0.02
+        )
+        for name, shape in smollm2_layer_shapes().items()
+    }
+    optimizer = torch.optim.Adam(params.values(), lr=lr)
+    for _ in range(steps + 1):
+        yield save({name: p.detach().to(dtype) for name, p in params.items()})
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=generator)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("dtype, most", [(torch.bfloat16, 0.35), (torch.float32, 0.9)])
+def test_fifty_adam_steps_rebuild_bit_exact_and_smaller(dtype: torch.dtype, most: float) -> None:
+    versions = adam_versions(dtype, steps=50)
+    served = next(versions)
+    ratios = []
+    for target in versions:
+        diff = delta.encode(served, target)
+        assert diff is not None
+        rebuilt = delta.decode(served, diff)
+        assert bytes(rebuilt) == target  # every bit, header included
+        ratios.append(len(diff) / len(target))
+        served = bytes(rebuilt)
+    assert len(ratios) == 50
+    # bf16: Adam moves each weight by about lr = 2e-5, under half a bf16 ulp at 0.02
+    # (2^-14 = 6.1e-5), so most keep their bit pattern; fp32: every element changes, in
+    # its low bytes only.
+    assert max(ratios) < most, ratios
+
+
+def test_a_tampered_delta_is_data_loss_and_the_base_is_untouched() -> None:
+    base, target = list(adam_versions(torch.bfloat16, steps=1))
+    diff = delta.encode(base, target)
+    assert diff is not None
+    kept = bytes(base)
+    for at in (len(diff) - 7, len(diff) // 2):  # inside the Zstandard frame
+        forged = bytearray(diff)
+        forged[at] ^= 0x5A
+        with pytest.raises(DataLoss, match="delta"):
+            delta.decode(base, bytes(forged))
+    with pytest.raises(DataLoss, match="another base"):
+        delta.decode(target, diff)  # the version after the one it was made for
+    with pytest.raises(DataLoss, match="bad magic"):
+        delta.decode(base, b"PK" + diff[2:])
+    with pytest.raises(DataLoss, match="ends early"):
+        delta.decode(base, diff[: len(diff) // 3])
+    assert base == kept
+
+
+def test_a_forged_announcement_is_refused_after_the_rebuild() -> None:
+    base, target = list(adam_versions(torch.bfloat16, steps=1))
+    diff = delta.encode(base, target)
+    assert diff is not None
+    meta = delta.meta_of(diff)
+    assert meta.base_sha256 == hashlib.sha256(base).hexdigest()
+    assert meta.target_sha256 == hashlib.sha256(target).hexdigest()
+    first = meta.target_sha256[0]
+    other = ("1" if first == "0" else "0") + meta.target_sha256[1:]
+    forged = diff.replace(meta.target_sha256.encode(), other.encode())
+    with pytest.raises(DataLoss, match="sha256 is not the announced one"):
+        delta.decode(base, forged)
+
+
+def test_another_layout_gets_no_delta() -> None:
+    one = save({"a": torch.zeros(4, dtype=torch.bfloat16)})
+    assert delta.encode(one, save({"a": torch.zeros(4, dtype=torch.float32)})) is None
+    assert delta.encode(one, save({"a": torch.zeros(5, dtype=torch.bfloat16)})) is None
+    assert delta.encode(one, save({"a": torch.zeros(2, 2, dtype=torch.bfloat16)})) is None
+    # The header's bytes are in the delta too: a renamed tensor of the same size rebuilds.
+    renamed = save({"b": torch.ones(4, dtype=torch.bfloat16)})
+    for target in (one, renamed):
+        diff = delta.encode(one, target)
+        assert diff is not None and bytes(delta.decode(one, diff)) == target
+
+
+def test_planes_put_each_byte_of_an_element_in_its_own_plane() -> None:
+    import numpy as np
+
+    xor = np.array([0x01, 0x80, 0x02, 0x80, 0x03, 0x80], dtype=np.uint8)  # 3 bf16 words
+    assert delta._planes(xor, 2) == bytes([0x01, 0x02, 0x03, 0x80, 0x80, 0x80])
+    assert bytes(delta._unplanes(delta._planes(xor, 2), 2)) == xor.tobytes()
+
+
+@pytest.mark.parametrize(
+    "serving, latest, sizes, full, chain",
+    [
+        (7, 10, {8: 10, 9: 10, 10: 10}, 100, (8, 9, 10)),  # missed 2 versions: a chain
+        (9, 10, {10: 10}, 100, (10,)),
+        (7, 10, {8: 40, 9: 40, 10: 40}, 100, None),  # the chain is larger than the whole
+        (7, 10, {9: 10, 10: 10}, 100, None),  # a link no longer held
+        (-1, 10, {10: 10}, 100, None),  # a joiner serves nothing yet
+        (10, 10, {}, 100, ()),
+        (11, 10, {}, 100, None),  # ahead of the learner (a restarted learner): whole
+    ],
+)
+def test_the_cheapest_way_to_the_latest_version(serving, latest, sizes, full, chain) -> None:
+    assert delta.cheapest_chain(serving, latest, sizes, full) == chain
