@@ -100,16 +100,26 @@ def layout(payload: bytes | memoryview) -> tuple[Segment, ...]:
         header = json.loads(bytes(view[_HEADER_LEN.size : data_start]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidArgument("payload", f"the safetensors header is not JSON: {exc}") from exc
+    try:
+        tensors = sorted(
+            (int(entry["data_offsets"][0]), int(entry["data_offsets"][1]), entry["dtype"])
+            for name, entry in header.items()
+            if name != "__metadata__"
+        )
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            "payload", f"a tensor entry lacks data_offsets or dtype: {exc!r}"
+        ) from exc
     segments = [Segment(0, data_start, 1)]
-    tensors = sorted(
-        (entry["data_offsets"], entry["dtype"])
-        for name, entry in header.items()
-        if name != "__metadata__"
-    )
-    for (begin, end), dtype in tensors:
+    for begin, end, dtype in tensors:
         if dtype not in ITEMSIZE:
             raise InvalidArgument("payload", f"dtype {dtype} has no delta encoding")
         segments.append(Segment(data_start + begin, data_start + end, ITEMSIZE[dtype]))
+    # Every byte must lie in one segment: a byte outside all of them would keep the base's
+    # value in a rebuilt payload.
+    ends = [s.start for s in segments[1:]] + [len(view)]
+    if any(s.end != e for s, e in zip(segments, ends, strict=True)):
+        raise InvalidArgument("payload", "its tensors do not tile the data section")
     return tuple(segments)
 
 

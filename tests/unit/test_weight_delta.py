@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from scalerl.rpc.errors import DataLoss
+from scalerl.rpc.errors import DataLoss, InvalidArgument
 from scalerl.weights import delta
 
 WIDTH, KV, MLP, ROWS = 576, 192, 1536, 2048  # SmolLM2-135M's widths, the vocabulary cut
@@ -139,3 +139,12 @@ def test_planes_put_each_byte_of_an_element_in_its_own_plane() -> None:
 )
 def test_the_cheapest_way_to_the_latest_version(serving, latest, sizes, full, chain) -> None:
     assert delta.cheapest_chain(serving, latest, sizes, full) == chain
+
+
+def test_a_payload_whose_tensors_leave_bytes_uncovered_is_refused() -> None:
+    payload = bytearray(save({"a": torch.zeros(4, dtype=torch.bfloat16)}))
+    with pytest.raises(InvalidArgument, match="tile the data section"):
+        delta.layout(bytes(payload) + b"\0\0")  # two stray bytes after the last tensor
+    broken = payload.replace(b'"dtype"', b'"dtypo"')
+    with pytest.raises(InvalidArgument, match="lacks data_offsets or dtype"):
+        delta.layout(bytes(broken))
