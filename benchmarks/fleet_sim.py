@@ -78,7 +78,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from learner_service.intake.batches import BatchCollector  # noqa: E402
 from learner_service.intake.group_check import GroupLimits  # noqa: E402
 from learner_service.metrics import LearnerMetrics  # noqa: E402
-from rollout_service.weights.pull import POLL_S  # noqa: E402
 from scalerl.compute import ComputeCounters  # noqa: E402
 from scalerl.ports import free_port  # noqa: E402
 from scalerl.rpc.clients.curve import CurveClient  # noqa: E402
@@ -87,9 +86,10 @@ from scalerl.state.keys import RunKeys  # noqa: E402
 from scalerl.state.registry import READY, WorkerProgress, WorkerRegistry  # noqa: E402
 from scalerl.state.replay import ReplayStream  # noqa: E402
 from scalerl.state.run_state import RunState  # noqa: E402
-from scalerl.state.version_board import VersionBoard  # noqa: E402
 from scalerl.state.worker_stats import WorkerStats  # noqa: E402
 from scalerl.v1 import rollout_pb2  # noqa: E402
+from scalerl.weights.board import VersionBoard  # noqa: E402
+from scalerl.weights.pull import POLL_S  # noqa: E402
 from scalerl_cli.redis_server import RedisServer  # noqa: E402
 
 RUN_ID = "fleet-sim"

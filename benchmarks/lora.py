@@ -2,7 +2,7 @@
 version, in one run on one machine:
 
 - bytes published: the payload of one version as the learner publishes it
-  (`learner_service.weights.publish.WeightPublisher`): full weights (the body in
+  (`scalerl.weights.publisher.WeightPublisher`): full weights (the body in
   `--dtype`, the tied head in fp32), or the adapters alone (rank `--rank` on every Linear
   of the decoder layers, in `--dtype`, with the base version). The LoRA base a learner
   publishes once is given too.
@@ -97,8 +97,8 @@ class _State:
 
 def time_publish(rank: int, dtype: str, repeats: int, first_version: int, addresses, folder):
     """(first publication's bytes, a version's bytes, seconds per version)."""
-    from learner_service.weights.publish import WeightPublisher
-    from learner_service.weights.senders import StreamSender
+    from scalerl.weights.publisher import WeightPublisher
+    from scalerl.weights.senders import StreamSender
 
     model, _ = _policy(rank)
     registry = _Registry(addresses)
@@ -192,7 +192,7 @@ def _engines(learner, tok, dtype: str) -> dict:
     weights merged into the base (W + s B A) as full weights."""
     from rollout_service.engines.torch.engine import TorchEngine
     from scalerl.policy.lora import BASE_VERSION, base_version_tensor, merge_adapters
-    from scalerl.policy.weights import LORA_BASE, head_names, snapshot_state_dict
+    from scalerl.weights.wire import LORA_BASE, head_names, snapshot_state_dict
 
     unmerged = snapshot_state_dict(learner, dtype, head_names(learner), LORA_BASE)
     unmerged[BASE_VERSION] = base_version_tensor(0)

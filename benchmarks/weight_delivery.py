@@ -2,12 +2,12 @@
 the broadcast weight group against the pull transport against the loopback copy limit.
 
 The payload is SmolLM2-135M-Instruct as the learner publishes it
-(`learner_service.weights.publish`: `snapshot_state_dict` with the body in `--dtype` and the tied
+(`scalerl.weights.publisher`: `snapshot_state_dict` with the body in `--dtype` and the tied
 embedding, the head, in fp32; about 326 MB in bfloat16). The learner is this process;
 the receivers are spawned processes, started once before any timing. In one run, each
 measurement repeated `--repeats` times, the delivery kinds interleaved within a repeat:
 
-- broadcast: `scalerl.policy.weight_group.WeightGroup` over gloo on 127.0.0.1, a new
+- broadcast: `scalerl.weights.group.WeightGroup` over gloo on 127.0.0.1, a new
   epoch of the learner and N receivers per measurement (the join is not timed). Time from
   the learner's `broadcast` call (which hashes every tensor first) until it returned and
   every receiver's `receive` returned with verified tensors (the later of the two).
@@ -15,9 +15,9 @@ measurement repeated `--repeats` times, the delivery kinds interleaved within a 
   hashing excluded).
 - pull: a real learner gRPC server (`learner_service.server.serve`) with a `WeightStore`
   holding the safetensors payload; the N receivers fetch it at once with
-  `rollout_service.weights.pull.fetched_requests` (every chunk's sha256 checked), each
+  `scalerl.weights.pull.fetched_requests` (every chunk's sha256 checked), each
   accumulating the bytes and checking the whole payload's sha256 as
-  `rollout_service.weights.receive_weights` does; nothing is parsed or staged. Time
+  `scalerl.weights.receive.receive_weights` does; nothing is parsed or staged. Time
   from the learner handing out the fetch until the last receiver holds verified bytes.
 - loopback TCP, the limit: one plain socket transfer of the payload's bytes from this
   process to one receiver (`sendall` of the bytes, `recv_into` a bytearray), timed from
@@ -68,7 +68,7 @@ def receiver_main(index: int, commands: mp.Queue, results: mp.Queue) -> None:
     """A rollout worker's transport side: runs commands until None, answering each on
     `results` as (index, kind, payload); a failure answers ("error", message)."""
     torch.set_num_threads(1)
-    from scalerl.policy.weight_group import WeightGroup
+    from scalerl.weights.group import WeightGroup
 
     state = {"group": WeightGroup(), "template": {}}
     results.put((index, "ready", None))
@@ -105,8 +105,8 @@ def _receive(state: dict) -> tuple[float, float]:
 
 def _pull(state: dict, ref_fields: tuple) -> float:
     """Fetch the announced payload, check it whole; the monotonic end."""
-    from rollout_service.weights.pull import fetched_requests
-    from scalerl.state.version_board import WeightsRef
+    from scalerl.weights.board import WeightsRef
+    from scalerl.weights.pull import fetched_requests
 
     ref = WeightsRef(*ref_fields)
     buffer = bytearray()
@@ -192,7 +192,7 @@ def build_payload(dtype: str) -> tuple[dict[str, torch.Tensor], bytes]:
 
     from scalerl.config import ModelConfig
     from scalerl.policy.models import load_policy
-    from scalerl.policy.weights import head_names, snapshot_state_dict
+    from scalerl.weights.wire import head_names, snapshot_state_dict
 
     model, _ = load_policy(ModelConfig(), seed=0)
     snapshot = snapshot_state_dict(model, dtype, keep_fp32=head_names(model))
@@ -230,8 +230,8 @@ class Broadcaster:
     """The learner's weight group: a new epoch per measurement, on one store port."""
 
     def __init__(self, receivers: Receivers, state: dict[str, torch.Tensor]) -> None:
-        from scalerl.policy.weight_group import WeightGroup
         from scalerl.ports import free_port
+        from scalerl.weights.group import WeightGroup
 
         self.receivers, self.state = receivers, state
         self.group, self.port = WeightGroup(), free_port()
@@ -269,8 +269,8 @@ class Puller:
 
     def __init__(self, receivers: Receivers, payload: bytes) -> None:
         from learner_service.server import LearnerStatus, serve
-        from scalerl.policy.weight_store import WeightStore
         from scalerl.v1 import rollout_pb2
+        from scalerl.weights.store import WeightStore
 
         self.receivers = receivers
         sha = hashlib.sha256(payload).hexdigest()

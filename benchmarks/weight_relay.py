@@ -1,6 +1,6 @@
 """Publish-to-all time of one policy version to N rollout-worker processes: every worker
 pulling from the learner's FetchWeights, against the weight relay (`relay_fanout` f:
-workers that loaded the version serve it to peers; `scalerl.state.weight_relay`).
+workers that loaded the version serve it to peers; `scalerl.weights.relay_board`).
 
 Everything on the weight path is the project's own: the learner's `WeightStore` behind
 the real LearnerService, the signed `VersionBoard`, and in each of N worker processes the
@@ -19,7 +19,7 @@ engine serves it, after t0.
 Loopback has no link to saturate, only CPU: without `--uplink-gbit` the learner's
 bytes/s are bounded by one process's CPU and the relay's by the machine's (2 cores here).
 With `--uplink-gbit G`, each process's FetchWeights streams share G Gbit/s
-(`scalerl.policy.weight_store.Uplink`), as each host's NIC would: that is the regime
+(`scalerl.weights.store.Uplink`), as each host's NIC would: that is the regime
 the relay is for (the learner's uplink crosses N payloads with pull, f with the relay).
 
     python benchmarks/weight_relay.py --workers 4,8,16,32 --fanout 2 --uplink-gbit 1 --json
@@ -50,16 +50,16 @@ from safetensors.torch import save as save_safetensors  # noqa: E402
 from learner_service.server import LearnerStatus  # noqa: E402
 from learner_service.server import serve as serve_learner  # noqa: E402
 from rollout_service.server import RolloutServicer  # noqa: E402
-from rollout_service.weights.follower import WeightFollower  # noqa: E402
-from rollout_service.weights.relay import RelayFetcher  # noqa: E402
-from scalerl.policy.weight_store import Uplink, WeightStore  # noqa: E402
 from scalerl.rpc.security import TOKEN_ENV  # noqa: E402
 from scalerl.rpc.services import ROLLOUT, serve  # noqa: E402
 from scalerl.state.client import connect  # noqa: E402
 from scalerl.state.registry import WorkerRegistry  # noqa: E402
-from scalerl.state.version_board import VersionBoard, WeightsRef  # noqa: E402
-from scalerl.state.weight_relay import WeightRelay  # noqa: E402
 from scalerl.v1 import rollout_pb2  # noqa: E402
+from scalerl.weights.board import VersionBoard, WeightsRef  # noqa: E402
+from scalerl.weights.follower import WeightFollower  # noqa: E402
+from scalerl.weights.relay import RelayFetcher  # noqa: E402
+from scalerl.weights.relay_board import WeightRelay  # noqa: E402
+from scalerl.weights.store import Uplink, WeightStore  # noqa: E402
 from scalerl_cli.redis_server import RedisServer  # noqa: E402
 
 FOLLOW_S = 0.1  # the followers' poll period

@@ -45,8 +45,6 @@ from learner_service.train.ranks import DrivenTrainer, LearnerRanks
 from learner_service.train.step_stats import StepStats
 from learner_service.train.trainer import Trainer
 from learner_service.train.warmup import supervised_warmup, tool_demo, warmup_problems
-from learner_service.weights.publish import WeightPublisher
-from learner_service.weights.senders import make_sender
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
@@ -58,8 +56,6 @@ from scalerl.policy.hardware import ResolvedConfig, gpu_uuid
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
 from scalerl.policy.routing import moe_shape
-from scalerl.policy.weight_store import WeightStore
-from scalerl.policy.weights import snapshot_state_dict
 from scalerl.run_folder import (
     GAVE_UP_EXIT,
     EndRecord,
@@ -77,6 +73,10 @@ from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
 from scalerl.verifiers.base import passes
+from scalerl.weights.publisher import WeightPublisher
+from scalerl.weights.senders import make_sender
+from scalerl.weights.store import WeightStore
+from scalerl.weights.wire import snapshot_state_dict
 
 log = logging.getLogger(__name__)
 # A worker gone from the registry this long (seconds) has its stats folded into the

@@ -21,9 +21,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from learner_service.weights.broadcast import Delivery
 from scalerl.obs.metrics import service_registry
 from scalerl.run_folder import EvalRecord, StepRecord
+from scalerl.weights.broadcast_send import Delivery
 
 # Above this fraction of LENGTH-finished samples the paper saw training collapse.
 TRUNCATION_WARNING_RATE = 0.10
@@ -324,7 +324,7 @@ class LearnerMetrics:
             self.heldout_pass_rate.labels(record.task or RUN_LABEL).set(record.pass_rate)
 
     def observe_broadcast(self, delivery: Delivery) -> None:
-        """One version's `learner_service.weights.broadcast.Delivery`: its epoch, the workers it
+        """One version's `scalerl.weights.broadcast_send.Delivery`: its epoch, the workers it
         reached, the members dropped and (when a transfer ran) its seconds."""
         self.broadcast_epoch.set(delivery.epoch)
         self.broadcast_delivered.set(len(delivery.delivered))

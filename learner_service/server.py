@@ -1,5 +1,5 @@
 """The learner's small gRPC `LearnerService`: GetStatus, and FetchWeights (the held
-payloads of `scalerl.policy.weight_store`, for `weights.transport: pull`)."""
+payloads of `scalerl.weights.store`, for `weights.transport: pull`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import LEARNER
 from scalerl.rpc.services import serve as serve_service
 from scalerl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+from scalerl.weights.store import WeightStore
 
 
 @dataclass

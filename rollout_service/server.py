@@ -24,15 +24,15 @@ from rollout_service.engines.api import (
 )
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.trajectories import TrajectoryTable
-from rollout_service.weights.broadcast import BroadcastReceiver
-from rollout_service.weights.receive import ByteBudget, receive_weights
 from scalerl.crash_points import hang_point
 from scalerl.obs.logging import request_context
-from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.errors import FailedPrecondition, InvalidArgument
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import ROLLOUT, serve
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.broadcast_receive import BroadcastReceiver
+from scalerl.weights.receive import ByteBudget, receive_weights
+from scalerl.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 # Two full-precision copies of a ~0.5 GB policy (security.max_inflight_weight_bytes).

@@ -31,8 +31,6 @@ from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
 from rollout_service.trajectories import TrajectoryTable
-from rollout_service.weights.follower import WeightFollower, make_follower
-from rollout_service.weights.relay import make_relay
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
 from scalerl.lending import Borrower, borrower_from_env
@@ -49,6 +47,8 @@ from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
+from scalerl.weights.follower import WeightFollower, make_follower
+from scalerl.weights.relay import make_relay
 
 log = logging.getLogger(__name__)
 READY_HEALTH_NAME = "scalerl.ready"

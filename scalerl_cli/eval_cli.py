@@ -164,14 +164,14 @@ def evaluate_checkpoint(
 
     from learner_service.evaluation.evaluate import evaluator_for
     from rollout_service.engines.factory import build_engine
-    from rollout_service.engines.weight_check import load_state_dict
     from rollout_service.server import RolloutServicer, start_server
     from scalerl.cores import torch_threads
     from scalerl.length_control import check_budgets
     from scalerl.policy.models import load_policy
-    from scalerl.policy.weights import lora_checkpoint_payload
     from scalerl.rpc.errors import InvalidArgument
     from scalerl.tasks import build_tasks
+    from scalerl.weights.check import load_state_dict
+    from scalerl.weights.wire import lora_checkpoint_payload
 
     config = resolved.config
     torch.set_num_threads(torch_threads(args.threads))

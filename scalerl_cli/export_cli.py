@@ -121,7 +121,7 @@ def _base_source(model: Any, config: Any, out: Path) -> str:
     if not config.model.warmup_steps and config.model.kind != "tiny":
         return str(policy_folder(config.model).resolve())
     from scalerl.policy.models import load_policy
-    from scalerl.policy.weights import LORA_BASE, snapshot_state_dict
+    from scalerl.weights.wire import LORA_BASE, snapshot_state_dict
 
     base: Any = load_policy(config.model, seed=config.seed)[0]
     state = snapshot_state_dict(model, part=LORA_BASE)  # the base and the adapters

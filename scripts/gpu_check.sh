@@ -255,7 +255,7 @@ from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import LoraConfig, ModelConfig
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import LORA_BASE, head_names, snapshot_state_dict
+from scalerl.weights.wire import LORA_BASE, head_names, snapshot_state_dict
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False

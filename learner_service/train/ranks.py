@@ -43,8 +43,8 @@ from learner_service.train.trainer import Trainer
 from scalerl.config import RunConfig
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import FULL, Part
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.wire import FULL, Part
 
 log = logging.getLogger(__name__)
 COMMANDS = ("step", "snapshot", "save", "state", "load", "stop")

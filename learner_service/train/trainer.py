@@ -54,8 +54,8 @@ from scalerl.agents.stats import multi_turn_stats
 from scalerl.config import LearnerConfig
 from scalerl.policy.hardware import native_bf16, peak_flops
 from scalerl.policy.routing import RoutingReplay, moe_routers
-from scalerl.policy.weights import FULL, Part, snapshot_state_dict, wire_copy, wire_tensors
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.wire import FULL, Part, snapshot_state_dict, wire_copy, wire_tensors
 
 
 class Trainer:
@@ -463,7 +463,7 @@ class Trainer:
     def full_snapshot(
         self, dtype: torch.dtype | str | None, keep_fp32=(), part: Part = FULL
     ) -> dict:
-        """`scalerl.policy.weights.snapshot_state_dict` of the model's `part` (FULL, or
+        """`scalerl.weights.wire.snapshot_state_dict` of the model's `part` (FULL, or
         with LoRA adapters LORA_BASE or LORA_ADAPTER), gathered one tensor at a time (peak
         extra memory: one full tensor, not the model). With a mesh every rank must call
         it; rank 0 gets the snapshot, the others {}."""

@@ -39,9 +39,9 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.engines.requests import RequestTable
-from rollout_service.engines.weight_check import AdapterSpec, check_adapter_base
 from scalerl.policy.lora import LORA_A, LORA_B, Payload, adapter_shapes
 from scalerl.rpc.errors import InvalidArgument
+from scalerl.weights.check import AdapterSpec, check_adapter_base
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ def write_peft_folder(folder: Path, adapter: Mapping[str, torch.Tensor]) -> None
 
 def linear_modules(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
     """(in, out) features of every 2-D weight of the decoder layers, by module name, from
-    a model's tensor shapes (`weight_check.folder_shapes`): what an adapter may target."""
+    a model's tensor shapes (`scalerl.weights.check.folder_shapes`): what an adapter may target."""
     found = {}
     for name, shape in shapes.items():
         if name.startswith("model.layers.") and name.endswith(".weight") and len(shape) == 2:

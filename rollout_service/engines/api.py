@@ -33,12 +33,12 @@ import math
 import queue
 import threading
 from collections.abc import Collection, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from scalerl.rpc.errors import AlreadyExists, InvalidArgument, ServiceError, Unavailable
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.sink import WeightSink
 
 STOP = rollout_pb2.FINISH_REASON_STOP
 LENGTH = rollout_pb2.FINISH_REASON_LENGTH
@@ -211,8 +211,10 @@ class GenerationStream:
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """What the gRPC servicer, the actor loop, the weight receiver and the worker use.
+class RolloutEngine(WeightSink, Protocol):
+    """What the gRPC servicer, the actor loop and the worker use; the weight transports
+    use its `WeightSink` part (policy_version, base_version, stage_weights,
+    stage_weights_from_file, stage_adapter).
 
     name: "torch", "vllm" or "sglang" (reported by GetStatus). max_batch: concurrent
     sequences; max_seq_len: prompt + completion tokens per request; vocab_size: for input
@@ -223,17 +225,6 @@ class RolloutEngine(Protocol):
     max_batch: int
     max_seq_len: int
     vocab_size: int
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights now serving."""
-        ...
-
-    @property
-    def base_version(self) -> int | None:
-        """The version of the LoRA base serving (`scalerl.policy.lora`: a LoRA run's
-        adapters name it), None when none was loaded (engines without LoRA: always)."""
-        ...
 
     @property
     def active_requests(self) -> int:
@@ -261,26 +252,6 @@ class RolloutEngine(Protocol):
     def interrupt(self, request_id: str, mode: int) -> bool:
         """TRUNCATE or ABORT a request; False when it is not running. Raises
         InvalidArgument for another mode."""
-        ...
-
-    def stage_weights(self, state_dict: dict[str, Any], version: int) -> Future:
-        """Validate and stage a full HF-named state dict (with LoRA: a base and its
-        adapters, or adapters alone, `scalerl.policy.lora`); the future resolves to
-        `version` once it serves. Raises InvalidArgument naming the bad tensor (nothing
-        changes) or EngineStopped."""
-        ...
-
-    def stage_weights_from_file(self, path: str, version: int) -> Future:
-        """As `stage_weights`, from one safetensors file with HF parameter names."""
-        ...
-
-    def stage_adapter(self, name: str, state_dict: dict[str, Any], version: int) -> Future:
-        """Serve the LoRA adapter tensors of `state_dict` (`scalerl.policy.lora`'s wire
-        names) as adapter `name` beside the run's policy, from the next step boundary:
-        requests naming it (`GenerationRequest.adapter`) get it, their tokens its
-        `version`. Returns a Future resolving to `version` once it serves. Raises
-        InvalidArgument naming the field ("adapter" on engines that serve no adapters
-        side by side)."""
         ...
 
 

@@ -85,8 +85,8 @@ def _build_sglang(
     from rollout_service.engines.sglang.adapters import server_args
     from rollout_service.engines.sglang.engine import SGLangEngine
     from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
-    from rollout_service.engines.weight_check import folder_shapes
     from scalerl.policy.architectures import CheckpointNames
+    from scalerl.weights.check import folder_shapes
 
     rollout = resolved.config.rollout
     lora_rank = rollout.max_lora_rank if resolved.config.learner.lora is not None else None

@@ -61,7 +61,7 @@ class WorkerProgress:
     completion tokens since start; active_requests: requests in the engine now;
     progress_unix_s: wall time (Unix seconds) tokens last moved, or the engine was idle;
     gpu: UUID of the CUDA device its engine computes on, "" on the CPU (the learner's
-    weight group picks its backend by it: `learner_service.weights.broadcast.epoch_backend`);
+    weight group picks its backend by it: `scalerl.weights.broadcast_send.epoch_backend`);
     lender: it generates on the learner's cores while the learner waits (`scalerl.lending`),
     so it takes no evaluation that runs beside training (whose requests would wait out
     the learner's steps).

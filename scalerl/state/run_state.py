@@ -1,5 +1,5 @@
 """The run's shared state in Redis: the policy versions (`versions`, a
-`scalerl.state.version_board.VersionBoard`), the stop flag and the PPO-off-policy-k
+`scalerl.weights.board.VersionBoard`), the stop flag and the PPO-off-policy-k
 generation quota.
 
 Keys under `scalerl:{run_id}:state:` — `stop`, `generation_quota` (hash: version,
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scalerl.state.client import RedisClient, text
 from scalerl.state.keys import RunKeys, check_worker_id
 from scalerl.state.once import GUARD_LUA, OpId, new_op_id
-from scalerl.state.version_board import VersionBoard
+from scalerl.weights.board import VersionBoard
 
 HELD_PREFIX = "held:"  # quota hash field prefix of a worker's held tickets
 

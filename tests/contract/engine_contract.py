@@ -47,9 +47,9 @@ from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import LoraConfig, ModelConfig
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy, load_tokenizer
-from scalerl.policy.weights import LORA_ADAPTER, LORA_BASE, head_names, snapshot_state_dict
 from scalerl.rpc.channel import channel
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.wire import LORA_ADAPTER, LORA_BASE, head_names, snapshot_state_dict
 
 PROMPT = (4, 5, 14, 6, 15, 16, 3)
 PHRASE = (5, 6, 7)

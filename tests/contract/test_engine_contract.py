@@ -69,8 +69,8 @@ def _sglang_engine(model, folder: Path):
     from rollout_service.engines.sglang.adapters import server_args
     from rollout_service.engines.sglang.engine import SGLangEngine
     from rollout_service.engines.sglang.server import launch_sglang_server, wait_until_ready
-    from rollout_service.engines.weight_check import folder_shapes
     from scalerl.ports import free_port
+    from scalerl.weights.check import folder_shapes
 
     model_dir = folder / "model"
     model.save_pretrained(model_dir)

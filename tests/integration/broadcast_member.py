@@ -18,10 +18,10 @@ import worker_fakes
 
 from rollout_service.server import RolloutServicer
 from scalerl.crash_points import CRASH_AT_ENV
-from scalerl.policy.weight_group import tensor_sha256
 from scalerl.rpc.server import make_server
 from scalerl.state.client import connect
 from scalerl.v1 import rollout_pb2_grpc
+from scalerl.weights.group import tensor_sha256
 
 
 class DigestEngine:

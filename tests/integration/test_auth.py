@@ -25,8 +25,6 @@ from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weight_store import WeightStore
-from scalerl.policy.weights import serialize_state_dict, weights_requests
 from scalerl.rpc.channel import channel
 from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.errors import Unauthenticated
@@ -39,6 +37,8 @@ from scalerl.v1 import (
     rollout_pb2,
     rollout_pb2_grpc,
 )
+from scalerl.weights.store import WeightStore
+from scalerl.weights.wire import serialize_state_dict, weights_requests
 
 torch.set_num_threads(1)
 TOKEN = "the-run-token-0123456789"

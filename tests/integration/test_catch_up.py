@@ -6,33 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import redis
-from worker_fakes import make_worker
+from worker_fakes import FakeEngine, make_worker
 
-from learner_service.weights.catch_up import WeightCatchUp
 from scalerl.state.registry import READY, SYNCING, WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState
-from scalerl.state.version_board import WeightsRef
-
-
-class FakeEngine:
-    """The engine surface the worker's catch-up uses; staging a file serves it at once."""
-
-    def __init__(self, version: int = 0) -> None:
-        self.policy_version = version
-        self.tokens_generated = 0
-        self.active_requests = 0
-        self.staged: list[tuple[str, int]] = []
-
-    def stage_weights_from_file(self, path: str, version: int) -> Future:
-        self.staged.append((path, version))
-        self.policy_version = version
-        future: Future = Future()
-        future.set_result(version)
-        return future
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.catch_up import WeightCatchUp
 
 
 def publish_file(state: RunState, folder: Path, version: int) -> str:
@@ -67,7 +49,7 @@ def test_uri_worker_pulls_newer_weights_after_start(
     path = publish_file(worker.state, tmp_path, 3)  # its push was lost
     try:
         assert wait_until(lambda: engine.policy_version == 3)
-        assert engine.staged[-1] == (path, 3)
+        assert engine.staged[-1] == (3, path)
     finally:
         worker._closing.set()
 
@@ -89,7 +71,7 @@ def test_a_published_file_gone_before_it_is_read_is_not_fatal(
     path = publish_file(worker.state, tmp_path, 6)
     thread.join(timeout=5)
     stop.set()
-    assert started == [True] and engine.staged == [(path, 6)]
+    assert started == [True] and engine.staged == [(6, path)]
 
 
 def test_a_joiner_turns_ready_only_within_k_of_the_learner(

@@ -33,9 +33,9 @@ from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, LoraConfig, ModelConfig
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import LORA_ADAPTER, head_names, snapshot_state_dict
 from scalerl.ports import free_port
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.wire import LORA_ADAPTER, head_names, snapshot_state_dict
 
 pytestmark = pytest.mark.integration
 BACKEND = os.environ.get("SCALERL_FSDP_BACKEND", "gloo")

@@ -29,10 +29,10 @@ from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weight_store import WeightStore
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
 from scalerl.v1 import curve_pb2, learner_pb2, rollout_pb2
+from scalerl.weights.store import WeightStore
 
 torch.set_num_threads(1)
 TOKEN = "fuzz-token"

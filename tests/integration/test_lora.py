@@ -17,16 +17,22 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.train.trainer import Trainer
-from learner_service.weights.publish import WeightPublisher
-from learner_service.weights.senders import UriSender
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from rollout_service.weights.follower import WeightFollower
 from scalerl.config import LearnerConfig, LoraConfig, load_config
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import CharTokenizer, load_policy
-from scalerl.policy.weights import (
+from scalerl.rpc.channel import channel
+from scalerl.rpc.errors import InvalidArgument
+from scalerl.rpc.security import Security
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState
+from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.follower import WeightFollower
+from scalerl.weights.publisher import WeightPublisher
+from scalerl.weights.senders import UriSender
+from scalerl.weights.wire import (
     LORA_ADAPTER,
     LORA_BASE,
     head_names,
@@ -34,12 +40,6 @@ from scalerl.policy.weights import (
     snapshot_state_dict,
     weights_requests,
 )
-from scalerl.rpc.channel import channel
-from scalerl.rpc.errors import InvalidArgument
-from scalerl.rpc.security import Security
-from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import RunState
-from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 from scalerl_cli import preflight
 from scalerl_cli.export_cli import export
 

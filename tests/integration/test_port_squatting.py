@@ -17,11 +17,11 @@ from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import serialize_state_dict, weights_requests
 from scalerl.rpc.channel import channel
 from scalerl.rpc.request_auth import HEADER, SigningInterceptor
 from scalerl.rpc.security import PRIVILEGED_METHODS, Security
 from scalerl.v1 import identity_pb2, rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.wire import serialize_state_dict, weights_requests
 
 torch.set_num_threads(1)
 TOKEN = "the-run-token-0123456789"

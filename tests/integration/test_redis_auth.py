@@ -15,7 +15,7 @@ from scalerl.rpc.clients.curve import CurveClient
 from scalerl.rpc.security import TOKEN_ENV
 from scalerl.state.client import connect, redact_url
 from scalerl.state.run_state import RunState
-from scalerl.state.version_board import WeightsRef
+from scalerl.weights.board import WeightsRef
 from scalerl_cli.redis_server import RedisServer
 
 PASSWORD = "pw-7f3a9c"

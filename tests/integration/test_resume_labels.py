@@ -8,8 +8,8 @@ import redis
 from learner_service.checkpoint.resume import redis_labels, resumed_version
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
-from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.board import WeightsRef
 
 
 def _group(version: int) -> rollout_pb2.RolloutGroup:

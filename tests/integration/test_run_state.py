@@ -13,7 +13,7 @@ from scalerl.state.client import RedisClient
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import GenerationTickets, RunState
-from scalerl.state.version_board import WeightsRef
+from scalerl.weights.board import WeightsRef
 
 # Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
 pytestmark = pytest.mark.single_and_cluster

@@ -17,8 +17,8 @@ from scalerl.rpc.services import ROLLOUT
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.signing import EntrySigner
-from scalerl.state.version_board import VersionBoard, WeightsRef
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.board import VersionBoard, WeightsRef
 
 TOKEN = "the-runs-token"
 

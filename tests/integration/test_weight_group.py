@@ -4,7 +4,7 @@ weights it holds, computed here independently of the module's own verification.
 
 SCALERL_WEIGHT_GROUP_BACKEND picks the backend: gloo (the default, CPU tensors) or nccl
 (the learner's tensors on cuda:0, rank r on cuda:r; run with
-TORCH_NCCL_ASYNC_ERROR_HANDLING=2 as `scalerl.policy.weight_group` says). NCCL refuses two
+TORCH_NCCL_ASYNC_ERROR_HANDLING=2 as `scalerl.weights.group` says). NCCL refuses two
 members on one device, so with nccl a test needs one visible CUDA device per member and
 is skipped on a machine with fewer. The join-deadline and argument tests use gloo whatever
 the variable says."""
@@ -23,7 +23,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from scalerl.policy.weight_group import (
+from scalerl.ports import free_port
+from scalerl.weights.group import (
     BACKENDS,
     ChecksumMismatch,
     EpochFailed,
@@ -32,7 +33,6 @@ from scalerl.policy.weight_group import (
     WeightGroupError,
     tensor_sha256,
 )
-from scalerl.ports import free_port
 
 BACKEND = os.environ.get("SCALERL_WEIGHT_GROUP_BACKEND", "gloo")
 if BACKEND not in BACKENDS:
@@ -421,8 +421,8 @@ def test_a_member_joins_only_a_store_that_proves_it_is_the_learners(monkeypatch)
     checks it before joining, so a store someone else serves on the dialed address is
     refused."""
     import scalerl.state.signing as signing
-    from scalerl.policy.weight_group import _prove_or_check
     from scalerl.state.signing import EntrySigner
+    from scalerl.weights.group import _prove_or_check
 
     group, port = WeightGroup(), free_port()
     try:

@@ -20,16 +20,16 @@ from safetensors.torch import save as save_safetensors
 from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
 from rollout_service.server import RolloutServicer
-from rollout_service.weights.receive import WeightsError
-from rollout_service.weights.relay import RelayFetcher
-from scalerl.policy.weight_store import Uplink, WeightStore
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import ROLLOUT, serve
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.version_board import WeightsRef
-from scalerl.state.weight_relay import WeightRelay
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.receive import WeightsError
+from scalerl.weights.relay import RelayFetcher
+from scalerl.weights.relay_board import WeightRelay
+from scalerl.weights.store import Uplink, WeightStore
 
 CHUNK = 16 * 1024
 
@@ -137,7 +137,7 @@ def test_one_after_another_only_the_first_worker_fetches_from_the_learner(fleet)
 def test_a_relay_serves_the_digests_its_fetch_computed_without_hashing_again(
     fleet, monkeypatch
 ) -> None:
-    import scalerl.policy.weight_store as weight_store
+    import scalerl.weights.store as weight_store
 
     f = fleet(fanout=1)
     fetcher = f.worker("w1")

@@ -1,4 +1,4 @@
-"""The weight relay's board (`scalerl.state.weight_relay`) on a redis-server and on a
+"""The weight relay's board (`scalerl.weights.relay_board`) on a redis-server and on a
 3-master Redis Cluster: each source serves at most `fanout` fetches, holders go before the
 learner, a claimer holds one claim, lapsed claims free their slot, versions are apart."""
 
@@ -9,10 +9,10 @@ import time
 import pytest
 import redis
 
-from rollout_service.weights.relay import make_relay
 from scalerl.config import RunConfig
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.weight_relay import LEARNER, WeightRelay
+from scalerl.weights.relay import make_relay
+from scalerl.weights.relay_board import LEARNER, WeightRelay
 
 pytestmark = pytest.mark.single_and_cluster
 

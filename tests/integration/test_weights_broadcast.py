@@ -20,13 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from learner_service.metrics import LearnerMetrics
 from learner_service.server import LearnerStatus, serve
-from learner_service.weights.broadcast import WeightBroadcaster
-from learner_service.weights.publish import WeightPublisher
-from learner_service.weights.senders import BroadcastSender
 from rollout_service.server import RolloutServicer
-from rollout_service.weights.broadcast import BroadcastReceiver
-from scalerl.policy.weight_group import tensor_sha256
-from scalerl.policy.weight_store import WeightStore
 from scalerl.ports import free_port
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
@@ -34,6 +28,12 @@ from scalerl.rpc.server import make_server
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
+from scalerl.weights.broadcast_receive import BroadcastReceiver
+from scalerl.weights.broadcast_send import WeightBroadcaster
+from scalerl.weights.group import tensor_sha256
+from scalerl.weights.publisher import WeightPublisher
+from scalerl.weights.senders import BroadcastSender
+from scalerl.weights.store import WeightStore
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -192,7 +192,7 @@ def test_auto_backend_is_gloo_when_members_share_a_gpu(job, caplog) -> None:
     job.start("a", gpu="GPU-shared")
     job.wait_ready("a")
     assert job.registry.ready()["a"].progress.gpu == "GPU-shared"
-    with caplog.at_level(logging.INFO, logger="learner_service.weights.broadcast"):
+    with caplog.at_level(logging.INFO, logger="scalerl.weights.broadcast_send"):
         digests = job.publish(1)
     assert job.sender.last_delivery.delivered == ["a"]
     assert job.served("a") == (1, digests)

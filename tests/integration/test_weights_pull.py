@@ -21,23 +21,23 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from learner_service.server import LearnerStatus, serve
-from learner_service.weights.publish import WeightPublisher
-from learner_service.weights.senders import PullSender
 from rollout_service.engines.torch.engine import TorchEngine
-from rollout_service.weights.pull import pull_weights
-from rollout_service.weights.receive import WeightsError
 from rollout_service.worker import RolloutWorker
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weight_store import WeightStore
-from scalerl.policy.weights import serialize_state_dict
 from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import Unavailable
 from scalerl.rpc.security import Security
 from scalerl.state.registry import WorkerProgress, WorkerRegistry
 from scalerl.state.run_state import RunState
-from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import learner_pb2_grpc, rollout_pb2
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.publisher import WeightPublisher
+from scalerl.weights.pull import pull_weights
+from scalerl.weights.receive import WeightsError
+from scalerl.weights.senders import PullSender
+from scalerl.weights.store import WeightStore
+from scalerl.weights.wire import serialize_state_dict
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0
@@ -343,7 +343,7 @@ def test_the_store_refuses_bad_arguments() -> None:
 def test_chunk_digests_are_computed_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """N workers fetching cost the learner no hashing: each chunk's sha256 was taken when
     the version was put (an unaligned resume offset hashes its chunks on the fly)."""
-    import scalerl.policy.weight_store as weight_store
+    import scalerl.weights.store as weight_store
 
     store = WeightStore(chunk_bytes=1000)
     payload = bytes(range(256)) * 20  # 5120 bytes: 6 chunks

@@ -15,13 +15,13 @@ import torch
 
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from rollout_service.weights.receive import URI_REFUSED
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import serialize_state_dict, weights_requests, weights_uri_request
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
 from scalerl.v1 import rollout_pb2_grpc
+from scalerl.weights.receive import URI_REFUSED
+from scalerl.weights.wire import serialize_state_dict, weights_requests, weights_uri_request
 
 torch.set_num_threads(1)
 TIMEOUT_S = 10.0

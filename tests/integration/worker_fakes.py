@@ -5,41 +5,29 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
 import redis
-import torch
+from fake_sink import FakeSink
 
-from rollout_service.weights.broadcast import BroadcastReceiver
-from rollout_service.weights.follower import WeightFollower
-from rollout_service.weights.pull import POLL_S
 from rollout_service.worker import RolloutWorker
 from scalerl.state.registry import SYNCING, WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.broadcast_receive import BroadcastReceiver
+from scalerl.weights.follower import WeightFollower
+from scalerl.weights.pull import POLL_S
 
 
-class FakeEngine:
-    """The engine surface weight loading and the servicer use; a staged state dict serves
-    at once (`staged` keeps every (version, state dict))."""
+class FakeEngine(FakeSink):
+    """The one fake weight sink with the engine attributes the worker's heartbeat and the
+    servicer read; a staged state dict serves at once (`staged`: every (version, state
+    dict))."""
 
     name, max_batch = "fake", 1
-
-    def __init__(self, version: int = 0) -> None:
-        self.policy_version = version
-        self.tokens_generated = 0
-        self.active_requests = 0
-        self.staged: list[tuple[int, dict[str, torch.Tensor]]] = []
-
-    def stage_weights(self, state_dict: dict, version: int) -> Future:
-        self.staged.append((version, state_dict))
-        self.policy_version = version
-        future: Future = Future()
-        future.set_result(version)
-        return future
+    tokens_generated = active_requests = 0
 
 
 def header_of(payload: bytes, version: int) -> rollout_pb2.WeightsHeader:

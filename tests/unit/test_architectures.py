@@ -23,7 +23,6 @@ from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.adapters import Adapter
 from rollout_service.engines.torch.decoder import SlotDecoder, StagedWeights
 from rollout_service.engines.torch.engine import TorchEngine
-from rollout_service.engines.weight_check import folder_shapes
 from scalerl.policy.architectures import (
     FAMILIES,
     CheckpointNames,
@@ -32,6 +31,7 @@ from scalerl.policy.architectures import (
     check_servable,
 )
 from scalerl.policy.lora import LORA_A, LORA_B
+from scalerl.weights.check import folder_shapes
 
 torch.set_num_threads(1)
 NAMES = sorted(FAMILY_CONFIGS)

@@ -14,17 +14,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
-from learner_service.weights.publish import WeightPublisher
-from learner_service.weights.senders import UriSender
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
-from rollout_service.weights.receive import receive_weights
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
-from scalerl.policy.weights import head_names, snapshot_state_dict, weights_uri_request
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.publisher import WeightPublisher
+from scalerl.weights.receive import receive_weights
+from scalerl.weights.senders import UriSender
+from scalerl.weights.wire import head_names, snapshot_state_dict, weights_uri_request
 
 torch.set_num_threads(1)
 PROMPT = (4, 5, 14, 6, 15, 16, 3)

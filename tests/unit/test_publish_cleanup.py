@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learner_service.weights.senders import files_to_remove
+from scalerl.weights.senders import files_to_remove
 
 
 def _files(folder, *versions):

@@ -9,8 +9,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from learner_service.weights.senders import StreamSender, UriSender
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.senders import StreamSender, UriSender
 
 
 def _sender(tmp_path, kind=UriSender):

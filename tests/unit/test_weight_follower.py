@@ -8,19 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fake_sink import FakeSink
 
-from learner_service.weights.broadcast import epoch_backend
-from learner_service.weights.senders import (
+from scalerl.config import load_config
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.broadcast_send import epoch_backend
+from scalerl.weights.follower import WeightFollower, make_follower
+from scalerl.weights.senders import (
     BroadcastSender,
     PullSender,
     StreamSender,
     UriSender,
     make_sender,
 )
-from rollout_service.weights.follower import WeightFollower, make_follower
-from scalerl.config import load_config
-from scalerl.policy.weight_store import WeightStore
-from scalerl.state.version_board import WeightsRef
+from scalerl.weights.store import WeightStore
 
 SHA = "0" * 64
 
@@ -41,14 +42,7 @@ class _Board:
         return None  # no LoRA base (tests/integration/test_lora.py has one)
 
 
-class _Engine:
-    base_version = None
-
-    def __init__(self, version: int = 0) -> None:
-        self.policy_version = version
-
-
-def _follower(board: _Board, engine: _Engine, pulls: bool = False) -> WeightFollower:
+def _follower(board: _Board, engine: FakeSink, pulls: bool = False) -> WeightFollower:
     follower = WeightFollower(engine, board, None, pulls=pulls, k=2, period_s=1.0)
     loads: list[int] = []
 
@@ -67,7 +61,7 @@ def _follower(board: _Board, engine: _Engine, pulls: bool = False) -> WeightFoll
 
 
 def test_the_ready_rule_holds_within_k_of_the_learner_and_never_on_start_up_weights() -> None:
-    board, engine = _Board(version=0), _Engine(version=0)
+    board, engine = _Board(version=0), FakeSink(version=0)
     follower = _follower(board, engine)
     assert not follower.may_serve()  # version 0 of the start-up weights is no run version
     board.latest = WeightsRef(7, "/w/policy-v7.safetensors", SHA, 10)
@@ -76,14 +70,14 @@ def test_the_ready_rule_holds_within_k_of_the_learner_and_never_on_start_up_weig
     assert follower.may_serve()  # 9 - 7 = 2 = k
     board.version = 10
     assert not follower.may_serve()  # 3 behind
-    pushed = _follower(_Board(version=3), _Engine(version=0))
+    pushed = _follower(_Board(version=3), FakeSink(version=0))
     pushed.engine.policy_version = 3  # a push swapped the weights: the version moved
     assert pushed.may_serve()
 
 
 def test_a_missed_push_is_loaded_on_the_second_check_a_pull_at_once() -> None:
     ref = WeightsRef(4, "/w/policy-v4.safetensors", SHA, 10)
-    push = _follower(_Board(4, ref), _Engine(version=3))
+    push = _follower(_Board(4, ref), FakeSink(version=3))
     push._loaded = True
     assert push.check(behind_before=False)  # behind: the push may still be on its way
     assert push.loads == []
@@ -92,7 +86,7 @@ def test_a_missed_push_is_loaded_on_the_second_check_a_pull_at_once() -> None:
     assert not push.check(behind_before=False)  # up to date: nothing more
 
     pulled = WeightsRef(4, "", SHA, 10, source="grpc://learner:1")
-    pull = _follower(_Board(4, pulled), _Engine(version=3), pulls=True)
+    pull = _follower(_Board(4, pulled), FakeSink(version=3), pulls=True)
     pull._loaded = True
     assert not pull.check(behind_before=False)
     assert pull.loads == [4]
@@ -100,7 +94,7 @@ def test_a_missed_push_is_loaded_on_the_second_check_a_pull_at_once() -> None:
 
 def test_a_version_without_a_file_or_source_is_never_loaded() -> None:
     """A streamed version has neither: the learner's catch-up pushes it."""
-    follower = _follower(_Board(4, WeightsRef(4, "", SHA, 10)), _Engine(version=0))
+    follower = _follower(_Board(4, WeightsRef(4, "", SHA, 10)), FakeSink(version=0))
     assert follower.newer() is None and not follower.load_if_behind()
 
 
@@ -125,7 +119,7 @@ def test_each_transport_builds_its_sender_and_follower(
         config, None, tmp_path / "w", WeightStore(), "grpc://127.0.0.1:1", ("h", "h")
     )
     assert type(built) is sender
-    follower = make_follower(config, _Engine(), _Board())
+    follower = make_follower(config, FakeSink(), _Board())
     assert follower.pulls is pulls
     assert (follower.broadcast is not None) is (transport == "broadcast")
     heartbeat = config.rollout.heartbeat_s

@@ -7,7 +7,7 @@ which must be visible to the server: a state dict is written into a fresh staged
 directory, a file is linked into one. The directory now serving is kept (SGLang reloads it
 to roll back a failed update) and removed once a newer one serves.
 
-Updates are validated first (`rollout_service.engines.weight_check`) against the served
+Updates are validated first (`scalerl.weights.check`) against the served
 model's tensor shapes, given or learned from the first accepted update, because SGLang
 keeps the tensors a file lacks; a refused update changes nothing.
 
@@ -36,16 +36,16 @@ from rollout_service.engines.adapters import FolderAdapters
 from rollout_service.engines.api import EngineError, EngineStopped
 from rollout_service.engines.requests import RequestTable
 from rollout_service.engines.sglang.client import SGLangClient
-from rollout_service.engines.weight_check import (
+from scalerl.policy.architectures import CheckpointNames
+from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B, Payload
+from scalerl.rpc.errors import InvalidArgument
+from scalerl.weights.check import (
     WeightSpec,
     folder_shapes,
     load_state_dict,
     parse_payload,
     read_header,
 )
-from scalerl.policy.architectures import CheckpointNames
-from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B, Payload
-from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

@@ -457,7 +457,7 @@ class SlotDecoder:
 
     def prepare_weights(self, payload: Payload, adapter_name: str = POLICY) -> StagedWeights:
         """Snapshot a payload validated by the caller
-        (`rollout_service.engines.weight_check`), in the body dtype; changes nothing.
+        (`scalerl.weights.check`), in the body dtype; changes nothing.
 
         Its base (full weights, or the base of a LoRA run's first version): `lm_head.weight`
         may be omitted when the embeddings are tied (if given it is ignored: the embedding

@@ -55,17 +55,17 @@ from rollout_service.engines.requests import LiveRequest, RequestTable
 from rollout_service.engines.torch.adapters import POLICY, Adapter
 from rollout_service.engines.torch.decoder import SlotDecoder, StagedWeights
 from rollout_service.engines.torch.sampling import sample
-from rollout_service.engines.weight_check import (
+from rollout_service.metrics import RolloutMetrics
+from scalerl.lending import Borrower
+from scalerl.policy.routing import to_message
+from scalerl.rpc.errors import InvalidArgument
+from scalerl.weights.check import (
     AdapterSpec,
     WeightSpec,
     check_adapter_base,
     load_state_dict,
     parse_payload,
 )
-from rollout_service.metrics import RolloutMetrics
-from scalerl.lending import Borrower
-from scalerl.policy.routing import to_message
-from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

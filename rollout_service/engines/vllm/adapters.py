@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_service.engines.adapters import FolderAdapters, linear_modules
-from rollout_service.engines.weight_check import folder_shapes
+from scalerl.weights.check import folder_shapes
 
 MAX_LORAS = 4  # adapters in one batch: the policy's last two versions while in-flight
 # requests finish on the older one, and others served beside it

@@ -38,7 +38,7 @@ streams vLLM's output deltas (`RequestOutputKind.DELTA`, `logprobs=0`) into the 
   a request never reuses prompt KV computed by older weights (vLLM cannot clear the
   prefix cache while kept requests hold blocks).
 
-Weight files are validated (`rollout_service.engines.weight_check`: names, shapes, float
+Weight files are validated (`scalerl.weights.check`: names, shapes, float
 dtypes, finite values) against the model folder's own safetensors before vLLM sees them,
 so a bad update changes nothing. vLLM's model worker reloads them through
 `rollout_service.engines.vllm.worker.WorkerExtension`.
@@ -81,18 +81,18 @@ from rollout_service.engines.length_control import LengthBudget
 from rollout_service.engines.requests import LiveRequest, RequestTable
 from rollout_service.engines.vllm import worker
 from rollout_service.engines.vllm.adapters import engine_options, vllm_adapters
-from rollout_service.engines.weight_check import (
+from rollout_service.metrics import RolloutMetrics
+from scalerl.obs.logging import request_context
+from scalerl.policy.architectures import CheckpointNames, check_vllm_serves
+from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B
+from scalerl.rpc.errors import InvalidArgument
+from scalerl.weights.check import (
     WeightSpec,
     folder_shapes,
     load_state_dict,
     parse_payload,
     read_header,
 )
-from rollout_service.metrics import RolloutMetrics
-from scalerl.obs.logging import request_context
-from scalerl.policy.architectures import CheckpointNames, check_vllm_serves
-from scalerl.policy.lora import BASE_VERSION, LORA_A, LORA_B
-from scalerl.rpc.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16")

@@ -4,7 +4,7 @@ evaluator and weight senders use it).
 Every call is bounded by the client's timeout and raises the domain error of its status
 (`scalerl.rpc.clients.base`). The weight group's JoinWeightGroup and ReceiveWeights run as
 futures whose status codes drive the broadcast's membership rules, so
-`learner_service.weights.broadcast` calls them through `scalerl.rpc.services.ROLLOUT`'s
+`scalerl.weights.broadcast_send` calls them through `scalerl.rpc.services.ROLLOUT`'s
 stub instead.
 """
 

@@ -1,7 +1,7 @@
 """Weight transport for UpdateWeights, the sender's side (the learner): serialize a state
 dict as safetensors and cut it into an UpdateWeights stream, or describe a file on shared
 storage. Shared by the learner and the tests; the receiving side lives in
-`rollout_service.weights.receive`.
+`scalerl.weights.receive`.
 
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
@@ -87,7 +87,7 @@ def wire_layout(
 ) -> dict[str, torch.Tensor]:
     """The names, shapes and dtypes `snapshot_state_dict` gives for the same arguments, as
     tensors on the meta device (no memory): what a receiver of broadcast weights expects
-    (`scalerl.policy.weight_group`'s template)."""
+    (`scalerl.weights.group`'s template)."""
     return {
         name: torch.empty(tensor.shape, dtype=target, device="meta")
         for name, tensor, target, _ in wire_tensors(model_or_sd, dtype, keep_fp32)

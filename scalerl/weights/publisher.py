@@ -1,5 +1,5 @@
 """Weight publication: every new policy version goes to the rollout workers, by the
-transport's sender (`learner_service.weights.senders`). Every version is announced in
+transport's sender (`scalerl.weights.senders`). Every version is announced in
 Redis, so a worker that starts (or restarts) later loads the latest weights before
 generating.
 
@@ -28,9 +28,12 @@ from collections.abc import Callable
 import torch
 from safetensors.torch import save as save_safetensors
 
-from learner_service.weights.senders import Sender
 from scalerl.policy.lora import BASE_VERSION, base_version_tensor
-from scalerl.policy.weights import (
+from scalerl.state.registry import WorkerRegistry
+from scalerl.state.run_state import RunState
+from scalerl.v1 import rollout_pb2
+from scalerl.weights.senders import Sender
+from scalerl.weights.wire import (
     FULL,
     LORA_ADAPTER,
     LORA_BASE,
@@ -38,9 +41,6 @@ from scalerl.policy.weights import (
     head_names,
     snapshot_state_dict,
 )
-from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import RunState
-from scalerl.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Weight transport `pull`, the rollout worker's side: fetch an announced version from the
 learner's FetchWeights (proto/scalerl/v1/learner.proto), or from a relaying peer's
-(RolloutService.FetchWeights, `rollout_service.weights.relay`), and stage it through the
-same checks as a streamed UpdateWeights (`rollout_service.weights.receive_weights`).
+(RolloutService.FetchWeights, `scalerl.weights.relay`), and stage it through the
+same checks as a streamed UpdateWeights (`scalerl.weights.receive.receive_weights`).
 
 Every chunk is checked as it arrives (its offset follows the previous chunk, its bytes
 hash to the sha256 it carries) and the header must match the announcement (version,
@@ -23,12 +23,12 @@ from typing import Any
 
 import grpc
 
-from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.receive import WeightsError, receive_weights
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import LEARNER, ROLLOUT
-from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.receive import WeightsError, receive_weights
+from scalerl.weights.sink import WeightSink
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
 # The longest wait for the source's next message (the header, then each chunk): a source
@@ -51,7 +51,7 @@ class Peer:
 
 def pull_weights(
     ref: WeightsRef,
-    engine: RolloutEngine,
+    engine: WeightSink,
     timeout_s: float = FETCH_TIMEOUT_S,
     apply_timeout_s: float = 120.0,
     peer: Peer | None = None,

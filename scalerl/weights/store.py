@@ -18,9 +18,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from scalerl.policy.weights import CHUNK_BYTES
 from scalerl.rpc.errors import InvalidArgument, NotFound
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.wire import CHUNK_BYTES
 
 KEEP_VERSIONS = 2  # a worker may still be fetching the older one
 

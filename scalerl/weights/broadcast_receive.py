@@ -1,5 +1,5 @@
 """Weight transport `broadcast`, the rollout worker's side: join the learner's epochs of the
-weight group (`scalerl.policy.weight_group`) and receive each version it broadcasts,
+weight group (`scalerl.weights.group`) and receive each version it broadcasts,
 staged through the engine's validated `stage_weights` like every other transport.
 
 The learner drives both steps over gRPC (RolloutService.JoinWeightGroup, ReceiveWeights):
@@ -10,7 +10,7 @@ is starting (the epoch's deadline bounds each collective, not the time between s
 A version lands only when every tensor's sha256 matched on every member (the group's
 checksum vote); on any failure nothing is staged and the engine keeps serving its old
 version. A worker whose epoch failed is no longer in an epoch: it catches up by pulling
-the announced version (`rollout_service.weights.pull`) until the learner forms the next one.
+the announced version (`scalerl.weights.pull`) until the learner forms the next one.
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.receive import WeightsError
 from scalerl.policy.lora import broadcast_part
-from scalerl.policy.weight_group import (
+from scalerl.rpc.errors import DataLoss, FailedPrecondition, InvalidArgument, ServiceError
+from scalerl.v1 import rollout_pb2
+from scalerl.weights.group import (
     ChecksumMismatch,
     EpochFailed,
     LayoutMismatch,
     WeightGroup,
     WeightGroupError,
 )
-from scalerl.policy.weights import wire_layout
-from scalerl.rpc.errors import DataLoss, FailedPrecondition, InvalidArgument, ServiceError
-from scalerl.v1 import rollout_pb2
+from scalerl.weights.receive import WeightsError
+from scalerl.weights.sink import WeightSink
+from scalerl.weights.wire import wire_layout
 
 log = logging.getLogger(__name__)
 MAX_TIMEOUT_S = 3600.0  # the learner's largest weights.timeout_s: no caller parks a thread longer
@@ -63,7 +63,7 @@ class BroadcastReceiver:
 
     def __init__(
         self,
-        engine: RolloutEngine,
+        engine: WeightSink,
         apply_timeout_s: float = 120.0,
         cuda_device: str | None = None,
     ) -> None:
@@ -78,7 +78,7 @@ class BroadcastReceiver:
         """The epoch joined last (-1 before the first), even when it has failed since."""
         return self._group.epoch
 
-    def recording(self, engine: RolloutEngine) -> RolloutEngine:
+    def recording(self, engine: WeightSink) -> WeightSink:
         """`engine`, whose `stage_weights` also records the staged state dict's layout as
         the template of the next broadcasts."""
         return _LayoutRecorder(engine, self._observe)
@@ -174,7 +174,7 @@ class BroadcastReceiver:
 class _LayoutRecorder:
     """An engine whose `stage_weights` first hands the state dict to `observe`."""
 
-    def __init__(self, engine: RolloutEngine, observe) -> None:
+    def __init__(self, engine: WeightSink, observe) -> None:
         self._engine = engine
         self._observe = observe
 

@@ -1,5 +1,5 @@
 """Weight transport `broadcast`, the learner's side: rank 0 of an epoch-numbered weight group
-(`scalerl.policy.weight_group`) whose receivers are the READY rollout workers.
+(`scalerl.weights.group`) whose receivers are the READY rollout workers.
 
 Per published version (`send`):
 1. The members are the registry's READY, not stalled workers, less those dropped from an
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
-from scalerl.policy.weight_group import BACKENDS, EpochFailed, WeightGroup, WeightGroupError
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import ROLLOUT
 from scalerl.state.registry import WorkerRegistry
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.group import BACKENDS, EpochFailed, WeightGroup, WeightGroupError
 
 log = logging.getLogger(__name__)
 REJOIN_AFTER_S = 60.0  # a dropped member is asked again after this long (it may recover)

@@ -1,7 +1,7 @@
 """The weight relay, a rollout worker's side (`learner.weights.relay_fanout` > 0): fetch
 each announced version from the source the relay board assigns (a peer holding it, else
 the learner), then hold it and serve it to peers (RolloutService.FetchWeights) until a
-newer one replaces it. The board's rule and its keys: `scalerl.state.weight_relay`.
+newer one replaces it. The board's rule and its keys: `scalerl.weights.relay_board`.
 
 Trust: a peer is dialled at the address of its signed registry entry, with the run's
 token; its stream passes every check a learner's does against the learner's signed
@@ -17,16 +17,16 @@ from __future__ import annotations
 import logging
 import time
 
-from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.pull import CHUNK_TIMEOUT_S, FETCH_TIMEOUT_S, Peer, pull_weights
-from rollout_service.weights.receive import WeightsError
 from scalerl.config import PullWeights, RunConfig
-from scalerl.policy.weight_store import WeightStore
 from scalerl.state.client import RedisClient
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.version_board import WeightsRef
-from scalerl.state.weight_relay import LEARNER, WeightRelay
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.pull import CHUNK_TIMEOUT_S, FETCH_TIMEOUT_S, Peer, pull_weights
+from scalerl.weights.receive import WeightsError
+from scalerl.weights.relay_board import LEARNER, WeightRelay
+from scalerl.weights.sink import WeightSink
+from scalerl.weights.store import WeightStore
 
 log = logging.getLogger("rollout_service.worker")
 
@@ -63,7 +63,7 @@ class RelayFetcher:
         self.timeout_s = timeout_s
         self.withdrawn: list[tuple[str, str]] = []  # (peer, why), for logs and tests
 
-    def pull(self, ref: WeightsRef, engine: RolloutEngine, pin: bool = False) -> tuple[int, float]:
+    def pull(self, ref: WeightsRef, engine: WeightSink, pin: bool = False) -> tuple[int, float]:
         """Fetch `ref` from the sources the board assigns until one delivers it verified,
         stage it on `engine`, hold it for peers (pinned: a LoRA base, kept beside later
         adapters) and offer it. Returns (policy_version, seconds of the last fetch).
@@ -93,7 +93,7 @@ class RelayFetcher:
         )
 
     def _fetch(
-        self, ref: WeightsRef, engine: RolloutEngine, source: str, timeout_s: float, pin: bool
+        self, ref: WeightsRef, engine: WeightSink, source: str, timeout_s: float, pin: bool
     ) -> tuple[int, float]:
         peer = None
         if source != LEARNER:

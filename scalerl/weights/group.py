@@ -32,7 +32,7 @@ epoch without the member.
 
 NCCL needs a CUDA device of its own for every member: two ranks on one GPU make it refuse
 the group (ncclInvalidUsage, seen on one H200 with the learner and two workers on cuda:0).
-The learner's broadcaster (`learner_service.weights.broadcast.epoch_backend`) picks gloo
+The learner's broadcaster (`scalerl.weights.broadcast_send.epoch_backend`) picks gloo
 for such an epoch when the backend is left to "auto".
 
 With NCCL, start the process with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (clean up only): the

@@ -2,7 +2,7 @@
 newer versions when behind, and the READY rule. `make_follower` is the one place on the
 worker's side that reads `learner.weights.transport`.
 
-Timeline of one worker (the learner's side is `learner_service.weights`):
+Timeline of one worker (the learner's side is `scalerl.weights.publisher` and `senders`):
 1. Start-up: the engine serves its start-up weights, which are no version of the run. The
    worker loads the latest announced version (`VersionBoard.published`) as soon as
    one exists: from its file (`uri`, `stream`'s first version) or from the learner's
@@ -27,14 +27,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from rollout_service.engines.api import RolloutEngine
-from rollout_service.weights.broadcast import BroadcastReceiver
-from rollout_service.weights.pull import POLL_S, pull_weights
-from rollout_service.weights.receive import WeightsError, receive_weights
-from rollout_service.weights.relay import RelayFetcher
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig
-from scalerl.policy.weights import weights_uri_request
-from scalerl.state.version_board import VersionBoard, WeightsRef
+from scalerl.weights.board import VersionBoard, WeightsRef
+from scalerl.weights.broadcast_receive import BroadcastReceiver
+from scalerl.weights.pull import POLL_S, pull_weights
+from scalerl.weights.receive import WeightsError, receive_weights
+from scalerl.weights.relay import RelayFetcher
+from scalerl.weights.sink import WeightSink
+from scalerl.weights.wire import weights_uri_request
 
 log = logging.getLogger("rollout_service.worker")
 
@@ -52,7 +52,7 @@ class WeightFollower:
 
     def __init__(
         self,
-        engine: RolloutEngine,
+        engine: WeightSink,
         board: VersionBoard,
         weights_root: str | Path | None,
         pulls: bool,
@@ -179,7 +179,7 @@ class WeightFollower:
 
 def make_follower(
     config: RunConfig,
-    engine: RolloutEngine,
+    engine: WeightSink,
     board: VersionBoard,
     device: str = "cpu",
     relay: RelayFetcher | None = None,

@@ -1,5 +1,5 @@
 """Weight transport for UpdateWeights, the rollout worker's side: receive, verify, stage,
-wait for the swap (the learner's side is `scalerl.policy.weights`).
+wait for the swap (the learner's side is `scalerl.weights.wire`).
 
 Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
@@ -40,10 +40,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from rollout_service.engines.api import RolloutEngine
-from rollout_service.engines.weight_check import load_state_dict
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, ServiceError
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.check import load_state_dict
+from scalerl.weights.sink import WeightSink
 
 # Upper bound on one payload (bytes), so a bad header cannot make the worker buffer
 # without limit. SmolLM2-135M in fp32 is ~0.5 GB.
@@ -54,7 +54,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DATA_LOSS_FIELDS = frozenset({"total_bytes", "sha256", "chunk"})
 _HASH_BLOCK_BYTES = 4 * 1024**2
 # Given a streamed payload's header and bytes once they matched its sha256 (a relaying
-# worker holds them for its peers, `rollout_service.weights.relay`).
+# worker holds them for its peers, `scalerl.weights.relay`).
 Received = Callable[[rollout_pb2.WeightsHeader, bytes], None]
 # The one answer to every unusable `uri` (it must not tell files apart).
 URI_REFUSED = "no weights file at this uri inside the worker's weights root"
@@ -63,7 +63,7 @@ URI_REFUSED = "no weights file at this uri inside the worker's weights root"
 class WeightsError(ServiceError):
     """A weight update was refused; `field` names what was wrong (header, version,
     format, total_bytes, sha256, chunk, uri, payload, state_dict, apply; source for a
-    fetch, `rollout_service.weights.pull`). str() is "field: message"."""
+    fetch, `scalerl.weights.pull`). str() is "field: message"."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -83,7 +83,7 @@ class WeightsError(ServiceError):
 
 def receive_weights(
     requests: Iterable[rollout_pb2.UpdateWeightsRequest | bytes],
-    engine: RolloutEngine,
+    engine: WeightSink,
     apply_timeout_s: float = 120.0,
     weights_root: str | Path | None = None,
     budget: ByteBudget | None = None,

@@ -19,7 +19,7 @@ versions of the last few minutes.
 
 The board only routes. A holder's address comes from its signed registry entry, and the
 fetcher checks every byte against the learner's signed announcement
-(`scalerl.state.version_board`), so a holder cannot pass off altered weights; a holder
+(`scalerl.weights.board`), so a holder cannot pass off altered weights; a holder
 that fails a fetch is withdrawn by the fetcher.
 """
 

@@ -1,16 +1,16 @@
 """How a published version reaches the workers: one Sender per transport
 (`learner.weights.transport`), built by `make_sender`, the one place that reads it.
 
-The publisher (`learner_service.weights.publish`) snapshots, serializes and checksums a
+The publisher (`scalerl.weights.publisher`) snapshots, serializes and checksums a
 version, then hands it to its sender, which delivers it and announces it in Redis
 (`VersionBoard.publish`) in the order its transport needs:
 - `uri`: write the payload file, announce it, send every worker the header;
 - `stream`: announce, send every worker the payload in chunks, keep it to send again to a
-  worker whose heartbeat says it is behind (`learner_service.weights.catch_up`);
+  worker whose heartbeat says it is behind (`scalerl.weights.catch_up`);
 - `pull`: hold it in the learner's `WeightStore` (the newest two versions), then announce
   the learner's FetchWeights address; every worker fetches it;
 - `broadcast`: first send the tensors to every READY worker over the weight group
-  (`learner_service.weights.broadcast`), then hold and announce as `pull` does, for
+  (`scalerl.weights.broadcast_send`), then hold and announce as `pull` does, for
   joiners and members the broadcast missed.
 """
 
@@ -25,17 +25,17 @@ from pathlib import Path
 
 import torch
 
-from learner_service.weights.broadcast import Delivery, WeightBroadcaster
-from learner_service.weights.catch_up import WeightCatchUp
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig, StreamWeights, UriWeights
-from scalerl.policy.weight_store import WeightStore
-from scalerl.policy.weights import weights_requests
 from scalerl.ports import free_port
 from scalerl.rpc.clients.rollout import RolloutClient
 from scalerl.rpc.errors import ServiceError
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.version_board import WeightsRef
 from scalerl.v1 import rollout_pb2
+from scalerl.weights.board import WeightsRef
+from scalerl.weights.broadcast_send import Delivery, WeightBroadcaster
+from scalerl.weights.catch_up import WeightCatchUp
+from scalerl.weights.store import WeightStore
+from scalerl.weights.wire import weights_requests
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
@@ -109,7 +109,7 @@ class _PushSender(Sender):
     ) -> None:
         self.registry = registry
         # Absolute: workers run in other folders and read a relative uri as a path under
-        # their weights root (`rollout_service.weights.confined_path`), where it is not.
+        # their weights root (`scalerl.weights.receive.confined_path`), where it is not.
         self.weights_dir = Path(weights_dir).resolve()
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.timeout_s = timeout_s
