@@ -22,8 +22,8 @@ import psutil
 from soak import REPO_ROOT
 
 from scalerl.ports import free_port
-from scalerl.rpc.clients.sandbox import SandboxClient
 from scalerl.rpc.errors import ServiceError
+from scalerl.sandbox.client import SandboxClient
 
 CONCURRENCY = 2  # the service's slots; its queue holds 4 x as many
 BUSY_S = 30.0

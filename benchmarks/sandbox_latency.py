@@ -1,4 +1,4 @@
-"""Start-up and per-case latency of the code sandbox (`scalerl.verifiers.sandbox`), in
+"""Start-up and per-case latency of the code sandbox (`scalerl.sandbox.runner`), in
 the caller's process and on the sandbox service.
 
     python benchmarks/sandbox_latency.py [--repeats 30]
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 from scalerl.ports import free_port
 from scalerl.rpc.channel import wait_healthy
-from scalerl.rpc.clients.sandbox import SandboxClient
-from scalerl.verifiers.sandbox import SandboxLimits, SandboxRun, run_program
+from scalerl.sandbox.client import SandboxClient
+from scalerl.sandbox.runner import SandboxLimits, SandboxRun, run_program
 
 PROGRAM = "def add(a, b):\n    return a + b\n"
 Runner = Callable[[list[str]], SandboxRun]

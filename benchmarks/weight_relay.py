@@ -23,6 +23,14 @@ With `--uplink-gbit G`, each process's FetchWeights streams share G Gbit/s
 the relay is for (the learner's uplink crosses N payloads with pull, f with the relay).
 
     python benchmarks/weight_relay.py --workers 4,8,16,32 --fanout 2 --uplink-gbit 1 --json
+
+Lossless deltas (`learner.weights.delta`): with `--versions DIR` (a folder of a run's
+published payloads, `policy-v<N>.safetensors`, two consecutive versions at least) the
+warm-up version is a real version N and the measured one N + 1, and each configuration
+runs twice, whole and as a delta (the learner's store holds N + 1's delta, each worker
+its last payload): the delta's publish-to-all beside the whole version's.
+
+    python benchmarks/weight_relay.py --versions VERSIONS --workers 1,4 --fanout 2 --json
 """
 
 from __future__ import annotations
@@ -55,11 +63,14 @@ from scalerl.rpc.services import ROLLOUT, serve  # noqa: E402
 from scalerl.state.client import connect  # noqa: E402
 from scalerl.state.registry import WorkerRegistry  # noqa: E402
 from scalerl.v1 import rollout_pb2  # noqa: E402
+from scalerl.weights import delta as delta_codec  # noqa: E402
 from scalerl.weights.board import VersionBoard, WeightsRef  # noqa: E402
 from scalerl.weights.follower import WeightFollower  # noqa: E402
+from scalerl.weights.receive import LastPayload  # noqa: E402
 from scalerl.weights.relay import RelayFetcher  # noqa: E402
 from scalerl.weights.relay_board import WeightRelay  # noqa: E402
 from scalerl.weights.store import Uplink, WeightStore  # noqa: E402
+from scalerl.weights.wire import Delta, delta_header  # noqa: E402
 from scalerl_cli.redis_server import RedisServer  # noqa: E402
 
 FOLLOW_S = 0.1  # the followers' poll period
@@ -137,7 +148,7 @@ def worker_main(spec: dict, worker_id: str, events: Any, stop: Any) -> None:
     fetcher = None
     if spec["fanout"]:
         relay = WeightRelay(client, spec["run_id"], spec["fanout"], lease_s=FETCH_TIMEOUT_S)
-        store = WeightStore(keep=1, uplink=uplink)
+        store = WeightStore(keep=1, uplink=uplink, keep_deltas=1)
         fetcher = RelayFetcher(relay, registry, worker_id, store, timeout_s=FETCH_TIMEOUT_S)
     servicer = RolloutServicer(
         engine, Tokens(), worker_id, "sim", "", 8, relay_store=fetcher.store if fetcher else None
@@ -145,7 +156,8 @@ def worker_main(spec: dict, worker_id: str, events: Any, stop: Any) -> None:
     server, port, _ = serve(ROLLOUT, servicer)
     registry.heartbeat(worker_id, f"127.0.0.1:{port}", ttl_s=3600.0)
     board = VersionBoard(client, spec["run_id"])
-    follower = WeightFollower(engine, board, None, True, 1, FOLLOW_S, relay=fetcher)
+    last = LastPayload() if spec["deltas"] else None
+    follower = WeightFollower(engine, board, None, True, 1, FOLLOW_S, relay=fetcher, last=last)
     events.put(("up", worker_id, -1, time.time()))
     closing = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), closing.set()), daemon=True).start()
@@ -153,23 +165,47 @@ def worker_main(spec: dict, worker_id: str, events: Any, stop: Any) -> None:
     server.stop(None)
 
 
-def publish(
-    board: VersionBoard, store: WeightStore, source: str, version: int, data: bytes
-) -> float:
-    """Hold `data` as `version` and announce it; the Unix time of the announcement."""
-    sha = hashlib.sha256(data).hexdigest()
-    header = rollout_pb2.WeightsHeader(
+def header_of(version: int, data: bytes) -> rollout_pb2.WeightsHeader:
+    return rollout_pb2.WeightsHeader(
         version=version,
         format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
         total_bytes=len(data),
-        sha256=sha,
+        sha256=hashlib.sha256(data).hexdigest(),
     )
-    store.put(header, data)
-    ref = WeightsRef(version=version, uri="", sha256=sha, total_bytes=len(data), source=source)
+
+
+def publish(
+    board: VersionBoard,
+    store: WeightStore,
+    source: str,
+    version: int,
+    data: bytes,
+    delta: Delta | None = None,
+) -> float:
+    """Hold `data` as `version` (with its `delta` from the version before) and announce
+    it; the Unix time of the announcement."""
+    header = header_of(version, data)
+    store.put(header, data, delta=delta)
+    ref = WeightsRef(version, "", header.sha256, len(data), source=source)
     t0 = time.time()
     board.publish(ref)
     board.announce(version)
     return t0
+
+
+def encode(base: bytes, target: bytes) -> tuple[Delta, float, float]:
+    """(the delta from `base` to `target` as version 2 from 1, seconds to encode it,
+    seconds to decode it)."""
+    start = time.perf_counter()
+    data = delta_codec.encode(base, target)
+    encoded = time.perf_counter() - start
+    if data is None:
+        raise SystemExit("--versions: the two versions have other layouts; no delta")
+    start = time.perf_counter()
+    assert bytes(delta_codec.decode(base, data)) == target
+    decoded = time.perf_counter() - start
+    base_sha256 = hashlib.sha256(base).hexdigest()
+    return Delta(delta_header(header_of(2, target), 1, base_sha256, data), data), encoded, decoded
 
 
 def serving_times(events: Any, workers: int, version: int, timeout_s: float) -> dict[str, float]:
@@ -184,9 +220,16 @@ def serving_times(events: Any, workers: int, version: int, timeout_s: float) -> 
 
 
 def measure(
-    redis_url: str, token: str, args: argparse.Namespace, big: bytes, n: int, fanout: int
+    redis_url: str,
+    token: str,
+    args: argparse.Namespace,
+    versions: tuple[bytes, bytes],
+    n: int,
+    fanout: int,
+    delta: Delta | None = None,
 ) -> dict:
-    """One configuration: n workers, pull (fanout 0) or relay (fanout f)."""
+    """One configuration: n workers, pull (fanout 0) or relay (fanout f), `versions`
+    (warm-up, measured) published as 1 and 2, the second as `delta` where given."""
     run_id = f"relay-{fanout}-{n}-{secrets.token_hex(3)}"
     uplink_bytes_per_s = args.uplink_gbit * 1e9 / 8
     store = CountingStore(keep=2, uplink=Uplink(uplink_bytes_per_s) if uplink_bytes_per_s else None)
@@ -198,6 +241,7 @@ def measure(
         "run_id": run_id,
         "fanout": fanout,
         "uplink_bytes_per_s": uplink_bytes_per_s,
+        "deltas": delta is not None,
     }
     ctx = multiprocessing.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
@@ -212,9 +256,9 @@ def measure(
         while up < n:
             up += events.get(timeout=300)[0] == "up"
         source = f"grpc://127.0.0.1:{port}"
-        publish(board, store, source, 1, payload(1, seed=1))
-        serving_times(events, n, 1, timeout_s=120)
-        t0 = publish(board, store, source, 2, big)
+        publish(board, store, source, 1, versions[0])
+        serving_times(events, n, 1, timeout_s=300)
+        t0 = publish(board, store, source, 2, versions[1], delta)
         times = sorted(t - t0 for t in serving_times(events, n, 2, FETCH_TIMEOUT_S).values())
     finally:
         stop.set()
@@ -226,12 +270,28 @@ def measure(
     return {
         "workers": n,
         "mode": f"relay f={fanout}" if fanout else "pull",
+        "sent_as": "delta" if delta is not None else "whole",
+        "learner_deltas_sent": store.deltas_sent,
         "publish_to_all_s": round(times[-1], 2),
         "first_serving_s": round(times[0], 2),
         "median_serving_s": round(statistics.median(times), 2),
         "learner_fetches": store.fetches.get(2, 0),
-        "payload_mb": round(len(big) / 1e6, 1),
+        "payload_mb": round(len(versions[1]) / 1e6, 1),
+        "delta_mb": round(len(delta.data) / 1e6, 1) if delta is not None else None,
     }
+
+
+def consecutive(folder: Path) -> tuple[bytes, bytes]:
+    """The payloads of the two lowest consecutive versions N, N + 1 in `folder`."""
+    found = {
+        int(path.name[len("policy-v") : -len(".safetensors")]): path
+        for path in folder.glob("policy-v*.safetensors")
+        if path.name[len("policy-v") : -len(".safetensors")].isdigit()
+    }
+    for version in sorted(found):
+        if version + 1 in found:
+            return found[version].read_bytes(), found[version + 1].read_bytes()
+    raise SystemExit(f"--versions: {folder} holds no two consecutive policy versions")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,27 +303,45 @@ def main(argv: list[str] | None = None) -> int:
         "--uplink-gbit", type=float, default=0.0, help="each process's uplink (0: uncapped)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--versions", type=Path, help="a run's payloads: measure whole against delta"
+    )
     args = parser.parse_args(argv)
     if args.fanout < 1:
         parser.error(f"--fanout must be >= 1, got {args.fanout}")
     token = secrets.token_urlsafe(32)
     os.environ[TOKEN_ENV] = token
     torch.set_num_threads(1)
-    big = payload(args.payload_mb, seed=2)
+    codec: dict[str, Any] = {}
+    if args.versions is not None:
+        versions = consecutive(args.versions)
+        diff, codec["encode_s"], codec["decode_s"] = encode(*versions)
+        codec["delta_mb"] = round(len(diff.data) / 1e6, 1)
+    else:
+        versions, diff = (payload(1, seed=1), payload(args.payload_mb, seed=2)), None
     results = []
     with RedisServer(password=secrets.token_hex(16)) as redis_server:
+        url = redis_server.url
         for n in (int(x) for x in args.workers.split(",")):
-            pair = {}
+            whole = {}
             for fanout in (0, args.fanout):
-                pair[fanout] = measure(redis_server.url, token, args, big, n, fanout)
-                if not args.json:
-                    print(json.dumps(pair[fanout]), flush=True)
-            ratio = pair[args.fanout]["publish_to_all_s"] / pair[0]["publish_to_all_s"]
-            results += [pair[0], pair[args.fanout] | {"relay_over_pull": round(ratio, 3)}]
+                runs = [measure(url, token, args, versions, n, fanout)]
+                whole[fanout] = runs[0]
+                if diff is not None:
+                    runs.append(measure(url, token, args, versions, n, fanout, diff))
+                    ratio = runs[1]["publish_to_all_s"] / runs[0]["publish_to_all_s"]
+                    runs[1]["delta_over_whole"] = round(ratio, 3)
+                for run in runs:
+                    if not args.json:
+                        print(json.dumps(run), flush=True)
+                    results.append(run)
+            ratio = whole[args.fanout]["publish_to_all_s"] / whole[0]["publish_to_all_s"]
+            whole[args.fanout]["relay_over_pull"] = round(ratio, 3)
     report = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "uplink_gbit": args.uplink_gbit or "uncapped",
+        "codec": codec or None,
         "command": sys.argv,
         "runs": results,
     }

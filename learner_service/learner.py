@@ -501,6 +501,7 @@ class Learner:
             batch_wait_seconds=self.batches.wait_seconds,
             publish_seconds=self.publisher.last_seconds,
             publish_bytes=self.publisher.last_bytes,
+            publish_delta_bytes=self.publisher.last_delta_bytes,
             publish_block_seconds=self.timing.take_publish_block(),
             eval_wait_seconds=self.timing.take_eval_wait(),
             eval_wait_share=self.evaluations.wait_share(),

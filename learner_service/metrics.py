@@ -67,6 +67,15 @@ _STEP_GAUGES = {
         "scalerl_learner_mfu",
         "Model FLOPs utilisation of the last step (stays 0 where the device's peak is unknown).",
     ),
+    "publish_bytes": (
+        "scalerl_learner_publish_bytes",
+        "Bytes of the last published version's whole payload.",
+    ),
+    "publish_delta_bytes": (
+        "scalerl_learner_publish_delta_bytes",
+        "Bytes of the last published version's delta from the version before "
+        "(learner.weights.delta; 0: it went whole).",
+    ),
 }
 
 

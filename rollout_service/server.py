@@ -31,7 +31,7 @@ from scalerl.rpc.security import Security
 from scalerl.rpc.services import ROLLOUT, serve
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 from scalerl.weights.broadcast_receive import BroadcastReceiver
-from scalerl.weights.receive import ByteBudget, receive_weights
+from scalerl.weights.receive import ByteBudget, LastPayload, receive_weights
 from scalerl.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     broadcast: the worker's membership in the weight group (weight transport `broadcast`);
     None: JoinWeightGroup and ReceiveWeights answer FAILED_PRECONDITION.
     relay_store: the version this worker relays to peers (`learner.weights.relay_fanout`);
-    None: FetchWeights answers FAILED_PRECONDITION.
+    None: FetchWeights answers FAILED_PRECONDITION. last: the last payload the worker
+    received (the follower's), the base of a delta UpdateWeights; None: deltas refused.
     """
 
     def __init__(
@@ -83,8 +84,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         broadcast: BroadcastReceiver | None = None,
         trajectories: TrajectoryTable | None = None,
         relay_store: WeightStore | None = None,
+        last: LastPayload | None = None,
     ) -> None:
         self._engine = engine
+        self._last = last
         self._trajectories = TrajectoryTable() if trajectories is None else trajectories
         self._tokenizer = tokenizer
         self._worker_id = worker_id
@@ -140,6 +143,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self._engine,
             weights_root=self._weights_root,
             budget=self._weight_budget,
+            last=self._last,
         )
         if self._metrics is not None:
             self._metrics.weight_update_seconds.observe(seconds)

@@ -130,6 +130,7 @@ class RolloutWorker:
             trajectories=self.trajectories,
             broadcast=self.follower.broadcast,
             relay_store=relay.store if relay else None,
+            last=self.follower.last,
         )
         self.server, self.port, ready_health = start_server(
             servicer, self.port, self.host, advertise_host=self.advertise_host

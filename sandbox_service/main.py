@@ -4,7 +4,7 @@
                     [--memory-mb 256] [--allow-uncontained] [--tls-cert F --tls-key F]
 
 It refuses to start (one line, exit status 2) where this machine's sandbox cannot
-contain a program (no user namespaces, `scalerl.verifiers.sandbox.containment`), unless
+contain a program (no user namespaces, `scalerl.sandbox.runner.containment`), unless
 --allow-uncontained. It holds no secret: no token, no Redis. Prints "sandbox service
 listening on HOST:PORT" once bound, serves until SIGTERM or SIGINT, prints "sandbox
 service ran N programs, refused M at capacity" and stops with exit status 0; exit status 1
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scalerl.config import SecurityConfig
     from scalerl.obs.logging import setup_logging
     from scalerl.rpc.security import from_config
-    from scalerl.verifiers.sandbox import SandboxLimits, containment
+    from scalerl.sandbox.runner import SandboxLimits, containment
 
     setup_logging("sandbox")
     stop = threading.Event()

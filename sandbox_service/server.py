@@ -1,8 +1,8 @@
 """gRPC `scalerl.v1.SandboxService`: each Execute checks the request against the service's
 limits, waits for one of its slots (back-pressure: a bounded queue, never an instant
 refusal of a request it could run in time), runs the program in the sandbox
-(`scalerl.verifiers.sandbox.run_program`) and answers what it claimed
-(`scalerl.rpc.clients.sandbox.run_to_proto`). It holds no secret and judges nothing: the
+(`scalerl.sandbox.runner.run_program`) and answers what it claimed
+(`scalerl.sandbox.client.run_to_proto`). It holds no secret and judges nothing: the
 caller compares the claims with expected values that never come here."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import grpc
 
-from scalerl.rpc.clients.sandbox import KINDS, QUEUE_S, SLACK_S, run_to_proto
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted
 from scalerl.rpc.security import Security
 from scalerl.rpc.server import make_server
 from scalerl.rpc.services import SANDBOX
+from scalerl.sandbox.client import KINDS, QUEUE_S, SLACK_S, run_to_proto
+from scalerl.sandbox.runner import SandboxLimits, run_program
 from scalerl.v1 import sandbox_pb2, sandbox_pb2_grpc
-from scalerl.verifiers.sandbox import SandboxLimits, run_program
 
 log = logging.getLogger(__name__)
 MAX_CODE_BYTES = 1 << 20

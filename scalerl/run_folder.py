@@ -132,6 +132,12 @@ class StepRecord(_Record):
         description="Payload bytes of the last weight publication (with LoRA, after the "
         "first: the adapters alone).",
     )
+    publish_delta_bytes: int = Field(
+        0,
+        description="Bytes of the last weight publication's delta from the version before "
+        "(learner.weights.delta), what a worker holding that version receives; 0 when it "
+        "went whole.",
+    )
     eval_wait_seconds: float = Field(
         description="Learner-thread seconds spent waiting for evaluations since the previous step."
     )

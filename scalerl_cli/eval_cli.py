@@ -46,7 +46,7 @@ class Source:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `scalerl eval` on the top-level subparsers."""
-    from scalerl_cli.main import add_config_options
+    from scalerl_cli.options import add_config_options
 
     parser = sub.add_parser(
         "eval",

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from scalerl_cli.options import add_config_options
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with its errors in one line (`scalerl run: --rollout-workers: invalid int
@@ -30,40 +32,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message.replace('argument ', '', 1)}\n")
-
-
-def add_config_options(
-    parser: argparse.ArgumentParser, default_config: str | None = "default"
-) -> None:
-    """--config, --recipe, --leave-out and --set (`default_config` None: the command
-    finds its config itself when --config is not given)."""
-    from scalerl.recipes import LEAVE_OUT, RECIPES
-
-    parser.add_argument(
-        "--config",
-        default=default_config,
-        help="Built-in config (default, tiny) or a YAML file"
-        + (f" (default: {default_config})." if default_config else "."),
-    )
-    parser.add_argument(
-        "--recipe",
-        default=None,
-        help=f"Named recipe: {', '.join(RECIPES)} (default: the config's components).",
-    )
-    parser.add_argument(
-        "--leave-out",
-        action="append",
-        default=[],
-        metavar="COMPONENT",
-        help=f"Revert one ScaleRL component to the baseline (repeatable): {', '.join(LEAVE_OUT)}.",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a config field, e.g. --set learner.lr=2e-5 (repeatable).",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

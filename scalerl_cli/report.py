@@ -140,15 +140,20 @@ def training_health(steps: list[StepRecord]) -> dict:
 
 
 def publish_summary(steps: list[StepRecord], lora: bool) -> dict | None:
-    """The weight publications of the run's steps: median payload bytes and seconds per
-    version (snapshot to delivered), and whether they were LoRA adapters alone; None
-    before the first step."""
+    """The weight publications of the run's steps: median bytes per version as a worker
+    that follows every version receives it (its delta where it had one, else the whole
+    payload), the median whole payload, the share of versions that had a delta
+    (`learner.weights.delta`), median seconds per version (snapshot to delivered), and
+    whether they were LoRA adapters alone; None before the first step."""
     published = [m for m in steps if m.publish_bytes]
     if not published:
         return None
+    sent = [m.publish_delta_bytes or m.publish_bytes for m in published]
     return {
         "lora": lora,
-        "bytes_per_version": int(statistics.median(m.publish_bytes for m in published)),
+        "bytes_per_version": int(statistics.median(sent)),
+        "full_bytes_per_version": int(statistics.median(m.publish_bytes for m in published)),
+        "delta_share": sum(1 for m in published if m.publish_delta_bytes) / len(published),
         "seconds_per_version": statistics.median(m.publish_seconds for m in published),
     }
 

@@ -219,7 +219,7 @@ fi
 if section 10 "the code sandbox on a GPU node"; then
   ls /dev/nvidia* /dev/dri 2>/dev/null | head -n 4 | sed 's/^/host device: /'
   within 60 "$PYTHON" - <<'EOF'
-from scalerl.verifiers.sandbox import SandboxLimits, containment, run_program
+from scalerl.sandbox.runner import SandboxLimits, containment, run_program
 
 limits = SandboxLimits(wall_s=20, cpu_s=10, memory_bytes=1 << 30)
 print("containment:", containment(limits))

@@ -3,7 +3,7 @@
 `Trainer.step` applies zero-variance filtering, advantages, the aggregated policy loss
 over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp32 LM head from
 `learner_service.train.logprobs`), grad clipping and one AdamW step. The groups are packed by
-`learner_service.train.packing`; the math lives in `learner_service.train.recipe`.
+`learner_service.train.packing`; the math lives in `learner_service.train.objective`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from learner_service.train import recipe
+from learner_service.train import objective
 from learner_service.train.micro_batches import (
     LogprobSettings,
     group_spans,
@@ -79,7 +79,7 @@ class Trainer:
 
     Raises:
         ValueError: temperature <= 0, or a loss/hyperparameter problem (see
-            `recipe.check_loss`).
+            `objective.check_loss`).
     """
 
     def __init__(
@@ -104,7 +104,7 @@ class Trainer:
             if loss_hyperparameters is not None
             else config.loss_hyperparameters
         )
-        self.ratio_bounds = recipe.ratio_bounds(config.loss, self.hyperparameters)
+        self.ratio_bounds = objective.ratio_bounds(config.loss, self.hyperparameters)
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
@@ -190,7 +190,7 @@ class Trainer:
                 f"token ids must be < vocabulary size {vocab}, got {int(full.input_ids.max())}"
             )
         zero_var = torch.zeros(len(groups), dtype=torch.bool).index_put_(
-            (full.sample_group,), recipe.zero_variance_mask(full.rewards, full.sample_group)
+            (full.sample_group,), objective.zero_variance_mask(full.rewards, full.sample_group)
         )
         metrics = {
             "groups_zero_variance": float(zero_var.sum()),
@@ -217,10 +217,10 @@ class Trainer:
         """Per-token advantages and aggregation weights, both float [N], computed on the
         whole batch (paper Sec. 3.2 and 4): the same on every rank."""
         cfg = self.config
-        advantages = recipe.compute_advantages(
+        advantages = objective.compute_advantages(
             batch.rewards, batch.sample_group, cfg.advantage_norm
         )
-        weights = recipe.aggregation_weights(
+        weights = objective.aggregation_weights(
             batch.sample_index, batch.group_index, batch.loss_mask, cfg.aggregation
         )
         return advantages[batch.sample_index], weights
@@ -356,7 +356,7 @@ class Trainer:
         `counted` (an idle rank's) back-propagates zero and adds nothing."""
         cfg, dev = self.config, self.device
         mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
-        loss = recipe.policy_loss(
+        loss = objective.policy_loss(
             logp,
             logp_gen,
             token_adv[sl].to(dev),
@@ -374,7 +374,7 @@ class Trainer:
         loss.backward()
         low, high = self.ratio_bounds
         totals.add(
-            float(loss.detach()), recipe.importance_ratio_stats(logp, logp_gen, mask, high, low)
+            float(loss.detach()), objective.importance_ratio_stats(logp, logp_gen, mask, high, low)
         )
 
     def state_dict(self) -> dict[str, Any]:

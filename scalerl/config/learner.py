@@ -13,7 +13,7 @@ from pydantic import (
 from scalerl.config.base import _Section
 from scalerl.config.weights import UriWeights, WeightsConfig
 
-# Hyperparameters each policy loss takes (`learner_service.train.recipe.policy_loss`): here,
+# Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
 # torch-free, so that the config and the learner share one table.
 LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "cispo": ("eps_max",),
@@ -90,7 +90,7 @@ class LearnerConfig(_Section):
         "step each, then new weights (paper Sec. 3.1).",
     )
     loss: Literal["cispo", "dapo", "gspo", "grpo"] = Field(
-        "cispo", description="Policy loss (learner_service.train.recipe.policy_loss)."
+        "cispo", description="Policy loss (learner_service.train.objective.policy_loss)."
     )
     eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="DAPO/GSPO lower clip: 1 - eps_low.")

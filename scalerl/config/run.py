@@ -28,7 +28,7 @@ from scalerl.state.keys import RUN_ID_PATTERN
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
 ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
-# Hyperparameters each policy loss takes (`learner_service.train.recipe.policy_loss`): here,
+# Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
 # torch-free, so that the config and the learner share one table.
 
 

@@ -275,7 +275,7 @@ class TaskConfig(_Section):
 
 
 class CodeVerifierConfig(_Section):
-    """The `code` verifier's sandbox (`scalerl.verifiers.sandbox`): in this process, or
+    """The `code` verifier's sandbox (`scalerl.sandbox.runner`): in this process, or
     the sandbox service (`scalerl-sandbox`) at `service`."""
 
     service: str = Field(

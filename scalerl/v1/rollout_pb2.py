@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scalerl/v1/rollout.proto\x12\nscalerl.v1\"\x8c\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x02\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"W\n\rLengthControl\x12\x17\n\x0fthinking_budget\x18\x01 \x01(\r\x12\x15\n\ranswer_budget\x18\x02 \x01(\r\x12\x16\n\x0einterrupt_text\x18\x03 \x01(\t\"\xc6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.scalerl.v1.SamplingParams\x12\x31\n\x0elength_control\x18\x05 \x01(\x0b\x32\x19.scalerl.v1.LengthControl\x12\x0f\n\x07\x61\x64\x61pter\x18\x06 \x01(\t\"\xbc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x04 \x03(\x03\x12\x0e\n\x06\x66orced\x18\x05 \x03(\x08\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.scalerl.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\"O\n\x10InterruptRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x04mode\x18\x02 \x01(\x0e\x32\x19.scalerl.v1.InterruptMode\"\"\n\x11InterruptResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x8e\x01\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12)\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x19.scalerl.v1.WeightsFormat\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x06 \x01(\t\"_\n\x14UpdateWeightsRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.scalerl.v1.WeightsHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"@\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x89\x01\n\x16JoinWeightGroupRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"6\n\x17JoinWeightGroupResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"7\n\x15ReceiveWeightsRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x19\n\x17GetRolloutStatusRequest\"\x97\x01\n\x18GetRolloutStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x17\n\x0f\x61\x63tive_requests\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\x04\"6\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"l\n\x11\x46\x65tchWeightsChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.scalerl.v1.WeightsHeader\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xad\x02\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x03 \x03(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x03(\x08\x12\x0e\n\x06reward\x18\x05 \x01(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.scalerl.v1.FinishReason\x12\x14\n\x0cparse_failed\x18\x07 \x01(\x08\x12\x13\n\x0b\x65nvironment\x18\x08 \x03(\x08\x12\r\n\x05turns\x18\t \x01(\r\x12\x12\n\ntool_calls\x18\n \x01(\r\x12\x13\n\x0btool_errors\x18\x0b \x01(\r\x12\x31\n\x0erouted_experts\x18\x0c \x01(\x0b\x32\x19.scalerl.v1.RoutedExperts\"M\n\rRoutedExperts\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\x0e\n\x06layers\x18\x02 \x01(\r\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0c\n\x04wide\x18\x04 \x01(\x08\"\xd5\x01\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12#\n\x07samples\x18\x04 \x03(\x0b\x32\x12.scalerl.v1.Sample\x12\x1a\n\x12min_policy_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_policy_version\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x08 \x01(\x01*\xb6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_INTERRUPTED\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x05*f\n\rInterruptMode\x12\x1e\n\x1aINTERRUPT_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INTERRUPT_MODE_TRUNCATE\x10\x01\x12\x18\n\x14INTERRUPT_MODE_ABORT\x10\x02*O\n\rWeightsFormat\x12\x1e\n\x1aWEIGHTS_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWEIGHTS_FORMAT_SAFETENSORS\x10\x01\x32\xd9\x04\n\x0eRolloutService\x12G\n\x08Generate\x12\x1b.scalerl.v1.GenerateRequest\x1a\x1c.scalerl.v1.GenerateResponse0\x01\x12H\n\tInterrupt\x12\x1c.scalerl.v1.InterruptRequest\x1a\x1d.scalerl.v1.InterruptResponse\x12V\n\rUpdateWeights\x12 .scalerl.v1.UpdateWeightsRequest\x1a!.scalerl.v1.UpdateWeightsResponse(\x01\x12V\n\tGetStatus\x12#.scalerl.v1.GetRolloutStatusRequest\x1a$.scalerl.v1.GetRolloutStatusResponse\x12Z\n\x0fJoinWeightGroup\x12\".scalerl.v1.JoinWeightGroupRequest\x1a#.scalerl.v1.JoinWeightGroupResponse\x12V\n\x0eReceiveWeights\x12!.scalerl.v1.ReceiveWeightsRequest\x1a!.scalerl.v1.UpdateWeightsResponse\x12P\n\x0c\x46\x65tchWeights\x12\x1f.scalerl.v1.FetchWeightsRequest\x1a\x1d.scalerl.v1.FetchWeightsChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scalerl/v1/rollout.proto\x12\nscalerl.v1\"\x8c\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x02\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"W\n\rLengthControl\x12\x17\n\x0fthinking_budget\x18\x01 \x01(\r\x12\x15\n\ranswer_budget\x18\x02 \x01(\r\x12\x16\n\x0einterrupt_text\x18\x03 \x01(\t\"\xc6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.scalerl.v1.SamplingParams\x12\x31\n\x0elength_control\x18\x05 \x01(\x0b\x32\x19.scalerl.v1.LengthControl\x12\x0f\n\x07\x61\x64\x61pter\x18\x06 \x01(\t\"\xbc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x04 \x03(\x03\x12\x0e\n\x06\x66orced\x18\x05 \x03(\x08\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.scalerl.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\"O\n\x10InterruptRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x04mode\x18\x02 \x01(\x0e\x32\x19.scalerl.v1.InterruptMode\"\"\n\x11InterruptResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\xe4\x01\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12)\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x19.scalerl.v1.WeightsFormat\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x06 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x03\x12\x13\n\x0b\x62\x61se_sha256\x18\x08 \x01(\t\x12\x13\n\x0b\x64\x65lta_bytes\x18\t \x01(\x04\x12\x14\n\x0c\x64\x65lta_sha256\x18\n \x01(\t\"_\n\x14UpdateWeightsRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.scalerl.v1.WeightsHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"@\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x89\x01\n\x16JoinWeightGroupRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"6\n\x17JoinWeightGroupResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"7\n\x15ReceiveWeightsRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x19\n\x17GetRolloutStatusRequest\"\x97\x01\n\x18GetRolloutStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x17\n\x0f\x61\x63tive_requests\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\x04\"N\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x16\n\x0eserving_sha256\x18\x03 \x01(\t\"l\n\x11\x46\x65tchWeightsChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.scalerl.v1.WeightsHeader\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xad\x02\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x03 \x03(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x03(\x08\x12\x0e\n\x06reward\x18\x05 \x01(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.scalerl.v1.FinishReason\x12\x14\n\x0cparse_failed\x18\x07 \x01(\x08\x12\x13\n\x0b\x65nvironment\x18\x08 \x03(\x08\x12\r\n\x05turns\x18\t \x01(\r\x12\x12\n\ntool_calls\x18\n \x01(\r\x12\x13\n\x0btool_errors\x18\x0b \x01(\r\x12\x31\n\x0erouted_experts\x18\x0c \x01(\x0b\x32\x19.scalerl.v1.RoutedExperts\"M\n\rRoutedExperts\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\x0e\n\x06layers\x18\x02 \x01(\r\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0c\n\x04wide\x18\x04 \x01(\x08\"\xd5\x01\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12#\n\x07samples\x18\x04 \x03(\x0b\x32\x12.scalerl.v1.Sample\x12\x1a\n\x12min_policy_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_policy_version\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x08 \x01(\x01*\xb6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_INTERRUPTED\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x05*f\n\rInterruptMode\x12\x1e\n\x1aINTERRUPT_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INTERRUPT_MODE_TRUNCATE\x10\x01\x12\x18\n\x14INTERRUPT_MODE_ABORT\x10\x02*u\n\rWeightsFormat\x12\x1e\n\x1aWEIGHTS_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWEIGHTS_FORMAT_SAFETENSORS\x10\x01\x12$\n WEIGHTS_FORMAT_SAFETENSORS_DELTA\x10\x02\x32\xd9\x04\n\x0eRolloutService\x12G\n\x08Generate\x12\x1b.scalerl.v1.GenerateRequest\x1a\x1c.scalerl.v1.GenerateResponse0\x01\x12H\n\tInterrupt\x12\x1c.scalerl.v1.InterruptRequest\x1a\x1d.scalerl.v1.InterruptResponse\x12V\n\rUpdateWeights\x12 .scalerl.v1.UpdateWeightsRequest\x1a!.scalerl.v1.UpdateWeightsResponse(\x01\x12V\n\tGetStatus\x12#.scalerl.v1.GetRolloutStatusRequest\x1a$.scalerl.v1.GetRolloutStatusResponse\x12Z\n\x0fJoinWeightGroup\x12\".scalerl.v1.JoinWeightGroupRequest\x1a#.scalerl.v1.JoinWeightGroupResponse\x12V\n\x0eReceiveWeights\x12!.scalerl.v1.ReceiveWeightsRequest\x1a!.scalerl.v1.UpdateWeightsResponse\x12P\n\x0c\x46\x65tchWeights\x12\x1f.scalerl.v1.FetchWeightsRequest\x1a\x1d.scalerl.v1.FetchWeightsChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scalerl.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2289
-  _globals['_FINISHREASON']._serialized_end=2471
-  _globals['_INTERRUPTMODE']._serialized_start=2473
-  _globals['_INTERRUPTMODE']._serialized_end=2575
-  _globals['_WEIGHTSFORMAT']._serialized_start=2577
-  _globals['_WEIGHTSFORMAT']._serialized_end=2656
+  _globals['_FINISHREASON']._serialized_start=2399
+  _globals['_FINISHREASON']._serialized_end=2581
+  _globals['_INTERRUPTMODE']._serialized_start=2583
+  _globals['_INTERRUPTMODE']._serialized_end=2685
+  _globals['_WEIGHTSFORMAT']._serialized_start=2687
+  _globals['_WEIGHTSFORMAT']._serialized_end=2804
   _globals['_SAMPLINGPARAMS']._serialized_start=41
   _globals['_SAMPLINGPARAMS']._serialized_end=181
   _globals['_LENGTHCONTROL']._serialized_start=183
@@ -50,31 +50,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INTERRUPTRESPONSE']._serialized_start=745
   _globals['_INTERRUPTRESPONSE']._serialized_end=779
   _globals['_WEIGHTSHEADER']._serialized_start=782
-  _globals['_WEIGHTSHEADER']._serialized_end=924
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=926
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1021
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1023
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1087
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1090
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1227
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1229
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1283
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1285
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1340
-  _globals['_GETROLLOUTSTATUSREQUEST']._serialized_start=1342
-  _globals['_GETROLLOUTSTATUSREQUEST']._serialized_end=1367
-  _globals['_GETROLLOUTSTATUSRESPONSE']._serialized_start=1370
-  _globals['_GETROLLOUTSTATUSRESPONSE']._serialized_end=1521
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=1523
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=1577
-  _globals['_FETCHWEIGHTSCHUNK']._serialized_start=1579
-  _globals['_FETCHWEIGHTSCHUNK']._serialized_end=1687
-  _globals['_SAMPLE']._serialized_start=1690
-  _globals['_SAMPLE']._serialized_end=1991
-  _globals['_ROUTEDEXPERTS']._serialized_start=1993
-  _globals['_ROUTEDEXPERTS']._serialized_end=2070
-  _globals['_ROLLOUTGROUP']._serialized_start=2073
-  _globals['_ROLLOUTGROUP']._serialized_end=2286
-  _globals['_ROLLOUTSERVICE']._serialized_start=2659
-  _globals['_ROLLOUTSERVICE']._serialized_end=3260
+  _globals['_WEIGHTSHEADER']._serialized_end=1010
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=1012
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1107
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1109
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1173
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1176
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1313
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1315
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1369
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1371
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1426
+  _globals['_GETROLLOUTSTATUSREQUEST']._serialized_start=1428
+  _globals['_GETROLLOUTSTATUSREQUEST']._serialized_end=1453
+  _globals['_GETROLLOUTSTATUSRESPONSE']._serialized_start=1456
+  _globals['_GETROLLOUTSTATUSRESPONSE']._serialized_end=1607
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=1609
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=1687
+  _globals['_FETCHWEIGHTSCHUNK']._serialized_start=1689
+  _globals['_FETCHWEIGHTSCHUNK']._serialized_end=1797
+  _globals['_SAMPLE']._serialized_start=1800
+  _globals['_SAMPLE']._serialized_end=2101
+  _globals['_ROUTEDEXPERTS']._serialized_start=2103
+  _globals['_ROUTEDEXPERTS']._serialized_end=2180
+  _globals['_ROLLOUTGROUP']._serialized_start=2183
+  _globals['_ROLLOUTGROUP']._serialized_end=2396
+  _globals['_ROLLOUTSERVICE']._serialized_start=2807
+  _globals['_ROLLOUTSERVICE']._serialized_end=3408
 # @@protoc_insertion_point(module_scope)

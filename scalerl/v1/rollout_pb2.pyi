@@ -26,6 +26,7 @@ class WeightsFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WEIGHTS_FORMAT_UNSPECIFIED: _ClassVar[WeightsFormat]
     WEIGHTS_FORMAT_SAFETENSORS: _ClassVar[WeightsFormat]
+    WEIGHTS_FORMAT_SAFETENSORS_DELTA: _ClassVar[WeightsFormat]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -37,6 +38,7 @@ INTERRUPT_MODE_TRUNCATE: InterruptMode
 INTERRUPT_MODE_ABORT: InterruptMode
 WEIGHTS_FORMAT_UNSPECIFIED: WeightsFormat
 WEIGHTS_FORMAT_SAFETENSORS: WeightsFormat
+WEIGHTS_FORMAT_SAFETENSORS_DELTA: WeightsFormat
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "seed", "max_new_tokens")
@@ -109,20 +111,28 @@ class InterruptResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("version", "format", "total_bytes", "sha256", "uri", "adapter")
+    __slots__ = ("version", "format", "total_bytes", "sha256", "uri", "adapter", "base_version", "base_sha256", "delta_bytes", "delta_sha256")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SHA256_FIELD_NUMBER: _ClassVar[int]
     version: int
     format: WeightsFormat
     total_bytes: int
     sha256: str
     uri: str
     adapter: str
-    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightsFormat, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., uri: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
+    base_version: int
+    base_sha256: str
+    delta_bytes: int
+    delta_sha256: str
+    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightsFormat, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., uri: _Optional[str] = ..., adapter: _Optional[str] = ..., base_version: _Optional[int] = ..., base_sha256: _Optional[str] = ..., delta_bytes: _Optional[int] = ..., delta_sha256: _Optional[str] = ...) -> None: ...
 
 class UpdateWeightsRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -195,12 +205,14 @@ class GetRolloutStatusResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., active_requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("version", "offset")
+    __slots__ = ("version", "offset", "serving_sha256")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SERVING_SHA256_FIELD_NUMBER: _ClassVar[int]
     version: int
     offset: int
-    def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    serving_sha256: str
+    def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ..., serving_sha256: _Optional[str] = ...) -> None: ...
 
 class FetchWeightsChunk(_message.Message):
     __slots__ = ("header", "offset", "data", "sha256")

@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from scalerl.sandbox.runner import CaseOutcome, SandboxLimits, SandboxRun
 from scalerl.verifiers.base import END_OF_THINKING, Verdict, Verifier, answer_part
 from scalerl.verifiers.programs import ProgramRunner
-from scalerl.verifiers.sandbox import CaseOutcome, SandboxLimits, SandboxRun
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _SHOWN_CHARS = 2000
@@ -237,7 +237,7 @@ class CodeVerifier(Verifier):
     is unscored (`verifier.code.retry_s`, `ProgramRunner`).
 
     Raises ValueError at construction when this machine's sandbox cannot contain a program
-    (`scalerl.verifiers.sandbox.containment`) and allow_uncontained is False.
+    (`scalerl.sandbox.runner.containment`) and allow_uncontained is False.
     """
 
     def __init__(

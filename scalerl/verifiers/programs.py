@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from scalerl.rpc.errors import InvalidArgument, ServiceError
+from scalerl.sandbox.runner import SandboxLimits, SandboxRun, containment, run_program
 from scalerl.verifiers.base import VerifierUnavailable
-from scalerl.verifiers.sandbox import SandboxLimits, SandboxRun, containment, run_program
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ProgramRunner:
     retry_s: how long a sandbox that cannot run a program is retried (`verifier.code.retry_s`).
 
     Raises ValueError at construction when no service is set, this machine's sandbox cannot
-    contain a program (`scalerl.verifiers.sandbox.containment`) and allow_uncontained is
+    contain a program (`scalerl.sandbox.runner.containment`) and allow_uncontained is
     False: one line naming the setting.
     """
 
@@ -74,7 +74,7 @@ class ProgramRunner:
     def run(
         self, code: str, kind: str, cases: list[str], wall_s: float | None = None
     ) -> SandboxRun:
-        """`code` and its `cases` (`scalerl.verifiers.sandbox.run_program`: kind "values"
+        """`code` and its `cases` (`scalerl.sandbox.runner.run_program`: kind "values"
         or "stdio") within `wall_s` seconds (default: the limits'). A sandbox that cannot
         run it is tried again after 0.1 s, doubling to 5 s (jittered), for `retry_s`.
 
@@ -112,8 +112,8 @@ class ProgramRunner:
                 return run_program(code, kind, cases, limits)
             except (RuntimeError, OSError) as exc:  # never the program's doing
                 raise _Retry(str(exc)) from exc
-        from scalerl.rpc.clients.sandbox import SandboxClient
         from scalerl.rpc.security import Security
+        from scalerl.sandbox.client import SandboxClient
 
         # Plaintext, without the token: the sandbox holds no secret, not even a TLS key
         # (only the learner and the workers can reach it: deploy/, NetworkPolicy sandbox).

@@ -77,7 +77,7 @@ def _with_timeout(options: dict[str, Any], timeout_s: float | None) -> dict[str,
 
 
 def _code_limits(limits, timeout_s: float):
-    from scalerl.verifiers.sandbox import SandboxLimits
+    from scalerl.sandbox.runner import SandboxLimits
 
     limits = limits or SandboxLimits()
     cpu_s = max(1, min(limits.cpu_s, math.ceil(timeout_s)))

@@ -29,7 +29,9 @@ changes in nearly every element and only its low bytes compress: a delta helps i
 than bf16 tensors.
 
 Wire form: MAGIC, a little-endian u32 length, that many bytes of JSON (`DeltaMeta`),
-then one Zstandard frame holding the planes in the payload's byte order.
+then one Zstandard frame (`body_bytes` long) holding the planes in the payload's byte
+order. A chain, for a receiver further behind, is such deltas back to back, each
+rebuilding the base of the next (`cheapest_chain` picks them).
 """
 
 from __future__ import annotations
@@ -76,15 +78,17 @@ class Segment:
 
 @dataclass(frozen=True)
 class DeltaMeta:
-    """What a delta applies to and rebuilds: the payloads' sha256 (hex) and the rebuilt
-    payload's size in bytes."""
+    """What a delta applies to and rebuilds: the payloads' sha256 (hex), the rebuilt
+    payload's size in bytes, and the size of the delta's compressed body in bytes (where
+    the next delta of a chain starts)."""
 
     base_sha256: str
     target_sha256: str
     target_bytes: int
+    body_bytes: int
 
 
-def layout(payload: bytes | memoryview) -> tuple[Segment, ...]:
+def layout(payload: bytes | bytearray | memoryview) -> tuple[Segment, ...]:
     """The segments of a safetensors payload in byte order: its header (8-byte length and
     JSON, itemsize 1), then each tensor's data with its dtype's itemsize. Raises
     InvalidArgument("payload", ...) when the bytes are not safetensors or a dtype is
@@ -123,49 +127,95 @@ def layout(payload: bytes | memoryview) -> tuple[Segment, ...]:
     return tuple(segments)
 
 
-def encode(base: bytes | memoryview, target: bytes | memoryview) -> bytes | None:
+def encode(
+    base: bytes | memoryview,
+    target: bytes | memoryview,
+    base_sha256: str = "",
+    target_sha256: str = "",
+) -> bytes | None:
     """The delta that rebuilds `target` from `base` (both whole safetensors payloads), or
     None when their layouts differ (other tensors, shapes or dtypes: send `target` whole).
-    Costs one pass over both payloads and a Zstandard compression of their XOR."""
+    base_sha256, target_sha256: the payloads' digests when the caller knows them (they
+    are computed otherwise). Costs one pass over both payloads and a Zstandard
+    compression of their XOR."""
     shape = layout(target)
     if len(base) != len(target) or layout(base) != shape:
         return None
     ours = np.frombuffer(target, dtype=np.uint8)
     theirs = np.frombuffer(base, dtype=np.uint8)
-    meta = DeltaMeta(_sha256(base), _sha256(target), len(ours))
-    meta_bytes = json.dumps(asdict(meta)).encode()
     compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj()
-    frames = [MAGIC, _META_LEN.pack(len(meta_bytes)), meta_bytes]
+    body = []
     for segment in shape:
         xor = np.bitwise_xor(ours[segment.start : segment.end], theirs[segment.start : segment.end])
-        frames.append(compressor.compress(_planes(xor, segment.itemsize)))
-    frames.append(compressor.flush())
-    return b"".join(frames)
+        body.append(compressor.compress(_planes(xor, segment.itemsize)))
+    body.append(compressor.flush())
+    meta = DeltaMeta(
+        base_sha256 or _sha256(base),
+        target_sha256 or _sha256(target),
+        len(ours),
+        sum(len(part) for part in body),
+    )
+    meta_bytes = json.dumps(asdict(meta)).encode()
+    return b"".join([MAGIC, _META_LEN.pack(len(meta_bytes)), meta_bytes, *body])
 
 
-def meta_of(delta: bytes | memoryview) -> DeltaMeta:
-    """The metadata at the front of `delta`. Raises DataLoss when it is not a delta."""
-    view = memoryview(delta)
-    start = len(MAGIC) + _META_LEN.size
-    if bytes(view[: len(MAGIC)]) != MAGIC or len(view) < start:
+def meta_of(delta: bytes | memoryview, at: int = 0) -> DeltaMeta:
+    """The metadata of the delta starting at byte `at` of `delta` (a chain's deltas follow
+    one another). Raises DataLoss when no delta starts there."""
+    return _frame(memoryview(delta), at)[0]
+
+
+def _frame(view: memoryview, at: int) -> tuple[DeltaMeta, int, int]:
+    """(metadata, start of the body, end of the body) of the delta starting at `at`."""
+    start = at + len(MAGIC) + _META_LEN.size
+    if bytes(view[at : at + len(MAGIC)]) != MAGIC or len(view) < start:
         raise DataLoss("delta: not a scalerl delta (bad magic)")
-    (meta_len,) = _META_LEN.unpack_from(view, len(MAGIC))
+    (meta_len,) = _META_LEN.unpack_from(view, at + len(MAGIC))
     if meta_len > _MAX_META_BYTES or start + meta_len > len(view):
         raise DataLoss("delta: its metadata runs past the end")
     try:
-        fields = json.loads(bytes(view[start : start + meta_len]))
-        return DeltaMeta(**fields)
+        meta = DeltaMeta(**json.loads(bytes(view[start : start + meta_len])))
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
         raise DataLoss(f"delta: unreadable metadata: {exc}") from exc
+    body_start = start + meta_len
+    if not isinstance(meta.body_bytes, int) or body_start + meta.body_bytes > len(view):
+        raise DataLoss("delta: its body runs past the end")
+    return meta, body_start, body_start + meta.body_bytes
 
 
-def decode(base: bytes | memoryview, delta: bytes | memoryview, base_sha256: str = "") -> bytearray:
-    """The payload `delta` rebuilds from `base`, bit-exact. `base_sha256` is the base's
-    digest when the caller knows it (it is computed otherwise). Raises DataLoss
-    ("delta: ...") when the delta is for another base, is damaged, or rebuilds bytes
-    whose sha256 is not the one it names; `base` is never modified."""
-    meta = meta_of(delta)
-    if len(base) != meta.target_bytes or (base_sha256 or _sha256(base)) != meta.base_sha256:
+def decode(
+    base: bytes | memoryview,
+    delta: bytes | memoryview,
+    base_sha256: str = "",
+    target_sha256: str = "",
+) -> bytearray:
+    """The payload `delta` rebuilds from `base`, bit-exact. `delta` is one delta or a chain
+    of them back to back (each rebuilds the base of the next). `base_sha256` is the base's
+    digest when the caller knows it (it is computed otherwise); `target_sha256`, when
+    given, is the digest the rebuilt payload must have (the announced one).
+
+    Raises DataLoss ("delta: ...") when a delta is for another base, is damaged, or
+    rebuilds bytes whose sha256 is not the one it names, or when the last one names
+    another digest than `target_sha256`; `base` is never modified."""
+    view = memoryview(delta)
+    rebuilt: bytearray | None = None
+    current = base_sha256 or _sha256(base)
+    at = 0
+    while at < len(view) or rebuilt is None:
+        meta, body_start, at = _frame(view, at)
+        if current != meta.base_sha256:
+            raise DataLoss("delta: made for another base payload than the one served")
+        rebuilt = _apply(base if rebuilt is None else rebuilt, meta, view[body_start:at])
+        current = meta.target_sha256
+    if target_sha256 and current != target_sha256:
+        raise DataLoss("delta: it rebuilds another payload than the announced one")
+    return rebuilt
+
+
+def _apply(base: bytes | bytearray | memoryview, meta: DeltaMeta, body: memoryview) -> bytearray:
+    """One delta's body applied to `base` (its base, already checked), the result's size
+    and sha256 checked against `meta`."""
+    if len(base) != meta.target_bytes:
         raise DataLoss("delta: made for another base payload than the one served")
     try:
         shape = layout(base)
@@ -173,9 +223,7 @@ def decode(base: bytes | memoryview, delta: bytes | memoryview, base_sha256: str
         raise DataLoss(f"delta: the base is not a payload ({exc})") from exc
     rebuilt = bytearray(base)
     out = np.frombuffer(rebuilt, dtype=np.uint8)
-    view = memoryview(delta)
-    body_start = len(MAGIC) + _META_LEN.size + _META_LEN.unpack_from(view, len(MAGIC))[0]
-    reader = zstandard.ZstdDecompressor().stream_reader(view[body_start:])
+    reader = zstandard.ZstdDecompressor().stream_reader(body)
     try:
         for segment in shape:
             planes = reader.read(segment.end - segment.start)
@@ -190,19 +238,27 @@ def decode(base: bytes | memoryview, delta: bytes | memoryview, base_sha256: str
 
 
 def cheapest_chain(
-    serving: int, latest: int, delta_bytes: Mapping[int, int], full_bytes: int
+    serving_sha256: str,
+    latest: int,
+    held: Mapping[int, tuple[str, int, int]],
+    full_bytes: int,
 ) -> tuple[int, ...] | None:
-    """How to bring a receiver serving version `serving` to `latest`: the versions whose
-    deltas to apply in order (`delta_bytes[v]` is the size of the delta from v - 1 to v),
-    when every one is held and together they are smaller than the full version's
-    `full_bytes` (() when it serves `latest` already); None means send the full version
-    (a joiner: `serving` < 0)."""
-    if serving < 0 or serving > latest:
-        return None
-    chain = tuple(range(serving + 1, latest + 1))
-    if any(v not in delta_bytes for v in chain):
-        return None
-    return chain if sum(delta_bytes[v] for v in chain) < full_bytes else None
+    """How to bring a receiver serving the payload with sha256 `serving_sha256` to version
+    `latest`: the versions whose held deltas to apply in order, when they lead from it to
+    `latest` and together are smaller than the full version's `full_bytes`; None means
+    send the full version (a joiner: `serving_sha256` empty; a receiver further behind
+    than the deltas held). held[v] = (sha256 of the base payload, the base's version, the
+    delta's bytes) of the delta held that rebuilds version v."""
+    versions: list[int] = []
+    version, size = latest, 0
+    while serving_sha256 and version in held and len(versions) < len(held):
+        base_sha256, base_version, n_bytes = held[version]
+        versions.append(version)
+        size += n_bytes
+        if base_sha256 == serving_sha256:
+            return tuple(reversed(versions)) if size < full_bytes else None
+        version = base_version
+    return None
 
 
 def _planes(xor: NDArray[np.uint8], itemsize: int) -> bytes:

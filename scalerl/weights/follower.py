@@ -31,7 +31,7 @@ from scalerl.config import BroadcastWeights, PullWeights, RunConfig
 from scalerl.weights.board import VersionBoard, WeightsRef
 from scalerl.weights.broadcast_receive import BroadcastReceiver
 from scalerl.weights.pull import POLL_S, pull_weights
-from scalerl.weights.receive import WeightsError, receive_weights
+from scalerl.weights.receive import LastPayload, WeightsError, receive_weights
 from scalerl.weights.relay import RelayFetcher
 from scalerl.weights.sink import WeightSink
 from scalerl.weights.wire import weights_uri_request
@@ -48,7 +48,8 @@ class WeightFollower:
     READY rule's bound, `learner.off_policy_k`. period_s: how often `follow` checks.
     broadcast: this worker's member of the broadcast group, or None. relay: fetches
     through the weight relay (and holds what it loaded for peers), or None: from the
-    learner."""
+    learner. last: the last payload this worker received, from which deltas rebuild the
+    next (`learner.weights.delta`; shared with the UpdateWeights handler), or None."""
 
     def __init__(
         self,
@@ -60,8 +61,10 @@ class WeightFollower:
         period_s: float,
         broadcast: BroadcastReceiver | None = None,
         relay: RelayFetcher | None = None,
+        last: LastPayload | None = None,
     ) -> None:
         self.engine = engine
+        self.last = last
         self.board = board
         self.weights_root = weights_root or None
         self.pulls = pulls
@@ -110,9 +113,9 @@ class WeightFollower:
         if ref.source:  # the broadcast's template is the layout of what was pulled
             engine = self.broadcast.recording(self.engine) if self.broadcast else self.engine
             if self.relay is not None:  # it logs where the version came from
-                self.relay.pull(ref, engine, pin=ref == self.board.base())
+                self.relay.pull(ref, engine, pin=ref == self.board.base(), last=self.last)
             else:
-                version, seconds = pull_weights(ref, engine)
+                version, seconds = pull_weights(ref, engine, last=self.last)
                 log.info(
                     "pulled policy version %d (%d bytes) from %s in %.2fs",
                     version,
@@ -125,6 +128,7 @@ class WeightFollower:
                 [weights_uri_request(ref.uri, ref.version, ref.sha256, ref.total_bytes)],
                 self.engine,
                 weights_root=self.weights_root,
+                last=self.last,
             )
         self._loaded = True
         return True
@@ -188,7 +192,8 @@ def make_follower(
     `POLL_S` seconds at most (nothing is pushed), push transports every heartbeat; the
     broadcast transport's follower is a member of the weight group, its tensors on
     `device` (the engine's) when the group runs over nccl. relay: the worker's
-    `make_relay` (None: fetch from the learner)."""
+    `make_relay` (None: fetch from the learner). It holds the last payload received
+    where the transport sends deltas (`sends_deltas`)."""
     weights = config.learner.weights
     pulls = isinstance(weights, PullWeights | BroadcastWeights)
     heartbeat = config.rollout.heartbeat_s
@@ -205,4 +210,5 @@ def make_follower(
             else None
         ),
         relay=relay,
+        last=LastPayload() if weights.sends_deltas else None,
     )

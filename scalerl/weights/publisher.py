@@ -14,6 +14,13 @@ With LoRA adapters (`lora`, `scalerl.policy.lora`) the first publication of the 
 carries the base and the adapters (written to a file where the transport has files, held
 by the learner where workers pull, recorded as the board's base), every later one the
 adapters alone; each names the base version it applies to.
+
+Where the sender takes deltas (`Sender.deltas`, `learner.weights.delta`), the publisher
+keeps the last payload and encodes each new one as its delta from it in the same
+background thread (`scalerl.weights.delta`; about 1.4 s on one core for SmolLM2-135M);
+the sender sends it to whoever holds that payload. A version whose layout differs from
+the last one's (a LoRA run's first adapters after the base) or whose delta would not be
+smaller goes whole.
 """
 
 from __future__ import annotations
@@ -32,12 +39,15 @@ from scalerl.policy.lora import BASE_VERSION, base_version_tensor
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
+from scalerl.weights import delta
 from scalerl.weights.senders import Sender
 from scalerl.weights.wire import (
     FULL,
     LORA_ADAPTER,
     LORA_BASE,
+    Delta,
     Part,
+    delta_header,
     head_names,
     snapshot_state_dict,
 )
@@ -55,7 +65,8 @@ class WeightPublisher:
     adapters; publish the base once, then the adapters alone (module docstring).
     `last_seconds`: snapshot, serialization and delivery of the last completed publish
     (mostly in the background); `last_snapshot_seconds`: the part on the caller's
-    thread; `last_bytes`: its payload's size.
+    thread; `last_bytes`: its payload's size; `last_delta_bytes`: the size of its delta
+    from the version before (0: none, it went whole).
     """
 
     def __init__(
@@ -77,6 +88,8 @@ class WeightPublisher:
         self.last_seconds = 0.0
         self.last_snapshot_seconds = 0.0
         self.last_bytes = 0  # payload of the last completed publish
+        self.last_delta_bytes = 0
+        self._previous: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
         self.lora = lora
         self.base_version: int | None = None  # LoRA: the version that carried the base
         self._base_forgotten = False
@@ -187,11 +200,25 @@ class WeightPublisher:
                 sha256=hashlib.sha256(payload).hexdigest(),
                 uri=str(path) if path is not None else "",
             )
+            diff = self._delta(header, payload) if not base else None
             board = self.state.versions
             announce = functools.partial(board.publish, base=base)
-            self.sender.deliver(header, payload, announce, pin=base)
+            self.sender.deliver(header, payload, announce, pin=base, delta=diff)
+            self._previous = (header, payload) if self.sender.deltas else None
             self.last_seconds = time.monotonic() - start
             self.last_bytes = len(payload)
+            self.last_delta_bytes = len(diff.data) if diff is not None else 0
         except Exception as exc:  # noqa: BLE001 - handed to the learner's thread by wait()
             log.exception("publishing policy version %d failed", version)
             self._error = exc
+
+    def _delta(self, header: rollout_pb2.WeightsHeader, payload: bytes) -> Delta | None:
+        """`payload`'s delta from the previous publish's, when the sender takes deltas and
+        it is smaller than the payload."""
+        if self._previous is None or not self.sender.deltas:
+            return None
+        base, base_payload = self._previous
+        data = delta.encode(base_payload, payload, base.sha256, header.sha256)
+        if data is None or len(data) >= len(payload):
+            return None
+        return Delta(delta_header(header, base.version, base.sha256, data), data)

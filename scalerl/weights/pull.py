@@ -9,11 +9,20 @@ total_bytes, sha256, no uri); `receive_weights` then checks the size and the who
 payload's sha256, parses it and has the engine validate it. Any failure raises
 `WeightsError` before anything is staged, so the engine keeps serving its old version.
 A stream that breaks mid-way (UNAVAILABLE) is resumed from its next byte (`offset`).
+
+With the worker's last payload (`LastPayload`, `learner.weights.delta`), the fetch names
+its sha256 and the source may send a delta or a chain instead (`scalerl.weights.store`);
+the header's version, total_bytes and sha256 still name the full payload and must match
+the announcement, and the rebuilt payload must hash to it. A delta that does not rebuild
+it (damaged, forged, or from a payload no longer held) is dropped and the full payload
+fetched at once.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -27,8 +36,11 @@ from scalerl.rpc.channel import channel
 from scalerl.rpc.services import LEARNER, ROLLOUT
 from scalerl.v1 import rollout_pb2
 from scalerl.weights.board import WeightsRef
-from scalerl.weights.receive import WeightsError, receive_weights
+from scalerl.weights.receive import LastPayload, WeightsError, receive_weights
 from scalerl.weights.sink import WeightSink
+from scalerl.weights.wire import Delta
+
+log = logging.getLogger("rollout_service.worker")
 
 FETCH_TIMEOUT_S = 120.0  # deadline of one whole fetch, resumes included
 # The longest wait for the source's next message (the header, then each chunk): a source
@@ -37,8 +49,11 @@ CHUNK_TIMEOUT_S = 15.0
 RESUMES = 2  # resumes of a stream broken mid-way before the fetch fails
 POLL_S = 0.5  # how often a pulling worker looks for a newer announcement, seconds
 # Given a fetched payload's header and bytes once they matched the announcement, with the
-# (length, sha256) of each chunk as received (a relaying worker holds them for its peers).
-Keep = Callable[[rollout_pb2.WeightsHeader, bytes, list[tuple[int, str]]], None]
+# (length, sha256) of each chunk as received ([] when it came as a delta) and the delta it
+# was rebuilt from (a relaying worker holds them for its peers).
+Keep = Callable[[rollout_pb2.WeightsHeader, bytes, list[tuple[int, str]], Delta | None], None]
+# Failures of a delta that the full payload does not have: fetch that instead.
+DELTA_FAULTS = frozenset({"base", "delta"})
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ def pull_weights(
     peer: Peer | None = None,
     keep: Keep | None = None,
     chunk_timeout_s: float = CHUNK_TIMEOUT_S,
+    last: LastPayload | None = None,
 ) -> tuple[int, float]:
     """Fetch `ref`'s payload from `ref.source` (or from `peer`), verify it against `ref`,
     stage it on `engine` and wait until it serves. Returns (policy_version, seconds from
@@ -64,8 +80,9 @@ def pull_weights(
 
     timeout_s: deadline of the fetch (seconds); chunk_timeout_s: the longest wait for the
     source's next message (`fetched_requests`); apply_timeout_s: of the swap. keep: given
-    the header, the payload and its chunks' digests once its sha256 matched `ref` (a
-    relaying worker holds it).
+    the header, the payload, its chunks' digests and the delta it came as once its sha256
+    matched `ref` (a relaying worker holds it). last: the worker's last payload, from
+    which a delta may be sent (module docstring); it then holds this one.
     Raises WeightsError: `source` (no source, the source unreachable, the deadline
     passed), `version` (the source no longer holds it: fetch the newer announcement),
     `header` (the stream's header differs from `ref`), `chunk` (a chunk out of order or
@@ -74,17 +91,49 @@ def pull_weights(
     same checks against the learner's announcement (`ref`), so a peer cannot alter it."""
     if not ref.source:
         raise WeightsError("source", f"policy version {ref.version} has no FetchWeights source")
+    serving = last.sha256 if last is not None else ""
+    fetch = functools.partial(
+        _pull, ref, engine, timeout_s, apply_timeout_s, peer, keep, chunk_timeout_s, last
+    )
+    try:
+        return fetch(serving)
+    except WeightsError as exc:
+        if not serving or exc.field not in DELTA_FAULTS:
+            raise
+        log.warning("policy version %d: %s; fetching the full payload", ref.version, exc)
+    return fetch("")
+
+
+def _pull(
+    ref: WeightsRef,
+    engine: WeightSink,
+    timeout_s: float,
+    apply_timeout_s: float,
+    peer: Peer | None,
+    keep: Keep | None,
+    chunk_timeout_s: float,
+    last: LastPayload | None,
+    serving_sha256: str,
+) -> tuple[int, float]:
+    """One fetch of `pull_weights`, naming `serving_sha256` as the payload served."""
     digests: list[tuple[int, str]] = []
     stream = fetched_requests(
-        ref, timeout_s, peer=peer, digests=digests, chunk_timeout_s=chunk_timeout_s
+        ref,
+        timeout_s,
+        peer=peer,
+        digests=digests,
+        chunk_timeout_s=chunk_timeout_s,
+        serving_sha256=serving_sha256,
     )
 
-    def keep_with_digests(header: rollout_pb2.WeightsHeader, payload: bytes) -> None:
+    def keep_with_digests(
+        header: rollout_pb2.WeightsHeader, payload: bytes, delta: Delta | None
+    ) -> None:
         if keep is not None:
-            keep(header, payload, digests)
+            keep(header, payload, digests if delta is None else [], delta)
 
     with closing(stream) as requests:
-        return receive_weights(requests, engine, apply_timeout_s, keep=keep_with_digests)
+        return receive_weights(requests, engine, apply_timeout_s, keep=keep_with_digests, last=last)
 
 
 def fetched_requests(
@@ -94,32 +143,37 @@ def fetched_requests(
     peer: Peer | None = None,
     digests: list[tuple[int, str]] | None = None,
     chunk_timeout_s: float = CHUNK_TIMEOUT_S,
+    serving_sha256: str = "",
 ) -> Generator[rollout_pb2.UpdateWeightsRequest | bytes, None, None]:
     """The UpdateWeights header message, then the chunks' bytes in order, of `ref`'s
     payload as FetchWeights from `ref.source` (or `peer`) streams them, each chunk checked
     before it is yielded. digests: given, gets (length, sha256) of each chunk as computed
     here (a relay's store reuses them rather than hashing the payload again).
     chunk_timeout_s: the longest wait for the source's next message (time spent by the
-    consumer of this generator does not count).
+    consumer of this generator does not count). serving_sha256: the payload the fetcher
+    serves, from which the source may send a delta (a resumed stream must then carry the
+    same header as the first).
 
     Raises WeightsError as `pull_weights` says, while iterating (`source` for a source
     that sent nothing for chunk_timeout_s)."""
     deadline = time.monotonic() + timeout_s
-    offset, header_sent = 0, False
+    offset, first = 0, None
     address = peer.address if peer else ref.source_address
     with channel(address) as ch:
         stub = ROLLOUT.stub(ch) if peer else LEARNER.stub(ch)
         for attempt in range(resumes + 1):
-            request = rollout_pb2.FetchWeightsRequest(version=ref.version, offset=offset)
+            request = rollout_pb2.FetchWeightsRequest(
+                version=ref.version, offset=offset, serving_sha256=serving_sha256
+            )
             call = stub.FetchWeights(request, timeout=max(deadline - time.monotonic(), 0.001))
             stalled = threading.Event()
             try:
                 for message in _each_within(call, chunk_timeout_s, stalled):
-                    if message.HasField("header") or not header_sent:
-                        _check_header(message, ref)
-                    if not header_sent:
-                        header_sent = True
-                        yield rollout_pb2.UpdateWeightsRequest(header=message.header)
+                    if message.HasField("header") or first is None:
+                        _check_header(message, ref, first)
+                    if first is None:
+                        first = message.header
+                        yield rollout_pb2.UpdateWeightsRequest(header=first)
                     data = message.data  # each read of a bytes field copies it
                     digest = _check_chunk(message.offset, data, message.sha256, offset)
                     if digests is not None:
@@ -166,10 +220,16 @@ def _each_within(
         yield message
 
 
-def _check_header(message: rollout_pb2.FetchWeightsChunk, ref: WeightsRef) -> None:
+def _check_header(
+    message: rollout_pb2.FetchWeightsChunk,
+    ref: WeightsRef,
+    first: rollout_pb2.WeightsHeader | None,
+) -> None:
     if not message.HasField("header"):
         raise WeightsError("header", "the first FetchWeights message carries no header")
     header = message.header
+    if first is not None and header != first:  # a resumed stream of other bytes
+        raise WeightsError("header", "a resumed stream's header differs from the first's")
     got = (header.version, header.total_bytes, header.sha256, header.uri)
     want = (ref.version, ref.total_bytes, ref.sha256, "")
     if got != want:

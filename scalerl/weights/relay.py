@@ -23,10 +23,11 @@ from scalerl.state.registry import WorkerRegistry
 from scalerl.v1 import rollout_pb2
 from scalerl.weights.board import WeightsRef
 from scalerl.weights.pull import CHUNK_TIMEOUT_S, FETCH_TIMEOUT_S, Peer, pull_weights
-from scalerl.weights.receive import WeightsError
+from scalerl.weights.receive import LastPayload, WeightsError
 from scalerl.weights.relay_board import LEARNER, WeightRelay
 from scalerl.weights.sink import WeightSink
 from scalerl.weights.store import WeightStore
+from scalerl.weights.wire import Delta
 
 log = logging.getLogger("rollout_service.worker")
 
@@ -42,9 +43,10 @@ class RelayFetcher:
 
     relay: the run's relay board. registry: where a peer's signed address is read.
     worker_id: this worker. store: what this worker serves to peers (`keep` 1: the version
-    it loaded last, and a pinned LoRA base). timeout_s: deadline of one version's fetch,
-    every source tried included, and the lease of each claim. chunk_timeout_s: the
-    longest a source may leave the fetch without its next message."""
+    it loaded last, and a pinned LoRA base; the delta it came as, for peers serving its
+    base). timeout_s: deadline of one version's fetch, every source tried included, and
+    the lease of each claim. chunk_timeout_s: the longest a source may leave the fetch
+    without its next message."""
 
     def __init__(
         self,
@@ -59,14 +61,21 @@ class RelayFetcher:
         self.chunk_timeout_s = chunk_timeout_s
         self.registry = registry
         self.worker_id = worker_id
-        self.store = store if store is not None else WeightStore(keep=1)
+        self.store = store if store is not None else WeightStore(keep=1, keep_deltas=1)
         self.timeout_s = timeout_s
         self.withdrawn: list[tuple[str, str]] = []  # (peer, why), for logs and tests
 
-    def pull(self, ref: WeightsRef, engine: WeightSink, pin: bool = False) -> tuple[int, float]:
+    def pull(
+        self,
+        ref: WeightsRef,
+        engine: WeightSink,
+        pin: bool = False,
+        last: LastPayload | None = None,
+    ) -> tuple[int, float]:
         """Fetch `ref` from the sources the board assigns until one delivers it verified,
         stage it on `engine`, hold it for peers (pinned: a LoRA base, kept beside later
         adapters) and offer it. Returns (policy_version, seconds of the last fetch).
+        last: the worker's last payload, from which a delta may come (`pull_weights`).
 
         Raises WeightsError: `source` when no source delivered within `timeout_s`, or what
         `pull_weights` raises for a fault that is not a peer's (then nothing is staged)."""
@@ -78,7 +87,7 @@ class RelayFetcher:
                 time.sleep(min(WAIT_S, left))
                 continue
             try:
-                return self._fetch(ref, engine, source, left, pin)
+                return self._fetch(ref, engine, source, left, pin, last)
             except WeightsError as exc:
                 if source == LEARNER or exc.field not in PEER_FAULTS:
                     raise
@@ -93,7 +102,13 @@ class RelayFetcher:
         )
 
     def _fetch(
-        self, ref: WeightsRef, engine: WeightSink, source: str, timeout_s: float, pin: bool
+        self,
+        ref: WeightsRef,
+        engine: WeightSink,
+        source: str,
+        timeout_s: float,
+        pin: bool,
+        last: LastPayload | None,
     ) -> tuple[int, float]:
         peer = None
         if source != LEARNER:
@@ -103,17 +118,26 @@ class RelayFetcher:
             peer = Peer(source, info.address)
 
         def keep(
-            header: rollout_pb2.WeightsHeader, payload: bytes, digests: list[tuple[int, str]]
+            header: rollout_pb2.WeightsHeader,
+            payload: bytes,
+            digests: list[tuple[int, str]],
+            delta: Delta | None,
         ) -> None:
             # The transfer is over: its source's slot is freed now, not after the swap, and
             # the version is held and offered at once: peers need not wait for this
             # worker's own load.
             self.relay.release(ref.version, self.worker_id)
-            self.store.put(header, payload, pin=pin, digests=digests)
+            self.store.put(header, payload, pin=pin, digests=digests, delta=delta)
             self.relay.offer(ref.version, self.worker_id)
 
         version, seconds = pull_weights(
-            ref, engine, timeout_s, peer=peer, keep=keep, chunk_timeout_s=self.chunk_timeout_s
+            ref,
+            engine,
+            timeout_s,
+            peer=peer,
+            keep=keep,
+            chunk_timeout_s=self.chunk_timeout_s,
+            last=last,
         )
         log.info(
             "policy version %d (%d bytes) from %s in %.2fs, relaying it",

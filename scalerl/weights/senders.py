@@ -12,6 +12,14 @@ version, then hands it to its sender, which delivers it and announces it in Redi
 - `broadcast`: first send the tensors to every READY worker over the weight group
   (`scalerl.weights.broadcast_send`), then hold and announce as `pull` does, for
   joiners and members the broadcast missed.
+
+Deltas (`deltas`, `learner.weights.delta`): a push sender remembers the sha256 of the last
+payload each worker acknowledged and sends it the version's delta when it is that
+delta's base (`uri`: the header of a `policy-v{version}.delta` file written beside the
+payload); a worker that refuses it (FAILED_PRECONDITION: it holds another payload;
+DATA_LOSS) gets the full version in the same send. `pull` holds the delta in its store,
+which answers each fetch with a delta, a chain or the full payload. The announcement
+always names the full payload.
 """
 
 from __future__ import annotations
@@ -35,12 +43,16 @@ from scalerl.weights.board import WeightsRef
 from scalerl.weights.broadcast_send import Delivery, WeightBroadcaster
 from scalerl.weights.catch_up import WeightCatchUp
 from scalerl.weights.store import WeightStore
-from scalerl.weights.wire import weights_requests
+from scalerl.weights.wire import Delta, weights_requests
 
 log = logging.getLogger(__name__)
 _KEEP_FILES = 2  # the newest two versions: a worker may still be reading the older one
 POLICY_PREFIX = "policy-v"  # policy-v{version}.safetensors
 BASE_PREFIX = "base-v"  # a LoRA base: base-v{version}.safetensors
+PAYLOAD_SUFFIX = ".safetensors"
+DELTA_SUFFIX = ".delta"  # policy-v{version}.delta: its delta from the version before
+# A worker that answers a delta with one of these gets the full version at once.
+DELTA_REFUSALS = frozenset({"FAILED_PRECONDITION", "DATA_LOSS"})
 Announce = Callable[[WeightsRef], None]
 # The most a push publish waits for its workers: one still receiving then is skipped by
 # later publishes until it answers, and catches up (uri: the announced file; stream: the
@@ -50,9 +62,11 @@ PUBLISH_DEADLINE_S = 10.0
 
 class Sender:
     """One transport's delivery of published versions; the publisher's thread calls one
-    method at a time. `failures`: refused or unreachable sends so far."""
+    method at a time. `failures`: refused or unreachable sends so far. `deltas`: it takes
+    a delta with each version (`deliver`)."""
 
     failures = 0
+    deltas = False
 
     def payload_file(self, version: int, force_file: bool, base: bool = False) -> Path | None:
         """The file version `version`'s payload goes to, None for none (`force_file`: the
@@ -70,9 +84,12 @@ class Sender:
         payload: bytes,
         announce: Announce,
         pin: bool = False,
+        delta: Delta | None = None,
     ) -> None:
         """Deliver `payload` (safetensors bytes, described by `header`) and announce it;
-        `pin`: a LoRA base, which the learner keeps for joiners where it holds versions."""
+        `pin`: a LoRA base, which the learner keeps for joiners where it holds versions.
+        delta: the version's delta from the one published before, for the workers that
+        hold that one."""
         raise NotImplementedError
 
     def held_version(self) -> int | None:
@@ -98,7 +115,8 @@ class _PushSender(Sender):
     that refuses or cannot be reached is logged and counted in `failures`: it keeps its
     old version, and its groups age out by the staleness bound. A delivery waits at most
     `deadline_s` for its workers; one still receiving an older version is skipped
-    (`skipped`) until that send ends."""
+    (`skipped`) until that send ends. deltas: send a worker the version's delta when it
+    acknowledged the delta's base (`deltas_sent` counts them)."""
 
     def __init__(
         self,
@@ -106,6 +124,7 @@ class _PushSender(Sender):
         weights_dir: Path,
         timeout_s: float,
         deadline_s: float = PUBLISH_DEADLINE_S,
+        deltas: bool = False,
     ) -> None:
         self.registry = registry
         # Absolute: workers run in other folders and read a relative uri as a path under
@@ -119,6 +138,9 @@ class _PushSender(Sender):
         self._pool = ThreadPoolExecutor(256, thread_name_prefix="weights-push")
         self._lock = threading.Lock()
         self._sending: dict[str, Future[bool]] = {}  # address -> its send in flight
+        self.deltas = deltas
+        self.deltas_sent = 0
+        self._acked: dict[str, str] = {}  # address -> sha256 of the last payload it took
 
     def settle(self, timeout_s: float) -> None:
         with self._lock:
@@ -131,18 +153,22 @@ class _PushSender(Sender):
         payload: bytes,
         announce: Announce,
         pin: bool = False,
+        delta: Delta | None = None,
     ) -> None:
-        """Write the file the header names (if any), announce, send to every worker not
-        still receiving an older version; return when all answered or after deadline_s."""
+        """Write the file the header names (if any, and its delta's beside it), announce,
+        send to every worker not still receiving an older version; return when all
+        answered or after deadline_s."""
         if header.uri:
             write_payload(Path(header.uri), payload)
+            if delta is not None:
+                delta = self._delta_file(delta, Path(header.uri))
         announce(WeightsRef(header.version, header.uri, header.sha256, len(payload)))
         with self._lock:  # forget the finished sends (of workers gone too)
             self._sending = {a: f for a, f in self._sending.items() if not f.done()}
         sends = [
             send
             for address in self.registry.workers().values()
-            if (send := self._start_send(address, header, payload)) is not None
+            if (send := self._start_send(address, header, payload, delta)) is not None
         ]
         _, late = wait_all(sends, timeout=self.deadline_s)
         if late:
@@ -154,8 +180,21 @@ class _PushSender(Sender):
                 self.deadline_s,
             )
 
+    def _delta_file(self, delta: Delta, payload_path: Path) -> Delta:
+        """`delta` written beside the payload file, as the header naming that file."""
+        path = payload_path.with_name(payload_path.name.removesuffix(PAYLOAD_SUFFIX) + DELTA_SUFFIX)
+        write_payload(path, delta.data)
+        header = rollout_pb2.WeightsHeader()
+        header.CopyFrom(delta.header)
+        header.uri = str(path)
+        return Delta(header, delta.data)
+
     def _start_send(
-        self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes
+        self,
+        address: str,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        delta: Delta | None = None,
     ) -> Future[bool] | None:
         """`send` in the background, or None (counted in `skipped`) when a send to
         `address` is still in flight."""
@@ -164,27 +203,55 @@ class _PushSender(Sender):
             if pending is not None and not pending.done():
                 self.skipped += 1
                 return None
-            future = self._pool.submit(self.send, address, header, payload)
+            future = self._pool.submit(self.send, address, header, payload, delta)
             self._sending[address] = future
             return future
 
     def _file(self, version: int, base: bool = False) -> Path:
-        return self.weights_dir / f"{BASE_PREFIX if base else POLICY_PREFIX}{version}.safetensors"
+        prefix = BASE_PREFIX if base else POLICY_PREFIX
+        return self.weights_dir / f"{prefix}{version}{PAYLOAD_SUFFIX}"
 
-    def send(self, address: str, header: rollout_pb2.WeightsHeader, payload: bytes) -> bool:
-        """UpdateWeights to the worker at `address`; False (logged, counted) on failure."""
+    def send(
+        self,
+        address: str,
+        header: rollout_pb2.WeightsHeader,
+        payload: bytes,
+        delta: Delta | None = None,
+    ) -> bool:
+        """UpdateWeights to the worker at `address`: the delta when the worker acknowledged
+        its base, the full version otherwise or when it refuses the delta. False (logged,
+        counted) on failure."""
+        if delta is not None and self._acked.get(address) == delta.header.base_sha256:
+            try:
+                return self._update(address, delta.header, delta.data)
+            except ServiceError as exc:
+                if exc.status not in DELTA_REFUSALS:
+                    return self._failed(address, header, exc)
+                log.info("v%d to %s: delta refused, sent whole: %s", header.version, address, exc)
+        try:
+            return self._update(address, header, payload)
+        except ServiceError as exc:
+            return self._failed(address, header, exc)
+
+    def _update(self, address: str, header: rollout_pb2.WeightsHeader, data: bytes) -> bool:
+        """One UpdateWeights call of `header` (and `data` as chunks unless it names a
+        file); remembers what the worker now holds. Raises ServiceError."""
+        self._acked.pop(address, None)  # unknown until it answers
         if header.uri:
             requests = iter([rollout_pb2.UpdateWeightsRequest(header=header)])
         else:
-            requests = weights_requests(payload, header.version)
-        try:
-            with RolloutClient(address, timeout_s=self.timeout_s) as worker:
-                worker.update_weights(requests)
-            return True
-        except ServiceError as exc:
-            self.failures += 1
-            log.warning("weights v%d to %s failed: %s %s", header.version, address, exc.status, exc)
-            return False
+            requests = weights_requests(data, header.version, header=header)
+        with RolloutClient(address, timeout_s=self.timeout_s) as worker:
+            worker.update_weights(requests)
+        self._acked[address] = header.sha256
+        if header.format == rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS_DELTA:
+            self.deltas_sent += 1
+        return True
+
+    def _failed(self, address: str, header: rollout_pb2.WeightsHeader, exc: ServiceError) -> bool:
+        self.failures += 1
+        log.warning("weights v%d to %s failed: %s %s", header.version, address, exc.status, exc)
+        return False
 
 
 class UriSender(_PushSender):
@@ -209,8 +276,9 @@ class StreamSender(_PushSender):
         stall_s: float = 120.0,
         period_s: float = 2.0,
         deadline_s: float = PUBLISH_DEADLINE_S,
+        deltas: bool = False,
     ) -> None:
-        super().__init__(registry, weights_dir, timeout_s, deadline_s)
+        super().__init__(registry, weights_dir, timeout_s, deadline_s, deltas)
         self.catch_up = WeightCatchUp(registry, self, grace_s, stall_s)
         self.period_s = period_s
         self._latest: tuple[rollout_pb2.WeightsHeader, bytes] | None = None
@@ -225,10 +293,11 @@ class StreamSender(_PushSender):
         payload: bytes,
         announce: Announce,
         pin: bool = False,
+        delta: Delta | None = None,
     ) -> None:
         self._delivering = True
         try:
-            super().deliver(header, payload, announce)
+            super().deliver(header, payload, announce, delta=delta)
             self._latest = (header, payload)
         finally:
             self._delivering = False
@@ -255,14 +324,16 @@ class StreamSender(_PushSender):
 
 
 class PullSender(Sender):
-    """`pull`: the version is held in `store` before it is announced with `source` (the
-    learner's FetchWeights address, grpc://host:port), so every reader finds it."""
+    """`pull`: the version is held in `store` (with its delta when `deltas`) before it is
+    announced with `source` (the learner's FetchWeights address, grpc://host:port), so
+    every reader finds it."""
 
-    def __init__(self, store: WeightStore, source: str) -> None:
+    def __init__(self, store: WeightStore, source: str, deltas: bool = False) -> None:
         if not source:
             raise ValueError("the pull transport needs a FetchWeights source address")
         self.store = store
         self.source = source
+        self.deltas = deltas
 
     def deliver(
         self,
@@ -270,8 +341,9 @@ class PullSender(Sender):
         payload: bytes,
         announce: Announce,
         pin: bool = False,
+        delta: Delta | None = None,
     ) -> None:
-        self.store.put(header, payload, pin=pin)
+        self.store.put(header, payload, pin=pin, delta=delta)
         announce(WeightsRef(header.version, "", header.sha256, len(payload), source=self.source))
 
     def held_version(self) -> int | None:
@@ -331,7 +403,7 @@ def make_sender(
     transport without a source."""
     weights = config.learner.weights
     if isinstance(weights, UriWeights):
-        return UriSender(registry, weights_dir, timeout_s)
+        return UriSender(registry, weights_dir, timeout_s, deltas=weights.sends_deltas)
     if isinstance(weights, StreamWeights):
         heartbeat = config.rollout.heartbeat_s
         return StreamSender(
@@ -341,9 +413,10 @@ def make_sender(
             grace_s=3 * heartbeat,
             stall_s=config.rollout.stall_s,
             period_s=2 * heartbeat,
+            deltas=weights.sends_deltas,
         )
     if isinstance(weights, PullWeights):
-        return PullSender(store, source)
+        return PullSender(store, source, deltas=weights.sends_deltas)
     assert isinstance(weights, BroadcastWeights)
     broadcaster = WeightBroadcaster(
         registry,
@@ -358,29 +431,34 @@ def make_sender(
 
 def write_payload(path: Path, payload: bytes) -> None:
     """Write `payload` to `path` atomically (a reader never sees half a file), then
-    delete the folder's older payload files of the same kind but the newest
+    delete the folder's older files of the same kind (payloads or deltas) but the newest
     `_KEEP_FILES` policy versions, or the newest LoRA base alone."""
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(payload)
     tmp.rename(path)
     prefix = BASE_PREFIX if path.name.startswith(BASE_PREFIX) else POLICY_PREFIX
-    version = int(path.name[len(prefix) : -len(".safetensors")])
+    suffix = DELTA_SUFFIX if path.name.endswith(DELTA_SUFFIX) else PAYLOAD_SUFFIX
+    version = int(path.name[len(prefix) : -len(suffix)])
     keep = 1 if prefix == BASE_PREFIX else _KEEP_FILES
-    for stale in files_to_remove(path.parent, version, keep, prefix):
+    for stale in files_to_remove(path.parent, version, keep, prefix, suffix):
         stale.unlink(missing_ok=True)
 
 
 def files_to_remove(
-    weights_dir: Path, written: int, keep: int = _KEEP_FILES, prefix: str = POLICY_PREFIX
+    weights_dir: Path,
+    written: int,
+    keep: int = _KEEP_FILES,
+    prefix: str = POLICY_PREFIX,
+    suffix: str = PAYLOAD_SUFFIX,
 ) -> list[Path]:
-    """The payload files (`{prefix}{version}.safetensors`) of `weights_dir` to delete
-    after writing version `written`: all but the `keep` highest versions, and never
-    `written` itself (files a crashed run left may carry higher numbers; a worker must
-    always find the version just announced)."""
+    """The files `{prefix}{version}{suffix}` of `weights_dir` to delete after writing
+    version `written`: all but the `keep` highest versions, and never `written` itself
+    (files a crashed run left may carry higher numbers; a worker must always find the
+    version just announced)."""
     by_version = sorted(
-        (int(p.name[len(prefix) : -len(".safetensors")]), p)
-        for p in weights_dir.glob(f"{prefix}*.safetensors")
-        if p.name[len(prefix) : -len(".safetensors")].isdigit()
+        (int(p.name[len(prefix) : -len(suffix)]), p)
+        for p in weights_dir.glob(f"{prefix}*{suffix}")
+        if p.name[len(prefix) : -len(suffix)].isdigit()
     )
     others = [(v, p) for v, p in by_version if v != written]
     kept = {v for v, _ in others[-(keep - 1) :]} if keep > 1 else set()

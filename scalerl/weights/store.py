@@ -8,6 +8,12 @@ announcement always finds it; the store then drops all but the newest `keep` ver
 fetch in progress keeps the bytes it started with, even once its version is dropped.
 Each chunk's sha256 is computed once, when the version is put, not once per fetch (with N
 workers fetching, hashing per fetch cost the learner N hashes of the whole payload).
+
+Deltas (`learner.weights.delta`): a version may be put with the delta that rebuilds it
+from an earlier one; the newest `keep_deltas` are held. A fetcher that names the payload
+it serves (`FetchWeightsRequest.serving_sha256`) gets the delta, or the chain of held
+deltas, that leads from it to the version asked for when that is smaller than the full
+payload (`scalerl.weights.delta.cheapest_chain`), else the full payload.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from collections.abc import Iterator, Sequence
 
 from scalerl.rpc.errors import InvalidArgument, NotFound
 from scalerl.v1 import rollout_pb2
-from scalerl.weights.wire import CHUNK_BYTES
+from scalerl.weights.delta import cheapest_chain
+from scalerl.weights.wire import CHUNK_BYTES, Delta, delta_header
 
 KEEP_VERSIONS = 2  # a worker may still be fetching the older one
+# Deltas held: a worker up to this many versions behind gets a chain rather than the
+# full payload (each is a fifth of it or less on bf16 policies; BENCHMARKS.md).
+KEEP_DELTAS = 4
 
 
 class Uplink:
@@ -51,11 +61,12 @@ class Uplink:
 
 
 class WeightStore:
-    """The newest `keep` published payloads (version -> header, bytes); thread-safe.
+    """The newest `keep` published payloads (version -> header, bytes) and the newest
+    `keep_deltas` deltas; thread-safe.
 
-    keep: versions held (>= 1). chunk_bytes: payload bytes per FetchWeights message.
-    uplink: the cap on what its streams send together (None: none). Raises ValueError
-    naming the argument when keep or chunk_bytes is < 1.
+    keep: versions held (>= 1). keep_deltas: deltas held (>= 0). chunk_bytes: payload
+    bytes per FetchWeights message. uplink: the cap on what its streams send together
+    (None: none). Raises ValueError naming the argument when keep or chunk_bytes is < 1.
     """
 
     def __init__(
@@ -63,6 +74,7 @@ class WeightStore:
         keep: int = KEEP_VERSIONS,
         chunk_bytes: int = CHUNK_BYTES,
         uplink: Uplink | None = None,
+        keep_deltas: int = KEEP_DELTAS,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -74,6 +86,9 @@ class WeightStore:
         self._held: OrderedDict[int, tuple[rollout_pb2.WeightsHeader, bytes]] = OrderedDict()
         self._digests: dict[int, list[str]] = {}  # version -> sha256 of chunk i (hex)
         self._pinned: int | None = None
+        self.keep_deltas = keep_deltas
+        self._deltas: dict[int, Delta] = {}  # version -> the delta that rebuilds it
+        self.deltas_sent = 0  # fetches answered with a delta or a chain
         self._lock = threading.Lock()
 
     def put(
@@ -82,13 +97,15 @@ class WeightStore:
         payload: bytes,
         pin: bool = False,
         digests: Sequence[tuple[int, str]] = (),
+        delta: Delta | None = None,
     ) -> None:
-        """Hold `payload` as `header.version` and drop all but the newest `keep` versions
-        and the pinned one. pin: this version is the pinned one (a LoRA base, which
-        joiners fetch before the latest adapter) until another is pinned. digests: the
-        (length, sha256 hex) of the payload's chunks in order, as the caller computed them
-        from these bytes (a relaying worker's fetch did); used when they cut the payload
-        as this store does, else every chunk is hashed here.
+        """Hold `payload` as `header.version` (and `delta`, which rebuilds it from an
+        earlier version) and drop all but the newest `keep` versions and the pinned one,
+        and all but the newest `keep_deltas` deltas. pin: this version is the pinned one
+        (a LoRA base, which joiners fetch before the latest adapter) until another is
+        pinned. digests: the (length, sha256 hex) of the payload's chunks in order, as the
+        caller computed them from these bytes (a relaying worker's fetch did); used when
+        they cut the payload as this store does, else every chunk is hashed here.
 
         The header's sha256 is taken as given (the publisher computed it from these
         bytes). Raises ValueError when len(payload) differs from header.total_bytes or is
@@ -117,6 +134,11 @@ class WeightStore:
             for version in [v for v in self._held if v not in newest and v != self._pinned]:
                 del self._held[version]
                 del self._digests[version]
+            self._deltas.pop(header.version, None)
+            if delta is not None and self.keep_deltas > 0:
+                self._deltas[header.version] = delta
+            for version in sorted(self._deltas)[: -self.keep_deltas or None]:
+                del self._deltas[version]
 
     @property
     def versions(self) -> list[int]:
@@ -144,19 +166,47 @@ class WeightStore:
         `request.offset` to the end, each with its offset and sha256 (hex), the first
         also with the header.
 
+        With `request.serving_sha256`, the stream is of the delta (or chain) from that
+        payload when one is held and smaller (the header says so), and `offset` counts its
+        bytes.
+
         Raises InvalidArgument("version") for a negative version, NotFound("version...")
         for a version not held, InvalidArgument("offset") for an offset not below the
-        payload's total_bytes. All are raised before the first message."""
+        bytes sent's size. All are raised before the first message."""
         if request.version < 0:
             raise InvalidArgument("version", f"must be >= 0, got {request.version}")
         header, payload = self.get(request.version)
+        with self._lock:
+            digests = self._digests.get(request.version, [])
+        sent = self._delta(header, request.serving_sha256) if request.serving_sha256 else None
+        if sent is not None:
+            header, payload, digests = sent.header, sent.data, []
         if request.offset >= len(payload):
             raise InvalidArgument(
                 "offset", f"must lie in 0..{len(payload) - 1} (total_bytes), got {request.offset}"
             )
-        with self._lock:
-            digests = self._digests.get(request.version, [])
+        if sent is not None and request.offset == 0:
+            with self._lock:
+                self.deltas_sent += 1
         return self._stream(header, payload, request.offset, digests)
+
+    def _delta(self, full: rollout_pb2.WeightsHeader, serving_sha256: str) -> Delta | None:
+        """The delta, or the chain of held deltas, from the payload hashing to
+        `serving_sha256` to the version `full` describes, when smaller than it."""
+        with self._lock:
+            deltas = dict(self._deltas)
+        held = {
+            version: (d.header.base_sha256, d.header.base_version, len(d.data))
+            for version, d in deltas.items()
+        }
+        versions = cheapest_chain(serving_sha256, full.version, held, full.total_bytes)
+        if not versions:
+            return None
+        if len(versions) == 1:
+            return deltas[versions[0]]
+        first = deltas[versions[0]].header
+        data = b"".join(deltas[version].data for version in versions)
+        return Delta(delta_header(full, first.base_version, first.base_sha256, data), data)
 
     def _stream(
         self, header: rollout_pb2.WeightsHeader, payload: bytes, offset: int, digests: list[str]

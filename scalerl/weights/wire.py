@@ -7,13 +7,16 @@ Wire format (proto/scalerl/v1/rollout.proto): a `WeightsHeader` (version, format
 SAFETENSORS, total_bytes, hex sha256, or a `uri` of a file holding the same payload), then
 `chunk` messages of at most CHUNK_BYTES. `lm_head.weight` is left out when it is tied to
 the embeddings; the head (the embedding when tied) travels in fp32 whatever the body's
-dtype.
+dtype. A `Delta` sends the same payload as its difference from one the receiver serves
+(format SAFETENSORS_DELTA, `scalerl.weights.delta`): its header still names the rebuilt
+payload's total_bytes and sha256, its chunks (or file) are the delta's bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +39,32 @@ Part = Literal["full", "lora_base", "lora_adapter"]
 FULL: Part = "full"
 LORA_BASE: Part = "lora_base"
 LORA_ADAPTER: Part = "lora_adapter"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A version sent as its difference from an earlier one: `header` (format
+    SAFETENSORS_DELTA; `delta_header`) and the delta's bytes `data` (one delta or a chain,
+    `scalerl.weights.delta`)."""
+
+    header: rollout_pb2.WeightsHeader
+    data: bytes
+
+
+def delta_header(
+    full: rollout_pb2.WeightsHeader, base_version: int, base_sha256: str, data: bytes
+) -> rollout_pb2.WeightsHeader:
+    """The header of `data`, a delta that rebuilds the payload `full` describes from the
+    payload of version `base_version` (hex sha256 `base_sha256`); no uri."""
+    header = rollout_pb2.WeightsHeader()
+    header.CopyFrom(full)
+    header.format = rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS_DELTA
+    header.uri = ""
+    header.base_version = base_version
+    header.base_sha256 = base_sha256
+    header.delta_bytes = len(data)
+    header.delta_sha256 = hashlib.sha256(data).hexdigest()
+    return header
 
 
 # ----- learner side --------------------------------------------------------------------
@@ -165,17 +194,23 @@ def serialize_state_dict(
 
 
 def weights_requests(
-    payload: bytes, version: int, chunk_bytes: int = CHUNK_BYTES
+    payload: bytes,
+    version: int,
+    chunk_bytes: int = CHUNK_BYTES,
+    header: rollout_pb2.WeightsHeader | None = None,
 ) -> Iterator[rollout_pb2.UpdateWeightsRequest]:
-    """Header then chunks of at most `chunk_bytes` bytes for an UpdateWeights stream."""
+    """Header then chunks of at most `chunk_bytes` bytes for an UpdateWeights stream.
+    header: the one to send (a delta's, whose chunks are `payload` = the delta's bytes);
+    None: a full payload's, computed here."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    header = rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
+    if header is None:
+        header = rollout_pb2.WeightsHeader(
+            version=version,
+            format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+            total_bytes=len(payload),
+            sha256=hashlib.sha256(payload).hexdigest(),
+        )
     yield rollout_pb2.UpdateWeightsRequest(header=header)
     view = memoryview(payload)
     for start in range(0, len(payload), chunk_bytes):

@@ -134,6 +134,10 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert len(health["staleness_hist"]) == 3  # lags 0, 1, 2 = k
     assert sum(health["staleness_hist"]) == sum(m.groups_in_batch for m in metrics)  # once each
     assert health["steps"] == len(metrics) and 0 <= health["ratio_clipped_frac_mean"] < 0.5
+    # `learner.weights.delta: auto` (uri): every version after the first went as a delta.
+    publish = json.loads((run_dir / "report.json").read_text())["publish"]
+    assert publish["delta_share"] >= 0.5
+    assert publish["bytes_per_version"] < publish["full_bytes_per_version"]
     curve = json.loads((run_dir / "curve.json").read_text())
     assert {"A", "B", "C_mid", "R0", "warnings"} <= set(curve)
     assert curve["compute_unit"] == "accelerator-hours"  # not "cpu-core-hours" on a GPU

@@ -32,9 +32,9 @@ from verifier_cases import (
     write_outside,
 )
 
+from scalerl.sandbox.runner import Containment, SandboxLimits, containment, run_program
 from scalerl.verifiers.code import CodeVerifier
 from scalerl.verifiers.programs import ALLOW_UNCONTAINED
-from scalerl.verifiers.sandbox import Containment, SandboxLimits, containment, run_program
 
 LIMITS = SandboxLimits(cpu_s=1, wall_s=TIMEOUT_S, memory_bytes=256 << 20, max_processes=16)
 
@@ -314,7 +314,7 @@ def test_a_program_allocating_2_gib_is_killed_at_the_cgroup_limit() -> None:
     """The review's P8: one program held 2.9 GiB within the default limits (each process
     under RLIMIT_AS, many processes). Its processes share one memory cgroup of the run's
     memory_bytes, where this machine lets the sandbox make one."""
-    from scalerl.verifiers.memcg import MemoryCgroup
+    from scalerl.sandbox.memcg import MemoryCgroup
 
     probe = MemoryCgroup.create(64 << 20)
     if probe is None:

@@ -17,7 +17,7 @@ import json, os, socket, sys, tempfile
 sys.path.insert(0, "tests/integration")
 from verifier_cases import CODE, FORGERIES, connect_to, write_outside
 from scalerl.verifiers.code import CodeVerifier
-from scalerl.verifiers.sandbox import SandboxLimits, containment, run_program
+from scalerl.sandbox.runner import SandboxLimits, containment, run_program
 
 limits = SandboxLimits(cpu_s=1, wall_s=1.5)
 found = containment(limits)

@@ -13,11 +13,11 @@ from verifier_cases import CODE, FORGERIES
 
 from sandbox_service import main as sandbox_main
 from sandbox_service.server import SandboxServicer, serve
-from scalerl.rpc.clients.sandbox import SandboxClient
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted
 from scalerl.rpc.security import Security
+from scalerl.sandbox.client import SandboxClient
+from scalerl.sandbox.runner import Containment, SandboxLimits
 from scalerl.verifiers.code import CodeVerifier
-from scalerl.verifiers.sandbox import Containment, SandboxLimits
 
 LIMITS = SandboxLimits(cpu_s=1, wall_s=1.5)
 
@@ -136,7 +136,7 @@ def test_beyond_its_queue_it_answers_resource_exhausted() -> None:
 
 
 def test_it_refuses_to_start_uncontained(monkeypatch, capsys) -> None:
-    import scalerl.verifiers.sandbox as sandbox
+    import scalerl.sandbox.runner as sandbox
 
     refused = Containment(("namespaces: unshare refused (Operation not permitted)",))
     monkeypatch.setattr(sandbox, "containment", lambda limits: refused)

@@ -26,9 +26,9 @@ from verifier_cases import (
 )
 
 from scalerl.config import TaskConfig
+from scalerl.sandbox.runner import SandboxLimits, containment
 from scalerl.tasks import build_task
 from scalerl.verifiers import build_verifier
-from scalerl.verifiers.sandbox import SandboxLimits, containment
 from scalerl_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,6 +35,7 @@ TORCH_FREE = (
     "scalerl.verifiers.code",
     "scalerl.verifiers.math_answer",
     "scalerl.verifiers.reasoning_gym",
+    "scalerl.sandbox.client",
     "scalerl.tasks.files",
     "scalerl.tasks.generators",
     "scalerl.tasks.split",

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from learner_service.intake.group_check import sample_problem
-from learner_service.train import recipe
+from learner_service.train import objective
 from learner_service.train.packing import pack_groups, trained_tokens
 from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, ModelConfig
@@ -80,14 +80,14 @@ def test_the_loss_and_the_weights_are_zero_at_every_non_model_token() -> None:
         [not (f or e) for f, e in zip(forced, ENV, strict=True)] + [not e for e in ENV]
     )
     assert torch.equal(batch.loss_mask, model_tokens)
-    weights = recipe.aggregation_weights(
+    weights = objective.aggregation_weights(
         batch.sample_index, batch.group_index, batch.loss_mask, "prompt"
     )
     # Prompt-level aggregation: 1 / (model tokens of the group) = 1 / (5 + 6) at each.
     assert torch.allclose(weights[model_tokens], torch.full((11,), 1 / 11, dtype=torch.float64))
     assert not weights[~model_tokens].any()
     logp = torch.full((18,), -0.7, requires_grad=True)
-    terms = recipe.token_terms(
+    terms = objective.token_terms(
         logp,
         batch.logp_gen,
         torch.ones(18),

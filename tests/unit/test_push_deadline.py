@@ -18,7 +18,7 @@ def _sender(tmp_path, kind=UriSender):
     sender = kind(registry, tmp_path, timeout_s=120.0, deadline_s=0.5)
     stopped, got = threading.Event(), []
 
-    def send(address, header, payload):
+    def send(address, header, payload, delta=None):
         if address == "stopped:1":
             stopped.wait(30)  # SIGSTOPped: its UpdateWeights does not answer
         got.append((address, header.version))

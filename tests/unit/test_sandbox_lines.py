@@ -1,4 +1,4 @@
-"""The sandbox caller's line reader (`scalerl.verifiers.sandbox._Lines`): lines split
+"""The sandbox caller's line reader (`scalerl.sandbox.runner._Lines`): lines split
 across chunks come back whole and in order, a last line without a newline comes back at
 the end, and the byte cap closes the channel."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from scalerl.verifiers.sandbox import _Lines
+from scalerl.sandbox.runner import _Lines
 
 
 def _read_all(chunks: list[bytes], cap: int = 1 << 30) -> tuple[list[bytes], bool]:

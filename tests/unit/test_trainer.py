@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from learner_service.train import recipe
+from learner_service.train import objective
 from learner_service.train.logprobs import prefix_logprobs, token_logprobs
 from learner_service.train.packing import pack_groups
 from learner_service.train.trainer import Trainer
@@ -376,8 +376,8 @@ def test_length_sorted_packing_gives_the_same_loss_and_gradient():
         model.zero_grad()
         logp_all = token_logprobs(model, batch.input_ids, batch.attention_mask)
         logp = logp_all[batch.sample_index, batch.positions]
-        adv = recipe.compute_advantages(batch.rewards, batch.sample_group, "batch")
-        loss = recipe.policy_loss(
+        adv = objective.compute_advantages(batch.rewards, batch.sample_group, "batch")
+        loss = objective.policy_loss(
             logp,
             batch.logp_gen,
             adv[batch.sample_index],

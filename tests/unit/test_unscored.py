@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from scalerl.config import TaskConfig
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.rpc.clients.base import RpcFailed
-from scalerl.rpc.clients.sandbox import SandboxClient
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, Unavailable
+from scalerl.sandbox.client import SandboxClient
+from scalerl.sandbox.runner import CaseOutcome, SandboxRun
 from scalerl.tasks import TaskSet, build_task
 from scalerl.verifiers import Verdict, VerifierUnavailable, programs
 from scalerl.verifiers.code import CodeVerifier
-from scalerl.verifiers.sandbox import CaseOutcome, SandboxRun
 
 PROGRAM = "```python\ndef add(a, b):\n    return a + b\n```"
 TESTS = ["assert add(1, 2) == 3"]

@@ -10,6 +10,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from scalerl.sandbox.runner import CaseOutcome, SandboxLimits, SandboxRun
 from scalerl.verifiers import (
     Verdict,
     Verifier,
@@ -27,7 +28,6 @@ from scalerl.verifiers.code import (
     score_run,
 )
 from scalerl.verifiers.math_answer import last_boxed
-from scalerl.verifiers.sandbox import CaseOutcome, SandboxLimits, SandboxRun
 
 
 class _Scripted(Verifier):

@@ -86,7 +86,7 @@ def test_a_tampered_delta_is_data_loss_and_the_base_is_untouched() -> None:
         delta.decode(target, diff)  # the version after the one it was made for
     with pytest.raises(DataLoss, match="bad magic"):
         delta.decode(base, b"PK" + diff[2:])
-    with pytest.raises(DataLoss, match="ends early"):
+    with pytest.raises(DataLoss, match="runs past the end"):
         delta.decode(base, diff[: len(diff) // 3])
     assert base == kept
 
@@ -103,6 +103,10 @@ def test_a_forged_announcement_is_refused_after_the_rebuild() -> None:
     forged = diff.replace(meta.target_sha256.encode(), other.encode())
     with pytest.raises(DataLoss, match="sha256 is not the announced one"):
         delta.decode(base, forged)
+    # An honest delta of another version than the announcement names is refused too.
+    with pytest.raises(DataLoss, match="another payload than the announced one"):
+        delta.decode(base, diff, target_sha256=other)
+    assert bytes(delta.decode(base, diff, target_sha256=meta.target_sha256)) == target
 
 
 def test_another_layout_gets_no_delta() -> None:
@@ -125,20 +129,34 @@ def test_planes_put_each_byte_of_an_element_in_its_own_plane() -> None:
     assert bytes(delta._unplanes(delta._planes(xor, 2), 2)) == xor.tobytes()
 
 
+def sha(version: int) -> str:
+    return f"{version:064x}"
+
+
 @pytest.mark.parametrize(
-    "serving, latest, sizes, full, chain",
+    "serving, latest, held, full, chain",
     [
         (7, 10, {8: 10, 9: 10, 10: 10}, 100, (8, 9, 10)),  # missed 2 versions: a chain
         (9, 10, {10: 10}, 100, (10,)),
         (7, 10, {8: 40, 9: 40, 10: 40}, 100, None),  # the chain is larger than the whole
         (7, 10, {9: 10, 10: 10}, 100, None),  # a link no longer held
-        (-1, 10, {10: 10}, 100, None),  # a joiner serves nothing yet
-        (10, 10, {}, 100, ()),
-        (11, 10, {}, 100, None),  # ahead of the learner (a restarted learner): whole
+        (None, 10, {10: 10}, 100, None),  # a joiner serves nothing yet
+        (11, 10, {10: 10}, 100, None),  # ahead of the learner (a restarted learner): whole
     ],
 )
-def test_the_cheapest_way_to_the_latest_version(serving, latest, sizes, full, chain) -> None:
-    assert delta.cheapest_chain(serving, latest, sizes, full) == chain
+def test_the_cheapest_way_to_the_latest_version(serving, latest, held, full, chain) -> None:
+    bases = {v: (sha(v - 1), v - 1, n) for v, n in held.items()}
+    serving_sha256 = "" if serving is None else sha(serving)
+    assert delta.cheapest_chain(serving_sha256, latest, bases, full) == chain
+
+
+def test_a_chain_of_deltas_rebuilds_the_latest_version_and_refuses_a_gap() -> None:
+    versions = list(adam_versions(torch.bfloat16, steps=3))
+    deltas = [delta.encode(a, b) for a, b in zip(versions, versions[1:], strict=False)]
+    assert all(d is not None for d in deltas)
+    assert bytes(delta.decode(versions[0], b"".join(deltas))) == versions[-1]  # type: ignore[arg-type]
+    with pytest.raises(DataLoss, match="another base"):  # the middle link left out
+        delta.decode(versions[0], deltas[0] + deltas[2])  # type: ignore[operator]
 
 
 def test_a_payload_whose_tensors_leave_bytes_uncovered_is_refused() -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner_service.train import recipe
+from learner_service.train import objective
 
 torch.set_num_threads(1)
 
@@ -70,7 +70,7 @@ EXPECTED = {
 
 
 def call_loss(batch: dict[str, torch.Tensor], loss: str, aggregation: str, **extra):
-    return recipe.policy_loss(
+    return objective.policy_loss(
         batch["logp"],
         batch["logp_gen"],
         batch["advantages"],
@@ -130,9 +130,9 @@ def test_masked_garbage_never_makes_nan() -> None:
 def test_aggregation_weights_hand_computed() -> None:
     b = hand_batch()
     args = (b["sample_index"], b["group_index"], b["loss_mask"])
-    token = recipe.aggregation_weights(*args, "token")
-    sample = recipe.aggregation_weights(*args, "sample")
-    prompt = recipe.aggregation_weights(*args, "prompt")
+    token = objective.aggregation_weights(*args, "token")
+    sample = objective.aggregation_weights(*args, "sample")
+    prompt = objective.aggregation_weights(*args, "prompt")
     assert token.tolist() == pytest.approx([0.2, 0.2, 0.2, 0.2, 0.0, 0.2])
     assert sample.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 3, 1 / 6, 0.0, 1 / 6])
     assert prompt.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0.25, 0.0, 0.25])
@@ -143,9 +143,9 @@ def test_aggregation_skips_units_without_tokens() -> None:
     sample_index = torch.tensor([0, 1, 2, 2])
     group_index = torch.tensor([0, 0, 1, 1])
     mask = torch.tensor([True, False, True, True])
-    weights = recipe.aggregation_weights(sample_index, group_index, mask, "sample")
+    weights = objective.aggregation_weights(sample_index, group_index, mask, "sample")
     assert weights.tolist() == pytest.approx([0.5, 0.0, 0.25, 0.25])
-    none = recipe.aggregation_weights(
+    none = objective.aggregation_weights(
         sample_index, group_index, torch.zeros(4, dtype=bool), "prompt"
     )
     assert none.tolist() == [0.0, 0.0, 0.0, 0.0]
@@ -178,7 +178,7 @@ def test_micro_batches_match_full_batch(loss: str, aggregation: str) -> None:
     keys = ("logp", "logp_gen", "advantages", "sample_index", "group_index", "loss_mask")
     full = call_loss(batch, loss, aggregation)
     (full_grad,) = torch.autograd.grad(full, batch["logp"])
-    weights = recipe.aggregation_weights(
+    weights = objective.aggregation_weights(
         batch["sample_index"], batch["group_index"], batch["loss_mask"], aggregation
     )
     # Micro-batches of 1, 2 and 4 whole samples.
@@ -189,7 +189,7 @@ def test_micro_batches_match_full_batch(loss: str, aggregation: str) -> None:
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         logp = batch["logp"].detach()[lo:hi].requires_grad_(True)
         part = {k: batch[k][lo:hi] for k in keys} | {"logp": logp}
-        value = recipe.policy_loss(
+        value = objective.policy_loss(
             *(part[k] for k in keys),
             loss=loss,
             aggregation=aggregation,
@@ -214,34 +214,36 @@ def test_policy_loss_rejects_bad_names() -> None:
         b[k] for k in ("logp", "logp_gen", "advantages", "sample_index", "group_index", "loss_mask")
     ]
     with pytest.raises(ValueError, match="loss"):
-        recipe.policy_loss(*args, loss="ppo", aggregation="token", eps=0.2)
+        objective.policy_loss(*args, loss="ppo", aggregation="token", eps=0.2)
     with pytest.raises(ValueError, match="eps_high"):
-        recipe.policy_loss(*args, loss="dapo", aggregation="token", eps_low=0.2)
+        objective.policy_loss(*args, loss="dapo", aggregation="token", eps_low=0.2)
     with pytest.raises(ValueError, match="eps_max"):
-        recipe.policy_loss(*args, loss="cispo", aggregation="token", eps_max=0.0)
+        objective.policy_loss(*args, loss="cispo", aggregation="token", eps_max=0.0)
     with pytest.raises(ValueError, match="weights"):
-        recipe.policy_loss(*args, loss="grpo", aggregation="token", eps=0.2, weights=torch.ones(3))
+        objective.policy_loss(
+            *args, loss="grpo", aggregation="token", eps=0.2, weights=torch.ones(3)
+        )
     with pytest.raises(ValueError, match="advantages"):
-        recipe.policy_loss(
+        objective.policy_loss(
             *args[:2], torch.ones(5), *args[3:], loss="grpo", aggregation="token", eps=0.2
         )
 
 
 def test_importance_ratio_stats() -> None:
     b = hand_batch()
-    stats = recipe.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], 4.0)
+    stats = objective.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], 4.0)
     # Masked ratios 2, 1, 0.5, 5, 1: mean 1.9, one of five above 4.
     assert stats["ratio_mean"] == pytest.approx(1.9)
     assert stats["ratio_clipped_frac"] == pytest.approx(0.2)
     assert stats["tokens"] == 5
     assert stats["ratio_max"] == pytest.approx(5.0)
     # DAPO's range [0.8, 1.28]: 2, 0.5 and 5 lie outside.
-    low, high = recipe.ratio_bounds("dapo", {"eps_low": 0.2, "eps_high": 0.28})
-    dapo = recipe.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], high, low)
+    low, high = objective.ratio_bounds("dapo", {"eps_low": 0.2, "eps_high": 0.28})
+    dapo = objective.importance_ratio_stats(b["logp"], b["logp_gen"], b["loss_mask"], high, low)
     assert dapo["ratio_clipped_frac"] == pytest.approx(0.6)
-    assert recipe.ratio_bounds("grpo", {"eps": 0.1}) == pytest.approx((0.9, 1.1))
-    assert recipe.ratio_bounds("cispo", {"eps_max": 4.0}) == (0.0, 4.0)
-    empty = recipe.importance_ratio_stats(
+    assert objective.ratio_bounds("grpo", {"eps": 0.1}) == pytest.approx((0.9, 1.1))
+    assert objective.ratio_bounds("cispo", {"eps_max": 4.0}) == (0.0, 4.0)
+    empty = objective.importance_ratio_stats(
         b["logp"], b["logp_gen"], torch.zeros(6, dtype=torch.bool), 4.0
     )
     assert math.isnan(empty["ratio_mean"]) and empty["tokens"] == 0
@@ -254,7 +256,7 @@ GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
 
 
 def test_advantages_none_is_group_centered() -> None:
-    adv = recipe.compute_advantages(REWARDS, GROUPS, "none")
+    adv = objective.compute_advantages(REWARDS, GROUPS, "none")
     assert adv.tolist() == [0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5]
     assert adv.dtype == torch.float32
 
@@ -262,7 +264,7 @@ def test_advantages_none_is_group_centered() -> None:
 def test_advantages_batch_normalization() -> None:
     # Centered values have mean square (0.75^2 + 3 * 0.25^2 + 4 * 0.5^2) / 8 = 0.21875.
     std = math.sqrt(0.21875)
-    adv = recipe.compute_advantages(REWARDS, GROUPS, "batch")
+    adv = objective.compute_advantages(REWARDS, GROUPS, "batch")
     expected = [0.75 / std] + [-0.25 / std] * 3 + [0.5 / std] * 2 + [-0.5 / std] * 2
     assert adv.tolist() == pytest.approx(expected, rel=1e-6)
     assert adv[0].item() == pytest.approx(1.6035674514745464, rel=1e-6)
@@ -270,7 +272,7 @@ def test_advantages_batch_normalization() -> None:
 
 def test_advantages_prompt_normalization() -> None:
     # Group 0 std = sqrt((0.5625 + 3 * 0.0625) / 4) = sqrt(0.1875); group 1 std = 0.5.
-    adv = recipe.compute_advantages(REWARDS, GROUPS, "prompt")
+    adv = objective.compute_advantages(REWARDS, GROUPS, "prompt")
     s0 = math.sqrt(0.1875)
     expected = [0.75 / s0] + [-0.25 / s0] * 3 + [1.0, 1.0, -1.0, -1.0]
     assert adv.tolist() == pytest.approx(expected, rel=1e-6)
@@ -280,9 +282,9 @@ def test_unequal_unsorted_groups() -> None:
     # Group 7 = {1, 0} (mean 0.5); group 3 = {0, 1, 1} (mean 2/3). 5 samples, not 2 x G.
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     groups = torch.tensor([7, 3, 7, 3, 3])
-    adv = recipe.compute_advantages(rewards, groups, "none")
+    adv = objective.compute_advantages(rewards, groups, "none")
     assert adv.tolist() == pytest.approx([0.5, -2 / 3, -0.5, 1 / 3, 1 / 3], abs=1e-15)
-    prompt = recipe.compute_advantages(rewards, groups, "prompt")
+    prompt = objective.compute_advantages(rewards, groups, "prompt")
     s3 = math.sqrt(2 / 9)  # population std of {-2/3, 1/3, 1/3}
     assert prompt.tolist() == pytest.approx([1.0, -2 / 3 / s3, -1.0, 1 / 3 / s3, 1 / 3 / s3])
 
@@ -294,10 +296,10 @@ def test_sample_count_not_a_multiple_of_the_group_size() -> None:
     rewards = torch.tensor([1, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1], dtype=torch.float32)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3])
     centred = [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25, 0.5, -0.5, 0.0]
-    adv = recipe.compute_advantages(rewards, groups, "batch")
+    adv = objective.compute_advantages(rewards, groups, "batch")
     assert adv.tolist() == pytest.approx([c / math.sqrt(2 / 11) for c in centred], rel=1e-6)
     assert adv[10].item() == 0.0 and bool(torch.isfinite(adv).all())
-    assert recipe.zero_variance_mask(rewards, groups).tolist() == [False] * 10 + [True]
+    assert objective.zero_variance_mask(rewards, groups).tolist() == [False] * 10 + [True]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -306,20 +308,20 @@ def test_sample_count_not_a_multiple_of_the_group_size() -> None:
 def test_equal_inexact_rewards_give_exact_zero(dtype, value, size, normalization) -> None:
     rewards = torch.full((size,), value, dtype=dtype)
     groups = torch.zeros(size, dtype=torch.long)
-    adv = recipe.compute_advantages(rewards, groups, normalization)
+    adv = objective.compute_advantages(rewards, groups, normalization)
     assert (adv == 0).all()
-    assert recipe.zero_variance_mask(rewards, groups).all()
+    assert objective.zero_variance_mask(rewards, groups).all()
 
 
 def test_zero_variance_group_next_to_a_real_one() -> None:
     rewards = torch.tensor([0.1] * 4 + [1.0, 0.0, 0.0])
     groups = torch.tensor([0] * 4 + [1] * 3)
-    adv = recipe.compute_advantages(rewards, groups, "batch")
+    adv = objective.compute_advantages(rewards, groups, "batch")
     assert (adv[:4] == 0).all()
     # Group 1 centered: 2/3, -1/3, -1/3; batch std over all 7 values = sqrt((6/9) / 7).
     std = math.sqrt((4 / 9 + 1 / 9 + 1 / 9) / 7)
     assert adv[4:].tolist() == pytest.approx([2 / 3 / std, -1 / 3 / std, -1 / 3 / std], rel=1e-6)
-    mask = recipe.zero_variance_mask(rewards, groups)
+    mask = objective.zero_variance_mask(rewards, groups)
     assert mask.tolist() == [True] * 4 + [False] * 3
 
 
@@ -328,9 +330,9 @@ def test_near_zero_spread_hits_the_std_floor(normalization: str) -> None:
     # Spread 2e-6 > tol: not zero-variance, but its std of 1e-6 is floored at STD_FLOOR.
     rewards = torch.tensor([0.5, 0.5 + 2e-6], dtype=torch.float64)
     groups = torch.tensor([0, 0])
-    adv = recipe.compute_advantages(rewards, groups, normalization)
+    adv = objective.compute_advantages(rewards, groups, normalization)
     assert adv.tolist() == pytest.approx(
-        [-1e-6 / recipe.STD_FLOOR, 1e-6 / recipe.STD_FLOOR], rel=1e-6
+        [-1e-6 / objective.STD_FLOOR, 1e-6 / objective.STD_FLOOR], rel=1e-6
     )
     assert adv.abs().max() <= 0.0101  # never the unit-size values a 1e-6 std would give
 
@@ -338,22 +340,22 @@ def test_near_zero_spread_hits_the_std_floor(normalization: str) -> None:
 def test_zero_variance_mask_tolerance() -> None:
     rewards = torch.tensor([0.0, 5e-7, 1.0, 1.0 + 2e-6, 3.0])
     groups = torch.tensor([0, 0, 1, 1, 2])
-    assert recipe.zero_variance_mask(rewards.double(), groups).tolist() == [
+    assert objective.zero_variance_mask(rewards.double(), groups).tolist() == [
         True,
         True,
         False,
         False,
         True,
     ]
-    assert recipe.zero_variance_mask(rewards.double(), groups, tol=1e-5).tolist() == [True] * 5
+    assert objective.zero_variance_mask(rewards.double(), groups, tol=1e-5).tolist() == [True] * 5
 
 
 def test_advantage_input_errors() -> None:
     with pytest.raises(ValueError, match="normalization"):
-        recipe.compute_advantages(REWARDS, GROUPS, "group")
+        objective.compute_advantages(REWARDS, GROUPS, "group")
     with pytest.raises(ValueError, match="group_index"):
-        recipe.compute_advantages(REWARDS, GROUPS[:3], "none")
+        objective.compute_advantages(REWARDS, GROUPS[:3], "none")
     with pytest.raises(ValueError, match="group_index"):
-        recipe.compute_advantages(REWARDS, GROUPS.float(), "none")
+        objective.compute_advantages(REWARDS, GROUPS.float(), "none")
     with pytest.raises(ValueError, match="rewards"):
-        recipe.zero_variance_mask(torch.tensor([math.nan, 1.0]), torch.tensor([0, 0]))
+        objective.zero_variance_mask(torch.tensor([math.nan, 1.0]), torch.tensor([0, 0]))

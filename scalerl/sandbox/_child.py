@@ -1,5 +1,5 @@
-"""The sandbox's own side: run as `python -I -S _sandbox_child.py REPORT_FD DATA_FD` by
-`scalerl.verifiers.sandbox`, never imported. Standard library only.
+"""The sandbox's own side: run as `python -I -S _child.py REPORT_FD DATA_FD` by
+`scalerl.sandbox.runner`, never imported. Standard library only.
 
 stdin: one JSON job {"limits", "folder", "code", "kind", "cases"}. Two channels go back:
 - REPORT_FD (trusted): what containment was set up, or why the sandbox failed to start.

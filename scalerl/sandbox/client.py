@@ -1,5 +1,5 @@
 """A typed client of the code sandbox service (`scalerl-sandbox`), and the one conversion
-between a `scalerl.verifiers.sandbox.SandboxRun` and its `ExecuteResponse` (the service
+between a `scalerl.sandbox.runner.SandboxRun` and its `ExecuteResponse` (the service
 answers with it, this client reads it back)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from scalerl.rpc.clients.base import RpcClient
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import SANDBOX
+from scalerl.sandbox.runner import CaseOutcome, Containment, SandboxRun
 from scalerl.v1 import sandbox_pb2
-from scalerl.verifiers.sandbox import CaseOutcome, Containment, SandboxRun
 
 KINDS = {"values": sandbox_pb2.SANDBOX_KIND_VALUES, "stdio": sandbox_pb2.SANDBOX_KIND_STDIO}
 # The answer arrives after the program's own wall time; this much more for the round trip.
@@ -31,7 +31,7 @@ class SandboxClient(RpcClient):
         super().__init__(address, timeout_s, security)
 
     def execute(self, code: str, kind: str, cases: list[str], wall_s: float) -> SandboxRun:
-        """Run `code` and its `cases` (as `scalerl.verifiers.sandbox.run_program`) on the
+        """Run `code` and its `cases` (as `scalerl.sandbox.runner.run_program`) on the
         service, within `wall_s` seconds of program time; the call's deadline is that plus
         SLACK_S and QUEUE_S (the most the service lets it wait for a slot).
 

@@ -1,6 +1,6 @@
 """Run untrusted Python (a completion's program) in a contained subprocess.
 
-Containment (`_sandbox_child.py` does the child's side), as any user, root or not:
+Containment (`_child.py` does the child's side), as any user, root or not:
 - namespaces: a user namespace when not root (so no privilege is needed), and mount, PID,
   network, IPC and UTS namespaces: no network at all (not even loopback is up), every
   process the program starts ends with the sandbox;
@@ -42,11 +42,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scalerl.verifiers.memcg import MemoryCgroup
+from scalerl.sandbox.memcg import MemoryCgroup
 
 log = logging.getLogger(__name__)
 
-CHILD = Path(__file__).with_name("_sandbox_child.py")
+CHILD = Path(__file__).with_name("_child.py")
 _MiB = 1 << 20
 # Parent-side cap on what the sandbox may send back: a program cannot grow our memory.
 _MAX_CHANNEL_BYTES = 16 * _MiB
@@ -179,7 +179,7 @@ def run_program(code: str, kind: str, cases: list[str], limits: SandboxLimits) -
 
 
 def _memory_cgroup(pid: int, limits: SandboxLimits) -> MemoryCgroup | None:
-    """The run's memory cgroup (`scalerl.verifiers.memcg`) with process `pid` in it, limited
+    """The run's memory cgroup (`scalerl.sandbox.memcg`) with process `pid` in it, limited
     to `limits.memory_bytes` for all its processes together; None where there is none."""
     if not limits.namespaces:
         return None
