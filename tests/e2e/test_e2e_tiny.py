@@ -94,9 +94,10 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 
 
 def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
-    """The smoke run, with the learner's idle cores lent (a lender worker on its core)."""
+    """The smoke run, with the learner's idle cores lent (a lender worker on its core) and
+    the versions sent as deltas."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, "learner.lend_idle=workers")
+    proc = _launch(run_dir, "learner.lend_idle=workers", "learner.weights.delta=auto")
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     evals = run_evals(read_records(run_dir, EvalRecord))  # every line has every field, or it raises
@@ -134,7 +135,7 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert len(health["staleness_hist"]) == 3  # lags 0, 1, 2 = k
     assert sum(health["staleness_hist"]) == sum(m.groups_in_batch for m in metrics)  # once each
     assert health["steps"] == len(metrics) and 0 <= health["ratio_clipped_frac_mean"] < 0.5
-    # `learner.weights.delta: auto` (uri): every version after the first went as a delta.
+    # `learner.weights.delta: auto` (uri): the versions after the first went as deltas.
     publish = json.loads((run_dir / "report.json").read_text())["publish"]
     assert publish["delta_share"] >= 0.5
     assert publish["bytes_per_version"] < publish["full_bytes_per_version"]
