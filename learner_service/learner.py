@@ -33,18 +33,16 @@ from learner_service.evaluation.evaluate import evaluator_for
 from learner_service.evaluation.reporter import EvalReporter
 from learner_service.evaluation.schedule import EvalScheduler
 from learner_service.fleet_signals import FleetSignals
-from learner_service.intake.batches import BatchCollector, finish_reason_counts, staleness_histogram
+from learner_service.intake.batches import BatchCollector
 from learner_service.intake.group_check import GroupLimits
 from learner_service.intake.ticket_reclaim import TicketReclaimer
-from learner_service.metrics import TRUNCATION_WARNING_RATE, LearnerMetrics
+from learner_service.metrics import LearnerMetrics
 from learner_service.progress import RunProgress
 from learner_service.server import LearnerStatus, serve
-from learner_service.task_stats import task_step_stats
+from learner_service.step_record import StepRecorder, TakenStep
 from learner_service.timing import LearnerTiming
-from learner_service.train.ranks import DrivenTrainer, LearnerRanks
-from learner_service.train.step_stats import StepStats
-from learner_service.train.trainer import Trainer
-from learner_service.train.warmup import supervised_warmup, tool_demo, warmup_problems
+from learner_service.train.ranks import DrivenTrainer, LearnerRanks, build_trainer
+from learner_service.train.warmup_cache import warm_up_once
 from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.cores import torch_threads
 from scalerl.crash_points import crash_point
@@ -60,21 +58,18 @@ from scalerl.run_folder import (
     GAVE_UP_EXIT,
     EndRecord,
     EvalRecord,
-    StepRecord,
     append_record,
     read_records,
 )
 from scalerl.staleness import staleness
-from scalerl.state.client import REDIS_ERRORS, connect
+from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.replay import VERIFIER_UNAVAILABLE, ReplayStream
+from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
-from scalerl.verifiers.base import passes
-from scalerl.weights.publisher import WeightPublisher
-from scalerl.weights.senders import make_sender
+from scalerl.weights.publisher import make_publisher
 from scalerl.weights.store import WeightStore
 from scalerl.weights.wire import snapshot_state_dict
 
@@ -163,7 +158,7 @@ class Learner:
             self.pools[task.name].init(task.train_ids)
         # The warm-up runs on the whole model before it is sharded; a resume overwrites it.
         if not checkpoint_exists(self.run_dir / "checkpoint") and cfg.model.warmup_steps:
-            self._warmup()
+            warm_up_once(self.model, self.tokenizer, self.tasks, cfg, device, self.compute)
         if cfg.learner.lora is not None:  # after the warm-up, which is part of the base
             attach_lora(self.model, cfg.learner.lora)
         # The vocabulary and length checks of intake need the model: set before training.
@@ -172,26 +167,22 @@ class Learner:
         self.batches.limits = GroupLimits(
             cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len, moe_shape(self.model)
         )
-        self.trainer = self._trainer()
-        sender = make_sender(
+        self.trainer = build_trainer(self.model, cfg, self.tokenizer.pad_token_id, self.ranks)
+        trainer = self.trainer
+        self.publisher = make_publisher(
             cfg,
             self.registry,
+            self.state,
             self.run_dir / "weights",
             self.weights,
             self.weights_source,
             self._hosts,
+            self.resolved.rollout_dtype,
+            snapshot=trainer.snapshot
+            if isinstance(trainer, DrivenTrainer)
+            else snapshot_state_dict,
             on_broadcast=self.metrics.observe_broadcast,
             gpu=gpu_uuid(device),
-        )
-        self.publisher = WeightPublisher(
-            self.registry,
-            self.state,
-            sender,
-            self.resolved.rollout_dtype,
-            snapshot=self.trainer.snapshot
-            if isinstance(self.trainer, DrivenTrainer)
-            else snapshot_state_dict,
-            lora=cfg.learner.lora is not None,
         )
         self.publisher.start(self._closing)  # stream: re-sends to workers behind
         evaluator = evaluator_for(cfg, self.tasks, self.tokenizer)
@@ -217,12 +208,26 @@ class Learner:
             started=self._started,
             allow_unsigned=self.allow_unsigned_checkpoint,
         )
+        self.recorder = StepRecorder(
+            cfg,
+            self.run_dir,
+            self.compute,
+            self.batches,
+            self.publisher,
+            self.timing,
+            self.evaluations,
+            self.replay,
+            self.pools,
+            self.metrics,
+            self.status,
+            self.fleet,
+        )
         self._resume()
         if self.progress.step < cfg.learner.max_steps:
             self.state.clear_stop()  # a finished run resumed with new limits goes on
         self.state.versions.announce(self.progress.version)
         obs_logging.set_policy_version(self.progress.version)
-        self.consumer.open_round(self.state, self.progress.version)
+        self.consumer.open_round(self.state.tickets, self.progress.version)
         self.publisher.publish(self.model, self.progress.version, force_file=True, wait=True)
         self._published = self.progress.version
 
@@ -240,54 +245,6 @@ class Learner:
     def _checkpoint(self, final: bool = False) -> None:
         """Save the run's progress and the trainer (`Checkpointer.save`)."""
         self.checkpointer.save(self.progress, self.batches.totals(), final=final)
-
-    def _trainer(self) -> Trainer | DrivenTrainer:
-        """The ScaleRL trainer; with ranks, sharded over them (rank 0's weights first sent
-        to every rank) and announcing its collectives (`learner_service.train.ranks`)."""
-        cfg = self.config
-        if self.ranks is not None:
-            self.ranks.share_weights(self.model)
-        trainer = Trainer(
-            self.model,
-            cfg.learner,
-            cfg.rollout.temperature,
-            pad_id=self.tokenizer.pad_token_id,
-            mesh=self.ranks.mesh if self.ranks else None,
-        )
-        return DrivenTrainer(trainer, self.ranks) if self.ranks else trainer
-
-    def _warmup(self) -> None:
-        """Supervised warm-up of a fresh model (counted as learner compute)."""
-        cfg = self.config
-        with BusyTimer(self.compute, "learner"):
-            loss = supervised_warmup(
-                self.model,
-                self.tokenizer,
-                warmup_problems(self.tasks),
-                cfg.model.warmup_steps,
-                cfg.model.warmup_lr,
-                seed=cfg.seed,
-                distractor_rate=cfg.model.warmup_distractor_rate,
-                tool=tool_demo(cfg.model.warmup_tool_rate, self.tasks, self.tokenizer),
-            )
-        log.info("supervised warm-up: %d steps, final loss %.3f", cfg.model.warmup_steps, loss)
-
-    def _await_workers(self, stop: threading.Event, timeout_s: float = 600.0) -> bool:
-        """Wait until `rollout.workers` workers are registered and ready. False when `stop`
-        is set first (SIGTERM before training: nothing new to save). Raises RuntimeError
-        naming the count after timeout_s seconds."""
-        want = self.config.rollout.workers
-        deadline = time.monotonic() + timeout_s
-        while len(self.registry.evaluators()) < want:  # lenders are extra
-            if stop.is_set():
-                return False
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {len(self.registry.evaluators())} of {want} rollout "
-                    f"workers registered after {timeout_s:.0f}s"
-                )
-            stop.wait(0.5)
-        return True
 
     # ----- main loop -----------------------------------------------------------------------
 
@@ -308,7 +265,7 @@ class Learner:
         budget_s = 60 * cfg.max_minutes - self.progress.learner_seconds
         deadline = started + budget_s if cfg.max_minutes else float("inf")
         self._deadline = deadline
-        if not self._await_workers(stop):
+        if not self.registry.await_evaluators(self.config.rollout.workers, stop):
             log.info("stopped while waiting for the rollout workers, before any step")
             return 0
         self.timing.seconds["setup"] = time.monotonic() - started
@@ -386,10 +343,16 @@ class Learner:
         admissible groups, one optimizer step per minibatch (the rest stay
         unacknowledged at max_steps, as after a crash), open the next round, publish."""
         consumer, progress = self.consumer, self.progress
-        groups, entry_ids = self._collect_batch(
+        # An evaluation that ended meanwhile is recorded between reads: it releases the
+        # weights it held back, without which the workers cannot make groups admissible
+        # again once the learner is k ahead.
+        groups, entry_ids = self.batches.collect(
             stop,
             consumer.batch_size,
             consumer.admissible(progress.version, progress.lost_versions),
+            progress.version,
+            lambda: self.evaluations.finish(self.progress, block=False),
+            deadline=self._deadline - self.timing.reserve_s(),
             fill_up_to=consumer.fill_up_to,
         )
         if not groups:
@@ -399,25 +362,8 @@ class Learner:
             if progress.step >= self.config.learner.max_steps:
                 break
             self._train_step(list(batch), list(ids))
-        consumer.open_round(self.state, progress.version)
+        consumer.open_round(self.state.tickets, progress.version)
         self._publish_if_new()
-
-    def _collect_batch(
-        self, stop: threading.Event, want: int, admissible, fill_up_to: int = 0
-    ) -> tuple[list, list]:
-        """`want` admissible groups (see `BatchCollector.collect`). An evaluation that
-        ended meanwhile is recorded between reads: it releases the weights it held back,
-        without which the workers cannot make groups admissible again once the learner
-        is k ahead."""
-        return self.batches.collect(
-            stop,
-            want,
-            admissible,
-            self.progress.version,
-            lambda: self.evaluations.finish(self.progress, block=False),
-            deadline=self._deadline - self.timing.reserve_s(),
-            fill_up_to=fill_up_to,
-        )
 
     def _lent(self) -> AbstractContextManager[None]:
         """The learner's cores lent for a block that only waits (`scalerl.lending`)."""
@@ -441,8 +387,7 @@ class Learner:
         stale = [staleness(self.progress.version, g.min_policy_version) for g in groups]
         with BusyTimer(self.compute, "learner") as timer:
             stats = self.trainer.step(groups)
-        wait_s = self.batches.wait_seconds
-        self.timing.step(timer.device_seconds, wait_s)
+        self.timing.step(timer.device_seconds, self.batches.wait_seconds)
         crash_point("learner.step.trained")
         if self.replay.ack(entry_ids) < len(entry_ids):
             log.warning(
@@ -450,115 +395,13 @@ class Learner:
             )
         crash_point("learner.step.acked")
         self.progress.counters["groups_trained_total"] += len(entry_ids)
-        self._update_pool(groups)
         self.progress.counters["groups_zero_variance_total"] += stats.groups_zero_variance
         if stats.stepped:
             self.progress.version += 1
             obs_logging.set_policy_version(self.progress.version)
         self.progress.step += 1
-        self._check_truncation(stats.truncation_rate)
-        record = self._step_record(groups, entry_ids, stale, stats, timer.device_seconds)
-        record = self.fleet.annotate(record)
-        append_record(self.run_dir, record)
-        self.metrics.observe_step(record)
-        values = record.model_dump()
-        self.status.update(
-            step=self.progress.step,
-            policy_version=self.progress.version,
-            compute_hours=record.compute,
-            queue_depth=record.queue_depth,
-            last_metrics={k: float(v) for k, v in values.items() if isinstance(v, (int, float))},
-        )
-        log.info(
-            "step %d v%d loss %.4f reward %.3f trunc %.2f queue %d (%.1fs train, %.1fs wait)",
-            self.progress.step,
-            self.progress.version,
-            record.loss,
-            record.mean_reward,
-            record.truncation_rate,
-            record.queue_depth,
-            timer.device_seconds,
-            wait_s,
-        )
-
-    def _step_record(
-        self,
-        groups: list,
-        entry_ids: list[str],
-        stale: list[int],
-        stats: StepStats,
-        step_seconds: float,
-    ) -> StepRecord:
-        """The metrics.jsonl record of the step just taken on `groups` (their replay
-        `entry_ids` and staleness `stale`, the trainer's `stats`, `step_seconds` busy
-        device-seconds)."""
-        return StepRecord(
-            step=self.progress.step,
-            policy_version=self.progress.version,
-            time=time.time(),
-            compute=self.compute.total_hours(),
-            step_seconds=step_seconds,
-            batch_wait_seconds=self.batches.wait_seconds,
-            publish_seconds=self.publisher.last_seconds,
-            publish_bytes=self.publisher.last_bytes,
-            publish_delta_bytes=self.publisher.last_delta_bytes,
-            publish_block_seconds=self.timing.take_publish_block(),
-            eval_wait_seconds=self.timing.take_eval_wait(),
-            eval_wait_share=self.evaluations.wait_share(),
-            eval_compute_share=self.evaluations.compute_share(),
-            busy_seconds_by_role=self.compute.by_role(),
-            queue_depth=self.replay.depth(),
-            staleness_mean=sum(stale) / len(stale),
-            staleness_max=max(stale),
-            staleness_hist=staleness_histogram(stale, self.config.learner.off_policy_k),
-            zero_variance_frac=stats.groups_zero_variance / len(groups),
-            groups_stale_total=self.batches.stale_total,
-            groups_dead_lettered_total=self.batches.dead_lettered_total,
-            groups_future_total=self.batches.future_total,
-            groups_unscored_total=self._unscored_total(),
-            **self.progress.counters,
-            prompts_eligible=self.pools.eligible_count(),
-            by_task=task_step_stats(groups, self.pools),
-            groups_in_batch=len(groups),
-            entry_ids=entry_ids,
-            samples_by_finish_reason=finish_reason_counts(groups),
-            **stats.record_fields(),
-        )
-
-    def _unscored_total(self) -> int | None:
-        """The run's groups dead-lettered unscored (replay ledger); None while Redis does
-        not answer (a step record is not worth failing the step)."""
-        try:
-            return self.replay.accounting().get(f"dead_letter:{VERIFIER_UNAVAILABLE}", 0)
-        except REDIS_ERRORS:
-            return None
-
-    def _check_truncation(self, rate: float) -> None:
-        """Warn when more than 10% of a batch hit the length limit (paper Sec. 3.1)."""
-        if rate > TRUNCATION_WARNING_RATE:
-            self.progress.counters["truncation_warnings_total"] += 1
-            self.metrics.truncation_warnings.inc()
-            log.warning(
-                "truncation rate %.1f%% > %.0f%% at step %d: the paper saw training degrade "
-                "here; raise rollout.max_new_tokens or set a thinking budget",
-                100 * rate,
-                100 * TRUNCATION_WARNING_RATE,
-                self.progress.step,
-            )
-
-    def _update_pool(self, groups: list) -> None:
-        """Per-prompt pass statistics and No-Positive-Resampling (paper Sec. 3.2)."""
-        cfg = self.config.learner
-        for group in groups:
-            passed = sum(1 for s in group.samples if passes(s.reward))
-            pool = self.pools.of(group.prompt_id)
-            if not cfg.no_positive_resampling:
-                pool.record(group.prompt_id, len(group.samples), passed)
-            elif pool.record_and_maybe_retire(
-                group.prompt_id, len(group.samples), passed, cfg.npr_threshold, cfg.npr_min_attempts
-            ):
-                self.progress.counters["prompts_retired_total"] += 1
-                self.metrics.prompts_retired.inc()
+        taken = TakenStep(groups, entry_ids, stale, stats, timer.device_seconds)
+        self.recorder.after_step(self.progress, taken)
 
     def close(self) -> None:
         self._closing.set()

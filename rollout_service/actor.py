@@ -8,7 +8,7 @@ Several groups are kept in flight so the engine's continuous batching stays full
 waits while the stream is at capacity, which is what bounds off-policyness (PipelineRL-k).
 
 With PPO-off-policy-k (paper Sec. 3.1) a group is started only with a generation ticket for
-the policy version now serving (`RunState.take_generation_ticket`): the learner hands out
+the policy version now serving (`GenerationQuota.take`): the learner hands out
 k x batch_prompts tickets per published version, so one frozen policy generates exactly
 the batch that the learner then splits into k minibatches. A ticket counts as held by
 this worker until its group is pushed (the push settles it) or the ticket is given back;
@@ -39,7 +39,6 @@ from scalerl.agents.trajectory import Trajectory
 from scalerl.config import RolloutConfig, RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.offpolicy import producer_for
-from scalerl.staleness import is_admissible
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.replay import VERIFIER_UNAVAILABLE, PushAborted, ReplayStream
 from scalerl.state.run_state import RunState
@@ -104,7 +103,8 @@ class ActorLoop:
         self.state = state
         self.config = config
         self.worker_id = worker_id
-        self.producer = producer_for(config.learner, state, worker_id)  # the off-policy mode
+        # The off-policy mode's side of generation: tickets, what is worth pushing.
+        self.producer = producer_for(config.learner, state.tickets, worker_id)
         self.rng = random.Random(f"{config.seed}-{worker_id}")
         rollout = config.rollout
         self.length_control = length_control_ids(rollout, tokenizer)
@@ -288,13 +288,10 @@ class ActorLoop:
         if any(v.unscored for v in verdicts):
             self._dead_letter_unscored(group, message, verdicts)
             return
-        learner_version = self.state.versions.announced()
-        if not is_admissible(
-            learner_version, message.min_policy_version, self.config.learner.off_policy_k
-        ):
+        if not self.producer.worth_pushing(self.state.versions.announced(), message):
             # The learner would drop it anyway. Its PPO ticket stays counted as held: the
             # learner is past the ticket's version, so a newer quota has already replaced
-            # that count and nothing of it can be re-issued.
+            # (or will replace) that count and nothing of it can be re-issued.
             self.groups_dropped_stale += 1
             return
         self.replay.push(

@@ -2,17 +2,25 @@
 
 Every engine's request table (`rollout_service.engines.requests`) updates tokens, time
 to first token, interruptions, finished requests, the policy version and active requests;
-the servicer observes weight-update durations. The truncation rate the paper watches
-(ScaleRL Sec. 3.1: training degraded when more than ~10% of samples were truncated) is
-derived from `scalerl_rollout_requests_finished_total` (finish_reason=
-"FINISH_REASON_LENGTH" over all), so no ratio gauge is kept.
+the servicer observes weight-update durations, and `DeltaCollector` how the delta versions
+offered to the worker ended (rebuilt, or refused and then received whole). The truncation
+rate the paper watches (ScaleRL Sec. 3.1: training degraded when more than ~10% of
+samples were truncated) is derived from `scalerl_rollout_requests_finished_total`
+(finish_reason="FINISH_REASON_LENGTH" over all), so no ratio gauge is kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from scalerl.obs.metrics import service_registry
+
+if TYPE_CHECKING:
+    from scalerl.weights.receive import LastPayload
 
 # Seconds; generation on CPU ranges from milliseconds (tiny model) to seconds (prefill of
 # long prompts behind a busy batch).
@@ -67,3 +75,24 @@ class RolloutMetrics:
             "Requests submitted and not finished (running or waiting for a KV slot).",
             registry=registry,
         )
+
+
+class DeltaCollector:
+    """`scalerl_rollout_weight_deltas_total{outcome}`: the delta versions offered to this
+    worker (`learner.weights.delta: auto`), read from its `LastPayload` at each scrape.
+    outcome rebuilt: applied, sha256 matched; refused_base: built on a payload the worker
+    does not hold; refused_delta: did not rebuild the announced payload. Each refusal costs
+    a whole version on the wire, so a rising share of them says deltas do not pay here."""
+
+    def __init__(self, last: LastPayload) -> None:
+        self._last = last
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "scalerl_rollout_weight_deltas",
+            "Delta versions offered to this worker, per outcome.",
+            labels=["outcome"],
+        )
+        for outcome, count in self._last.outcomes().items():
+            family.add_metric([outcome], count)
+        yield family

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from rollout_service.actor import ActorLoop
 from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
-from rollout_service.metrics import RolloutMetrics
+from rollout_service.metrics import DeltaCollector, RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
 from rollout_service.trajectories import TrajectoryTable
 from scalerl.compute import ComputeCounters, ComputeReporter
@@ -137,6 +137,8 @@ class RolloutWorker:
         )
         ready_health.set(READY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health = ready_health
+        if self.follower.last is not None:
+            self.metrics.registry.register(DeltaCollector(self.follower.last))
         if self.metrics_port:
             serve_metrics(self.metrics.registry, self.metrics_port, self.host)
         self._spawn(self._report_compute)

@@ -192,7 +192,7 @@ class BatchCollector:
         if self.clock() - last_arrival <= self.refill_s:
             return False
         log.warning("no group for %.0fs: re-issuing %d tickets", self.refill_s, missing)
-        self.state.add_generation_quota(version, missing)
+        self.state.tickets.add(version, missing)
         return True
 
     def _give_up_reason(

@@ -56,7 +56,7 @@ class TicketReclaimer:
         if now - self._checked_at < self._period_s:
             return 0
         self._checked_at = now
-        tickets = self._state.generation_tickets()
+        tickets = self._state.tickets.read()
         if tickets.version != version or not tickets.held:
             return 0
         registered = self._registry.states()
@@ -64,7 +64,7 @@ class TicketReclaimer:
         for worker_id in tickets.held:
             if worker_id in registered:
                 continue
-            count = self._state.reissue_expired_tickets(version, worker_id)
+            count = self._state.tickets.reissue_expired(version, worker_id)
             if count:
                 log.warning(
                     "worker %s's registration expired: re-issued %d generation tickets "

@@ -161,6 +161,18 @@ class DrivenTrainer:
         return getattr(self._trainer, name)
 
 
+def build_trainer(
+    model: torch.nn.Module, config: RunConfig, pad_id: int, ranks: LearnerRanks | None
+) -> Trainer | DrivenTrainer:
+    """The ScaleRL trainer of rank 0 (or of the only process); with `ranks`, sharded over
+    them (rank 0's weights first sent to every rank) and announcing its collectives."""
+    if ranks is not None:
+        ranks.share_weights(model)
+    mesh = ranks.mesh if ranks else None
+    trainer = Trainer(model, config.learner, config.rollout.temperature, pad_id=pad_id, mesh=mesh)
+    return DrivenTrainer(trainer, ranks) if ranks else trainer
+
+
 def follow(config: RunConfig, ranks: LearnerRanks) -> int:
     """A follower rank's life: the same model as rank 0, sharded, then every announced
     collective until `stop` (`serve_commands`). Returns 0."""

@@ -12,6 +12,7 @@ import torch
 from scalerl.agents.build import ToolTaskEnvironments
 from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.tool_calls import ToolCall, ToolCallFormat
+from scalerl.config import ModelConfig
 from scalerl.tasks import AdditionTask, Problem, TaskSet
 
 
@@ -117,3 +118,21 @@ def supervised_warmup(
         loss_value = loss.item()
     model.eval()
     return loss_value
+
+
+def warm_up(
+    model: torch.nn.Module, tokenizer, tasks: TaskSet, config: ModelConfig, seed: int
+) -> float:
+    """The supervised warm-up `config` asks for (`model.warmup_*`) on `tasks`' training
+    problems: `supervised_warmup` with its distractors and tool demonstrations. Returns
+    the last loss (nats per target token)."""
+    return supervised_warmup(
+        model,
+        tokenizer,
+        warmup_problems(tasks),
+        config.warmup_steps,
+        config.warmup_lr,
+        seed=seed,
+        distractor_rate=config.warmup_distractor_rate,
+        tool=tool_demo(config.warmup_tool_rate, tasks, tokenizer),
+    )

@@ -40,6 +40,13 @@ class ModelConfig(_Section):
     warmup_steps: int = Field(
         0, ge=0, le=10_000, description="Supervised warm-up steps before RL (tiny model)."
     )
+    warmup_cache: bool = Field(
+        True,
+        description="Keep the warm-up's result in the cache (model.cache_dir) and load it "
+        "when a run would repeat the same warm-up exactly (same initial weights, config, "
+        "seed, problems, device and code; learner_service.train.warmup_cache); its "
+        "compute is counted either way. false = always train it.",
+    )
     warmup_lr: float = Field(3e-3, gt=0, le=1.0, description="Supervised warm-up learning rate.")
     warmup_distractor_rate: float = Field(
         0.0,

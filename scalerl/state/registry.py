@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -203,6 +204,22 @@ class WorkerRegistry:
             for worker_id, info in self.ready().items()
             if info.progress is None or not info.progress.lender
         }
+
+    def await_evaluators(self, want: int, stop: threading.Event, timeout_s: float = 600.0) -> bool:
+        """Wait until `want` workers are registered and ready (`evaluators()`: lenders are
+        extra). False when `stop` is set first. Raises RuntimeError naming the count after
+        `timeout_s` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.evaluators()) < want:
+            if stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(self.evaluators())} of {want} rollout "
+                    f"workers registered after {timeout_s:.0f}s"
+                )
+            stop.wait(0.5)
+        return True
 
     def ready(self) -> dict[str, WorkerInfo]:
         """`workers()` with what each one reported: worker_id -> WorkerInfo, sorted by id."""

@@ -53,7 +53,7 @@ from scalerl.state.replay_scripts import (
     PUSH_LUA,
     RECONCILE_LUA,
 )
-from scalerl.state.run_state import held_field
+from scalerl.state.tickets import held_field
 from scalerl.state.worker_stats import stat_field
 from scalerl.v1 import rollout_pb2
 

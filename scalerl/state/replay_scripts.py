@@ -7,7 +7,7 @@ docstring for the ledger's identity).
 from __future__ import annotations
 
 from scalerl.state.once import ONCE_TTL_S
-from scalerl.state.run_state import SETTLE_PUSHED_TICKET_LUA
+from scalerl.state.tickets import SETTLE_PUSHED_TICKET_LUA
 
 
 def _repeat_answers_first(key: str, seq: str) -> str:

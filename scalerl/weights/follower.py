@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scalerl.config import BroadcastWeights, PullWeights, RunConfig
+from scalerl.staleness import is_admissible
 from scalerl.weights.board import VersionBoard, WeightsRef
 from scalerl.weights.broadcast_receive import BroadcastReceiver
 from scalerl.weights.pull import POLL_S, pull_weights
@@ -86,7 +87,9 @@ class WeightFollower:
         the learner's announced one."""
         if not self.serves_run_weights:
             return False
-        return self.board.announced() - self.engine.policy_version <= self.k
+        # What it generates now would be admissible (PipelineRL-k's bound; under PPO the
+        # tickets, taken only for the quota's version, hold it to the round's one policy).
+        return is_admissible(self.board.announced(), self.engine.policy_version, self.k)
 
     def newer(self) -> WeightsRef | None:
         """The publication to load next: the LoRA base (`VersionBoard.base`) when the

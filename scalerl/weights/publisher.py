@@ -31,16 +31,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from safetensors.torch import save as save_safetensors
 
+from scalerl.config import RunConfig
 from scalerl.policy.lora import BASE_VERSION, base_version_tensor
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2
 from scalerl.weights import delta
-from scalerl.weights.senders import Sender
+from scalerl.weights.broadcast_send import Delivery
+from scalerl.weights.senders import Sender, make_sender
+from scalerl.weights.store import WeightStore
 from scalerl.weights.wire import (
     FULL,
     LORA_ADAPTER,
@@ -222,3 +226,26 @@ class WeightPublisher:
         if data is None or len(data) >= len(payload):
             return None
         return Delta(delta_header(header, base.version, base.sha256, data), data)
+
+
+def make_publisher(
+    config: RunConfig,
+    registry: WorkerRegistry,
+    state: RunState,
+    weights_dir: Path,
+    store: WeightStore,
+    source: str,
+    hosts: tuple[str, str],
+    dtype: str,
+    snapshot: Callable[..., dict] = snapshot_state_dict,
+    on_broadcast: Callable[[Delivery], None] | None = None,
+    gpu: str = "",
+) -> WeightPublisher:
+    """The run's publisher (`dtype`: the engines'; `snapshot`: how its CPU copy is taken)
+    over the sender of `config.learner.weights` (`make_sender`, which takes the rest).
+    Raises ValueError as `make_sender`."""
+    sender = make_sender(
+        config, registry, weights_dir, store, source, hosts, on_broadcast=on_broadcast, gpu=gpu
+    )
+    lora = config.learner.lora is not None
+    return WeightPublisher(registry, state, sender, dtype, snapshot=snapshot, lora=lora)

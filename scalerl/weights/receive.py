@@ -97,11 +97,28 @@ class LastPayload:
     """The last full payload this worker received for the run's policy: its version,
     sha256 (hex) and bytes, the base a delta rebuilds the next one from
     (`learner.weights.delta`). The engine's state does not matter: a rebuilt payload is a
-    whole payload, checked against the announced sha256. Thread-safe."""
+    whole payload, checked against the announced sha256. It also counts how the deltas it
+    was offered ended (`OUTCOMES`, for the worker's metrics). Thread-safe."""
+
+    # rebuilt: applied and its sha256 matched; refused_base: built on a payload this worker
+    # does not hold; refused_delta: it did not rebuild the announced payload (bytes damaged
+    # in transit before decoding fail their own sha256, as a whole payload's would).
+    OUTCOMES = ("rebuilt", "refused_base", "refused_delta")
 
     def __init__(self) -> None:
         self._held: tuple[int, str, bytes] | None = None
         self._lock = threading.Lock()
+        self._outcomes = dict.fromkeys(self.OUTCOMES, 0)
+
+    def count(self, outcome: str) -> None:
+        """One delta offered ended in `outcome` (one of OUTCOMES)."""
+        with self._lock:
+            self._outcomes[outcome] += 1
+
+    def outcomes(self) -> dict[str, int]:
+        """Deltas offered so far, per outcome (a copy)."""
+        with self._lock:
+            return dict(self._outcomes)
 
     @property
     def sha256(self) -> str:
@@ -219,7 +236,9 @@ def _payload(
     try:  # decode hashes what it rebuilt; the header (the announcement) names the digest
         payload = bytes(delta.decode(base, data, header.base_sha256, header.sha256))
     except DataLoss as exc:
+        _count(last, "refused_delta")
         raise WeightsError("delta", str(exc).removeprefix("delta: ")) from exc
+    _count(last, "rebuilt")
     if keep is not None:
         keep(full_header(header), payload, Delta(header, data))
     return payload
@@ -230,6 +249,7 @@ def _base(header: rollout_pb2.WeightsHeader, last: LastPayload | None) -> bytes:
     `last` holds another payload (FAILED_PRECONDITION: the sender sends it whole)."""
     held = last.get() if last is not None else None
     if held is None or held[1] != header.base_sha256:
+        _count(last, "refused_base")
         served = f"version {held[0]}" if held else "no payload"
         raise WeightsError(
             "base",
@@ -237,6 +257,11 @@ def _base(header: rollout_pb2.WeightsHeader, last: LastPayload | None) -> bytes:
             f"{served} as its last; send the full version",
         )
     return held[2]
+
+
+def _count(last: LastPayload | None, outcome: str) -> None:
+    if last is not None:
+        last.count(outcome)
 
 
 def full_header(header: rollout_pb2.WeightsHeader) -> rollout_pb2.WeightsHeader:

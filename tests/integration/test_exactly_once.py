@@ -84,9 +84,9 @@ def test_counters_during_a_stall_add_once(any_redis_url: str, run_id: str) -> No
     pool.init(["math/1", "math/2"])
 
     state = RunState(client, run_id)
-    state.set_generation_quota(version=3, groups=8)
+    state.tickets.set_quota(version=3, groups=8)
     # Each script loaded first, so the stall hits the calls themselves.
-    state.take_generation_ticket(3, "w0")
+    state.tickets.take(3, "w0")
     compute.add("warm_up", 1.0)
     stats.add("w1", "tokens_generated", 1)
     pool.record("math/2", 1, 0)
@@ -95,10 +95,10 @@ def test_counters_during_a_stall_add_once(any_redis_url: str, run_id: str) -> No
         compute.add("rollout", 1.5, worker_id="w0")
         stats.add("w0", "tokens_generated", 2)
         pool.record("math/1", 8, 3)
-        assert state.take_generation_ticket(3, "w0")
+        assert state.tickets.take(3, "w0")
 
     _during_a_stall(any_redis_url, run_id, add)
-    tickets = state.generation_tickets()
+    tickets = state.tickets.read()
     assert (tickets.remaining, tickets.held) == (6, {"w0": 2})
     assert compute.by_role() == {"rollout": 1.5, "warm_up": 1.0}
     by_worker = stats.by_worker()["w0"]

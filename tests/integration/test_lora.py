@@ -16,6 +16,7 @@ from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
+from learner_service.server import LearnerStatus, serve
 from learner_service.train.trainer import Trainer
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
@@ -31,7 +32,9 @@ from scalerl.state.run_state import RunState
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
 from scalerl.weights.follower import WeightFollower
 from scalerl.weights.publisher import WeightPublisher
-from scalerl.weights.senders import UriSender
+from scalerl.weights.receive import LastPayload
+from scalerl.weights.senders import PullSender, Sender, UriSender
+from scalerl.weights.store import WeightStore
 from scalerl.weights.wire import (
     LORA_ADAPTER,
     LORA_BASE,
@@ -167,11 +170,11 @@ def test_two_adapters_are_served_side_by_side_each_request_its_own() -> None:
 class _Learner:
     """A LoRA learner's publisher over the `uri` transport, on the real board."""
 
-    def __init__(self, client, run_id: str, folder) -> None:
+    def __init__(self, client, run_id: str, folder, sender: Sender | None = None) -> None:
         self.model = trained_lora(llama(True), 8)
         self.state = RunState(client, run_id)
         registry = WorkerRegistry(client, run_id)
-        sender = UriSender(registry, folder, timeout_s=5.0)
+        sender = sender or UriSender(registry, folder, timeout_s=5.0)
         self.publisher = WeightPublisher(registry, self.state, sender, "float32", lora=True)
 
     def step_and_publish(self, version: int) -> None:
@@ -242,6 +245,43 @@ def test_a_late_joiner_and_a_worker_that_missed_versions_serve_the_latest_adapte
         assert (engine.base_version, engine.policy_version) == (0, 4)
         assert torch.allclose(engine_logits(engine, IDS), learner.logits(IDS), atol=1e-5)
         engine.stop()
+
+
+def test_adapters_go_as_deltas_and_the_worker_serves_the_learners_adapted_logits(
+    redis_client, run_id, tmp_path
+) -> None:
+    """`learner.weights.delta: auto` with LoRA over pull: the base and the first adapters
+    go whole (their layouts differ), every later adapter as its delta from the one before,
+    rebuilt on the worker into exactly the learner's tensors."""
+    store = WeightStore()
+    server, port = serve(LearnerStatus(), security=Security(), weights=store)
+    sender = PullSender(store, f"grpc://127.0.0.1:{port}", deltas=True)
+    learner = _Learner(redis_client, run_id, tmp_path, sender)
+    board = learner.state.versions
+    engine = TorchEngine(llama(True, seed=9), [1], max_batch=2, max_seq_len=32)
+    last = LastPayload()
+    follower = WeightFollower(engine, board, None, pulls=True, k=2, period_s=1, last=last)
+    try:
+        learner.publisher.publish(learner.model, 0, wait=True)
+        learner.step_and_publish(1)
+        assert learner.publisher.last_delta_bytes == 0  # the adapters after the base
+        board.announce(1)
+        assert follower.await_initial(threading.Event(), lambda: False)
+        assert follower.load_if_behind() and engine.policy_version == 1
+        for version in (2, 3):  # one adapter's B moves, as a small update does
+            with torch.no_grad():
+                b = next(p for n, p in learner.model.named_parameters() if ".lora_B." in n)
+                b[0] += 0.01 * version
+            learner.publisher.publish(learner.model, version, wait=True)
+            assert 0 < learner.publisher.last_delta_bytes < learner.publisher.last_bytes / 2
+            board.announce(version)
+            assert follower.load_if_behind() and engine.policy_version == version
+            assert torch.allclose(engine_logits(engine, IDS), learner.logits(IDS), atol=1e-5)
+        assert store.deltas_sent == 2
+        assert last.outcomes() == {"rebuilt": 2, "refused_base": 0, "refused_delta": 0}
+    finally:
+        engine.stop()
+        server.stop(None)
 
 
 def test_a_new_learners_adapter_never_lands_on_the_old_base(redis_client, run_id, tmp_path):

@@ -12,7 +12,8 @@ from scalerl.compute import BusyTimer, ComputeCounters
 from scalerl.state.client import RedisClient
 from scalerl.state.keys import RunKeys
 from scalerl.state.registry import WorkerRegistry
-from scalerl.state.run_state import GenerationTickets, RunState
+from scalerl.state.run_state import RunState
+from scalerl.state.tickets import GenerationTickets
 from scalerl.weights.board import WeightsRef
 
 # Each test on a redis-server and on a 3-master Redis Cluster (tests/conftest.py).
@@ -84,13 +85,13 @@ def test_generation_quota_is_per_version_and_never_overdrawn(
     redis_client: RedisClient, run_id: str
 ) -> None:
     state = RunState(redis_client, run_id)
-    assert not state.take_generation_ticket(0, "w0")  # no quota yet
-    state.set_generation_quota(3, 16)
-    assert not state.take_generation_ticket(2, "w0")  # another version's worker waits
+    assert not state.tickets.take(0, "w0")  # no quota yet
+    state.tickets.set_quota(3, 16)
+    assert not state.tickets.take(2, "w0")  # another version's worker waits
     taken = []
 
     def worker(worker_id: str) -> None:
-        taken.extend(worker_id for _ in range(10) if state.take_generation_ticket(3, worker_id))
+        taken.extend(worker_id for _ in range(10) if state.tickets.take(3, worker_id))
 
     threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
     for t in threads:
@@ -98,36 +99,36 @@ def test_generation_quota_is_per_version_and_never_overdrawn(
     for t in threads:
         t.join()
     assert len(taken) == 16  # 40 attempts, exactly the quota granted
-    tickets = state.generation_tickets()
+    tickets = state.tickets.read()
     assert tickets.version == 3 and tickets.remaining == 0
     assert tickets.held == {w: taken.count(w) for w in set(taken)}  # each take counted once
-    assert state.add_generation_quota(3, 2) == 2
-    assert state.generation_tickets().held == {}  # the refill stands in for the held ones
-    assert state.take_generation_ticket(3, "w0") and state.take_generation_ticket(3, "w0")
-    assert not state.take_generation_ticket(3, "w0")
-    assert state.add_generation_quota(2, 5) == -1  # quota moved on: nothing added
-    state.set_generation_quota(4, 1)  # a new version replaces the old quota
-    assert state.generation_tickets().held == {}  # and its held counts
-    assert not state.take_generation_ticket(3, "w0")
-    assert state.take_generation_ticket(4, "w0")
+    assert state.tickets.add(3, 2) == 2
+    assert state.tickets.read().held == {}  # the refill stands in for the held ones
+    assert state.tickets.take(3, "w0") and state.tickets.take(3, "w0")
+    assert not state.tickets.take(3, "w0")
+    assert state.tickets.add(2, 5) == -1  # quota moved on: nothing added
+    state.tickets.set_quota(4, 1)  # a new version replaces the old quota
+    assert state.tickets.read().held == {}  # and its held counts
+    assert not state.tickets.take(3, "w0")
+    assert state.tickets.take(4, "w0")
     with pytest.raises(ValueError, match="groups must be an integer >= 0"):
-        state.set_generation_quota(4, -1)
+        state.tickets.set_quota(4, -1)
     with pytest.raises(ValueError, match="worker_id must match"):
-        state.take_generation_ticket(4, "bad id*")
+        state.tickets.take(4, "bad id*")
 
 
 def test_tickets_given_back_never_exceed_those_held(redis_client: RedisClient, run_id: str) -> None:
     state = RunState(redis_client, run_id)
-    state.set_generation_quota(5, 4)
-    assert state.take_generation_ticket(5, "w0") and state.take_generation_ticket(5, "w0")
-    assert state.give_back_generation_tickets(5, "w0") == 1
-    assert state.generation_tickets() == GenerationTickets(5, 3, {"w0": 1})
-    assert state.give_back_generation_tickets(5, "w0", groups=3) == 1  # held only 1
-    assert state.give_back_generation_tickets(5, "w1") == 0  # held none
-    assert state.give_back_generation_tickets(4, "w0") == 0  # an older version's quota
-    assert state.generation_tickets() == GenerationTickets(5, 4, {})
+    state.tickets.set_quota(5, 4)
+    assert state.tickets.take(5, "w0") and state.tickets.take(5, "w0")
+    assert state.tickets.give_back(5, "w0") == 1
+    assert state.tickets.read() == GenerationTickets(5, 3, {"w0": 1})
+    assert state.tickets.give_back(5, "w0", groups=3) == 1  # held only 1
+    assert state.tickets.give_back(5, "w1") == 0  # held none
+    assert state.tickets.give_back(4, "w0") == 0  # an older version's quota
+    assert state.tickets.read() == GenerationTickets(5, 4, {})
     with pytest.raises(ValueError, match="groups must be an integer >= 0"):
-        state.give_back_generation_tickets(5, "w0", groups=-1)
+        state.tickets.give_back(5, "w0", groups=-1)
 
 
 def test_compute_counters_sum(redis_client: RedisClient, run_id: str) -> None:

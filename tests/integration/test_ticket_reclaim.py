@@ -18,7 +18,8 @@ from learner_service.metrics import LearnerMetrics
 from scalerl.offpolicy import PipelineProducer, PpoProducer
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import GenerationTickets, RunState
+from scalerl.state.run_state import RunState
+from scalerl.state.tickets import GenerationTickets
 from scalerl.v1 import rollout_pb2
 
 SHORT_TTL_S = 0.2  # a dead worker's registration: gone after a short sleep
@@ -55,7 +56,7 @@ class _Clock:
 
 def _take(state: RunState, version: int, worker_id: str, count: int) -> None:
     for _ in range(count):
-        assert state.take_generation_ticket(version, worker_id)
+        assert state.tickets.take(version, worker_id)
 
 
 def test_a_dead_workers_unpushed_tickets_come_back_once(
@@ -68,27 +69,27 @@ def test_a_dead_workers_unpushed_tickets_come_back_once(
     replay = ReplayStream(redis_client, run_id, capacity=16)
     clock = _Clock()
     reclaimer = TicketReclaimer(state, registry, period_s=1.0, clock=clock)
-    state.set_generation_quota(3, 6)
+    state.tickets.set_quota(3, 6)
     registry.heartbeat("A", "127.0.0.1:5001", ttl_s=SHORT_TTL_S)
     registry.heartbeat("B", "127.0.0.1:5002", ttl_s=30)
     _take(state, 3, "A", 3)
     _take(state, 3, "B", 1)
     replay.push(_group("A", 3), ticket_version=3)  # settled by the push script
-    assert state.generation_tickets() == GenerationTickets(3, 2, {"A": 2, "B": 1})
+    assert state.tickets.read() == GenerationTickets(3, 2, {"A": 2, "B": 1})
     assert reclaimer.check(3) == 0  # both alive
     time.sleep(SHORT_TTL_S + 0.1)
     assert reclaimer.check(3) == 0  # within the period of the last check: not looked at
     clock.now += 1.0
     with caplog.at_level(logging.WARNING, logger="learner_service.intake.ticket_reclaim"):
         assert reclaimer.check(3) == 2
-    assert state.generation_tickets() == GenerationTickets(3, 4, {"B": 1})
+    assert state.tickets.read() == GenerationTickets(3, 4, {"B": 1})
     assert caplog.messages == [
         "worker A's registration expired: re-issued 2 generation tickets of policy version 3"
     ]
     clock.now += 1.0
     assert reclaimer.check(3) == 0  # exactly once
-    assert state.reissue_expired_tickets(3, "A") == 0
-    assert state.generation_tickets() == GenerationTickets(3, 4, {"B": 1})
+    assert state.tickets.reissue_expired(3, "A") == 0
+    assert state.tickets.read() == GenerationTickets(3, 4, {"B": 1})
     assert replay.accounting()["pushed"] == 1
 
 
@@ -96,14 +97,14 @@ def test_a_registered_worker_keeps_its_tickets(redis_client: redis.Redis, run_id
     """The registration is checked inside the re-issue script: a worker that beats again
     before it runs (it came back) keeps what it holds."""
     state, registry = RunState(redis_client, run_id), WorkerRegistry(redis_client, run_id)
-    state.set_generation_quota(2, 4)
+    state.tickets.set_quota(2, 4)
     registry.heartbeat("A", "127.0.0.1:5001", ttl_s=SHORT_TTL_S)
     _take(state, 2, "A", 2)
-    assert state.reissue_expired_tickets(2, "A") == 0
+    assert state.tickets.reissue_expired(2, "A") == 0
     time.sleep(SHORT_TTL_S + 0.1)
     registry.heartbeat("A", "127.0.0.1:5001", ttl_s=30)  # back before the check
-    assert state.reissue_expired_tickets(2, "A") == 0
-    assert state.generation_tickets() == GenerationTickets(2, 2, {"A": 2})
+    assert state.tickets.reissue_expired(2, "A") == 0
+    assert state.tickets.read() == GenerationTickets(2, 2, {"A": 2})
     assert TicketReclaimer(state, registry, period_s=1.0).check(2) == 0
 
 
@@ -116,19 +117,19 @@ def test_a_stale_versions_tickets_are_not_reissued_into_a_newer_quota(
     replay = ReplayStream(redis_client, run_id, capacity=16)
     clock = _Clock()
     reclaimer = TicketReclaimer(state, registry, period_s=1.0, clock=clock)
-    state.set_generation_quota(3, 5)
+    state.tickets.set_quota(3, 5)
     registry.heartbeat("A", "127.0.0.1:5001", ttl_s=SHORT_TTL_S)
     _take(state, 3, "A", 2)
-    state.set_generation_quota(4, 5)
+    state.tickets.set_quota(4, 5)
     _take(state, 4, "A", 1)
     replay.push(_group("A", 3), ticket_version=3)  # settles nothing of v4's quota
-    assert state.generation_tickets() == GenerationTickets(4, 4, {"A": 1})
+    assert state.tickets.read() == GenerationTickets(4, 4, {"A": 1})
     time.sleep(SHORT_TTL_S + 0.1)
     assert reclaimer.check(3) == 0  # the quota is for v4 now
-    assert state.reissue_expired_tickets(3, "A") == 0
+    assert state.tickets.reissue_expired(3, "A") == 0
     clock.now += 1.0
     assert reclaimer.check(4) == 1
-    assert state.generation_tickets() == GenerationTickets(4, 5, {})
+    assert state.tickets.read() == GenerationTickets(4, 5, {})
 
 
 def test_a_bad_ticket_version_is_refused(redis_client: redis.Redis, run_id: str) -> None:
@@ -150,7 +151,7 @@ def test_the_collector_reissues_a_dead_workers_tickets_while_it_waits(
     the wait (well before `refill_s`) A's ticket comes back, B takes it and pushes."""
     state, registry = RunState(redis_client, run_id), WorkerRegistry(redis_client, run_id)
     replay = ReplayStream(redis_client, run_id, capacity=16)
-    state.set_generation_quota(0, 2)
+    state.tickets.set_quota(0, 2)
     registry.heartbeat("A", "127.0.0.1:5001", ttl_s=SHORT_TTL_S)
     registry.heartbeat("B", "127.0.0.1:5002", ttl_s=30)
     _take(state, 0, "A", 1)
@@ -168,7 +169,7 @@ def test_the_collector_reissues_a_dead_workers_tickets_while_it_waits(
     )
 
     def worker_b() -> None:  # what B's actor loop does once a ticket is there
-        if state.take_generation_ticket(0, "B"):
+        if state.tickets.take(0, "B"):
             replay.push(_group("B", 0, "second"), ticket_version=0)
 
     start = time.monotonic()
@@ -177,7 +178,7 @@ def test_the_collector_reissues_a_dead_workers_tickets_while_it_waits(
     )
     assert [g.prompt_id for g in groups] == ["first", "second"]
     assert time.monotonic() - start < 3
-    assert state.generation_tickets() == GenerationTickets(0, 0, {})
+    assert state.tickets.read() == GenerationTickets(0, 0, {})
 
 
 def test_a_restarted_worker_returns_what_its_earlier_process_held(
@@ -186,15 +187,15 @@ def test_a_restarted_worker_returns_what_its_earlier_process_held(
     """A worker restarted under its id is registered again before the old registration
     could expire; the new process gives the old one's tickets back as it starts."""
     state = RunState(redis_client, run_id)
-    state.set_generation_quota(7, 4)
+    state.tickets.set_quota(7, 4)
     _take(state, 7, "A", 3)
-    assert PipelineProducer().reclaim_predecessors() == 0
-    assert state.generation_tickets() == GenerationTickets(7, 1, {"A": 3})  # not PPO: kept
-    producer = PpoProducer(state, "A")
+    assert PipelineProducer(k=2).reclaim_predecessors() == 0
+    assert state.tickets.read() == GenerationTickets(7, 1, {"A": 3})  # not PPO: kept
+    producer = PpoProducer(state.tickets, "A")
     with caplog.at_level(logging.WARNING, logger="scalerl.offpolicy"):
         assert producer.reclaim_predecessors() == 3
         assert producer.reclaim_predecessors() == 0  # nothing left the second time
-    assert state.generation_tickets() == GenerationTickets(7, 4, {})
+    assert state.tickets.read() == GenerationTickets(7, 4, {})
     assert caplog.messages == [
         "re-issued 3 generation tickets of policy version 7 that an earlier process of "
         "worker A held"

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from fake_sink import FakeSink
+from prometheus_client import CollectorRegistry
 from safetensors.torch import save as save_safetensors
 
 from learner_service.server import LearnerStatus, serve
+from rollout_service.metrics import DeltaCollector
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import ModelConfig
 from scalerl.policy.models import load_policy
@@ -128,6 +130,7 @@ def test_a_worker_that_missed_three_versions_gets_one_chain_and_serves_the_lates
     assert sent < len(payloads[4]) / 3
     assert store.deltas_sent == 1
     assert (last.version, last.get()[2]) == (4, payloads[4])
+    assert last.outcomes() == {"rebuilt": 1, "refused_base": 0, "refused_delta": 0}
 
 
 def test_a_worker_further_behind_than_the_deltas_held_gets_the_whole_payload(learner) -> None:
@@ -171,6 +174,12 @@ def test_a_tampered_delta_is_refused_and_the_worker_serves_the_learners_exact_te
     assert save_safetensors(staged) == payloads[1]
     assert "delta:" in caplog.text and "fetching the full payload" in caplog.text
     assert last.version == 1
+    # The refusal shows on the worker's /metrics, not only in its log.
+    registry = CollectorRegistry()
+    registry.register(DeltaCollector(last))
+    sample = registry.get_sample_value
+    assert sample("scalerl_rollout_weight_deltas_total", {"outcome": "refused_delta"}) == 1
+    assert sample("scalerl_rollout_weight_deltas_total", {"outcome": "rebuilt"}) == 0
 
 
 def test_a_delta_for_another_base_is_refused_before_its_bytes_are_read() -> None:
@@ -181,6 +190,7 @@ def test_a_delta_for_another_base_is_refused_before_its_bytes_are_read() -> None
         receive_weights(weights_requests(diff.data, 2, header=diff.header), engine, last=last)
     assert (refused.value.field, refused.value.status) == ("base", "FAILED_PRECONDITION")
     assert engine.staged == [] and last.version == 0
+    assert last.outcomes()["refused_base"] == 1
     with pytest.raises(WeightsError, match="base: .*holds no payload"):
         receive_weights(weights_requests(diff.data, 2, header=diff.header), engine, last=None)
 

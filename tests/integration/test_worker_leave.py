@@ -16,7 +16,8 @@ from rollout_service.actor import ActorLoop, _GroupInFlight
 from rollout_service.engines.api import TRUNCATE
 from scalerl.offpolicy import producer_for
 from scalerl.state.replay import ReplayStream
-from scalerl.state.run_state import GenerationTickets, RunState
+from scalerl.state.run_state import RunState
+from scalerl.state.tickets import GenerationTickets
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.v1 import rollout_pb2
 
@@ -71,7 +72,7 @@ def _actor(client: redis.Redis, run_id: str, engine: FakeEngine, mode: str, thin
         rollout=SimpleNamespace(thinking_budget=thinking),
         learner=SimpleNamespace(off_policy_mode=mode, off_policy_k=2),
     )
-    actor.producer = producer_for(actor.config.learner, actor.state, "w0")
+    actor.producer = producer_for(actor.config.learner, actor.state.tickets, "w0")
     actor.groups_pushed = actor.groups_dropped_stale = 0
     return actor
 
@@ -112,15 +113,13 @@ def test_what_cannot_finish_in_the_grace_period_is_given_back(
     engine = FakeEngine(hanging={"p2-0"})
     actor = _actor(redis_client, run_id, engine, "ppo", thinking=5)
     actor.state.versions.announce(3)
-    actor.state.set_generation_quota(3, 4)
-    assert actor.state.take_generation_ticket(3, "w0") and actor.state.take_generation_ticket(
-        3, "w0"
-    )
+    actor.state.tickets.set_quota(3, 4)
+    assert actor.state.tickets.take(3, "w0") and actor.state.tickets.take(3, "w0")
     in_flight = _groups(engine, ["p1", "p2"])
     actor._leave(in_flight, grace_s=0.3, should_stop=lambda: False)
     assert actor.groups_pushed == 1 and [g.prompt_id for g in in_flight] == ["p2"]
     # 2 left + the one given back; the pushed group's ticket is settled, none held
-    assert actor.state.generation_tickets() == GenerationTickets(3, 3, {})
+    assert actor.state.tickets.read() == GenerationTickets(3, 3, {})
 
 
 def test_without_a_thinking_budget_nothing_is_interrupted(

@@ -45,6 +45,11 @@ def test_environment_overrides_a_field(monkeypatch):
             "scalerl: rollout.thinking_budget + rollout.interrupt_text + rollout.answer_budget"
             " = 16 + 4 tokens + 9 = 29 exceeds rollout.max_new_tokens = 26",
         ),
+        (
+            # The broadcast group sends tensors, never deltas: no silently ignored field.
+            ["--set", "learner.weights.transport=broadcast", "--set", "learner.weights.delta=auto"],
+            "scalerl: learner.weights.broadcast.delta: Extra inputs are not permitted",
+        ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),
         *(

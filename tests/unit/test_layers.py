@@ -27,6 +27,7 @@ TORCH_FREE = (
     "scalerl.state.prompt_pool",
     "scalerl.state.registry",
     "scalerl.state.run_state",
+    "scalerl.state.tickets",
     "scalerl.rpc.server",
     "scalerl.rpc.channel",
     "scalerl.obs.logging",

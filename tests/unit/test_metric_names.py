@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from curve_service.metrics import CurveMetrics
 from learner_service.metrics import LearnerMetrics, WorkerStatsCollector
-from rollout_service.metrics import RolloutMetrics
+from rollout_service.metrics import DeltaCollector, RolloutMetrics
 from scalerl.obs.metrics import service_registry
 from scalerl.state.worker_stats import STATS
+from scalerl.weights.receive import LastPayload
 
 # A gauge of a fraction (of samples, groups, tokens) is derivable from counters; the dashboard
 # computes rates from them instead.
@@ -32,8 +33,10 @@ class _Stats:
 def _registries() -> dict[str, CollectorRegistry]:
     learner = LearnerMetrics(service_registry("learner")).registry
     learner.register(WorkerStatsCollector(_Stats()))
+    rollout = RolloutMetrics(service_registry("rollout")).registry
+    rollout.register(DeltaCollector(LastPayload()))
     return {
-        "rollout": RolloutMetrics(service_registry("rollout")).registry,
+        "rollout": rollout,
         "learner": learner,
         "curve": CurveMetrics().registry,
     }

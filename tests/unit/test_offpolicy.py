@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from scalerl.config import LearnerConfig
 from scalerl.offpolicy import (
     PipelineConsumer,
@@ -15,7 +17,7 @@ from scalerl.offpolicy import (
     consumer_for,
     producer_for,
 )
-from scalerl.state.run_state import GenerationTickets
+from scalerl.state.tickets import GenerationTickets
 
 
 @dataclass
@@ -34,20 +36,20 @@ class _Tickets:
     given_back: list[tuple[int, str, int]] = field(default_factory=list)
     held: dict[str, int] = field(default_factory=dict)
 
-    def set_generation_quota(self, version: int, groups: int) -> None:
+    def set_quota(self, version: int, groups: int) -> None:
         self.quotas.append((version, groups))
 
-    def take_generation_ticket(self, version: int, worker_id: str) -> bool:
+    def take(self, version: int, worker_id: str) -> bool:
         if version != self.version or self.left == 0:
             return False
         self.left -= 1
         return True
 
-    def give_back_generation_tickets(self, version: int, worker_id: str, groups: int = 1) -> int:
+    def give_back(self, version: int, worker_id: str, groups: int = 1) -> int:
         self.given_back.append((version, worker_id, groups))
         return groups
 
-    def generation_tickets(self) -> GenerationTickets:
+    def read(self) -> GenerationTickets:
         return GenerationTickets(self.version, self.left, self.held)
 
 
@@ -107,3 +109,25 @@ def test_the_pipeline_producer_never_waits_and_holds_no_ticket() -> None:
     assert isinstance(producer, PipelineProducer)
     assert producer.may_start(99) and producer.ticket_version(99) is None
     assert producer.reclaim_predecessors() == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "k", "worth"),
+    [
+        # PipelineRL-k: the learner at v5 trains on groups whose oldest token is >= v5 - k.
+        ("pipeline", 2, {(3, 5): True, (2, 5): False, (5, 5): True}),
+        ("pipeline", 0, {(4, 5): False, (5, 5): True}),
+        # PPO-off-policy-k: only the round's one policy, whatever k.
+        ("ppo", 2, {(5, 5): True, (4, 4): False, (4, 5): False, (3, 5): False}),
+    ],
+)
+def test_a_worker_drops_before_pushing_exactly_what_the_learner_would_drop(
+    mode: str, k: int, worth: dict[tuple[int, int], bool]
+) -> None:
+    config = LearnerConfig(off_policy_mode=mode, off_policy_k=k)
+    producer = producer_for(config, _Tickets(), "w1")
+    admit = consumer_for(config).admissible(5, lost=(0, 0))
+    for (low, high), expected in worth.items():
+        group = _Group(low, high)
+        assert producer.worth_pushing(5, group) is expected, (mode, low, high)
+        assert admit(group) is expected  # the one rule, on both sides
