@@ -70,7 +70,7 @@ from scalerl.weights.receive import LastPayload  # noqa: E402
 from scalerl.weights.relay import RelayFetcher  # noqa: E402
 from scalerl.weights.relay_board import WeightRelay  # noqa: E402
 from scalerl.weights.store import Uplink, WeightStore  # noqa: E402
-from scalerl.weights.wire import Delta, delta_header  # noqa: E402
+from scalerl.weights.wire import Delta, delta_header, payload_header  # noqa: E402
 from scalerl_cli.redis_server import RedisServer  # noqa: E402
 
 FOLLOW_S = 0.1  # the followers' poll period
@@ -166,12 +166,7 @@ def worker_main(spec: dict, worker_id: str, events: Any, stop: Any) -> None:
 
 
 def header_of(version: int, data: bytes) -> rollout_pb2.WeightsHeader:
-    return rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-    )
+    return payload_header(data, version)
 
 
 def publish(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from learner_service.train.warmup import warm_up, warmup_problems
@@ -88,14 +89,23 @@ class WarmupCache:
 
     def load(self, key: str, model: torch.nn.Module) -> WarmupResult | None:
         """Load the entry `key` into `model` (every tensor, strictly) and return what it
-        recorded; None when there is no complete entry (then `model` is unchanged)."""
+        recorded; None when there is no complete entry (then `model` is unchanged).
+        Raises RuntimeError naming the entry when it cannot be read whole (a damaged
+        file; `model` may then be half loaded, so the run must not go on with it)."""
         weights, meta = self._paths(key)
         if not (weights.is_file() and meta.is_file()):
             return None
-        recorded = json.loads(meta.read_text())
         device = str(next(model.parameters()).device)
-        load_model(model, str(weights), strict=True, device=device)  # tied tensors as one
-        return WarmupResult(float(recorded["loss"]), float(recorded["device_seconds"]))
+        try:
+            recorded = json.loads(meta.read_text())
+            result = WarmupResult(float(recorded["loss"]), float(recorded["device_seconds"]))
+            load_model(model, str(weights), strict=True, device=device)  # tied tensors as one
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+            raise RuntimeError(
+                f"model.warmup_cache: the cached warm-up {weights} cannot be read ({exc}); "
+                "delete it, or set model.warmup_cache=false"
+            ) from exc
+        return result
 
     def save(self, key: str, model: torch.nn.Module, result: WarmupResult) -> None:
         """Store `model`'s weights and `result` as the entry `key`. A failure to write is

@@ -26,7 +26,6 @@ smaller goes whole.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import threading
 import time
@@ -53,6 +52,7 @@ from scalerl.weights.wire import (
     Part,
     delta_header,
     head_names,
+    payload_header,
     snapshot_state_dict,
 )
 
@@ -197,13 +197,7 @@ class WeightPublisher:
             payload = save_safetensors(snapshot)
             del snapshot
             path = self.sender.payload_file(version, force_file or base, base=base)
-            header = rollout_pb2.WeightsHeader(
-                version=version,
-                format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-                total_bytes=len(payload),
-                sha256=hashlib.sha256(payload).hexdigest(),
-                uri=str(path) if path is not None else "",
-            )
+            header = payload_header(payload, version, str(path) if path is not None else "")
             diff = self._delta(header, payload) if not base else None
             board = self.state.versions
             announce = functools.partial(board.publish, base=base)

@@ -193,6 +193,18 @@ def serialize_state_dict(
     return save_safetensors(snapshot_state_dict(model_or_sd, dtype, keep_fp32))
 
 
+def payload_header(payload: bytes, version: int, uri: str = "") -> rollout_pb2.WeightsHeader:
+    """The WeightsHeader of a whole safetensors `payload` as policy `version`: its size and
+    hex sha256, and the file holding it (`uri`, "" when it is streamed or held)."""
+    return rollout_pb2.WeightsHeader(
+        version=version,
+        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
+        total_bytes=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+        uri=uri,
+    )
+
+
 def weights_requests(
     payload: bytes,
     version: int,
@@ -205,12 +217,7 @@ def weights_requests(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     if header is None:
-        header = rollout_pb2.WeightsHeader(
-            version=version,
-            format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-            total_bytes=len(payload),
-            sha256=hashlib.sha256(payload).hexdigest(),
-        )
+        header = payload_header(payload, version)
     yield rollout_pb2.UpdateWeightsRequest(header=header)
     view = memoryview(payload)
     for start in range(0, len(payload), chunk_bytes):

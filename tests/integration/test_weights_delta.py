@@ -31,7 +31,7 @@ from scalerl.weights.pull import pull_weights
 from scalerl.weights.receive import LastPayload, WeightsError, receive_weights
 from scalerl.weights.senders import PullSender, StreamSender, UriSender
 from scalerl.weights.store import WeightStore
-from scalerl.weights.wire import Delta, delta_header, weights_requests
+from scalerl.weights.wire import Delta, delta_header, payload_header, weights_requests
 
 torch.set_num_threads(1)
 CHUNK = 64 * 1024
@@ -52,12 +52,7 @@ def versions(n: int) -> list[bytes]:
 
 
 def header_of(version: int, payload: bytes) -> rollout_pb2.WeightsHeader:
-    return rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
+    return payload_header(payload, version)
 
 
 def delta_of(payloads: list[bytes], version: int) -> Delta:

@@ -3,7 +3,6 @@ no server): for tests of joining, catching up and pulling."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ from scalerl.v1 import rollout_pb2
 from scalerl.weights.broadcast_receive import BroadcastReceiver
 from scalerl.weights.follower import WeightFollower
 from scalerl.weights.pull import POLL_S
+from scalerl.weights.wire import payload_header
 
 
 class FakeEngine(FakeSink):
@@ -32,12 +32,7 @@ class FakeEngine(FakeSink):
 
 def header_of(payload: bytes, version: int) -> rollout_pb2.WeightsHeader:
     """The WeightsHeader of a streamed safetensors `payload` as `version`."""
-    return rollout_pb2.WeightsHeader(
-        version=version,
-        format=rollout_pb2.WEIGHTS_FORMAT_SAFETENSORS,
-        total_bytes=len(payload),
-        sha256=hashlib.sha256(payload).hexdigest(),
-    )
+    return payload_header(payload, version)
 
 
 def make_worker(

@@ -102,3 +102,15 @@ def test_a_run_that_loads_the_warmup_counts_its_compute_as_the_one_that_ran_it(
     never = _Compute()
     warm_up_once(off, tokenizer, tasks, config, "cpu", never)
     assert len(never.added) == 1 and never.added != ran.added  # trained again, timed anew
+
+
+def test_a_damaged_entry_stops_the_run_naming_it(tmp_path) -> None:
+    """Never a half-loaded model trained on: the entry and the way out are named."""
+    cache = WarmupCache(tmp_path)
+    model, _, config, tasks = _fresh()
+    key = _key(model, config, tasks)
+    cache.save(key, model, WarmupResult(0.5, 1.0))
+    weights = tmp_path / f"{key}.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(RuntimeError, match=f"model.warmup_cache: the cached warm-up {weights}"):
+        cache.load(key, model)
