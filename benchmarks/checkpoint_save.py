@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from learner_service.checkpoint.files import LearnerState, save_checkpoint
-from scalerl.config import ModelConfig
+from scalerl.config import SmolLM2Model
 from scalerl.policy.models import load_policy
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model, _ = load_policy(ModelConfig(), seed=0)
+    model, _ = load_policy(SmolLM2Model(), seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)

@@ -102,13 +102,13 @@ def two_ranks(rank: int, port: int, repeats: int, autocast, out: str, count: int
     from torch.distributed.device_mesh import init_device_mesh
 
     from learner_service.train.trainer import Trainer
-    from scalerl.config import ModelConfig
+    from scalerl.config import SmolLM2Model
     from scalerl.policy.models import load_policy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    model, tok = load_policy(ModelConfig())
+    model, tok = load_policy(SmolLM2Model())
     groups = batch(tok, count)
     mesh = init_device_mesh("cpu", (2,))
     trainer = Trainer(model, learner_config(autocast), 1.0, pad_id=tok.pad_token_id, mesh=mesh)
@@ -129,14 +129,14 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     from learner_service.train.trainer import Trainer
-    from scalerl.config import ModelConfig
+    from scalerl.config import SmolLM2Model
     from scalerl.policy.hardware import native_bf16
     from scalerl.policy.models import load_policy
     from scalerl.ports import free_port
 
     torch.set_num_threads(1)
     autocast = {"true": True, "false": False}.get(args.autocast, "auto")
-    model, tok = load_policy(ModelConfig())
+    model, tok = load_policy(SmolLM2Model())
     groups = batch(tok, args.groups)
     tokens = completion_tokens(groups)
     on = native_bf16("cpu")[0] if autocast == "auto" else autocast

@@ -26,12 +26,12 @@ def main() -> None:
     import torch
 
     from learner_service.train.trainer import Trainer
-    from scalerl.config import LearnerConfig, ModelConfig
+    from scalerl.config import LearnerConfig, SmolLM2Model
     from scalerl.policy.hardware import native_bf16
     from scalerl.policy.models import load_policy
 
     torch.set_num_threads(1)
-    model, tok = load_policy(ModelConfig())
+    model, tok = load_policy(SmolLM2Model())
     groups = batch(tok)  # the same eight groups as benchmarks/learner_ranks.py
     autocast = {"true": True, "false": False}.get(args.autocast, "auto")
     print(

@@ -41,11 +41,11 @@ import torch.multiprocessing as mp
 def _policy(rank: int):
     """SmolLM2 as the learner holds it: with rank-`rank` adapters whose B is no longer
     zero (as after training) when rank > 0."""
-    from scalerl.config import LoraConfig, ModelConfig
+    from scalerl.config import LoraConfig, SmolLM2Model
     from scalerl.policy.lora import attach_lora
     from scalerl.policy.models import load_policy
 
-    model, tok = load_policy(ModelConfig())
+    model, tok = load_policy(SmolLM2Model())
     if rank:
         attach_lora(model, LoraConfig(rank=rank))
         generator = torch.Generator().manual_seed(0)

@@ -105,11 +105,11 @@ def main() -> None:
 
     import torch
 
-    from scalerl.config import ModelConfig
+    from scalerl.config import SmolLM2Model
     from scalerl.policy.models import load_policy
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy(ModelConfig())
+    model, tokenizer = load_policy(SmolLM2Model())
     print(
         f"CPU {cpu_name()!r}, {os.cpu_count()} cores, torch {torch.__version__} capability "
         f"{torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), {args.dtype}; "

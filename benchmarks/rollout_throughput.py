@@ -277,11 +277,11 @@ def main() -> None:
 
     import torch
 
-    from scalerl.config import ModelConfig, TaskConfig
+    from scalerl.config import SmolLM2Model, TaskConfig
     from scalerl.policy.models import load_policy
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy(ModelConfig())
+    model, tokenizer = load_policy(SmolLM2Model())
     if args.model == "qwen3-shaped":
         model = qwen3_shaped(model.config)
     system = TaskConfig().effective_system_prompt

@@ -190,11 +190,11 @@ def build_payload(dtype: str) -> tuple[dict[str, torch.Tensor], bytes]:
     `WeightPublisher.publish` snapshots it: the body in `dtype`, the head in fp32."""
     from safetensors.torch import save as save_safetensors
 
-    from scalerl.config import ModelConfig
+    from scalerl.config import SmolLM2Model
     from scalerl.policy.models import load_policy
     from scalerl.weights.wire import head_names, snapshot_state_dict
 
-    model, _ = load_policy(ModelConfig(), seed=0)
+    model, _ = load_policy(SmolLM2Model(), seed=0)
     snapshot = snapshot_state_dict(model, dtype, keep_fp32=head_names(model))
     return snapshot, save_safetensors(snapshot)
 

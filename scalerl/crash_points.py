@@ -7,6 +7,12 @@ point (`@1` when omitted). With `SCALERL_CRASH_MARKER=FILE` only the first proce
 there dies (it creates FILE first), so the restarted process carries on past the point.
 Unset (the default), `crash_point` is one environment lookup.
 
+A list crashes one job in turn: `learner.step.trained@7,checkpoint.written@1` kills the
+first process at its 7th trained step, then the restarted one at its first checkpoint
+(each `@N` counts within the process that reaches it). Crash i (from 1) creates FILE, or
+FILE.i after the first, and the next entry is armed once it exists; without a marker only
+the first entry is ever armed.
+
 The points (where they sit is in each caller's code):
 - learner.step.trained    after the optimizer step, before its groups are acknowledged
 - learner.step.acked      after the acknowledgement, before the step's record is written
@@ -57,11 +63,15 @@ def crash_point(name: str) -> None:
     target = os.environ.get(CRASH_AT_ENV)
     if not target:
         return
-    point, _, nth = target.partition("@")
+    entries = target.split(",")
+    crash = _crashes_before(len(entries))
+    if crash == len(entries):
+        return
+    point, _, nth = entries[crash].partition("@")
     if point != name:
         return
     _reached[name] += 1
-    if _reached[name] != int(nth or 1) or not _first_to_crash():
+    if _reached[name] != int(nth or 1) or not _first_to_crash(crash):
         return
     log.error("crash point %s reached: SIGKILL", name)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -84,10 +94,26 @@ def hang_point(name: str) -> None:
         _sleep(HANG_S)
 
 
-def _first_to_crash() -> bool:
-    """True unless the marker file names an earlier crash (it is created here, atomically)."""
+def _marker(crash: int) -> str | None:
+    """The marker file of crash `crash` (from 0) of `SCALERL_CRASH_AT`'s list, if any."""
     marker = os.environ.get(CRASH_MARKER_ENV)
     if not marker:
+        return None
+    return marker if crash == 0 else f"{marker}.{crash + 1}"
+
+
+def _crashes_before(entries: int) -> int:
+    """How many of the list's crashes happened in earlier processes (their markers exist)."""
+    crash = 0
+    while crash < entries and (path := _marker(crash)) is not None and os.path.exists(path):
+        crash += 1
+    return crash
+
+
+def _first_to_crash(crash: int) -> bool:
+    """True unless the marker file names an earlier crash (it is created here, atomically)."""
+    marker = _marker(crash)
+    if marker is None:
         return True
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))

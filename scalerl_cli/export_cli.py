@@ -118,7 +118,7 @@ def _base_source(model: Any, config: Any, out: Path) -> str:
     written to OUT/base (the adapters removed, never merged)."""
     from scalerl.policy.models import policy_folder
 
-    if not config.model.warmup_steps and config.model.kind != "tiny":
+    if not config.model.warmup_steps and config.model.from_folder:
         return str(policy_folder(config.model).resolve())
     from scalerl.policy.models import load_policy
     from scalerl.weights.wire import LORA_BASE, snapshot_state_dict

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m scalerl_cli.preflight CONFIG.yaml", file=sys.stderr)
         return 2
-    from scalerl.config import RunConfig
+    from scalerl.config import PathModel, RunConfig, SmolLM2Model
     from scalerl.lending import check_lendable
     from scalerl.length_control import check_budgets
     from scalerl.policy.architectures import (
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
 
     config = RunConfig(**yaml.safe_load(open(args[0])))
     try:
-        if config.model.kind == "smollm2":
+        if isinstance(config.model, SmolLM2Model):
             smollm2_dir(config.model.cache_dir)
-        if config.model.kind == "path":
+        if isinstance(config.model, PathModel):
             family = check_model_folder(config.model, config.rollout.max_seq_len)
             check_routing_replay(family, config.rollout.engine, config.learner.routing_replay)
         resolved = resolved_config(config)

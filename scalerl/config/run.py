@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scalerl.config.learner import LearnerConfig
-from scalerl.config.model import ModelConfig
+from scalerl.config.model import ModelConfig, SmolLM2Model, switch_kind
 from scalerl.config.rollout import RolloutConfig
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
 from scalerl.config.task import TaskConfig, VerifierConfig, as_task_list
@@ -47,7 +47,7 @@ class RunConfig(BaseSettings):
         description="auto: CUDA when present (cuda:LOCAL_RANK), else the CPU; or cpu, cuda, "
         "cuda:N (scalerl.policy.hardware).",
     )
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = SmolLM2Model()
     task: list[TaskConfig] = Field(
         default_factory=lambda: [TaskConfig()],
         min_length=1,
@@ -206,7 +206,10 @@ def load_config(
     layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
     for item in layers:
         key, value = parse_override(item)
-        _set_dotted(data, resolve_key(key), value)
+        key = resolve_key(key)
+        if key == "model.kind":  # another kind of model: the earlier kind's fields go
+            data["model"] = switch_kind(data.get("model", {}), value)
+        _set_dotted(data, key, value)
     return RunConfig(**data)
 
 
@@ -270,14 +273,22 @@ def resolve_key(key: str) -> str:
     owners = [
         name
         for name, info in RunConfig.model_fields.items()
-        if isinstance(info.annotation, type)
-        and issubclass(info.annotation, BaseModel)
-        and key in info.annotation.model_fields
+        if any(key in variant.model_fields for variant in _section_classes(info.annotation))
     ]
     if len(owners) != 1:
         found = f"a field of {' and '.join(owners)}" if owners else "not a config field"
         raise ValueError(f"{key}: {found}; write it as section.{key}")
     return f"{owners[0]}.{key}"
+
+
+def _section_classes(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes a section's annotation names: itself, or each variant of a
+    discriminated union (`model`), or none (a list, a plain value)."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    if get_origin(annotation) is list:
+        return []
+    return [found for arg in get_args(annotation) for found in _section_classes(arg)]
 
 
 def dump_config(config: RunConfig) -> str:

@@ -125,5 +125,9 @@ WeightsConfig = Annotated[
     | Annotated[StreamWeights, Tag("stream")]
     | Annotated[PullWeights, Tag("pull")]
     | Annotated[BroadcastWeights, Tag("broadcast")],
-    Discriminator(_transport_of),
+    Discriminator(
+        _transport_of,
+        custom_error_type="unknown_transport",
+        custom_error_message="transport must be one of 'uri', 'stream', 'pull', 'broadcast'",
+    ),
 ]

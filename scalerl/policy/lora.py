@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from scalerl.config.model import TinyModel
+
 LORA_A = ".lora_A.weight"
 LORA_B = ".lora_B.weight"
 _PEFT_A = ".lora_A.default.weight"
@@ -94,7 +96,7 @@ def check_lora_targets(model_config: Any, lora: Any) -> None:
     from scalerl.policy.models import policy_folder, tiny_model
 
     with torch.device("meta"):
-        if model_config.kind == "tiny":
+        if isinstance(model_config, TinyModel):
             skeleton = tiny_model(model_config.tiny_hidden, model_config.tiny_layers)
         else:
             folder = policy_folder(model_config)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from scalerl.config.model import PathModel, SmolLM2Model, TinyModel
+
 # Everything is loaded from local files; never let transformers reach for a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -174,10 +176,10 @@ def policy_folder(model_config) -> Path:
 
     Raises ValueError, one line naming `model.path`, for a missing or partial folder.
     """
-    if model_config.kind == "smollm2":
+    if isinstance(model_config, SmolLM2Model):
         return smollm2_dir(model_config.cache_dir)
-    if not model_config.path:
-        raise ValueError("model.path: required when model.kind is 'path'")
+    if not isinstance(model_config, PathModel):
+        raise ValueError(f"model.kind: {model_config.kind!r} is built in memory, not read")
     path = Path(model_config.path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         cache = model_cache_dir(model_config)
@@ -251,7 +253,7 @@ def hf_config(model_config) -> Any:
     built; a folder's is read from its config.json). Raises as `policy_folder`."""
     from transformers import AutoConfig
 
-    if model_config.kind == "tiny":
+    if isinstance(model_config, TinyModel):
         return tiny_config(model_config.tiny_hidden, model_config.tiny_layers)
     return AutoConfig.from_pretrained(policy_folder(model_config))
 
@@ -263,7 +265,7 @@ def load_policy(model_config, seed: int = 0) -> tuple[torch.nn.Module, PolicyTok
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if model_config.kind == "tiny":
+    if isinstance(model_config, TinyModel):
         model = tiny_model(model_config.tiny_hidden, model_config.tiny_layers, seed)
         return model.eval(), load_tokenizer(model_config)
     folder = policy_folder(model_config)
@@ -277,7 +279,7 @@ def load_tokenizer(model_config) -> PolicyTokenizer:
     (the SmolLM2 folder must have been converted already: `smollm2_dir`)."""
     from transformers import AutoTokenizer
 
-    if model_config.kind == "tiny":
+    if isinstance(model_config, TinyModel):
         char = CharTokenizer()
         return PolicyTokenizer(char, False, frozenset({char.eos_token_id}), char.pad_token_id)
     folder = policy_folder(model_config)

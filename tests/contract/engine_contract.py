@@ -44,7 +44,7 @@ from learner_service.train.logprobs import token_logprobs
 from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
 from rollout_service.engines.torch.sampling import top_p_renormalise
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import LoraConfig, ModelConfig
+from scalerl.config import LoraConfig, TinyModel
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy, load_tokenizer
 from scalerl.rpc.channel import channel
@@ -78,8 +78,8 @@ def contract_models(family: str = "tiny") -> tuple[torch.nn.Module, torch.nn.Mod
     random checkpoint of `family` (97 tokens, norms and biases perturbed)."""
     if family == "tiny":
         return (
-            load_policy(ModelConfig(kind="tiny"), seed=0)[0],
-            load_policy(ModelConfig(kind="tiny"), seed=1)[0],
+            load_policy(TinyModel(), seed=0)[0],
+            load_policy(TinyModel(), seed=1)[0],
         )
     return tiny_family_model(family, seed=0), tiny_family_model(family, seed=1)
 
@@ -406,7 +406,7 @@ def test_submit_rejects_bad_requests(contract):
 
 def test_get_status_names_the_engine(contract):
     engine = contract.engine
-    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    tokenizer = load_tokenizer(TinyModel())
     server, port, _ = start_server(RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8))
     ch = channel(f"127.0.0.1:{port}")
     try:

@@ -6,8 +6,8 @@ with rising versions and staleness in [0, k].
 
 The system tier runs one job that loses the curve service, Redis, a worker and the learner
 (after its acknowledgement, before its record) in turn, each restarted by the launcher;
-the `slow` matrix kills the learner at each of its other crash points, one per job, and
-in PPO mode."""
+the `slow` tier kills the learner at each of its other crash points in turn in one job,
+and once in PPO mode."""
 
 from __future__ import annotations
 
@@ -158,28 +158,23 @@ def test_a_run_survives_losing_each_of_its_processes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("crash_at", "resume_step", "lost", "replayed"),
-    [
-        # step 7 trained, never acknowledged: its 8 groups are read again; 5-6 are lost
-        ("learner.step.trained@7", 4, 2 * 8, 8),
-        # the checkpoint of step 4 (the 2nd, after step 0's) complete but not in place
-        ("checkpoint.written@2", 0, 4 * 8, 0),
-        # step 8's checkpoint: the old one moved aside (the 2nd swap), the new not in place
-        ("checkpoint.swapped@2", 4, 4 * 8, 0),
-    ],
-)
-def test_the_learner_crashes_at_each_named_point(tmp_path, crash_at, resume_step, lost, replayed):
+def test_the_learner_crashes_at_each_named_point_in_turn(tmp_path):
+    """One job, the learner killed at three points in turn, each restart resuming from
+    the checkpoint in place (step 4, checkpoints every 4 steps):
+    1. after step 7's optimizer step, never acknowledged: its 8 groups are read again,
+       steps 5-6's are lost;
+    2. the restarted learner's checkpoint of step 8 complete but not in place: the
+       resume finds step 4's, steps 5-8's groups are lost;
+    3. the next one's checkpoint of step 8 with the old one moved aside (`.old`), the new
+       not in place: step 4's again, steps 5-8's lost."""
     run_dir = tmp_path / "run"
-    _finish(_launch(run_dir, crash_at=crash_at))
+    points = "learner.step.trained@7,checkpoint.written@1,checkpoint.swapped@1"
+    _finish(_launch(run_dir, crash_at=points))
     report = _check_accounting(run_dir)
-    assert report["restarts"] == {"learner": 1}
-    (resume,) = read_records(run_dir, ResumeRecord)
-    assert (resume.step, resume.groups_lost, resume.groups_replayed) == (
-        resume_step,
-        lost,
-        replayed,
-    )
+    assert report["restarts"] == {"learner": 3}
+    resumes = read_records(run_dir, ResumeRecord)
+    found = [(r.step, r.groups_lost, r.groups_replayed) for r in resumes]
+    assert found == [(4, 2 * 8, 8), (4, 4 * 8, 0), (4, 4 * 8, 0)]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from scalerl.agents.mcp import McpServer
 from scalerl.agents.tool_calls import HermesFormat, ToolCall
 from scalerl.agents.tools import ToolBox, ToolError
 from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
-from scalerl.config import McpServerConfig, ModelConfig
+from scalerl.config import McpServerConfig, TinyModel
 from scalerl.policy.models import load_tokenizer
 
 pytest.importorskip("mcp")
@@ -128,7 +128,7 @@ def test_a_missing_tool_or_server_is_one_line() -> None:
 
 
 def test_an_mcp_tool_in_a_trajectory(server: McpServer) -> None:
-    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    tokenizer = load_tokenizer(TinyModel())
     box = ToolBox([t for t in server.tools if t.spec.name == "multiply"])
 
     class Star(HermesFormat):  # the tiny vocabulary has no JSON: "=a b" calls multiply

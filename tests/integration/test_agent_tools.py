@@ -15,7 +15,7 @@ from scalerl.agents.environment import ToolEnvironment, first_messages
 from scalerl.agents.tool_calls import HermesFormat, ToolCall
 from scalerl.agents.tools import FunctionTool, ToolBox, ToolSpec, spec_of
 from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_tokenizer
 from scalerl.verifiers.programs import ProgramRunner
 
@@ -112,7 +112,7 @@ def test_a_spec_from_the_signature_and_its_schema() -> None:
 
 
 def test_a_tool_task_trajectory_calls_the_calculator_then_answers(box: ToolBox) -> None:
-    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    tokenizer = load_tokenizer(TinyModel())
     template = TurnTemplate(tokenizer)
 
     class Turn:

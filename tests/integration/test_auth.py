@@ -23,7 +23,7 @@ from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.clients.curve import CurveClient
@@ -57,7 +57,7 @@ def _no_process_security(monkeypatch):
 
 @pytest.fixture(scope="module")
 def policy():
-    return load_policy(ModelConfig(kind="tiny"), seed=0)
+    return load_policy(TinyModel(), seed=0)
 
 
 @pytest.fixture()
@@ -93,7 +93,7 @@ def generate_request(max_new: int = 4) -> rollout_pb2.GenerateRequest:
 def test_rollout_privileged_rpcs_refuse_a_caller_without_the_token(rollout, policy, security):
     port, engine = rollout
     stub = stub_for(port, security)
-    payload = serialize_state_dict(load_policy(ModelConfig(kind="tiny"), seed=1)[0])
+    payload = serialize_state_dict(load_policy(TinyModel(), seed=1)[0])
     update = lambda: stub.UpdateWeights(weights_requests(payload, 5), timeout=TIMEOUT_S)  # noqa: E731
     assert code_of(update) == grpc.StatusCode.UNAUTHENTICATED
     assert engine.policy_version == 0  # nothing applied
@@ -128,7 +128,7 @@ def test_interrupt_without_the_token_leaves_the_request_running(rollout, securit
 def test_rollout_privileged_rpcs_work_with_the_token(rollout, policy):
     port, engine = rollout
     stub = stub_for(port, Security(token=TOKEN))
-    payload = serialize_state_dict(load_policy(ModelConfig(kind="tiny"), seed=1)[0])
+    payload = serialize_state_dict(load_policy(TinyModel(), seed=1)[0])
     reply = stub.UpdateWeights(weights_requests(payload, 5), timeout=TIMEOUT_S)
     assert reply.policy_version == 5 and engine.policy_version == 5
     chunks = list(stub.Generate(generate_request(), timeout=TIMEOUT_S))

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks, serve_commands
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, LoraConfig, ModelConfig
+from scalerl.config import LearnerConfig, LoraConfig, TinyModel
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
 from scalerl.ports import free_port
@@ -54,7 +54,7 @@ CASES = [
 
 
 def tiny() -> torch.nn.Module:
-    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=64, tiny_layers=2), seed=0)
+    model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=0)
     return model
 
 

@@ -27,7 +27,7 @@ from learner_service.server import LearnerStatus
 from learner_service.server import serve as serve_learner
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
@@ -112,7 +112,7 @@ VALID = {
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """{service name: address} of the three services, each requiring TOKEN."""
-    model, tokenizer = load_policy(ModelConfig(kind="tiny"), seed=0)
+    model, tokenizer = load_policy(TinyModel(), seed=0)
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=2, max_seq_len=48)
     root = tmp_path_factory.mktemp("weights")
     servicer = RolloutServicer(engine, tokenizer, "w", "tiny", "=?", 8, weights_root=str(root))

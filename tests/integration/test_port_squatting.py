@@ -15,7 +15,7 @@ import torch
 
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.request_auth import HEADER, SigningInterceptor
@@ -32,7 +32,7 @@ INTERRUPT = rollout_pb2.InterruptRequest(request_id="x", mode=rollout_pb2.INTERR
 
 @pytest.fixture(scope="module")
 def policy():
-    return load_policy(ModelConfig(kind="tiny"), seed=0)
+    return load_policy(TinyModel(), seed=0)
 
 
 @pytest.fixture()

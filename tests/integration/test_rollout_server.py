@@ -18,7 +18,7 @@ from rollout_service.engines.api import EngineError, EngineStopped, GenerationRe
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.services import ROLLOUT
@@ -32,12 +32,12 @@ TIMEOUT_S = 10.0
 
 @pytest.fixture(scope="module")
 def policy():
-    return load_policy(ModelConfig(kind="tiny"), seed=0)
+    return load_policy(TinyModel(), seed=0)
 
 
 @pytest.fixture(scope="module")
 def model1():
-    return load_policy(ModelConfig(kind="tiny"), seed=1)[0]
+    return load_policy(TinyModel(), seed=1)[0]
 
 
 @pytest.fixture()
@@ -286,7 +286,7 @@ def _corrupt_streams(good: bytes, bad_shapes: bytes):
 def test_corrupt_update_keeps_old_weights_serving(service, model1):
     stub, engine, _, _ = service
     before = joined(greedy(stub))
-    small = load_policy(ModelConfig(kind="tiny", tiny_hidden=64), seed=1)[0]
+    small = load_policy(TinyModel(tiny_hidden=64), seed=1)[0]
     streams = _corrupt_streams(serialize_state_dict(model1), serialize_state_dict(small))
     for name, (messages, code, match) in streams.items():
         with pytest.raises(grpc.RpcError) as info:

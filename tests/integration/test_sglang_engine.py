@@ -36,7 +36,7 @@ from rollout_service.engines.api import (
 from rollout_service.engines.sglang.engine import SGLangEngine
 from rollout_service.engines.sglang.server import launch_sglang_server
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_tokenizer
 from scalerl.rpc.channel import channel
 from scalerl.v1 import rollout_pb2, rollout_pb2_grpc
@@ -434,7 +434,7 @@ def test_duplicate_and_stopped(servers, engines):
 def test_get_status_names_the_engine(servers, engines):
     server = servers()
     engine = engines(server, policy_version=3)
-    servicer = RolloutServicer(engine, load_tokenizer(ModelConfig(kind="tiny")), "w", "x", "=?", 4)
+    servicer = RolloutServicer(engine, load_tokenizer(TinyModel()), "w", "x", "=?", 4)
     grpc_server, port, _ = start_server(servicer)
     ch = channel(f"127.0.0.1:{port}")
     try:

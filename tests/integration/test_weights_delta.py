@@ -20,7 +20,7 @@ from safetensors.torch import save as save_safetensors
 from learner_service.server import LearnerStatus, serve
 from rollout_service.metrics import DeltaCollector
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.security import Security
 from scalerl.v1 import rollout_pb2
@@ -203,7 +203,7 @@ class Workers:
 @pytest.fixture()
 def worker(tmp_path: Path):
     """(servicer, engine, address, weights root) of a RolloutServicer on a FakeSink."""
-    _, tokenizer = load_policy(ModelConfig(kind="tiny"), seed=0)
+    _, tokenizer = load_policy(TinyModel(), seed=0)
     engine = FakeSink()
     root = tmp_path / "weights"
     root.mkdir()

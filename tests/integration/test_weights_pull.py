@@ -23,7 +23,7 @@ from safetensors.torch import save as save_safetensors
 from learner_service.server import LearnerStatus, serve
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.worker import RolloutWorker
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.errors import Unavailable
@@ -195,7 +195,7 @@ class CorruptingStore(WeightStore):
 
 @pytest.fixture(scope="module")
 def tiny_payload() -> bytes:
-    return serialize_state_dict(load_policy(ModelConfig(kind="tiny"), seed=1)[0])
+    return serialize_state_dict(load_policy(TinyModel(), seed=1)[0])
 
 
 @pytest.mark.parametrize(
@@ -212,7 +212,7 @@ def test_a_corrupted_chunk_is_rejected_and_the_old_weights_keep_serving(
     state = RunState(redis_client, run_id)
     sha = hashlib.sha256(tiny_payload).hexdigest()
     state.versions.publish(WeightsRef(4, "", sha, len(tiny_payload), source=source))
-    model = load_policy(ModelConfig(kind="tiny"), seed=0)[0]
+    model = load_policy(TinyModel(), seed=0)[0]
     engine = TorchEngine(copy.deepcopy(model), (), max_batch=1, max_seq_len=32)
     try:
         head_before = engine.decoder.head_fp32.clone()
@@ -235,7 +235,7 @@ def test_an_intact_fetch_swaps_the_torch_engine(
     ref = WeightsRef(
         4, "", hashlib.sha256(tiny_payload).hexdigest(), len(tiny_payload), source=source
     )
-    engine = TorchEngine(load_policy(ModelConfig(kind="tiny"), seed=0)[0], (), 1, 32)
+    engine = TorchEngine(load_policy(TinyModel(), seed=0)[0], (), 1, 32)
     try:
         assert pull_weights(ref, engine, TIMEOUT_S)[0] == 4
         expected = load_safetensors(tiny_payload)["model.embed_tokens.weight"]

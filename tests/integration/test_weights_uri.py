@@ -15,7 +15,7 @@ import torch
 
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer, start_server
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.rpc.channel import channel
 from scalerl.rpc.security import Security
@@ -29,12 +29,12 @@ TIMEOUT_S = 10.0
 
 @pytest.fixture(scope="module")
 def policy():
-    return load_policy(ModelConfig(kind="tiny"), seed=0)
+    return load_policy(TinyModel(), seed=0)
 
 
 @pytest.fixture(scope="module")
 def payload() -> bytes:
-    return serialize_state_dict(load_policy(ModelConfig(kind="tiny"), seed=1)[0])
+    return serialize_state_dict(load_policy(TinyModel(), seed=1)[0])
 
 
 def serve(policy, **servicer_options):

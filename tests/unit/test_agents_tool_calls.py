@@ -17,7 +17,7 @@ from scalerl.agents.tool_calls import (
     ToolCall,
     call_format,
 )
-from scalerl.config import ModelConfig, load_config
+from scalerl.config import TinyModel, load_config
 from scalerl.policy.models import load_tokenizer
 from scalerl.tasks import Problem, build_tasks
 
@@ -79,7 +79,7 @@ def test_an_unknown_format_is_one_line_naming_the_allowed() -> None:
 
 
 def test_the_warmup_demonstrates_a_call_and_its_result() -> None:
-    tokenizer = load_tokenizer(ModelConfig(kind="tiny"))
+    tokenizer = load_tokenizer(TinyModel())
     demo = ToolDemo(0.5, EqualsFormat(), TurnTemplate(tokenizer), tokenizer)
     call, message = demo.turn(Problem("a/1", "What is 57+83?", 140), 1)
     assert tokenizer.decode(call) == "=57+83" and call[-1] == 1  # the call, then its EOS

@@ -20,10 +20,10 @@ from scalerl.agents.trajectory import (
     TurnLimits,
     run_trajectory,
 )
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_tokenizer
 
-TOKENIZER = load_tokenizer(ModelConfig(kind="tiny"))
+TOKENIZER = load_tokenizer(TinyModel())
 TEMPLATE = TurnTemplate(TOKENIZER)
 EOS = 1
 PROMPT = TOKENIZER.encode("Q:2+3\nA:")

@@ -235,9 +235,9 @@ def test_model_folder_checks_name_model_path(tmp_path):
 
 
 def _model_config(path):
-    from scalerl.config import ModelConfig
+    from scalerl.config import PathModel
 
-    return ModelConfig(kind="path", path=str(path))
+    return PathModel(path=str(path))
 
 
 # ----- logit transforms --------------------------------------------------------------------

@@ -19,7 +19,7 @@ from learner_service.checkpoint.files import (
     save_checkpoint,
 )
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.config import LearnerConfig, TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.state.signing import EntrySigner
 
@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 
 
 def trainer(seed: int = 0) -> Trainer:
-    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=32, tiny_layers=1), seed=seed)
+    model, _ = load_policy(TinyModel(tiny_hidden=32, tiny_layers=1), seed=seed)
     return Trainer(model, LearnerConfig(), temperature=1.0)
 
 

@@ -30,7 +30,7 @@ CASES = [
     ("learner:\n  max_steps: 1.5\n", [], "learner.max_steps: Input should be a valid integer"),
     ("rollout:\n  group_size: 0\n", [], "rollout.group_size: Input should be"),
     ("rollout:\n  temperature: hot\n", [], "rollout.temperature: Input should be a valid"),
-    ("model:\n  kind: nope\n", [], "model.kind: Input should be"),
+    ("model:\n  kind: nope\n", [], "model: kind must be one of 'smollm2', 'tiny', 'path'"),
     ("verifier:\n  code:\n    retry_s: -1\n", [], "verifier.code.retry_s: Input should be"),
     ("eval:\n  every: -3\n", [], "eval.every: Input should be"),
     ("task: 7\n", [], "task: Input should be a valid list"),

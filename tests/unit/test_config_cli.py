@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl.config import CONFIG_DIR, dump_config, load_config
+from scalerl.config import CONFIG_DIR, PathModel, dump_config, load_config
 from scalerl_cli import main as cli
 
 
@@ -21,6 +21,15 @@ def test_replay_capacity_is_k_plus_one_batches():
     assert config.replay_capacity == 4 * 5 * 3  # filled up to 3 x 5 groups a step
     unfilled = load_config("default", ["learner.off_policy_k=3", "learner.dynamic_sampling=1"])
     assert unfilled.replay_capacity == 4 * 8
+
+
+def test_switching_the_model_kind_drops_only_the_earlier_kinds_fields():
+    config = load_config("tiny", ["model.kind=path", "model.path=/models/qwen3"])
+    assert isinstance(config.model, PathModel) and config.model.path == "/models/qwen3"
+    # The tiny config's warm-up settings are every kind's and stay; its size does not.
+    assert config.model.warmup_steps == load_config("tiny").model.warmup_steps > 0
+    with pytest.raises(ValueError, match="model.path.tiny_layers"):
+        load_config("tiny", ["model.kind=path", "model.path=/m", "model.tiny_layers=2"])
 
 
 def test_environment_overrides_a_field(monkeypatch):
@@ -49,6 +58,18 @@ def test_environment_overrides_a_field(monkeypatch):
             # The broadcast group sends tensors, never deltas: no silently ignored field.
             ["--set", "learner.weights.transport=broadcast", "--set", "learner.weights.delta=auto"],
             "scalerl: learner.weights.broadcast.delta: Extra inputs are not permitted",
+        ),
+        (
+            # Each kind of model takes its own fields: a tiny model reads no folder, and
+            # a folder model names one.
+            ["--config", "tiny", "--set", "model.path=/models/qwen3"],
+            "scalerl: model.tiny.path: Extra inputs are not permitted",
+        ),
+        (["--set", "model.kind=path"], "scalerl: model.path.path: Field required"),
+        (["--set", "model.tiny_layers=2"], "scalerl: model.smollm2.tiny_layers: Extra inputs"),
+        (
+            ["--set", "model.kind=llama"],
+            "scalerl: model: kind must be one of 'smollm2', 'tiny', 'path'",
         ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),

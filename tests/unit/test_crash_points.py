@@ -47,6 +47,19 @@ def test_the_process_dies_the_nth_time_the_point_is_reached(tmp_path) -> None:
     assert again.returncode == 0 and again.stdout.count("passed") == 3
 
 
+def test_a_list_crashes_each_restarted_process_at_its_next_entry(tmp_path) -> None:
+    """Three processes: the first dies at its 2nd acknowledgement, the second at its 1st
+    (the count restarts with the process), the third runs through."""
+    marker = tmp_path / "crashed"
+    crash_at = "learner.step.acked@2,learner.step.acked@1"
+    env = {CRASH_AT_ENV: crash_at, CRASH_MARKER_ENV: str(marker)}
+    first, second, third = _run(env), _run(env), _run(env)
+    assert first.returncode == second.returncode == -signal.SIGKILL
+    assert first.stdout.split("\n")[:-1] == ["passed 1"] and second.stdout == ""
+    assert marker.exists() and (tmp_path / "crashed.2").exists()
+    assert third.returncode == 0 and third.stdout.count("passed") == 3
+
+
 def test_another_point_or_no_setting_does_nothing() -> None:
     assert _run({CRASH_AT_ENV: "learner.step.trained"}).returncode == 0
     assert _run({CRASH_AT_ENV: ""}).returncode == 0

@@ -16,7 +16,7 @@ from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState
@@ -31,7 +31,7 @@ PROMPT = (4, 5, 14, 6, 15, 16, 3)
 
 
 def tied(seed: int) -> torch.nn.Module:
-    return load_policy(ModelConfig(kind="tiny"), seed=seed)[0]
+    return load_policy(TinyModel(), seed=seed)[0]
 
 
 def untied(seed: int) -> torch.nn.Module:

@@ -17,7 +17,7 @@ from learner_service.evaluation.schedule import EvalJob
 from learner_service.progress import RunProgress
 from learner_service.server import LearnerStatus
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.config import LearnerConfig, TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.run_folder import EvalRecord, read_records
 
@@ -53,7 +53,7 @@ class _Compute:
 
 
 def _trainer(seed: int = 0) -> Trainer:
-    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=32, tiny_layers=1), seed=seed)
+    model, _ = load_policy(TinyModel(tiny_hidden=32, tiny_layers=1), seed=seed)
     return Trainer(model, LearnerConfig(), temperature=1.0)
 
 

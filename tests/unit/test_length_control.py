@@ -24,7 +24,7 @@ from rollout_service.engines.api import (
 from rollout_service.engines.length_control import LengthBudget, closes_thinking
 from rollout_service.engines.torch.engine import TorchEngine
 from rollout_service.server import RolloutServicer
-from scalerl.config import ModelConfig, RolloutConfig, load_config
+from scalerl.config import RolloutConfig, TinyModel, load_config
 from scalerl.length_control import check_budgets, forced_ids, scored_ids
 from scalerl.policy.models import CharTokenizer, load_policy, load_tokenizer
 from scalerl.tasks import AdditionTask, TaskSet
@@ -36,7 +36,7 @@ PHRASE = (5, 6, 7)
 
 @pytest.fixture(scope="module")
 def model():
-    return load_policy(ModelConfig(kind="tiny"), seed=0)[0]
+    return load_policy(TinyModel(), seed=0)[0]
 
 
 def encode(text: str) -> list[int]:
@@ -136,7 +136,7 @@ def test_interrupted_sample_with_its_number_only_in_the_thinking_scores_zero():
 def test_evaluation_scores_an_interrupted_reply_on_its_answer_alone():
     task = AdditionTask(small_max=9, large_max=9, heldout_size=1, seed=0)
     problem = task.heldout[0]
-    tok = load_tokenizer(ModelConfig(kind="tiny"))
+    tok = load_tokenizer(TinyModel())
     thinking, phrase = encode(f"{problem.answer} "), encode(" A:")
 
     def reply(answer: str) -> list[rollout_pb2.GenerateResponse]:
@@ -225,7 +225,7 @@ def test_truncate_after_the_marker_starts_the_answer_budget_without_a_phrase(mod
 
 def test_servicer_forces_the_marker_after_the_phrase():
     engine = types.SimpleNamespace(max_seq_len=64, vocab_size=CharTokenizer().vocab_size)
-    tok = load_tokenizer(ModelConfig(kind="tiny"))
+    tok = load_tokenizer(TinyModel())
     servicer = RolloutServicer(engine, tok, "w", "tiny", " A:", 16, think_end="\n")
     request = rollout_pb2.GenerateRequest(
         prompt_token_ids=[3, 4],

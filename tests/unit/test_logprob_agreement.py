@@ -20,7 +20,7 @@ from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
@@ -30,7 +30,7 @@ PROMPT = (4, 5, 14, 6, 15, 16, 3)
 
 @pytest.fixture(scope="module")
 def model():
-    return load_policy(ModelConfig(kind="tiny"), seed=3)[0]
+    return load_policy(TinyModel(), seed=3)[0]
 
 
 CUDA = pytest.param(

@@ -10,12 +10,12 @@ import pytest
 import torch
 from model_families import tiny_family_model
 
-from scalerl.config import ModelConfig
+from scalerl.config import PathModel
 from scalerl.policy.models import GGUF_FILE, load_policy, policy_folder, smollm2_gguf_dir
 
 
-def _config(path, **kwargs) -> ModelConfig:
-    return ModelConfig(kind="path", path=str(path), **kwargs)
+def _config(path, **kwargs) -> PathModel:
+    return PathModel(path=str(path), **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -23,19 +23,19 @@ from rollout_service.trajectories import TrajectoryStream, TrajectoryTable
 from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.environment import Observation, Opening
 from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
-from scalerl.config import ModelConfig
+from scalerl.config import TinyModel
 from scalerl.policy.models import load_policy, load_tokenizer
 from scalerl.v1 import rollout_pb2
 from scalerl.verifiers import Verdict
 
 torch.set_num_threads(1)
-TOKENIZER = load_tokenizer(ModelConfig(kind="tiny"))
+TOKENIZER = load_tokenizer(TinyModel())
 PHRASE = (5, 6, 7)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return load_policy(ModelConfig(kind="tiny"), seed=3)[0]
+    return load_policy(TinyModel(), seed=3)[0]
 
 
 class Env:

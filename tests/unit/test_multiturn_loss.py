@@ -11,7 +11,7 @@ from learner_service.intake.group_check import sample_problem
 from learner_service.train import objective
 from learner_service.train.packing import pack_groups, trained_tokens
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.config import LearnerConfig, TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
@@ -45,7 +45,7 @@ def gradient(model, samples) -> list[torch.Tensor]:
 
 
 def test_the_environment_tokens_data_changes_nothing_in_the_gradient() -> None:
-    model = load_policy(ModelConfig(kind="tiny", tiny_hidden=64, tiny_layers=2), seed=0)[0]
+    model = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=0)[0]
     base = gradient(model, [sample(1.0), sample(0.0, tokens=TOKENS[:6], env=ENV[:6])])
     # The environment's log-probs and versions, and the ids of environment tokens that
     # end a sample (no model token after them reads them), are not trained on.

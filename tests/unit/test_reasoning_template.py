@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl.config import ModelConfig, RolloutConfig
+from scalerl.config import RolloutConfig, SmolLM2Model
 from scalerl.policy.models import check_thinking, load_tokenizer
 
 QWEN3_STYLE = (
@@ -29,7 +29,7 @@ PLAIN = (
 
 
 def _prompt(**model) -> str:
-    tokenizer = load_tokenizer(ModelConfig(chat_template=QWEN3_STYLE, **model))
+    tokenizer = load_tokenizer(SmolLM2Model(chat_template=QWEN3_STYLE, **model))
     return tokenizer.decode(tokenizer.prompt_ids("What is 2 + 3?", "Be brief."))
 
 
@@ -41,7 +41,7 @@ def test_enable_thinking_reaches_the_template():
 
 def test_enable_thinking_without_the_switch_is_refused():
     with pytest.raises(ValueError, match="^model.enable_thinking: the chat template has no"):
-        load_tokenizer(ModelConfig(chat_template=PLAIN, enable_thinking=False))
+        load_tokenizer(SmolLM2Model(chat_template=PLAIN, enable_thinking=False))
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_enable_thinking_without_the_switch_is_refused():
 def test_a_thinking_template_needs_think_end_for_the_budget(
     think_end, enable_thinking, budget, refused
 ):
-    model = ModelConfig(chat_template=QWEN3_STYLE, enable_thinking=enable_thinking)
+    model = SmolLM2Model(chat_template=QWEN3_STYLE, enable_thinking=enable_thinking)
     rollout = RolloutConfig(
         think_end=think_end, thinking_budget=budget, answer_budget=4, max_new_tokens=64
     )
@@ -67,14 +67,14 @@ def test_a_thinking_template_needs_think_end_for_the_budget(
             check_thinking(model, rollout, tokenizer)
     else:
         check_thinking(model, rollout, tokenizer)
-    check_thinking(ModelConfig(chat_template=PLAIN), rollout, load_tokenizer(ModelConfig()))
+    check_thinking(SmolLM2Model(chat_template=PLAIN), rollout, load_tokenizer(SmolLM2Model()))
 
 
 def test_tool_specs_take_the_templates_own_format():
     """Tools reach the template (its Hermes block), not a generic system message."""
     from scalerl.agents.chat import TurnTemplate
 
-    tokenizer = load_tokenizer(ModelConfig(chat_template=QWEN3_STYLE, enable_thinking=False))
+    tokenizer = load_tokenizer(SmolLM2Model(chat_template=QWEN3_STYLE, enable_thinking=False))
     template = TurnTemplate(tokenizer)
     assert template.shows_tools
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}

@@ -85,6 +85,9 @@ def test_bare_keys_resolve_to_their_section() -> None:
     assert resolve_key("group_size") == "rollout.group_size"
     assert resolve_key("seed") == "seed"
     assert resolve_key("learner.threads") == "learner.threads"
+    # A field of one kind of model only (the section is a union of kinds).
+    assert resolve_key("tiny_layers") == "model.tiny_layers"
+    assert resolve_key("warmup_steps") == "model.warmup_steps"
     with pytest.raises(ValueError, match="a field of rollout and learner"):
         resolve_key("threads")
     with pytest.raises(ValueError, match="not a config field"):

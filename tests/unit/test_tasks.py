@@ -11,7 +11,7 @@ import pytest
 
 from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from scalerl import tasks
-from scalerl.config import ModelConfig, TaskConfig, load_config
+from scalerl.config import SmolLM2Model, TaskConfig, load_config
 from scalerl.policy.models import PolicyTokenizer, chat_stop_token_ids, chat_template
 from scalerl.tasks import AdditionTask, TaskSet, Verdict, build_task, verify_last_integer
 from scalerl.verifiers import VerifierPool, last_integer
@@ -205,15 +205,15 @@ def test_chat_prompts_take_the_system_prompt_unless_the_conversation_has_one() -
 def test_a_chat_template_comes_from_the_model_config(tmp_path) -> None:
     template = tmp_path / "think.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}<think>")
-    config = ModelConfig(chat_template=str(template))
+    config = SmolLM2Model(chat_template=str(template))
     assert chat_template(config) == template.read_text()
-    assert chat_template(ModelConfig(chat_template="{{ messages }}")) == "{{ messages }}"
-    assert chat_template(ModelConfig()) is None
+    assert chat_template(SmolLM2Model(chat_template="{{ messages }}")) == "{{ messages }}"
+    assert chat_template(SmolLM2Model()) is None
     hf = _TemplateTokenizer()
     _hf_policy_tokenizer_for_test(hf, config)
     assert hf.chat_template == template.read_text()
     with pytest.raises(ValueError, match="model.chat_template: no such file"):
-        chat_template(ModelConfig(chat_template=str(tmp_path / "missing.jinja")))
+        chat_template(SmolLM2Model(chat_template=str(tmp_path / "missing.jinja")))
 
 
 def _hf_policy_tokenizer_for_test(hf, config):

@@ -12,7 +12,7 @@ from learner_service.train import objective
 from learner_service.train.logprobs import prefix_logprobs, token_logprobs
 from learner_service.train.packing import pack_groups
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, ModelConfig
+from scalerl.config import LearnerConfig, TinyModel
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 
@@ -25,7 +25,7 @@ ABORTED = rollout_pb2.FINISH_REASON_ABORTED
 
 
 def tiny(seed: int = 0) -> torch.nn.Module:
-    model, _ = load_policy(ModelConfig(kind="tiny", tiny_hidden=64, tiny_layers=2), seed=seed)
+    model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=seed)
     return model
 
 
@@ -352,7 +352,7 @@ def test_bad_checkpoint_changes_nothing() -> None:
 
 def test_length_sorted_packing_gives_the_same_loss_and_gradient():
     """Sorting samples by length only changes the padding, never the loss or gradient."""
-    model = load_policy(ModelConfig(kind="tiny"), seed=0)[0]
+    model = load_policy(TinyModel(), seed=0)[0]
     rng = torch.Generator().manual_seed(0)
     groups = []
     for g in range(3):
