@@ -1,7 +1,19 @@
-"""The sandbox's own side: run as `python -I -S _child.py REPORT_FD DATA_FD` by
-`scalerl.sandbox.runner`, never imported. Standard library only.
+"""The sandbox's own side, never imported: started once per caller process as
+`python -I -S _child.py --zygote CONTROL_FD` by `scalerl.sandbox.zygote`, it forks one
+launcher per job (below). Standard library only.
 
-stdin: one JSON job {"limits", "folder", "code", "kind", "cases"}. Two channels go back:
+The zygote only forks: it holds no job's content, and each launcher it forks holds only
+its own job's channels (the zygote closes them right after the fork). It takes from the
+control socket a job's folder and four fds (SCM_RIGHTS): the launcher's stdin, REPORT_FD,
+DATA_FD and STATUS_FD, and answers with the launcher's pid. The launcher leads its own
+session, and writes its exit code to STATUS_FD as it ends (the zygote, its parent, reaps
+it, so its caller learns the code there: end of file without one = killed). The zygote
+ends when its caller closes the control socket. What a fork saves is the interpreter's
+start and these imports (two thirds of a small program's CPU); every job still gets
+fresh namespaces, a fresh root and a fresh contained process.
+
+A launcher's stdin: one JSON job {"limits", "folder", "code", "kind", "cases"}. Two
+channels go back:
 - REPORT_FD (trusted): what containment was set up, or why the sandbox failed to start.
   It is closed before the program's first line runs, so the program never holds it.
 - DATA_FD (the program's stdout, fd 1): one JSON line per case, data only ({"i": index,
@@ -464,8 +476,8 @@ def _serve(job):
         emit(i=index, value=value, error=error)
 
 
-def main():
-    report_fd, data_fd = int(sys.argv[1]), int(sys.argv[2])
+def _launch(report_fd, data_fd):
+    """The launcher: read the job from stdin, unshare, fork A; A's exit code."""
     job = json.loads(sys.stdin.buffer.read())
     missing = []
     isolated = _unshare(job, missing)
@@ -475,7 +487,57 @@ def main():
     os.close(report_fd)
     os.close(data_fd)
     _, status = os.waitpid(child, 0)
-    os._exit(_exit_code(status))
+    return _exit_code(status)
+
+
+# -- the zygote -----------------------------------------------------------------------
+
+
+def _zygote(control_fd):
+    """Fork a launcher per request on the control socket until it closes."""
+    import socket
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the launchers
+    control = socket.socket(fileno=control_fd)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 4)
+        except OSError:
+            os._exit(0)
+        if not message or len(fds) != 4:
+            os._exit(0)  # the caller is gone (or broke the protocol)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            _forked_launcher(message.decode(), *fds)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(struct.pack("=i", pid))
+
+
+def _forked_launcher(folder, stdin_fd, report_fd, data_fd, status_fd):
+    code, launcher = 1, os.getpid()
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher waits for A
+        os.setsid()
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        os.chdir(folder)
+        code = _launch(report_fd, data_fd)
+    finally:
+        # Only the launcher reports: A and B inherit STATUS_FD (B closes it before the
+        # program's first line), and an A that failed must not answer for it.
+        try:
+            if os.getpid() == launcher:
+                _write_all(status_fd, b"%d\n" % code)
+        finally:
+            os._exit(code)
+
+
+def main():
+    if sys.argv[1] == "--zygote":
+        _zygote(int(sys.argv[2]))
+    os._exit(_launch(int(sys.argv[1]), int(sys.argv[2])))
 
 
 if __name__ == "__main__":

@@ -33,24 +33,22 @@ import os
 import select
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from scalerl.sandbox.memcg import MemoryCgroup
+from scalerl.sandbox.zygote import ZYGOTE, Launcher
 
 log = logging.getLogger(__name__)
 
-CHILD = Path(__file__).with_name("_child.py")
 _MiB = 1 << 20
 # Parent-side cap on what the sandbox may send back: a program cannot grow our memory.
 _MAX_CHANNEL_BYTES = 16 * _MiB
 _MAX_REPORT_BYTES = 1 * _MiB
+_REAP_S = 5.0  # after SIGKILL its status channel ends at once; a bound all the same
 KINDS = ("values", "stdio")
 
 
@@ -147,27 +145,29 @@ def run_program(code: str, kind: str, cases: list[str], limits: SandboxLimits) -
     started = time.monotonic()
     group: MemoryCgroup | None = None
     try:
-        proc, report_fd, data_fd = _start(folder)
+        launcher = ZYGOTE.launch(folder)
+        report_fd, data_fd = launcher.report_fd, launcher.data_fd
         try:
             # Before the job: the launcher forks nothing until it has read it, so every
             # process of the run is born in the cgroup.
-            group = _memory_cgroup(proc.pid, limits)
-            _send_job(proc, job)
-            run, report = _collect(proc, report_fd, data_fd, len(cases), limits, started)
+            group = _memory_cgroup(launcher.pid, limits)
+            launcher.send(json.dumps(job).encode())
+            run, report = _collect(launcher, report_fd, data_fd, len(cases), limits, started)
             if not run.stopped:
-                _wait_briefly(proc)
+                # Its channels ended with the program: the launcher exits right after.
+                launcher.wait(1.0)
         finally:
             os.close(report_fd)
             os.close(data_fd)
-            _kill_group(proc)
-            proc.wait()
+            launcher.kill_group()
+            launcher.wait(_REAP_S)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         oom = group is not None and group.oom_killed()
         if group is not None:
             group.remove()
     run.seconds = time.monotonic() - started
-    finished = _finish(run, report, proc.returncode)
+    finished = _finish(run, report, launcher.returncode)
     if oom:
         finished.stopped = finished.stopped or "memory"
     if group is None and limits.namespaces:
@@ -210,46 +210,11 @@ def containment(limits: SandboxLimits | None = None) -> Containment:
     return _containment_cache[limits.namespaces]
 
 
-def _start(folder: str) -> tuple[subprocess.Popen, int, int]:
-    """The child process, and the read ends of its report and data channels."""
-    report_r, report_w = os.pipe()
-    data_r, data_w = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(CHILD), str(report_w), str(data_w)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(report_w, data_w),
-            cwd=folder,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True,
-        )
-    except BaseException:
-        os.close(report_r)
-        os.close(data_r)
-        raise
-    finally:
-        os.close(report_w)
-        os.close(data_w)
-    return proc, report_r, data_r
-
-
 def _new_folder(limits: SandboxLimits) -> str:
     folder = tempfile.mkdtemp(prefix="scalerl-sandbox-")
     if os.geteuid() == 0:  # the folder is the program's only when uncontained
         os.chown(folder, limits.uid, limits.gid)
     return folder
-
-
-def _send_job(proc: subprocess.Popen, job: dict) -> None:
-    # The child reads all of stdin before anything else, so this write cannot deadlock.
-    assert proc.stdin is not None  # started with stdin=PIPE
-    try:
-        proc.stdin.write(json.dumps(job).encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
 
 
 class _Lines:
@@ -278,7 +243,7 @@ class _Lines:
 
 
 def _collect(
-    proc: subprocess.Popen,
+    launcher: Launcher,
     report_fd: int,
     data_fd: int,
     n_cases: int,
@@ -306,7 +271,7 @@ def _collect(
         if channels[data_fd].received > _MAX_CHANNEL_BYTES:
             run.stopped = "output too large"
             break
-        if not ready and proc.poll() is not None and not channels[report_fd].open:
+        if not ready and launcher.poll() is not None and not channels[report_fd].open:
             break  # ended; a process it left behind holds the data channel open
     return run, report
 
@@ -341,23 +306,6 @@ def _take_claim(run: SandboxRun, line: bytes, n_cases: int, output_bytes: int) -
     if value is not None and len(value) > output_bytes:
         return
     run.outcomes[index] = CaseOutcome(index, value, (stdout or "")[:output_bytes], error[:500])
-
-
-def _wait_briefly(proc: subprocess.Popen) -> None:
-    # Its channels ended with the program: the launcher exits right after, with its code.
-    try:
-        proc.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    # The child leads its own process group (start_new_session): this ends the launcher
-    # and, through its PID namespace's init, everything the program started.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _finish(run: SandboxRun, report: dict, status: int | None) -> SandboxRun:

@@ -37,6 +37,7 @@ TORCH_FREE = (
     "scalerl.verifiers.math_answer",
     "scalerl.verifiers.reasoning_gym",
     "scalerl.sandbox.client",
+    "scalerl.sandbox.zygote",
     "scalerl.tasks.files",
     "scalerl.tasks.generators",
     "scalerl.tasks.split",
