@@ -242,7 +242,7 @@ def grpo_config(args: argparse.Namespace, cfg):
     from trl import GRPOConfig
 
     learner, rollout = cfg.learner, cfg.rollout
-    if learner.loss != "cispo" or learner.advantage_norm != "batch":
+    if learner.loss.kind != "cispo" or learner.advantage_norm != "batch":
         raise SystemExit("this benchmark maps CISPO with batch-level advantages only")
     group = rollout.group_size
     return GRPOConfig(
@@ -265,7 +265,7 @@ def grpo_config(args: argparse.Namespace, cfg):
         max_steps=args.max_steps,
         # The loss: CISPO, whose eps_max is `epsilon_high` (TRL clamps the ratio at it).
         loss_type="cispo",
-        epsilon_high=learner.eps_max,
+        epsilon_high=learner.loss.hyperparameters["eps_max"],
         beta=0.0,  # no KL term, no reference model
         scale_rewards="batch",
         # The optimizer: AdamW with scalerl's betas, constant lr, no warm-up.

@@ -48,8 +48,7 @@ RECIPES: dict[str, dict[str, object]] = {
         "off_policy_mode": "pipeline",
     },
     "deepseek-grpo": {
-        "loss": "grpo",
-        "eps": 0.2,
+        "loss": {"kind": "grpo", "eps": 0.2},
         "aggregation": "sample",
         "advantage_norm": "prompt",
         "fp32_lm_head": False,
@@ -58,9 +57,7 @@ RECIPES: dict[str, dict[str, object]] = {
         "off_policy_mode": "ppo",
     },
     "qwen2.5-dapo": {
-        "loss": "dapo",
-        "eps_low": 0.2,
-        "eps_high": 0.28,
+        "loss": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28},
         "aggregation": "token",
         "advantage_norm": "prompt",
         "fp32_lm_head": False,
@@ -69,9 +66,7 @@ RECIPES: dict[str, dict[str, object]] = {
         "off_policy_mode": "ppo",
     },
     "magistral": {
-        "loss": "dapo",
-        "eps_low": 0.2,
-        "eps_high": 0.28,
+        "loss": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28},
         "aggregation": "token",
         "advantage_norm": "batch",
         "fp32_lm_head": False,
@@ -92,7 +87,7 @@ RECIPES: dict[str, dict[str, object]] = {
 
 # ScaleRL component -> the learner fields that revert it to the paper's baseline.
 LEAVE_OUT: dict[str, dict[str, object]] = {
-    "cispo": {"loss": "dapo", "eps_low": 0.2, "eps_high": 0.28},
+    "cispo": {"loss": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28}},
     "prompt_aggregation": {"aggregation": "sample"},
     "batch_advantage_norm": {"advantage_norm": "prompt"},
     "fp32_lm_head": {"fp32_lm_head": False},
@@ -124,4 +119,6 @@ def recipe_overrides(recipe: str | None, leave_out: list[str] | tuple[str, ...] 
 
 
 def _yaml(value: object) -> str:
+    if isinstance(value, dict):  # a loss with its clipping, as a YAML flow mapping
+        return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in value.items()) + "}"
     return str(value).lower() if isinstance(value, bool) else str(value)

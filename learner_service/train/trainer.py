@@ -69,7 +69,7 @@ class Trainer:
             fp32 head, bf16 autocast: "auto" = where the model's device has native bf16).
         temperature: the rollout sampling temperature (> 0).
         loss_hyperparameters: the loss's eps values; default
-            `config.loss_hyperparameters` ("cispo": eps_max; "dapo"/"gspo": eps_low,
+            `config.loss.hyperparameters` ("cispo": eps_max; "dapo"/"gspo": eps_low,
             eps_high; "grpo": eps).
         pad_id: padding token id; default the model config's pad_token_id, else 0.
         mesh: a 1-D device mesh of the learner's ranks (torch.distributed initialised):
@@ -102,9 +102,9 @@ class Trainer:
         self.hyperparameters = dict(
             loss_hyperparameters
             if loss_hyperparameters is not None
-            else config.loss_hyperparameters
+            else config.loss.hyperparameters
         )
-        self.ratio_bounds = objective.ratio_bounds(config.loss, self.hyperparameters)
+        self.ratio_bounds = objective.ratio_bounds(config.loss.kind, self.hyperparameters)
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
@@ -363,7 +363,7 @@ class Trainer:
             batch.sample_index[sl].to(dev),
             batch.group_index[sl].to(dev),
             mask,
-            loss=cfg.loss,
+            loss=cfg.loss.kind,
             aggregation=cfg.aggregation,
             weights=weights[sl].to(dev),
             **self.hyperparameters,

@@ -3,12 +3,20 @@
 A run is described by one `RunConfig`. Built-in configs live in `scalerl/configs/*.yaml`;
 any field can be overridden from the command line (`--set learner.lr=2e-5`) or from the
 environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model` (a variant per
-kind), `task`, `rollout`, `learner` (its `weights` variants, one per transport, in
-`weights`), `services` (eval, fleet, curve, security) and `run` (the whole and its
-loading).
+kind), `task`, `rollout`, `learner` (its `loss` variants, one per policy loss, in `loss`;
+its `weights` variants, one per transport, in `weights`), `services` (eval, fleet, curve,
+security) and `run` (the whole and its loading).
 """
 
-from scalerl.config.learner import LOSS_HYPERPARAMETERS, LearnerConfig, LoraConfig
+from scalerl.config.learner import LearnerConfig, LoraConfig
+from scalerl.config.loss import (
+    LOSS_HYPERPARAMETERS,
+    CispoLoss,
+    DapoLoss,
+    GrpoLoss,
+    GspoLoss,
+    LossConfig,
+)
 from scalerl.config.model import ModelConfig, PathModel, SmolLM2Model, TinyModel
 from scalerl.config.rollout import DEFAULT_INTERRUPT_TEXT, RolloutConfig
 from scalerl.config.run import (
@@ -45,6 +53,11 @@ __all__ = [
     "ADDITIONS_SYSTEM_PROMPT",
     "BroadcastWeights",
     "CONFIG_DIR",
+    "CispoLoss",
+    "DapoLoss",
+    "GrpoLoss",
+    "GspoLoss",
+    "LossConfig",
     "CurveConfig",
     "DEFAULT_INTERRUPT_TEXT",
     "ENV_PREFIX",

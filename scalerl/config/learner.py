@@ -7,21 +7,13 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
 from scalerl.config.base import _Section
+from scalerl.config.loss import CispoLoss, LossConfig, as_loss_mapping
 from scalerl.config.weights import UriWeights, WeightsConfig
-
-# Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
-# torch-free, so that the config and the learner share one table.
-LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    "cispo": ("eps_max",),
-    "dapo": ("eps_low", "eps_high"),
-    "gspo": ("eps_low", "eps_high"),
-    "grpo": ("eps",),
-}
-
 
 # Every Linear of a Llama decoder layer: "LoRA Without Regret" (Schulman et al. 2025)
 # found that adapting the MLPs as well as attention is needed to match full fine-tuning.
@@ -89,13 +81,12 @@ class LearnerConfig(_Section):
         "policy generates k x batch_prompts groups, split into k minibatches, one optimizer "
         "step each, then new weights (paper Sec. 3.1).",
     )
-    loss: Literal["cispo", "dapo", "gspo", "grpo"] = Field(
-        "cispo", description="Policy loss (learner_service.train.objective.policy_loss)."
+    loss: LossConfig = Field(
+        default_factory=CispoLoss,
+        description="Policy loss (learner_service.train.objective.policy_loss), one of "
+        "cispo (eps_max), dapo and gspo (eps_low, eps_high), grpo (eps): a name, or a "
+        "mapping with `kind` and its own clipping (scalerl.config.loss).",
     )
-    eps_max: float = Field(4.0, gt=0, description="CISPO importance-ratio truncation.")
-    eps_low: float = Field(0.2, ge=0, lt=1, description="DAPO/GSPO lower clip: 1 - eps_low.")
-    eps_high: float = Field(0.28, ge=0, description="DAPO/GSPO upper clip: 1 + eps_high.")
-    eps: float = Field(0.2, ge=0, lt=1, description="GRPO symmetric clip: 1 -/+ eps.")
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
     zero_variance_filter: bool = True
@@ -191,10 +182,10 @@ class LearnerConfig(_Section):
             return 0
         return self.dynamic_sampling * self.batch_prompts
 
-    @property
-    def loss_hyperparameters(self) -> dict[str, float]:
-        """The eps values the configured loss takes (LOSS_HYPERPARAMETERS)."""
-        return {name: getattr(self, name) for name in LOSS_HYPERPARAMETERS[self.loss]}
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_by_name(cls, value: object) -> object:
+        return as_loss_mapping(value)
 
     @model_validator(mode="after")
     def _check_mode(self) -> LearnerConfig:

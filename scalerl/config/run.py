@@ -19,6 +19,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scalerl.config.learner import LearnerConfig
+from scalerl.config.loss import as_loss_mapping
 from scalerl.config.model import ModelConfig, SmolLM2Model, switch_kind
 from scalerl.config.rollout import RolloutConfig
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
@@ -202,7 +203,7 @@ def load_config(
     from scalerl.recipes import recipe_overrides
 
     path = resolve_config_path(name_or_path)
-    data = _relative_to(read_config_file(path), path.parent)
+    data = _loss_by_name(_relative_to(read_config_file(path), path.parent))
     layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
     for item in layers:
         key, value = parse_override(item)
@@ -210,7 +211,17 @@ def load_config(
         if key == "model.kind":  # another kind of model: the earlier kind's fields go
             data["model"] = switch_kind(data.get("model", {}), value)
         _set_dotted(data, key, value)
+        _loss_by_name(data)
     return RunConfig(**data)
+
+
+def _loss_by_name(data: dict[str, Any]) -> dict[str, Any]:
+    """`learner.loss: NAME` as the mapping it stands for, so that a later override can
+    set one of its fields (`learner.loss.eps_high=0.3`)."""
+    learner = data.get("learner")
+    if isinstance(learner, dict) and "loss" in learner:
+        learner["loss"] = as_loss_mapping(learner["loss"])
+    return data
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from scalerl.config import LearnerConfig, load_config, resolve_key
+from scalerl.config import LOSS_HYPERPARAMETERS, LearnerConfig, load_config, resolve_key
 from scalerl.recipes import COMPONENTS, LEAVE_OUT, RECIPES, recipe_overrides
 from scalerl_cli.main import main
 from scalerl_cli.sweep import build_variants, parse_vary
@@ -22,16 +22,28 @@ from scalerl_cli.sweep import build_variants, parse_vary
     ],
 )
 def test_each_loss_takes_its_own_hyperparameters(loss: str, expected: dict) -> None:
-    assert LearnerConfig(loss=loss).loss_hyperparameters == expected
+    assert LearnerConfig(loss=loss).loss.hyperparameters == expected
+    assert LOSS_HYPERPARAMETERS[loss] == tuple(expected)
 
 
 def test_hyperparameter_ranges_are_validated() -> None:
     with pytest.raises(ValidationError, match="eps_low"):
-        LearnerConfig(eps_low=1.0)
+        LearnerConfig(loss={"kind": "dapo", "eps_low": 1.0})
     with pytest.raises(ValidationError, match="eps_max"):
-        LearnerConfig(eps_max=0.0)
-    with pytest.raises(ValidationError, match="loss"):
+        LearnerConfig(loss={"kind": "cispo", "eps_max": 0.0})
+    with pytest.raises(ValidationError, match="kind must be one of 'cispo', 'dapo'"):
         LearnerConfig(loss="ppo")
+
+
+def test_a_clip_of_another_loss_is_refused_not_ignored() -> None:
+    """CISPO truncates at eps_max and has no eps_high: setting one is an error."""
+    with pytest.raises(ValidationError, match="loss.cispo.eps_high"):
+        load_config("default", ["learner.loss.eps_high=0.3"])
+    dapo = load_config("default", ["learner.loss=dapo", "learner.loss.eps_high=0.3"])
+    assert dapo.learner.loss.hyperparameters == {"eps_low": 0.2, "eps_high": 0.3}
+    # A loss named again starts from its defaults: the earlier clip was the other's.
+    again = load_config("default", ["learner.loss={kind: dapo, eps_low: 0.1}", "loss=cispo"])
+    assert again.learner.loss.hyperparameters == {"eps_max": 4.0}
 
 
 def test_ppo_off_policy_needs_k_at_least_one() -> None:
@@ -46,13 +58,13 @@ def test_every_recipe_sets_every_component_and_loads() -> None:
         assert set(COMPONENTS) <= set(fields), name
         learner = load_config("tiny", recipe=name).learner
         for key, value in fields.items():
-            assert getattr(learner, key) == value, (name, key)
+            assert getattr(learner, key) == getattr(LearnerConfig(**{key: value}), key), name
 
 
 def test_scalerl_recipe_is_the_default_learner() -> None:
     default = LearnerConfig()
     for key, value in RECIPES["scalerl"].items():
-        assert getattr(default, key) == value, key
+        assert getattr(default, key) == getattr(LearnerConfig(**{key: value}), key), key
 
 
 def test_leave_one_out_reverts_exactly_one_component() -> None:
@@ -61,13 +73,15 @@ def test_leave_one_out_reverts_exactly_one_component() -> None:
         changed = load_config("tiny", recipe="scalerl", leave_out=[component]).learner
         diff = {k for k, v in changed.model_dump().items() if base[k] != v}
         assert diff and diff <= set(fields), (component, diff)
-    assert load_config("tiny", leave_out=["cispo"]).learner.loss == "dapo"
+    assert load_config("tiny", leave_out=["cispo"]).learner.loss.kind == "dapo"
     assert load_config("tiny", leave_out=["pipeline"]).learner.off_policy_mode == "ppo"
 
 
 def test_command_line_beats_recipe_beats_file(monkeypatch) -> None:
     monkeypatch.delenv("SCALERL_LEARNER__LOSS", raising=False)
-    assert load_config("tiny", ["learner.loss=gspo"], recipe="magistral").learner.loss == "gspo"
+    assert (
+        load_config("tiny", ["learner.loss=gspo"], recipe="magistral").learner.loss.kind == "gspo"
+    )
     monkeypatch.setenv("SCALERL_LEARNER__AGGREGATION", "prompt")
     assert load_config("tiny", recipe="magistral").learner.aggregation == "prompt"
     assert load_config("tiny", ["aggregation=sample"]).learner.aggregation == "sample"
@@ -105,7 +119,7 @@ def test_sweep_variants_are_the_cartesian_product() -> None:
         "loss=dapo,recipe=magistral",
     ]
     # --vary beats the recipe (it is a --set), and every variant has its own run_id.
-    assert [v.config.learner.loss for v in variants] == ["cispo", "cispo", "dapo", "dapo"]
+    assert [v.config.learner.loss.kind for v in variants] == ["cispo", "cispo", "dapo", "dapo"]
     assert variants[1].config.learner.aggregation == "token"  # magistral's
     assert variants[0].config.run_id == "tiny-loss-cispo-recipe-scalerl"
     assert all(v.config.learner.max_steps == 3 for v in variants)

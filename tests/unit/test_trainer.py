@@ -407,7 +407,8 @@ def test_length_sorted_packing_gives_the_same_loss_and_gradient():
 )
 def test_trainer_takes_the_configured_loss(loss, hyperparameters) -> None:
     model = tiny()
-    trainer = Trainer(model, config(loss=loss, **hyperparameters), temperature=1.0)
+    loss_config = {"kind": loss, **hyperparameters}
+    trainer = Trainer(model, config(loss=loss_config), temperature=1.0)
     assert trainer.hyperparameters == hyperparameters
     g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
     metrics = trainer.step([g])
@@ -452,7 +453,7 @@ def test_clipped_tokens_are_counted() -> None:
     model = tiny()
     g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
     g.samples[0].logprobs[1] -= 5.0
-    metrics = Trainer(model, config(loss="cispo", eps_max=4.0), temperature=1.0).step([g])
+    metrics = Trainer(model, config(loss={"kind": "cispo", "eps_max": 4.0}), temperature=1.0).step([g])
     assert metrics.tokens == 4
     assert metrics.tokens_ratio_clipped == 1
     assert metrics.ratio_clipped_frac == 0.25
