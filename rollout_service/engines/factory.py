@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_service.engines.api import RolloutEngine
-from scalerl.config import RunConfig
+from scalerl.config import RunConfig, SglangEngineConfig, TorchEngineConfig, VllmEngineConfig
 from scalerl.cores import torch_threads
 from scalerl.policy.hardware import ResolvedConfig
 from scalerl.ports import free_port
@@ -39,7 +39,8 @@ def build_engine(
     config = resolved.config
     rollout = config.rollout
     stops = tokenizer.stop_token_ids
-    if rollout.engine == "torch":
+    engine = rollout.engine
+    if isinstance(engine, TorchEngineConfig):
         from rollout_service.engines.torch.engine import TorchEngine
 
         return TorchEngine(
@@ -53,7 +54,7 @@ def build_engine(
             max_lora_rank=rollout.max_lora_rank,
             gate=gate,
         )
-    if rollout.engine == "vllm":
+    if isinstance(engine, VllmEngineConfig):
         from rollout_service.engines.vllm.worker import require_vllm
 
         require_vllm()  # before writing a model folder for nothing
@@ -66,19 +67,19 @@ def build_engine(
             max_seq_len=rollout.max_seq_len,
             dtype=resolved.rollout_dtype,
             metrics=metrics,
-            enforce_eager=rollout.vllm_enforce_eager,
-            kv_cache_gib=rollout.vllm_kv_cache_gib,
-            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+            enforce_eager=engine.enforce_eager,
+            kv_cache_gib=engine.kv_cache_gib,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
             threads=torch_threads(rollout.threads),
             max_lora_rank=rollout.max_lora_rank if config.learner.lora is not None else None,
         )
-    return _build_sglang(resolved, model_folder(config, model), stops, metrics)
+    return _build_sglang(resolved, engine, model_folder(config, model), stops, metrics)
 
 
 def _build_sglang(
-    resolved: ResolvedConfig, folder: Path, stops: Any, metrics: Any
+    resolved: ResolvedConfig, engine: SglangEngineConfig, folder: Path, stops: Any, metrics: Any
 ) -> RolloutEngine:
-    """An SGLang engine on `rollout.sglang_url`, or on a server started here (and ended
+    """An SGLang engine on `rollout.engine.url`, or on a server started here (and ended
     when this process exits) when that is empty."""
     from transformers import AutoConfig
 
@@ -90,7 +91,7 @@ def _build_sglang(
 
     rollout = resolved.config.rollout
     lora_rank = rollout.max_lora_rank if resolved.config.learner.lora is not None else None
-    url, api_key = rollout.sglang_url, ""
+    url, api_key = engine.url, ""
     if not url:
         port, api_key = free_port(), secrets.token_urlsafe(32)  # a server of our own
         process = launch_sglang_server(

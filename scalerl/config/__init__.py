@@ -3,11 +3,18 @@
 A run is described by one `RunConfig`. Built-in configs live in `scalerl/configs/*.yaml`;
 any field can be overridden from the command line (`--set learner.lr=2e-5`) or from the
 environment (`SCALERL_LEARNER__LR=2e-5`). One module per section: `model` (a variant per
-kind), `task`, `rollout`, `learner` (its `loss` variants, one per policy loss, in `loss`;
-its `weights` variants, one per transport, in `weights`), `services` (eval, fleet, curve,
-security) and `run` (the whole and its loading).
+kind), `task`, `rollout` (its `engine` variants, one per inference engine, in `engine`),
+`learner` (its `loss` variants, one per policy loss, in `loss`; its `weights` variants,
+one per transport, in `weights`), `services` (eval, fleet, curve, security) and `run`
+(the whole and its loading).
 """
 
+from scalerl.config.engine import (
+    EngineConfig,
+    SglangEngineConfig,
+    TorchEngineConfig,
+    VllmEngineConfig,
+)
 from scalerl.config.learner import LearnerConfig, LoraConfig
 from scalerl.config.loss import (
     LOSS_HYPERPARAMETERS,
@@ -61,6 +68,7 @@ __all__ = [
     "CurveConfig",
     "DEFAULT_INTERRUPT_TEXT",
     "ENV_PREFIX",
+    "EngineConfig",
     "EvalConfig",
     "FleetConfig",
     "LOSS_HYPERPARAMETERS",
@@ -72,6 +80,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SecurityConfig",
+    "SglangEngineConfig",
     "SmolLM2Model",
     "StreamWeights",
     "TASK_SOURCES",
@@ -82,7 +91,9 @@ __all__ = [
     "OpenEnvConfig",
     "VerifierConfig",
     "TinyModel",
+    "TorchEngineConfig",
     "UriWeights",
+    "VllmEngineConfig",
     "WeightsConfig",
     "dump_config",
     "environment_overrides",

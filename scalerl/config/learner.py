@@ -11,8 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from scalerl.config.base import _Section
-from scalerl.config.loss import CispoLoss, LossConfig, as_loss_mapping
+from scalerl.config.base import _Section, by_name
+from scalerl.config.loss import CispoLoss, LossConfig
 from scalerl.config.weights import UriWeights, WeightsConfig
 
 # Every Linear of a Llama decoder layer: "LoRA Without Regret" (Schulman et al. 2025)
@@ -185,7 +185,7 @@ class LearnerConfig(_Section):
     @field_validator("loss", mode="before")
     @classmethod
     def _loss_by_name(cls, value: object) -> object:
-        return as_loss_mapping(value)
+        return by_name(value)
 
     @model_validator(mode="after")
     def _check_mode(self) -> LearnerConfig:

@@ -1,7 +1,8 @@
 """`learner.loss`: the policy loss, one variant per `kind`, each with only the clipping it
 takes (`learner_service.train.objective.policy_loss` has the formulas). A bare name
-(`--set learner.loss=dapo`, `--vary loss=cispo,dapo`) is that loss with its defaults; a
-mapping sets its own fields (`learner.loss.eps_high=0.3`), and a field of another loss
+(`--set learner.loss=dapo`, `--vary loss=cispo,dapo`) is that loss, with its defaults
+unless it was that loss already (`scalerl.config.base.by_name`); a mapping sets its own
+fields (`learner.loss.eps_high=0.3`), and a field of another loss
 is refused (`learner.loss.cispo.eps_high`)."""
 
 from __future__ import annotations
@@ -66,11 +67,6 @@ LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     kind: tuple(name for name in loss.model_fields if name != "kind")
     for kind, loss in LOSSES.items()
 }
-
-
-def as_loss_mapping(value: Any) -> Any:
-    """A bare loss name as the mapping it stands for ({"kind": name})."""
-    return {"kind": value} if isinstance(value, str) else value
 
 
 def _kind_of(value: Any) -> str | None:

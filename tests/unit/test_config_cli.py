@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl.config import CONFIG_DIR, PathModel, dump_config, load_config
+from scalerl.config import (
+    CONFIG_DIR,
+    PathModel,
+    SglangEngineConfig,
+    VllmEngineConfig,
+    dump_config,
+    load_config,
+)
 from scalerl_cli import main as cli
 
 
@@ -30,6 +37,27 @@ def test_switching_the_model_kind_drops_only_the_earlier_kinds_fields():
     assert config.model.warmup_steps == load_config("tiny").model.warmup_steps > 0
     with pytest.raises(ValueError, match="model.path.tiny_layers"):
         load_config("tiny", ["model.kind=path", "model.path=/m", "model.tiny_layers=2"])
+
+
+def test_naming_the_engine_keeps_its_settings_and_another_engine_starts_fresh(
+    monkeypatch, tmp_path
+):
+    """A deploy overlay's vLLM settings survive the component's SCALERL_ROLLOUT__ENGINE."""
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(
+        "rollout:\n  engine: {kind: vllm, enforce_eager: false, gpu_memory_utilization: 0.8}\n"
+        "learner:\n  lend_idle: 'off'\n"
+    )
+    monkeypatch.setenv("SCALERL_ROLLOUT__ENGINE", "vllm")
+    engine = load_config(str(config_file)).rollout.engine
+    assert isinstance(engine, VllmEngineConfig)
+    assert (engine.enforce_eager, engine.gpu_memory_utilization, engine.kv_cache_gib) == (
+        False,
+        0.8,
+        1,
+    )
+    monkeypatch.setenv("SCALERL_ROLLOUT__ENGINE", "sglang")
+    assert load_config(str(config_file)).rollout.engine == SglangEngineConfig(url="")
 
 
 def test_environment_overrides_a_field(monkeypatch):
@@ -66,6 +94,15 @@ def test_environment_overrides_a_field(monkeypatch):
             "scalerl: model.tiny.path: Extra inputs are not permitted",
         ),
         (["--set", "model.kind=path"], "scalerl: model.path.path: Field required"),
+        (
+            # vLLM's settings are vLLM's: none is silently ignored by the torch engine.
+            ["--set", "rollout.engine.enforce_eager=false"],
+            "scalerl: rollout.engine.torch.enforce_eager: Extra inputs are not permitted",
+        ),
+        (
+            ["--set", "rollout.engine=tpu"],
+            "scalerl: rollout.engine: kind must be one of 'torch', 'vllm', 'sglang'",
+        ),
         (["--set", "model.tiny_layers=2"], "scalerl: model.smollm2.tiny_layers: Extra inputs"),
         (
             ["--set", "model.kind=llama"],

@@ -453,7 +453,9 @@ def test_clipped_tokens_are_counted() -> None:
     model = tiny()
     g = on_policy(model, [3, 4], [[5, 6], [7, 8]], [1.0, 0.0])
     g.samples[0].logprobs[1] -= 5.0
-    metrics = Trainer(model, config(loss={"kind": "cispo", "eps_max": 4.0}), temperature=1.0).step([g])
+    metrics = Trainer(model, config(loss={"kind": "cispo", "eps_max": 4.0}), temperature=1.0).step(
+        [g]
+    )
     assert metrics.tokens == 4
     assert metrics.tokens_ratio_clipped == 1
     assert metrics.ratio_clipped_frac == 0.25
