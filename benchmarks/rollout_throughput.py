@@ -277,14 +277,14 @@ def main() -> None:
 
     import torch
 
-    from scalerl.config import SmolLM2Model, TaskConfig
+    from scalerl.config import AdditionsTaskConfig, SmolLM2Model
     from scalerl.policy.models import load_policy
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(SmolLM2Model())
     if args.model == "qwen3-shaped":
         model = qwen3_shaped(model.config)
-    system = TaskConfig().effective_system_prompt
+    system = AdditionsTaskConfig().effective_system_prompt
     names = [*SCENARIOS, "prefill"] if args.scenario == "all" else [args.scenario]
     for name in names:
         if name == "prefill":

@@ -41,12 +41,17 @@ from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, Securi
 from scalerl.config.task import (
     ADDITIONS_SYSTEM_PROMPT,
     TASK_SOURCES,
+    AdditionsTaskConfig,
     CodeVerifierConfig,
     EnvironmentConfig,
+    EpisodesTaskConfig,
+    FileTaskConfig,
     McpServerConfig,
     OpenEnvConfig,
+    ReasoningGymTaskConfig,
     TaskConfig,
     VerifierConfig,
+    task_config,
 )
 from scalerl.config.weights import (
     BroadcastWeights,
@@ -58,6 +63,7 @@ from scalerl.config.weights import (
 
 __all__ = [
     "ADDITIONS_SYSTEM_PROMPT",
+    "AdditionsTaskConfig",
     "BroadcastWeights",
     "CONFIG_DIR",
     "CispoLoss",
@@ -87,8 +93,11 @@ __all__ = [
     "TaskConfig",
     "CodeVerifierConfig",
     "EnvironmentConfig",
+    "EpisodesTaskConfig",
+    "FileTaskConfig",
     "McpServerConfig",
     "OpenEnvConfig",
+    "ReasoningGymTaskConfig",
     "VerifierConfig",
     "TinyModel",
     "TorchEngineConfig",
@@ -98,6 +107,7 @@ __all__ = [
     "dump_config",
     "environment_overrides",
     "load_config",
+    "task_config",
     "parse_override",
     "resolve_config_path",
     "resolve_key",

@@ -23,7 +23,14 @@ from scalerl.config.learner import LearnerConfig
 from scalerl.config.model import ModelConfig, SmolLM2Model, switch_kind
 from scalerl.config.rollout import RolloutConfig
 from scalerl.config.services import CurveConfig, EvalConfig, FleetConfig, SecurityConfig
-from scalerl.config.task import TaskConfig, VerifierConfig, as_task_list
+from scalerl.config.task import (
+    TASK_FIELDS,
+    TASK_SOURCES,
+    AdditionsTaskConfig,
+    TaskConfig,
+    VerifierConfig,
+    as_task_list,
+)
 from scalerl.state.keys import RUN_ID_PATTERN
 
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
@@ -31,6 +38,10 @@ ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
 # Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
 # torch-free, so that the config and the learner share one table.
+
+
+def _one_additions_task() -> list[TaskConfig]:
+    return [AdditionsTaskConfig()]
 
 
 class RunConfig(BaseSettings):
@@ -50,7 +61,7 @@ class RunConfig(BaseSettings):
     )
     model: ModelConfig = SmolLM2Model()
     task: list[TaskConfig] = Field(
-        default_factory=lambda: [TaskConfig()],
+        default_factory=_one_additions_task,
         min_length=1,
         max_length=64,
         description="The run's tasks (one mapping is a list of one).",
@@ -124,6 +135,9 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     if keys[0] == "task" and len(keys) > 1:
         tasks = data["task"] = as_task_list(data.get("task", [{}]))
         node, keys = _task_entry(tasks, keys[1:])
+        if keys == ["source"] and value in TASK_SOURCES:  # the earlier source's fields go
+            for field in [k for k in node if k not in TASK_SOURCES[value].model_fields]:
+                del node[field]
     for depth, key in enumerate(keys[:-1]):
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
@@ -134,12 +148,12 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 def _task_entry(tasks: list[dict[str, Any]], keys: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The task mapping that `keys` (after `task.`) address, and the keys left."""
     head = keys[0]
-    names = [t.get("name", TaskConfig.model_fields["name"].default) for t in tasks]
+    names = [t.get("name", AdditionsTaskConfig.model_fields["name"].default) for t in tasks]
     if head.isdigit() and int(head) < len(tasks) and len(keys) > 1:
         return tasks[int(head)], keys[1:]
     if head in names and len(keys) > 1:
         return tasks[names.index(head)], keys[1:]
-    if len(tasks) == 1 and head in TaskConfig.model_fields:
+    if len(tasks) == 1 and head in TASK_FIELDS:
         return tasks[0], keys
     raise ValueError(
         f"task.{'.'.join(keys)}: name a task by index (0..{len(tasks) - 1}) or name "

@@ -1,11 +1,15 @@
-"""`task`: the prompts, their splits and verifiers (one entry per task)."""
+"""`task`: the prompts, their splits and verifiers (one entry per task, one variant per
+source of its prompts)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    Discriminator,
     Field,
+    Tag,
+    TypeAdapter,
     model_validator,
 )
 
@@ -13,7 +17,6 @@ from scalerl.config.base import _Section
 from scalerl.state.keys import TASK_NAME_PATTERN
 
 ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
-TASK_SOURCES = ("additions", "file", "reasoning_gym", "episodes")
 
 
 class McpServerConfig(_Section):
@@ -157,29 +160,22 @@ class EnvironmentConfig(_Section):
         return self
 
 
-class TaskConfig(_Section):
-    """One task of the run: where its prompts come from, how they are split into training
-    and held-out prompts, how a reply is scored and its share of the training prompts.
+class _Task(_Section):
+    """What every task takes, whatever its prompts' source: its name, share, verifier,
+    held-out split, prompts' framing and environment. One variant per `source`:
+    `AdditionsTaskConfig`, `FileTaskConfig`, `ReasoningGymTaskConfig` and
+    `EpisodesTaskConfig`, each with only its source's own fields.
 
-    source `additions`: the built-in "What is a+b?" prompts (small_max, large_max).
-    source `file`: a local JSONL or Parquet file, or a Hugging Face `datasets` folder saved
-    with `save_to_disk` (path, format, the *_field names, split fields).
-    source `reasoning_gym`: a seeded procedural generator of the `reasoning-gym` package
-    (dataset, dataset_config, size), scored by that dataset's own scorer.
-    source `episodes`: `size` episodes of an OpenEnv environment (`environment.openenv`),
-    each a reset seed; the environment opens and scores them.
     The held-out split is the file's (split_field, or a saved DatasetDict's splits) or else
     a seeded i.i.d. split of heldout_size prompts sharing no prompt text with training.
     """
 
+    default_system_prompt: ClassVar[str] = ""
+    source: str
     name: str = Field(
         "addition",
         pattern=TASK_NAME_PATTERN.pattern,
         description="Task name: prefix of its prompt ids, label of its metrics and curve.",
-    )
-    source: Literal["additions", "file", "reasoning_gym", "episodes"] = Field(
-        "additions",
-        description="Where the prompts come from: additions, file, reasoning_gym, episodes.",
     )
     weight: float = Field(
         1.0, gt=0, le=1e6, description="Share of training prompts, relative to the other tasks."
@@ -206,64 +202,14 @@ class TaskConfig(_Section):
         "{prompt}",
         description="The user message made of a text prompt; must contain {prompt}.",
     )
-    # source: additions
-    small_max: int = Field(9, ge=0, le=99, description="additions: largest one-digit operand.")
-    large_max: int = Field(
-        39, ge=1, le=9999, description="additions: largest value of the other operand."
-    )
-    # source: file
-    path: str = Field(
-        "",
-        description="file: a .jsonl/.parquet file or a save_to_disk folder; relative paths "
-        "in a config file are relative to its folder.",
-    )
-    format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
-        "auto", description="file: auto = by extension (a folder is a saved `datasets`)."
-    )
-    prompt_field: str = Field(
-        "prompt", description="file: column of the prompt (text, or chat messages)."
-    )
-    answer_field: str = Field(
-        "answer", description="file: column of the reference answer (or the code tests)."
-    )
-    id_field: str = Field("", description="file: column of unique row ids; empty = row number.")
-    split_field: str = Field(
-        "", description="file: column naming each row's split; empty = a seeded split."
-    )
-    train_split: str = Field("train", description="file: split value (or name) of training.")
-    heldout_split: str = Field("test", description="file: split value (or name) held out.")
-    # source: reasoning_gym
-    dataset: str = Field("", description="reasoning_gym: dataset name (e.g. basic_arithmetic).")
-    dataset_config: dict[str, Any] = Field(
-        default_factory=dict, description="reasoning_gym: the dataset's options."
-    )
-    size: int = Field(
-        10_000,
-        ge=2,
-        le=10_000_000,
-        description="reasoning_gym: prompts generated in all; episodes: episodes (seeds).",
-    )
     environment: EnvironmentConfig | None = Field(
         None, description="Multi-turn with tools (None: one completion per prompt)."
     )
 
     @model_validator(mode="after")
-    def _check_source(self) -> TaskConfig:
-        where = f"task {self.name!r}"
+    def _check_template(self) -> _Task:
         if "{prompt}" not in self.prompt_template:
-            raise ValueError(f"{where}: prompt_template must contain {{prompt}}")
-        if self.source == "file":
-            if not self.path:
-                raise ValueError(f"{where}: path is required for source file")
-            if not self.verifier:
-                raise ValueError(
-                    f"{where}: verifier is required for source file (last_integer, math, "
-                    "code or python:MODULE:FUNCTION)"
-                )
-        if self.source == "reasoning_gym" and not self.dataset:
-            raise ValueError(f"{where}: dataset is required for source reasoning_gym")
-        if self.source == "episodes" and (self.environment is None or not self.environment.openenv):
-            raise ValueError(f"{where}: source episodes needs environment.openenv")
+            raise ValueError(f"task {self.name!r}: prompt_template must contain {{prompt}}")
         return self
 
     @property
@@ -271,7 +217,118 @@ class TaskConfig(_Section):
         """The system prompt in use (the source's default when unset)."""
         if self.system_prompt is not None:
             return self.system_prompt
-        return ADDITIONS_SYSTEM_PROMPT if self.source == "additions" else ""
+        return self.default_system_prompt
+
+
+class AdditionsTaskConfig(_Task):
+    """The built-in "What is a+b?" prompts."""
+
+    default_system_prompt: ClassVar[str] = ADDITIONS_SYSTEM_PROMPT
+    source: Literal["additions"] = "additions"
+    small_max: int = Field(9, ge=0, le=99, description="Largest one-digit operand.")
+    large_max: int = Field(39, ge=1, le=9999, description="Largest value of the other operand.")
+
+
+class FileTaskConfig(_Task):
+    """A local JSONL or Parquet file, or a Hugging Face `datasets` folder saved with
+    `save_to_disk`; it must name its verifier."""
+
+    source: Literal["file"] = "file"
+    path: str = Field(
+        "",
+        description="A .jsonl/.parquet file or a save_to_disk folder; relative paths in a "
+        "config file are relative to its folder.",
+    )
+    format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
+        "auto", description="auto = by extension (a folder is a saved `datasets`)."
+    )
+    prompt_field: str = Field("prompt", description="Column of the prompt (text, or messages).")
+    answer_field: str = Field(
+        "answer", description="Column of the reference answer (or the code tests)."
+    )
+    id_field: str = Field("", description="Column of unique row ids; empty = row number.")
+    split_field: str = Field(
+        "", description="Column naming each row's split; empty = a seeded split."
+    )
+    train_split: str = Field("train", description="Split value (or name) of training.")
+    heldout_split: str = Field("test", description="Split value (or name) held out.")
+
+    @model_validator(mode="after")
+    def _check_file(self) -> FileTaskConfig:
+        where = f"task {self.name!r}"
+        if not self.path:
+            raise ValueError(f"{where}: path is required for source file")
+        if not self.verifier:
+            raise ValueError(
+                f"{where}: verifier is required for source file (last_integer, math, "
+                "code or python:MODULE:FUNCTION)"
+            )
+        return self
+
+
+class ReasoningGymTaskConfig(_Task):
+    """A seeded procedural generator of the `reasoning-gym` package, scored by that
+    dataset's own scorer."""
+
+    source: Literal["reasoning_gym"] = "reasoning_gym"
+    dataset: str = Field("", description="Dataset name (e.g. basic_arithmetic).")
+    dataset_config: dict[str, Any] = Field(
+        default_factory=dict, description="The dataset's options."
+    )
+    size: int = Field(10_000, ge=2, le=10_000_000, description="Prompts generated in all.")
+
+    @model_validator(mode="after")
+    def _check_dataset(self) -> ReasoningGymTaskConfig:
+        if not self.dataset:
+            raise ValueError(f"task {self.name!r}: dataset is required for source reasoning_gym")
+        return self
+
+
+class EpisodesTaskConfig(_Task):
+    """`size` episodes of an OpenEnv environment (`environment.openenv`), each a reset
+    seed; the environment opens and scores them."""
+
+    source: Literal["episodes"] = "episodes"
+    size: int = Field(10_000, ge=2, le=10_000_000, description="Episodes (reset seeds).")
+
+    @model_validator(mode="after")
+    def _check_environment(self) -> EpisodesTaskConfig:
+        if self.environment is None or not self.environment.openenv:
+            raise ValueError(f"task {self.name!r}: source episodes needs environment.openenv")
+        return self
+
+
+TASK_SOURCES: dict[str, type[_Task]] = {
+    "additions": AdditionsTaskConfig,
+    "file": FileTaskConfig,
+    "reasoning_gym": ReasoningGymTaskConfig,
+    "episodes": EpisodesTaskConfig,
+}
+# Every field some task takes (a bare `task.FIELD` override of a run of one task).
+TASK_FIELDS = frozenset(name for task in TASK_SOURCES.values() for name in task.model_fields)
+
+
+def _source_of(value: Any) -> str | None:
+    """The variant a task names: its `source`, `additions` when left out."""
+    if isinstance(value, dict):
+        return str(value.get("source", "additions"))
+    source = getattr(value, "source", None)
+    return None if source is None else str(source)
+
+
+# One task: a variant per source, told apart by `source`.
+TaskConfig = Annotated[
+    Annotated[AdditionsTaskConfig, Tag("additions")]
+    | Annotated[FileTaskConfig, Tag("file")]
+    | Annotated[ReasoningGymTaskConfig, Tag("reasoning_gym")]
+    | Annotated[EpisodesTaskConfig, Tag("episodes")],
+    Discriminator(
+        _source_of,
+        custom_error_type="unknown_source",
+        custom_error_message="source must be one of 'additions', 'file', 'reasoning_gym', "
+        "'episodes'",
+    ),
+]
 
 
 class CodeVerifierConfig(_Section):
@@ -311,3 +368,12 @@ class VerifierConfig(_Section):
 def as_task_list(value: Any) -> Any:
     """`task:` may be one mapping (a run of one task) or a list of them."""
     return [value] if isinstance(value, dict) else value
+
+
+_TASK = TypeAdapter(TaskConfig)
+
+
+def task_config(fields: Any) -> _Task:
+    """One task's config from a mapping, its `source` picking the variant (`additions`
+    when left out). Raises pydantic.ValidationError naming the field."""
+    return _TASK.validate_python(fields)

@@ -1,5 +1,5 @@
 """The `file` source: prompts and reference answers from a local JSONL file, Parquet file
-or saved `datasets` folder (`TaskConfig.path`, `format`, the `*_field` names).
+or saved `datasets` folder (`FileTaskConfig.path`, `format`, the `*_field` names).
 
 One pass over the rows (`readers.RowReader.scan`) checks every prompt and id and keeps, per
 row, its row id (when the file has an id column), its split and an 8-byte digest of its
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from scalerl.config import TaskConfig
+from scalerl.config import FileTaskConfig
 from scalerl.tasks.base import Problem, Task
 from scalerl.tasks.ids import PromptIds, RowIds
 from scalerl.tasks.readers import RowReader, open_reader
@@ -99,7 +99,7 @@ class RowIndex:
     other_values: list[str]
 
 
-def index_rows(reader: RowReader, config: TaskConfig) -> RowIndex:
+def index_rows(reader: RowReader, config: FileTaskConfig) -> RowIndex:
     """One pass over the rows: check each prompt and id, keep its digest, id and split.
 
     Raises ValueError naming the field at fault (a missing column, a bad prompt or id, a
@@ -149,7 +149,7 @@ def index_rows(reader: RowReader, config: TaskConfig) -> RowIndex:
     )
 
 
-def split_rows(reader: RowReader, config: TaskConfig, index: RowIndex) -> tuple[Split, int]:
+def split_rows(reader: RowReader, config: FileTaskConfig, index: RowIndex) -> tuple[Split, int]:
     """The task's split and the rows of other split values (ignored); the file's own
     split (a split column or a DatasetDict's splits) when it has one, else seeded.
 
@@ -202,7 +202,7 @@ class FileTask(Task):
     heldout_size), for a file or row it cannot use.
     """
 
-    def __init__(self, config: TaskConfig, verifier: Verifier) -> None:
+    def __init__(self, config: FileTaskConfig, verifier: Verifier) -> None:
         super().__init__(config.name, config.weight, config.effective_system_prompt)
         self.verifier = verifier
         self._template = config.prompt_template

@@ -1,5 +1,6 @@
 """The `reasoning_gym` source: a seeded procedural generator of the reasoning-gym package
-(`TaskConfig.dataset`, `dataset_config`, `size`, `seed`), scored by that dataset's scorer.
+(`ReasoningGymTaskConfig.dataset`, `dataset_config`, `size`, `seed`), scored by that
+dataset's scorer.
 
 Items are deterministic by index (most datasets draw item i from `Random(seed + i)`), so
 row ids are item indices and `load` generates an item when asked. Generating all `size`
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from scalerl.config import TaskConfig
+from scalerl.config import ReasoningGymTaskConfig
 from scalerl.tasks.base import PROBLEM_CACHE, Problem, Task, task_verifier
 from scalerl.tasks.files import render
 from scalerl.tasks.ids import Complement, PromptIds
@@ -89,7 +90,7 @@ def heldout_walk(
     )
 
 
-def task_scorer(config: TaskConfig, end_of_thinking: str = "") -> Verifier:
+def task_scorer(config: ReasoningGymTaskConfig, end_of_thinking: str = "") -> Verifier:
     """The verifier of a generated task: its dataset's scorer (`reasoning_gym:<dataset>`
     with the dataset_config) unless the config names another, which then gets the item
     (question, answer, metadata) as the reference answer."""
@@ -119,7 +120,7 @@ class ReasoningGymTask(Task):
     verifier.
     """
 
-    def __init__(self, config: TaskConfig, end_of_thinking: str = "") -> None:
+    def __init__(self, config: ReasoningGymTaskConfig, end_of_thinking: str = "") -> None:
         super().__init__(config.name, config.weight, config.effective_system_prompt)
         self.size, self._template = config.size, config.prompt_template
         try:

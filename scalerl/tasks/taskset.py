@@ -8,7 +8,14 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from scalerl.config import RunConfig, TaskConfig, VerifierConfig
+from scalerl.config import (
+    AdditionsTaskConfig,
+    EpisodesTaskConfig,
+    FileTaskConfig,
+    RunConfig,
+    TaskConfig,
+    VerifierConfig,
+)
 from scalerl.tasks.base import Problem, Task, task_of, task_verifier
 from scalerl.verifiers import Verdict
 
@@ -99,7 +106,7 @@ def _prompts(config: TaskConfig, end_of_thinking: str, settings: VerifierConfig 
         "weight": config.weight,
         "system_prompt": config.effective_system_prompt,
     }
-    if config.source == "additions":
+    if isinstance(config, AdditionsTaskConfig):
         from scalerl.tasks.additions import AdditionTask
 
         return AdditionTask(
@@ -110,11 +117,11 @@ def _prompts(config: TaskConfig, end_of_thinking: str, settings: VerifierConfig 
             verifier=task_verifier(config, end_of_thinking, settings=settings),
             **common,
         )
-    if config.source == "episodes":
+    if isinstance(config, EpisodesTaskConfig):
         from scalerl.tasks.episodes import EpisodeTask
 
         return EpisodeTask(config.size, config.heldout_size, config.seed, **common)
-    if config.source == "file":
+    if isinstance(config, FileTaskConfig):
         from scalerl.tasks.files import FileTask
 
         return FileTask(config, task_verifier(config, end_of_thinking, settings=settings))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 import torch
+import yaml
 from learning import assert_pass_rate_rose
 from redis.crc import key_slot
 
@@ -292,8 +293,8 @@ def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):
         assert row["evaluations"] == 5  # steps 0, 5, 10, 15, 20
         assert 0.0 < row["A"] <= 1.0 and row["B"] > 0, row
         assert f"{row['A']:.3f}" in proc.stdout and label in proc.stdout
-        config = (sweep_dir / label.replace("=", "-") / "config.yaml").read_text()
-        assert f"loss: {label.split('=')[1]}" in config
+        config = yaml.safe_load((sweep_dir / label.replace("=", "-") / "config.yaml").read_text())
+        assert config["learner"]["loss"]["kind"] == label.split("=")[1]
     assert {r["rank"] for r in rows.values()} == {1, 2}
     verdict = summary["comparison"]
     assert verdict["best"] in rows and verdict["decided_by"] in ("A", "B")

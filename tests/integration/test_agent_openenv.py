@@ -33,7 +33,7 @@ from scalerl.agents.openenv import (
     observation_text,
 )
 from scalerl.agents.trajectory import ABORTED, MAX_TURNS, STOP, TurnLimits, run_trajectory
-from scalerl.config import EnvironmentConfig, OpenEnvConfig, TaskConfig
+from scalerl.config import EnvironmentConfig, EpisodesTaskConfig, OpenEnvConfig
 from scalerl.policy.models import GGUF_FILE, _hf_policy_tokenizer, smollm2_gguf_dir
 from scalerl.tasks.base import Problem
 from scalerl.tasks.taskset import build_task
@@ -319,9 +319,8 @@ def test_the_same_game_over_openenvs_server(tokenizer, server: str) -> None:
 
 
 def test_an_episodes_task_gives_a_group_one_episode() -> None:
-    config = TaskConfig(
+    config = EpisodesTaskConfig(
         name="guess",
-        source="episodes",
         size=20,
         heldout_size=5,
         environment=EnvironmentConfig(openenv=OpenEnvConfig(environment=GUESS)),
@@ -361,7 +360,9 @@ def test_bad_configs_name_the_field() -> None:
     with pytest.raises(ValidationError, match="tools or mcp_servers .* or openenv, not both"):
         EnvironmentConfig(tools=["calculator"], openenv=OpenEnvConfig(url="http://h:1"))
     with pytest.raises(ValidationError, match="source episodes needs environment.openenv"):
-        TaskConfig(name="t", source="episodes")
+        EpisodesTaskConfig(
+            name="t",
+        )
     with pytest.raises(ValueError, match="action_field: 'text' is not a field of the action"):
         factory(environment=GUESS, action_field="text")
     with pytest.raises(ValueError, match="is not an OpenEnv Environment subclass"):

@@ -25,7 +25,7 @@ from verifier_cases import (
     write_outside,
 )
 
-from scalerl.config import TaskConfig
+from scalerl.config import FileTaskConfig, ReasoningGymTaskConfig
 from scalerl.sandbox.runner import SandboxLimits, containment
 from scalerl.tasks import build_task
 from scalerl.verifiers import build_verifier
@@ -134,17 +134,16 @@ def test_the_cli_agrees_with_the_tasks_of_a_run(tmp_path: Path, capsys) -> None:
     data = tmp_path / "rows.jsonl"
     rows = [{"q": "What is 1/2 + 1/4?", "a": "\\frac{3}{4}"}, {"q": "What is 2+2?", "a": "4"}]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    math_config = TaskConfig(
+    math_config = FileTaskConfig(
         name="m",
-        source="file",
         path=str(data),
         prompt_field="q",
         answer_field="a",
         verifier="math",
         heldout_size=1,
     )
-    gym_config = TaskConfig(
-        name="g", source="reasoning_gym", dataset="basic_arithmetic", size=20, heldout_size=5
+    gym_config = ReasoningGymTaskConfig(
+        name="g", dataset="basic_arithmetic", size=20, heldout_size=5
     )
     tasks = [
         (build_task(math_config), "math"),

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from rollout_service.actor import ActorLoop, _GroupInFlight
-from scalerl.config import TaskConfig
+from scalerl.config import AdditionsTaskConfig
 from scalerl.state import replay as replay_module
 from scalerl.state.client import RedisClient
 from scalerl.state.once import OpId
@@ -41,7 +41,7 @@ class _Stream:
 
 
 def _actor(redis_client: RedisClient, run_id: str) -> tuple[ActorLoop, list]:
-    tasks = TaskSet([build_task(TaskConfig(name="add", large_max=9, heldout_size=5))])
+    tasks = TaskSet([build_task(AdditionsTaskConfig(name="add", large_max=9, heldout_size=5))])
     task = tasks["add"]
 
     def check(completion, answer):

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 from rollout_service.actor import ActorLoop, _GroupInFlight
-from scalerl.config import TaskConfig
+from scalerl.config import AdditionsTaskConfig
 from scalerl.tasks import TaskSet, build_task
 from scalerl.verifiers import Verdict, VerifierPool
 
@@ -31,7 +31,7 @@ class _Stream:
 
 
 def test_a_slow_verifier_does_not_block_the_loop() -> None:
-    tasks = TaskSet([build_task(TaskConfig(name="add", large_max=9, heldout_size=5))])
+    tasks = TaskSet([build_task(AdditionsTaskConfig(name="add", large_max=9, heldout_size=5))])
     task = tasks["add"]
     release = threading.Event()
     checks = []

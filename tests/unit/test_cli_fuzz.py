@@ -34,7 +34,7 @@ CASES = [
     ("verifier:\n  code:\n    retry_s: -1\n", [], "verifier.code.retry_s: Input should be"),
     ("eval:\n  every: -3\n", [], "eval.every: Input should be"),
     ("task: 7\n", [], "task: Input should be a valid list"),
-    ("task:\n  name: x\n  source: nope\n", [], "task.0.source: Input should be"),
+    ("task:\n  name: x\n  source: nope\n", [], "task.0: source must be one of 'additions', 'file'"),
     ("task:\n  name: x\n  source: file\n", [], "task 'x': path is required for source file"),
     (None, ["--set", "learner.lr"], "override 'learner.lr' must look like section.field=value"),
     (None, ["--set", "=5"], "override '=5' must look like section.field=value"),

@@ -6,6 +6,7 @@ import pytest
 
 from scalerl.config import (
     CONFIG_DIR,
+    FileTaskConfig,
     PathModel,
     SglangEngineConfig,
     VllmEngineConfig,
@@ -58,6 +59,31 @@ def test_naming_the_engine_keeps_its_settings_and_another_engine_starts_fresh(
     )
     monkeypatch.setenv("SCALERL_ROLLOUT__ENGINE", "sglang")
     assert load_config(str(config_file)).rollout.engine == SglangEngineConfig(url="")
+
+
+def test_a_task_takes_only_its_sources_fields() -> None:
+    """The tiny config's additions task (large_max) switched to a file: its operands go,
+    and the file's own fields are required; an operand on a file task is refused."""
+    config = load_config(
+        "tiny",
+        [
+            "task.source=file",
+            "task.path=data.jsonl",
+            "task.verifier=last_integer",
+            "model.warmup_steps=0",
+        ],
+    )
+    (task,) = config.task
+    assert isinstance(task, FileTaskConfig) and task.heldout_size == 30  # shared: kept
+    with pytest.raises(ValueError, match="path is required for source file"):
+        load_config("tiny", ["task.source=file", "task.verifier=last_integer"])
+    with pytest.raises(ValueError, match="task.0.file.large_max"):
+        load_config(
+            "tiny",
+            ["task.source=file", "task.path=d.jsonl", "task.verifier=math", "task.large_max=9"],
+        )
+    with pytest.raises(ValueError, match="source must be one of 'additions', 'file'"):
+        load_config("tiny", ["task.source=csv"])
 
 
 def test_environment_overrides_a_field(monkeypatch):

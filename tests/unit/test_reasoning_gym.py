@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scalerl.config import TaskConfig
+from scalerl.config import task_config
 from scalerl.tasks import build_task
 from scalerl.tasks.generators import ReasoningGymTask
 from scalerl.verifiers import Verdict, Verifier, build_verifier
@@ -21,7 +21,7 @@ TINY = {**NARROW, "allow_parentheses": False, "allow_negation": False}
 
 def _task(**fields) -> ReasoningGymTask:
     config = {"name": "gym", "source": "reasoning_gym", "dataset": "basic_arithmetic"}
-    return build_task(TaskConfig(**{**config, **fields}))
+    return build_task(task_config({**config, **fields}))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scalerl.config import TaskConfig
+from scalerl.config import task_config
 from scalerl.tasks import Problem, build_task, readers
 from scalerl.tasks.files import FileTask
 from scalerl.tasks.ids import Complement, RowIds
@@ -53,7 +53,7 @@ def _saved(path: Path, rows: list[dict]) -> Path:
 
 def _task(path: Path, **fields) -> FileTask:
     config = {"name": "t", "source": "file", "path": str(path), "verifier": "last_integer"}
-    return build_task(TaskConfig(**{**config, **fields}))
+    return build_task(task_config({**config, **fields}))
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +197,9 @@ def test_the_seeded_split_is_deterministic_across_processes(tmp_path: Path) -> N
     assert _heldout_texts(path, seed=5)[0] == held
     assert _heldout_texts(path, seed=6)[0] != held
     code = (
-        "import json, sys; from scalerl.config import TaskConfig; "
+        "import json, sys; from scalerl.config import FileTaskConfig; "
         "from scalerl.tasks import build_task; "
-        f"t = build_task(TaskConfig(name='t', source='file', path={str(path)!r}, "
+        f"t = build_task(FileTaskConfig(name='t', path={str(path)!r}, "
         "verifier='last_integer', heldout_size=10, seed=5)); "
         "print(json.dumps(list(t.heldout_ids)))"
     )

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_service.actor import _GroupInFlight, build_group, scored_text
 from scalerl import tasks
-from scalerl.config import SmolLM2Model, TaskConfig, load_config
+from scalerl.config import AdditionsTaskConfig, FileTaskConfig, SmolLM2Model, load_config
 from scalerl.policy.models import PolicyTokenizer, chat_stop_token_ids, chat_template
 from scalerl.tasks import AdditionTask, TaskSet, Verdict, build_task, verify_last_integer
 from scalerl.verifiers import VerifierPool, last_integer
@@ -113,8 +113,8 @@ def test_end_of_turn_and_eos_both_stop_a_chat_model() -> None:
 
 
 def _two_tasks() -> TaskSet:
-    small = TaskConfig(name="small", large_max=9, heldout_size=20, weight=3.0)
-    wide = TaskConfig(name="wide", small_max=3, large_max=30, heldout_size=10, seed=1)
+    small = AdditionsTaskConfig(name="small", large_max=9, heldout_size=20, weight=3.0)
+    wide = AdditionsTaskConfig(name="wide", small_max=3, large_max=30, heldout_size=10, seed=1)
     return TaskSet([build_task(small), build_task(wide)])
 
 
@@ -156,13 +156,13 @@ def test_one_task_mapping_and_a_list_of_tasks_both_load() -> None:
     with pytest.raises(ValueError, match="name"):
         load_config("tiny", ["task.name=Math!"])
     with pytest.raises(ValueError, match="path is required for source file"):
-        TaskConfig(name="m", source="file", verifier="math")
+        FileTaskConfig(name="m", verifier="math")
     with pytest.raises(ValueError, match="verifier is required for source file"):
-        TaskConfig(name="m", source="file", path="x.jsonl")
+        FileTaskConfig(name="m", path="x.jsonl")
 
 
 def test_a_reasoning_model_is_scored_on_its_answer_after_the_end_of_thinking() -> None:
-    task = build_task(TaskConfig(large_max=9, heldout_size=5), end_of_thinking="</think>")
+    task = build_task(AdditionsTaskConfig(large_max=9, heldout_size=5), end_of_thinking="</think>")
     problem = task.problem(task.train_ids[0])
     right, wrong = str(problem.answer), str(problem.answer + 1)
     assert task.score(problem.prompt_id, f"<think>maybe {wrong}</think> {right}").reward == 1.0
@@ -170,7 +170,7 @@ def test_a_reasoning_model_is_scored_on_its_answer_after_the_end_of_thinking() -
     # Thinking that never ended has no answer, whatever numbers it holds.
     assert task.score(problem.prompt_id, f"<think>{right}") == Verdict(0.0, True)
     # Without the marker configured the whole reply is read (the additions default).
-    plain = build_task(TaskConfig(large_max=9, heldout_size=5))
+    plain = build_task(AdditionsTaskConfig(large_max=9, heldout_size=5))
     assert plain.score(problem.prompt_id, f"<think>{right}").reward == 1.0
 
 

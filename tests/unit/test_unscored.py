@@ -11,7 +11,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from scalerl.config import TaskConfig
+from scalerl.config import AdditionsTaskConfig
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.rpc.clients.base import RpcFailed
 from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, Unavailable
@@ -153,7 +153,7 @@ def test_retry_s_is_bounded() -> None:
 
 
 def test_unscored_checks_have_their_own_metric_outcome() -> None:
-    tasks = TaskSet([build_task(TaskConfig(name="a", large_max=9, heldout_size=5))])
+    tasks = TaskSet([build_task(AdditionsTaskConfig(name="a", large_max=9, heldout_size=5))])
     task = tasks["a"]
 
     def down(completion, answer):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from scalerl.config import TaskConfig
+from scalerl.config import AdditionsTaskConfig
 from scalerl.obs.verifier_metrics import register_verifier_metrics
 from scalerl.tasks import TaskSet, build_task
 
@@ -12,8 +12,8 @@ from scalerl.tasks import TaskSet, build_task
 def test_checks_and_failures_are_counted_per_task_and_outcome() -> None:
     tasks = TaskSet(
         [
-            build_task(TaskConfig(name="a", large_max=9, heldout_size=5)),
-            build_task(TaskConfig(name="b", large_max=9, heldout_size=5)),
+            build_task(AdditionsTaskConfig(name="a", large_max=9, heldout_size=5)),
+            build_task(AdditionsTaskConfig(name="b", large_max=9, heldout_size=5)),
         ]
     )
     a = tasks["a"]
@@ -42,7 +42,7 @@ def test_the_mcp_servers_health_is_on_the_workers_metrics() -> None:
     restarts, per task and server."""
     from types import SimpleNamespace
 
-    tasks = TaskSet([build_task(TaskConfig(name="a", large_max=9, heldout_size=5))])
+    tasks = TaskSet([build_task(AdditionsTaskConfig(name="a", large_max=9, heldout_size=5))])
     down = SimpleNamespace(config=SimpleNamespace(command=["mcp-files"]), up=False, restarts=2)
     tasks["a"].environments = SimpleNamespace(servers=[down], close=lambda: None)
     registry = CollectorRegistry()
@@ -55,7 +55,7 @@ def test_the_mcp_servers_health_is_on_the_workers_metrics() -> None:
 def test_the_openenv_hosts_restarts_are_on_the_workers_metrics() -> None:
     from types import SimpleNamespace
 
-    tasks = TaskSet([build_task(TaskConfig(name="a", large_max=9, heldout_size=5))])
+    tasks = TaskSet([build_task(AdditionsTaskConfig(name="a", large_max=9, heldout_size=5))])
     host = SimpleNamespace(restarts=3)
     tasks["a"].environments = SimpleNamespace(host=host, close=lambda: None)
     registry = CollectorRegistry()
