@@ -530,6 +530,10 @@ def _forked_launcher(folder, stdin_fd, report_fd, data_fd, status_fd):
         try:
             if os.getpid() == launcher:
                 _write_all(status_fd, b"%d\n" % code)
+                # Without a PID namespace a program's children outlive B: they are in
+                # this group, which ends with the launcher (the caller no longer can: the
+                # zygote reaps the launcher, and its pid may then be another's).
+                os.killpg(0, signal.SIGKILL)
         finally:
             os._exit(code)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from scalerl.sandbox.runner import SandboxLimits, run_program
@@ -70,3 +71,22 @@ def test_concurrent_programs_each_get_their_own_result() -> None:
     for thread in threads:
         thread.join(timeout=60)
     assert results == {value: str(2 * value) for value in range(8)}
+
+
+def test_without_namespaces_a_programs_children_end_with_it() -> None:
+    """No PID namespace to end them: the launcher ends its process group as it exits."""
+    code = "import os, time\nchild = os.fork()\nif child == 0:\n    time.sleep(60)\nprint(child)"
+    run = run_program(code, "stdio", [""], SandboxLimits(namespaces=False, wall_s=10))
+    child = int(run.outcomes[0].stdout)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's reaping is left
