@@ -6,11 +6,11 @@ and a setting of another engine is refused (`rollout.engine.torch.enforce_eager`
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Field, Tag
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, told_apart_by
 
 
 class TorchEngineConfig(_Section):
@@ -42,20 +42,10 @@ class SglangEngineConfig(_Section):
     )
 
 
-def _kind_of(value: Any) -> str | None:
-    """The variant `rollout.engine` names: its `kind`, `torch` when left out."""
-    kind = value.get("kind", "torch") if isinstance(value, dict) else getattr(value, "kind", None)
-    return None if kind is None else str(kind)
-
-
 # `rollout.engine`: one variant per inference engine, told apart by `kind`.
 EngineConfig = Annotated[
     Annotated[TorchEngineConfig, Tag("torch")]
     | Annotated[VllmEngineConfig, Tag("vllm")]
     | Annotated[SglangEngineConfig, Tag("sglang")],
-    Discriminator(
-        _kind_of,
-        custom_error_type="unknown_kind",
-        custom_error_message="kind must be one of 'torch', 'vllm', 'sglang'",
-    ),
+    told_apart_by("kind", ("torch", "vllm", "sglang")),
 ]

@@ -7,11 +7,11 @@ is refused (`learner.loss.cispo.eps_high`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Field, Tag
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, told_apart_by
 
 
 class _Loss(_Section):
@@ -69,21 +69,11 @@ LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _kind_of(value: Any) -> str | None:
-    """The variant `learner.loss` names: its `kind`, `cispo` when left out."""
-    kind = value.get("kind", "cispo") if isinstance(value, dict) else getattr(value, "kind", None)
-    return None if kind is None else str(kind)
-
-
 # `learner.loss`: one variant per policy loss, told apart by `kind`.
 LossConfig = Annotated[
     Annotated[CispoLoss, Tag("cispo")]
     | Annotated[DapoLoss, Tag("dapo")]
     | Annotated[GspoLoss, Tag("gspo")]
     | Annotated[GrpoLoss, Tag("grpo")],
-    Discriminator(
-        _kind_of,
-        custom_error_type="unknown_kind",
-        custom_error_message="kind must be one of 'cispo', 'dapo', 'gspo', 'grpo'",
-    ),
+    told_apart_by("kind", ("cispo", "dapo", "gspo", "grpo")),
 ]

@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    Discriminator,
     Field,
     Tag,
 )
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, told_apart_by
 
 
 class _Model(_Section):
@@ -110,20 +109,10 @@ def switch_kind(section: Any, kind: Any) -> Any:
     return {key: value for key, value in section.items() if key in MODEL_KINDS[kind].model_fields}
 
 
-def _kind_of(value: Any) -> str | None:
-    """The variant `model` names: its `kind`, `smollm2` when left out."""
-    kind = value.get("kind", "smollm2") if isinstance(value, dict) else getattr(value, "kind", None)
-    return None if kind is None else str(kind)
-
-
 # `model`: one variant per kind, told apart by `kind`.
 ModelConfig = Annotated[
     Annotated[SmolLM2Model, Tag("smollm2")]
     | Annotated[TinyModel, Tag("tiny")]
     | Annotated[PathModel, Tag("path")],
-    Discriminator(
-        _kind_of,
-        custom_error_type="unknown_kind",
-        custom_error_message="kind must be one of 'smollm2', 'tiny', 'path'",
-    ),
+    told_apart_by("kind", ("smollm2", "tiny", "path")),
 ]

@@ -6,14 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    Discriminator,
     Field,
     Tag,
     TypeAdapter,
     model_validator,
 )
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, told_apart_by
 from scalerl.state.keys import TASK_NAME_PATTERN
 
 ADDITIONS_SYSTEM_PROMPT = "Reply with only the final number."
@@ -308,26 +307,13 @@ TASK_SOURCES: dict[str, type[_Task]] = {
 TASK_FIELDS = frozenset(name for task in TASK_SOURCES.values() for name in task.model_fields)
 
 
-def _source_of(value: Any) -> str | None:
-    """The variant a task names: its `source`, `additions` when left out."""
-    if isinstance(value, dict):
-        return str(value.get("source", "additions"))
-    source = getattr(value, "source", None)
-    return None if source is None else str(source)
-
-
 # One task: a variant per source, told apart by `source`.
 TaskConfig = Annotated[
     Annotated[AdditionsTaskConfig, Tag("additions")]
     | Annotated[FileTaskConfig, Tag("file")]
     | Annotated[ReasoningGymTaskConfig, Tag("reasoning_gym")]
     | Annotated[EpisodesTaskConfig, Tag("episodes")],
-    Discriminator(
-        _source_of,
-        custom_error_type="unknown_source",
-        custom_error_message="source must be one of 'additions', 'file', 'reasoning_gym', "
-        "'episodes'",
-    ),
+    told_apart_by("source", ("additions", "file", "reasoning_gym", "episodes")),
 ]
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
-    Discriminator,
     Field,
     Tag,
 )
 
-from scalerl.config.base import _Section
+from scalerl.config.base import _Section, told_apart_by
 
 
 class _Transport(_Section):
@@ -109,25 +108,11 @@ class BroadcastWeights(_Transport):
     )
 
 
-def _transport_of(value: Any) -> str | None:
-    """The variant `learner.weights` names: its `transport`, `uri` when left out (so a
-    field of another transport is reported as not permitted for `uri`)."""
-    if isinstance(value, dict):
-        transport = value.get("transport", "uri")
-    else:
-        transport = getattr(value, "transport", None)
-    return None if transport is None else str(transport)
-
-
 # `learner.weights`: one variant per transport, told apart by `transport`.
 WeightsConfig = Annotated[
     Annotated[UriWeights, Tag("uri")]
     | Annotated[StreamWeights, Tag("stream")]
     | Annotated[PullWeights, Tag("pull")]
     | Annotated[BroadcastWeights, Tag("broadcast")],
-    Discriminator(
-        _transport_of,
-        custom_error_type="unknown_transport",
-        custom_error_message="transport must be one of 'uri', 'stream', 'pull', 'broadcast'",
-    ),
+    told_apart_by("transport", ("uri", "stream", "pull", "broadcast")),
 ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
+from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
 
 from scalerl.config import (
     CONFIG_DIR,
@@ -13,6 +16,11 @@ from scalerl.config import (
     dump_config,
     load_config,
 )
+from scalerl.config.engine import EngineConfig
+from scalerl.config.loss import LossConfig
+from scalerl.config.model import ModelConfig
+from scalerl.config.task import TaskConfig
+from scalerl.config.weights import WeightsConfig
 from scalerl_cli import main as cli
 
 
@@ -84,6 +92,35 @@ def test_a_task_takes_only_its_sources_fields() -> None:
         )
     with pytest.raises(ValueError, match="source must be one of 'additions', 'file'"):
         load_config("tiny", ["task.source=csv"])
+
+
+@pytest.mark.parametrize(
+    "union, field",
+    [
+        (EngineConfig, "kind"),
+        (LossConfig, "kind"),
+        (ModelConfig, "kind"),
+        (TaskConfig, "source"),
+        (WeightsConfig, "transport"),
+    ],
+)
+def test_each_variant_section_lists_exactly_its_variants(union: object, field: str) -> None:
+    """The names a wrong value is told about are the union's tags, the first the default."""
+    members, discriminator = typing.get_args(union)
+    assert isinstance(discriminator, Discriminator)
+    tags = [
+        next(m.tag for m in typing.get_args(member)[1:] if isinstance(m, Tag))
+        for member in typing.get_args(members)
+    ]
+    adapter = TypeAdapter(union)
+    with pytest.raises(ValidationError) as error:
+        adapter.validate_python({field: "nope"})
+    listed = ", ".join(repr(tag) for tag in tags)
+    assert error.value.errors()[0]["msg"] == f"{field} must be one of {listed}"
+    assert (
+        getattr(adapter.validate_python({"name": "t"} if field == "source" else {}), field)
+        == (tags[0])
+    )
 
 
 def test_environment_overrides_a_field(monkeypatch):
