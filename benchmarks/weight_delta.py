@@ -9,27 +9,36 @@ runs, so a published version may follow v - 2):
 
 - `full`: the payload's bytes;
 - `xor+planes+zstd`: the project's encoding (`delta.encode`): XOR, byte planes per
-  tensor, Zstandard level 3;
+  block of a tensor, Zstandard;
 - `xor+zstd`: the same without the byte planes;
 - `sparse+zstd`: per tensor, the positions of the changed elements (gaps as u32) and
   their new bit patterns, Zstandard level 3;
 - the project's encoding split by dtype (bf16 tensors alone, fp32 tensors alone: the LM
   head of ScaleRL Sec. 3.2 travels in fp32), as bytes against each part's full size;
 - the share of elements whose bit pattern changed, by dtype;
-- encode and decode seconds of the project's encoding, each with both payloads' sha256
-  (numpy and Zstandard here run on one thread).
+- encode and decode seconds of the project's encoding as the learner and a worker run
+  it: with both payloads' sha256 known (the announcement carries them), the rebuilt
+  payload as the bytes an engine loads (numpy and Zstandard here run on one thread);
+- with `--against OTHER_DELTA_PY`, the same for another revision's codec, on the same
+  pairs right after ours.
 
     python benchmarks/weight_delta.py runs/versions --json out.json
+    git show REV:scalerl/weights/delta.py > old_delta.py
+    python benchmarks/weight_delta.py runs/versions --against old_delta.py
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import zstandard
@@ -56,6 +65,13 @@ def _zstd(parts: list[bytes]) -> int:
     return size + len(compressor.flush())
 
 
+def _planes(xor: np.ndarray, itemsize: int) -> bytes:
+    """One tensor's XOR in byte planes per block, as `delta.encode` makes them."""
+    scratch, step = delta._Scratch(), delta.BLOCK_BYTES
+    blocks = (xor[at : at + step] for at in range(0, len(xor), step))
+    return b"".join(scratch.planes_of(block, itemsize).tobytes() for block in blocks)
+
+
 def alternatives(base: bytes, target: bytes) -> dict[str, float]:
     """Sizes (bytes) of the encodings and the per-dtype figures for one pair."""
     old = np.frombuffer(base, dtype=np.uint8)
@@ -69,7 +85,7 @@ def alternatives(base: bytes, target: bytes) -> dict[str, float]:
         xor = np.bitwise_xor(a, b)
         plain.append(xor.tobytes())
         name = _DTYPE_NAME.get(segment.itemsize, f"{segment.itemsize}-byte")
-        by_dtype.setdefault(name, []).append(delta._planes(xor, segment.itemsize))
+        by_dtype.setdefault(name, []).append(_planes(xor, segment.itemsize))
         full_by_dtype[name] = full_by_dtype.get(name, 0) + segment.end - segment.start
         if segment.itemsize in (2, 4):
             word = np.uint16 if segment.itemsize == 2 else np.uint32
@@ -95,21 +111,44 @@ def alternatives(base: bytes, target: bytes) -> dict[str, float]:
     return sizes
 
 
-def measure(base: bytes, target: bytes) -> dict[str, float]:
-    """The project's encoding of one pair, timed, with the alternatives."""
+def timed(codec: ModuleType, base: bytes, target: bytes) -> tuple[bytes, float, float]:
+    """(delta, encode s, decode s) of one codec on one pair, as the learner and a worker run
+    it: both payloads' sha256 known (the announcement carries them), the rebuilt payload
+    as the `bytes` an engine loads."""
+    base_sha, target_sha = hashlib.sha256(base).hexdigest(), hashlib.sha256(target).hexdigest()
     began = time.perf_counter()
-    encoded = delta.encode(base, target)
+    encoded = codec.encode(base, target, base_sha, target_sha)
     encode_s = time.perf_counter() - began
     if encoded is None:
         raise SystemExit("two consecutive versions with different layouts: no delta")
     began = time.perf_counter()
-    rebuilt = delta.decode(base, encoded)
+    rebuilt = bytes(codec.decode(base, encoded, base_sha, target_sha))
     decode_s = time.perf_counter() - began
-    if bytes(rebuilt) != target:
+    if rebuilt != target:
         raise SystemExit("the delta did not rebuild the version bit for bit")
+    return encoded, encode_s, decode_s
+
+
+def measure(base: bytes, target: bytes, against: ModuleType | None) -> dict[str, float]:
+    """The project's encoding of one pair, timed, with the alternatives (and the codec of
+    `against`, timed right after it)."""
+    encoded, encode_s, decode_s = timed(delta, base, target)
     row = alternatives(base, target)
     row.update({"xor+planes+zstd": len(encoded), "encode_s": encode_s, "decode_s": decode_s})
+    if against is not None:
+        other, row["against_encode_s"], row["against_decode_s"] = timed(against, base, target)
+        row["against_bytes"] = len(other)
     return row
+
+
+def load_codec(path: Path) -> ModuleType:
+    """The codec module in `path` (another revision's scalerl/weights/delta.py)."""
+    spec = importlib.util.spec_from_file_location("delta_against", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -117,13 +156,21 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--first", type=int, default=10, help="pairs measured at most")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another revision's scalerl/weights/delta.py, timed on every pair after ours "
+        "(e.g. from `git show REV:scalerl/weights/delta.py`)",
+    )
     args = parser.parse_args()
+    against = load_codec(args.against) if args.against else None
     held = list(versions(args.folder).items())
     rows = []
     for (version, path), (newer, newer_path) in zip(held, held[1:], strict=False):
         if len(rows) >= args.first:
             break
-        row = measure(path.read_bytes(), newer_path.read_bytes())
+        row = measure(path.read_bytes(), newer_path.read_bytes(), against)
         row["to_version"] = newer
         rows.append(row)
         print(
@@ -133,7 +180,13 @@ def main() -> None:
             f"{row.get('bf16_full', 0) / max(row.get('bf16_delta', 1), 1):.1f}x, fp32 "
             f"{row.get('fp32_full', 0) / max(row.get('fp32_delta', 1), 1):.1f}x), "
             f"xor+zstd {row['xor+zstd'] / 1e6:.1f} MB, sparse {row['sparse+zstd'] / 1e6:.1f} MB, "
-            f"encode {row['encode_s']:.2f} s, decode {row['decode_s']:.2f} s",
+            f"encode {row['encode_s']:.2f} s, decode {row['decode_s']:.2f} s"
+            + (
+                f"; against: {row['against_bytes'] / 1e6:.1f} MB, encode "
+                f"{row['against_encode_s']:.2f} s, decode {row['against_decode_s']:.2f} s"
+                if against
+                else ""
+            ),
             flush=True,
         )
     if not rows:

@@ -234,7 +234,7 @@ def _payload(
         data = _read_chunks(iterator, header.delta_bytes)
         _check_digest(hashlib.sha256(data).hexdigest(), header.delta_sha256)
     try:  # decode hashes what it rebuilt; the header (the announcement) names the digest
-        payload = bytes(delta.decode(base, data, header.base_sha256, header.sha256))
+        payload = delta.decode(base, data, header.base_sha256, header.sha256)
     except DataLoss as exc:
         _count(last, "refused_delta")
         raise WeightsError("delta", str(exc).removeprefix("delta: ")) from exc
