@@ -20,8 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-
-import yaml
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m scalerl_cli.preflight CONFIG.yaml", file=sys.stderr)
         return 2
     from scalerl.config import PathModel, RunConfig, SmolLM2Model
+    from scalerl.config.run import read_config_file
     from scalerl.lending import check_lendable
     from scalerl.length_control import check_budgets
     from scalerl.policy.architectures import (
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl.policy.models import check_thinking, hf_config, load_tokenizer, smollm2_dir
     from scalerl.tasks import build_tasks
 
-    config = RunConfig(**yaml.safe_load(open(args[0])))
+    config = RunConfig(**read_config_file(Path(args[0])))
     try:
         if isinstance(config.model, SmolLM2Model):
             smollm2_dir(config.model.cache_dir)

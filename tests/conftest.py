@@ -18,6 +18,7 @@ A module marked `single_and_cluster` runs each test that uses `redis_client` or
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
         for marker in TIER_MARKERS.get(tier, ()):
             item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_log_handler() -> Iterator[None]:
+    """A test that ran a CLI leaves the root logger writing to its captured stderr, closed
+    once the test ends (`scalerl.obs.logging.configure_logging`); the next record logged
+    by a later test would then print a "Logging error" into that test's stderr."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

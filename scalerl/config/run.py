@@ -5,6 +5,7 @@ environment variables."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -34,6 +35,30 @@ from scalerl.config.task import (
 from scalerl.state.keys import RUN_ID_PATTERN
 
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
+_BOOL = "tag:yaml.org,2002:bool"
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML as a config means it: only true and false are booleans (YAML 1.2's core
+    schema). PyYAML's YAML 1.1 also reads on, off, yes and no as booleans, which would
+    make `delta: off` or `--set learner.lend_idle=off` the boolean False, refused by a
+    field whose values are words."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` parsed as a config's YAML (`_ConfigLoader`). Raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader
+
+
 ENV_PREFIX = "SCALERL_"
 _ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
 # Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
@@ -170,7 +195,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key.strip():
         raise ValueError(f"override {item!r} must look like section.field=value")
     try:
-        return key.strip(), yaml.safe_load(raw)
+        return key.strip(), load_yaml(raw)
     except yaml.YAMLError as exc:
         raise ValueError(f"{key.strip()}: the value is not YAML ({_yaml_problem(exc)})") from None
 
@@ -261,7 +286,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ValueError(f"config {path}: not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"config {path}: not valid YAML ({_yaml_problem(exc)})") from None
     if data is None:

@@ -19,6 +19,7 @@ from scalerl.config import (
 from scalerl.config.engine import EngineConfig
 from scalerl.config.loss import LossConfig
 from scalerl.config.model import ModelConfig
+from scalerl.config.run import load_yaml
 from scalerl.config.task import TaskConfig
 from scalerl.config.weights import WeightsConfig
 from scalerl_cli import main as cli
@@ -121,6 +122,24 @@ def test_each_variant_section_lists_exactly_its_variants(union: object, field: s
         getattr(adapter.validate_python({"name": "t"} if field == "source" else {}), field)
         == (tags[0])
     )
+
+
+def test_off_is_a_word_in_files_and_overrides_and_only_true_false_are_booleans(tmp_path) -> None:
+    """YAML 1.1 would read `off` as False, which a field of words refuses."""
+    path = tmp_path / "run.yaml"
+    path.write_text("learner:\n  lend_idle: off\n  weights:\n    delta: off\n")
+    assert load_config(str(path)).learner.lend_idle == "off"
+    config = load_config(overrides=["learner.lend_idle=off", "learner.weights.delta=auto"])
+    assert (config.learner.lend_idle, config.learner.weights.sends_deltas) == ("off", True)
+    assert (
+        load_config(overrides=["learner.weights.delta=off"]).learner.weights.sends_deltas is False
+    )
+    assert load_yaml("a: yes\nb: true\nc: False\nd: on") == {
+        "a": "yes",
+        "b": True,
+        "c": False,
+        "d": "on",
+    }
 
 
 def test_environment_overrides_a_field(monkeypatch):
