@@ -31,11 +31,11 @@ class _DeltaTransport(_Transport):
         "byte planes, Zstandard-compressed; 6x smaller on the default job, 23x for its bf16 "
         "tensors), rebuilt bit for bit and checked against the announced sha256 there, "
         "else whole. It costs the learner an encode and each worker a decode per version "
-        "(about 1.1 and 1.25 s for SmolLM2-135M on one core) and each worker the RAM of one "
+        "(about 0.5 and 0.6 s for SmolLM2-135M on one core) and each worker the RAM of one "
         "payload: worth it where versions cross a network (workers on other hosts), not "
-        "where every process shares one machine (the default job made 32 steps in 15 "
-        "minutes with it against 37 and 43 without; BENCHMARKS.md). off = every version "
-        "whole.",
+        "where every process shares one machine (the default job made 44 and 38 steps in "
+        "15 minutes with it against 50 and 48 without, interleaved; BENCHMARKS.md). off = "
+        "every version whole.",
     )
 
     @property

@@ -17,7 +17,7 @@ adapters alone; each names the base version it applies to.
 
 Where the sender takes deltas (`Sender.deltas`, `learner.weights.delta`), the publisher
 keeps the last payload and encodes each new one as its delta from it in the same
-background thread (`scalerl.weights.delta`; about 1.4 s on one core for SmolLM2-135M);
+background thread (`scalerl.weights.delta`; about 0.5 s on one core for SmolLM2-135M);
 the sender sends it to whoever holds that payload. A version whose layout differs from
 the last one's (a LoRA run's first adapters after the base) or whose delta would not be
 smaller goes whole.
