@@ -10,20 +10,39 @@ compute fitted), and reports realized coverage against the stated level, the mea
 width and the mean absolute error: how often the bands were right, on these runs, this far
 ahead.
 
-Pure functions over plain values; the curve service stores predictions and grades beside
-the run's points and answers `Calibration` from them.
+The curve service makes the predictions itself: at every refit of a recorded series
+(each RecordPoint of an evaluation), at LEDGER_HORIZONS times the largest compute fitted,
+with the 90% prediction band of `analysis.extrapolate_band`. The store keeps them beside
+the run's points (`curve_service.store`), at most MAX_PREDICTIONS per run, and grades are
+derived from the points whenever they are read, so they survive a restart with the points
+and a trim takes back the grades of the points it removes.
+
+Pure functions over plain values.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from curve_service.errors import CurveInputError
 
 # Horizon buckets [low, high) of target / made_at: the near, middle and far extrapolations.
 HORIZONS: tuple[tuple[float, float], ...] = ((1.0, 1.5), (1.5, 2.0), (2.0, 4.0), (4.0, math.inf))
+# The service's own predictions at each refit, as multiples of the compute fitted: the next
+# half, the next doubling (a prediction "from half the compute"), and four times.
+LEDGER_HORIZONS = (1.5, 2.0, 4.0)
+# A prediction is graded by the first point at or past its target only when that point lies
+# within this factor of the target: a point far beyond it measures another compute (on a
+# rising curve its reward is higher), and the prediction stays ungraded instead.
+# Evaluations every k steps lie within 1.25x of each other from step 4k on.
+GRADE_TOLERANCE = 1.25
+# Entries per run: 3 horizons x 65 series x ~50 evaluations; beyond it a new prediction is
+# not stored (and counted), so the ledger stays a bounded multiple of the points.
+MAX_PREDICTIONS = 10_000
+SIGMOID = "sigmoid"  # the method of paper Eq. 1's fit, weighted by the points' stderr
 
 
 @dataclass(frozen=True)
@@ -57,8 +76,28 @@ class Prediction:
 
     @property
     def horizon(self) -> float:
-        """target / made_at: how far ahead, as a multiple of the compute fitted."""
-        return self.target / self.made_at
+        """target / made_at: how far ahead, as a multiple of the compute fitted (to 12
+        digits, so 1.5 x made_at / made_at is 1.5 and falls in the bucket from 1.5)."""
+        return round(self.target / self.made_at, 12)
+
+    @property
+    def key(self) -> str:
+        """What makes a prediction the same one: its series, computes, level and method.
+        A refit of the same points (a retried RecordPoint) makes the same key, so the
+        ledger holds it once."""
+        return f"{self.task}|{self.made_at!r}|{self.target!r}|{self.level!r}|{self.method}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Prediction:
+        """A prediction stored by `to_json`; raises CurveInputError("ledger") for text
+        that is not one."""
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, ValueError) as exc:  # CurveInputError is a ValueError too
+            raise CurveInputError("ledger", f"not a stored prediction: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -95,17 +134,44 @@ class CalibrationRow:
     mae: float
 
 
-def grade(predictions: Iterable[Prediction], points: Sequence[tuple[float, float]]) -> list[Grade]:
+def grade(
+    predictions: Iterable[Prediction],
+    points: Sequence[tuple[float, float]],
+    tolerance: float = GRADE_TOLERANCE,
+) -> list[Grade]:
     """The grades of the `predictions` that `points` (compute, reward) of the same series
-    reach: each by the first point, in compute order, at or past its target. Predictions
-    whose target no point has reached yet are left out."""
+    reach: each by the first point, in compute order, at or past its target, when that
+    point lies at most `tolerance` x the target. Predictions whose target no point has
+    reached yet, or whose first later point lies beyond the tolerance, are left out."""
     ordered = sorted(points)
     grades = []
     for prediction in predictions:
         outcome = next(((c, r) for c, r in ordered if c >= prediction.target), None)
-        if outcome is not None:
+        if outcome is not None and outcome[0] <= tolerance * prediction.target:
             grades.append(Grade(prediction, actual=outcome[1], at=outcome[0]))
     return grades
+
+
+def check_horizons(edges: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """Bucket edges e0 < e1 < ... (target / made_at; each >= 1, the last may be inf) as
+    buckets [e0, e1), [e1, e2), ...; () gives HORIZONS. Raises CurveInputError naming
+    `horizons[i]` for an edge below 1 or not above the one before, or `horizons` for a
+    single edge."""
+    if not edges:
+        return HORIZONS
+    values = [float(e) for e in edges]
+    for i, value in enumerate(values):
+        if math.isnan(value) or value < 1.0:
+            raise CurveInputError(
+                f"horizons[{i}]", f"must be >= 1 (target / made_at), got {edges[i]}"
+            )
+        if i and value <= values[i - 1]:
+            raise CurveInputError(
+                f"horizons[{i}]", f"must be above horizons[{i - 1}] = {values[i - 1]:g}"
+            )
+    if len(values) < 2:
+        raise CurveInputError("horizons", f"give at least two edges, got {len(values)}")
+    return tuple(zip(values[:-1], values[1:], strict=True))
 
 
 def calibrate(
@@ -136,3 +202,30 @@ def calibrate(
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration of some runs' ledgers: `rows` by stated level and horizon bucket,
+    `overall` by level alone (every horizon), the predictions `graded` and those still
+    `pending` (not reached, or no point near enough their target)."""
+
+    rows: tuple[CalibrationRow, ...]
+    overall: tuple[CalibrationRow, ...]
+    graded: int
+    pending: int
+
+    @classmethod
+    def of(
+        cls,
+        grades: Sequence[Grade],
+        pending: int,
+        horizons: Sequence[tuple[float, float]] = HORIZONS,
+    ) -> Calibration:
+        every = ((horizons[0][0], horizons[-1][1]),)
+        return cls(
+            rows=tuple(calibrate(grades, horizons)),
+            overall=tuple(calibrate(grades, every)),
+            graded=len(grades),
+            pending=pending,
+        )

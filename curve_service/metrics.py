@@ -6,6 +6,7 @@ do not collide; `start_metrics_server` exposes one registry over HTTP at /metric
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -16,6 +17,7 @@ from prometheus_client import (
 )
 
 from curve_service.fit import FitResult
+from curve_service.ledger import Grade
 from curve_service.sigmoid import sigmoid
 from scalerl.obs.metrics import serve_metrics, service_registry
 
@@ -78,8 +80,39 @@ class CurveMetrics:
             series,
             registry=reg,
         )
+        self.graded = Gauge(
+            "scalerl_curve_graded_predictions",
+            "Predictions of the service's ledger for a run's series (task \"\" = its total) "
+            "that its later points have graded (`curve_service.ledger`).",
+            series,
+            registry=reg,
+        )
+        self.coverage = Gauge(
+            "scalerl_curve_realized_coverage",
+            "Share of a run's series' graded predictions whose band held the outcome, by "
+            "stated level (0.9: a calibrated band holds 9 in 10).",
+            [*series, "level"],
+            registry=reg,
+        )
+        self.ledger_dropped = Counter(
+            "scalerl_curve_ledger_dropped",
+            "Predictions not stored because their run's ledger was full.",
+            registry=reg,
+        )
         for status in FIT_STATUSES:
             self.fits.labels(status=status)  # export every status from the start, at 0
+
+    def set_grades(self, run_id: str, task: str, grades: Sequence[Grade]) -> None:
+        """Publish how many of series `task`'s predictions are graded and, per stated
+        level, the share of them covered (no coverage series for a level without a
+        grade)."""
+        self.graded.labels(run_id=run_id, task=task).set(len(grades))
+        levels: dict[float, list[bool]] = {}
+        for item in grades:
+            levels.setdefault(item.prediction.level, []).append(item.covered)
+        for level, covered in levels.items():
+            share = sum(covered) / len(covered)
+            self.coverage.labels(run_id=run_id, task=task, level=f"{level:g}").set(share)
 
     def observe_fit(self, status: str, seconds: float) -> None:
         """Count one fit with `status` (one of FIT_STATUSES) that took `seconds`."""

@@ -5,6 +5,10 @@ standard error or R0), and what is derived from its fit (the stability check and
 bootstrap behind Extrapolate's band) is cached by (run, task, revision): GetRun, polled
 by the launcher every second, never refits. Every fit, from a request or a refit, is timed
 and counted by outcome in `CurveMetrics`; every write updates the run's gauges.
+
+Each refit after a write also predicts: at LEDGER_HORIZONS x the compute fitted, with the
+90% prediction band of the same bootstrap, into the run's ledger (`curve_service.ledger`);
+`calibration` grades the ledger against the points recorded since.
 """
 
 from __future__ import annotations
@@ -12,20 +16,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from curve_service.analysis import CurvePoints
-from curve_service.errors import CurveInputError, NoFitError
+from curve_service.analysis import CurvePoints, extrapolate_band
+from curve_service.errors import CurveInputError, NoFitError, UnknownTaskError
 from curve_service.fit import FitResult, fit_sigmoid
+from curve_service.ledger import (
+    HORIZONS,
+    LEDGER_HORIZONS,
+    SIGMOID,
+    Calibration,
+    Grade,
+    Prediction,
+    grade,
+)
 from curve_service.metrics import CurveMetrics
 from curve_service.points import MIN_POINTS
 from curve_service.stability import Stability, extrapolation_stability
 from curve_service.store import TOTAL, RunSnapshot, RunStore, series_name
-from curve_service.uncertainty import bootstrap_params
+from curve_service.uncertainty import DEFAULT_BAND, bootstrap_params
 
 BAND_RESAMPLES = 64  # bootstrap resamples behind a recorded run's extrapolation band
 log = logging.getLogger("scalerl.curve")
@@ -142,12 +155,79 @@ class RecordedCurves:
             raise NoFitError(
                 f"run_id: {series_name(run_id, task)} has no fit yet ({len(snap.points)} points)"
             )
-        return fit, self._bands.get(snap, lambda: bootstrap_params(fit, BAND_RESAMPLES, seed=0))
+        return fit, self._samples(snap, fit)
 
     def stability(self, snap: RunSnapshot, fit: FitResult) -> Stability:
         """The stability check of a series' stored fit at its default target, computed
-        once per revision."""
-        return self._stabilities.get(snap, lambda: extrapolation_stability(fit))
+        once per revision (from the bootstrap behind its band: the check's own 64
+        resamples seeded 0 are the same draws)."""
+        return self._stabilities.get(
+            snap, lambda: extrapolation_stability(fit, samples=self._samples(snap, fit))
+        )
+
+    def calibration(
+        self,
+        run_ids: Sequence[str],
+        task: str | None = None,
+        horizons: Sequence[tuple[float, float]] = HORIZONS,
+    ) -> Calibration:
+        """The calibration of the runs' ledgers (series `task`, or every series when
+        None) over horizon buckets `horizons` (`ledger.check_horizons`). Raises
+        UnknownRunError."""
+        grades, pending = self.grades(run_ids, task)
+        return Calibration.of(grades, pending, horizons)
+
+    def grades(self, run_ids: Sequence[str], task: str | None = None) -> tuple[list[Grade], int]:
+        """The grades of the runs' ledgers (of series `task` only, or of every series when
+        None) by the points recorded, and how many of their predictions are not graded
+        (not reached yet, or no point near enough their target). Raises UnknownRunError."""
+        grades: list[Grade] = []
+        pending = 0
+        for run_id in run_ids:
+            ledger = [p for p in self.store.predictions(run_id) if task in (None, p.task)]
+            by_task: dict[str, list[Prediction]] = {}
+            for prediction in ledger:
+                by_task.setdefault(prediction.task, []).append(prediction)
+            for name, held in by_task.items():
+                graded = grade(held, self._points(run_id, name))
+                grades += graded
+                pending += len(held) - len(graded)
+        return grades, pending
+
+    def _points(self, run_id: str, task: str) -> tuple[tuple[float, float], ...]:
+        """A series' points; () when the run no longer holds the series."""
+        try:
+            return self.store.get(run_id, task).points
+        except UnknownTaskError:
+            return ()
+
+    def _samples(self, snap: RunSnapshot, fit: FitResult) -> NDArray[np.float64]:
+        """The BAND_RESAMPLES bootstrap samples [S, 3] of a series' fit, drawn once per
+        revision."""
+        return self._bands.get(snap, lambda: bootstrap_params(fit, BAND_RESAMPLES, seed=0))
+
+    def _predict(self, snap: RunSnapshot, fit: FitResult) -> None:
+        """Put the fit's predictions at LEDGER_HORIZONS x its largest compute, with their
+        90% prediction bands, in the run's ledger, and publish its grades' gauges."""
+        made_at = float(fit.compute.max())
+        targets = np.asarray([h * made_at for h in LEDGER_HORIZONS])
+        band = extrapolate_band(fit, self._samples(snap, fit), targets)
+        rows = zip(band.compute, band.reward, band.lower, band.upper, strict=True)
+        predictions = [
+            Prediction(
+                task=snap.task,
+                made_at=made_at,
+                target=float(target),
+                value=float(value),
+                lower=float(min(lower, value)),  # a quantile band may sit off a skewed
+                upper=float(max(upper, value)),  # center by rounding; it holds the value
+                level=DEFAULT_BAND.level,
+                method=SIGMOID,
+            )
+            for target, value, lower, upper in rows
+        ]
+        dropped = self.store.add_predictions(snap.run_id, predictions)
+        self.metrics.ledger_dropped.inc(dropped)
 
     def _published(self, snap: RunSnapshot) -> FitResult | None:
         """The fit of a series just written, refitted when needed, and its gauges set."""
@@ -159,6 +239,8 @@ class RecordedCurves:
         self.metrics.set_run(
             snap.run_id, len(snap.points), fit, self.target_compute, task=snap.task
         )
+        grades, _ = self.grades([snap.run_id], snap.task)
+        self.metrics.set_grades(snap.run_id, snap.task, grades)
         return fit
 
     def _refresh(self, snap: RunSnapshot) -> FitResult | None:
@@ -174,4 +256,6 @@ class RecordedCurves:
             fit = None
         if not self.store.set_fit(snap.run_id, snap.revision, fit, snap.task):
             return self.store.get(snap.run_id, snap.task).fit  # a newer point landed meanwhile
+        if fit is not None:
+            self._predict(snap, fit)
         return fit

@@ -11,6 +11,8 @@ Keys (the schema of `scalerl.state.keys`, `scalerl:{run_id}:...`, every one buil
   scalerl:{run_id}:curve:task:{task}:stderr
   scalerl:{run_id}:curve:task:{task}:meta
   scalerl:{run_id}:curve:tasks               set of the run's task names (bounds them)
+  scalerl:{run_id}:curve:ledger              hash, `ledger.Prediction.key` -> its JSON: the
+                                             predictions made for the run (every series)
   scalerl:curve-service:runs                 set of recorded run ids (bounds the number of runs)
 
 The braces around a run id are literal (the Redis Cluster hash tag, `scalerl.state.keys`):
@@ -26,20 +28,24 @@ The stderr hash is written in the transaction that writes the point and trimmed 
 Writes are optimistic transactions (WATCH / MULTI): the new series is computed from what
 Redis holds and written as a whole, or retried when another writer got there first, so
 several replicas can share runs and a rejected call changes nothing (a trim deletes the
-points of every series and bumps their revisions in one transaction, so a concurrent record
-lands either before it, and is trimmed if above the bound, or after it). Fits are derived
+points of every series, the predictions made from them, and bumps the series' revisions in
+one transaction, so a concurrent record lands either before it, and is trimmed if above the
+bound, or after it). Fits are derived
 data: each process caches its own, keyed by the series revision it was made from.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from curve_service.errors import StoreFullError, UnknownRunError, UnknownTaskError
 from curve_service.fit import FitResult
+from curve_service.ledger import MAX_PREDICTIONS, Prediction
 from curve_service.noise import check_stderr_value
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from curve_service.store import (
@@ -82,6 +88,11 @@ def _tasks_key(run_id: str) -> str:
     return run_key(run_id, "curve", "tasks")
 
 
+def _ledger_key(run_id: str) -> str:
+    """The run's prediction ledger (`RunKeys.curve_ledger`)."""
+    return run_key(run_id, "curve", "ledger")
+
+
 class RedisRunStore:
     """`RunStore` backed by a Redis client (bytes or str responses both work)."""
 
@@ -91,11 +102,13 @@ class RedisRunStore:
         max_runs: int = MAX_RUNS,
         max_points: int = MAX_POINTS,
         max_tasks: int = MAX_TASKS,
+        max_predictions: int = MAX_PREDICTIONS,
     ) -> None:
         self._redis = client
         self._max_runs = max_runs
         self._max_points = max_points
         self._max_tasks = max_tasks
+        self._max_predictions = max_predictions
         self._fits: dict[tuple[str, str], tuple[int, FitResult | None]] = {}
         self._lock = threading.Lock()
 
@@ -162,7 +175,8 @@ class RedisRunStore:
                     keys = {
                         task: (*_keys(run_id, task), _stderr_key(run_id, task)) for task in names
                     }
-                    pipe.watch(*(key for task in names for key in keys[task]))
+                    ledger_key = _ledger_key(run_id)
+                    pipe.watch(ledger_key, *(key for task in names for key in keys[task]))
                     loaded = {task: _load(pipe, run_id, task) for task in names}
                     old = {task: snap for task, snap in loaded.items() if snap is not None}
                     new = {task: _trimmed(snap, bound) for task, snap in old.items()}
@@ -176,6 +190,11 @@ class RedisRunStore:
                         for task in changed
                         for key in (keys[task][0], keys[task][2])
                     }
+                    doomed[("", ledger_key)] = [
+                        field
+                        for field, value in pipe.hgetall(ledger_key).items()
+                        if Prediction.from_json(value).made_at > bound
+                    ]
                     pipe.multi()
                     for (_, key), fields in doomed.items():
                         if fields:  # a series may have no known stderr above the bound
@@ -208,6 +227,38 @@ class RedisRunStore:
         if not names:
             raise UnknownRunError(run_id)
         return names
+
+    def add_predictions(self, run_id: str, predictions: Sequence[Prediction]) -> int:
+        self.series(run_id)  # UnknownRunError for a run never recorded
+        key = _ledger_key(run_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    held = {text(field) for field in pipe.hkeys(key)}
+                    entries: dict[FieldT, EncodableT] = {}
+                    dropped = 0
+                    for prediction in predictions:
+                        new = prediction.key not in held and prediction.key not in entries
+                        if new and len(held) + len(entries) >= self._max_predictions:
+                            dropped += 1
+                            continue
+                        entries[prediction.key] = prediction.to_json()
+                    pipe.multi()
+                    if entries:
+                        pipe.hset(key, mapping=entries)
+                    pipe.execute()
+                    return dropped
+                except redis.WatchError:
+                    continue  # another replica wrote the ledger; count its room again
+
+    def predictions(self, run_id: str) -> tuple[Prediction, ...]:
+        self.series(run_id)  # CurveInputError / UnknownRunError
+        raw = self._redis.hvals(_ledger_key(run_id))
+        return tuple(Prediction.from_json(value) for value in raw)
+
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(text(run_id) for run_id in self._redis.smembers(RUNS_KEY)))
 
     def set_fit(self, run_id: str, revision: int, fit: FitResult | None, task: str = TOTAL) -> bool:
         snap = self.get(run_id, task)

@@ -18,6 +18,7 @@ reply carries its stability check; CompareRuns adds the early verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from curve_service.cost import FitBudget, fit_cost
 from curve_service.errors import CurveInputError, UnknownRunError, UnknownTaskError
 from curve_service.fit import FitResult
 from curve_service.grid import PAPER_GRID
+from curve_service.ledger import CalibrationRow, check_horizons
 from curve_service.metrics import CurveMetrics
 from curve_service.noise import binomial_stderr
 from curve_service.points import check_max_points
@@ -49,6 +51,7 @@ from curve_service.recorded import RecordedCurves
 from curve_service.sigmoid import SigmoidParams
 from curve_service.stability import Stability
 from curve_service.store import (
+    MAX_RUNS,
     TOTAL,
     MemoryRunStore,
     RunSnapshot,
@@ -63,7 +66,8 @@ from scalerl.v1 import curve_pb2, curve_pb2_grpc
 
 
 class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
-    """Fit, Extrapolate, RecordPoint, TrimRun, GetRun and CompareRuns over a `RunStore` (in
+    """Fit, Extrapolate, RecordPoint, TrimRun, GetRun, CompareRuns and Calibration over a
+    `RunStore` (in
     memory by default). Its methods take a None context, so a process can call them
     without a server (`scalerl curve` does)."""
 
@@ -156,6 +160,33 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             self._set_stored_fit(reply.fit, total, fit)
         return reply
 
+    def Calibration(
+        self, request: curve_pb2.CalibrationRequest, context: Any
+    ) -> curve_pb2.CalibrationResponse:
+        """Grade the ledgers of the request's runs (every recorded run by default) and
+        aggregate by stated level and horizon bucket (`ledger.Calibration`)."""
+        horizons = check_horizons(request.horizons)
+        task = validate_task(request.task) if request.HasField("task") else None
+        run_ids = list(request.run_ids) or list(self.store.run_ids())
+        check_run_ids(run_ids)
+        known = set(self.store.run_ids()) if request.run_ids else set(run_ids)
+        for i, run_id in enumerate(run_ids):
+            if run_id not in known:
+                # A filter that names no run is a mistyped argument, not an empty answer.
+                try:
+                    validate_run_id(run_id)
+                except CurveInputError as exc:
+                    raise CurveInputError(f"run_ids[{i}]", exc.message) from None
+                raise CurveInputError(f"run_ids[{i}]", f"no run named {run_id!r} was recorded")
+        result = self.runs.calibration(run_ids, task, horizons)
+        return curve_pb2.CalibrationResponse(
+            rows=[calibration_row_to_proto(row) for row in result.rows],
+            overall=[calibration_row_to_proto(row) for row in result.overall],
+            graded=result.graded,
+            pending=result.pending,
+            run_ids=run_ids,
+        )
+
     def GetRun(self, request: curve_pb2.GetRunRequest, context: Any) -> curve_pb2.GetRunResponse:
         """One series of a recorded run: points with standard errors, fit, task names."""
         run_id, task = validate_run_id(request.run_id), validate_task(request.task)
@@ -225,6 +256,12 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         points without a bootstrap or a target would); leave it unset without a fit."""
         if snap is not None and fit is not None:
             out.CopyFrom(fit_to_proto(fit, self.runs.stability(snap, fit)))
+
+
+def check_run_ids(run_ids: list[str]) -> None:
+    """Raises CurveInputError("run_ids") for more than MAX_RUNS runs."""
+    if len(run_ids) > MAX_RUNS:
+        raise CurveInputError("run_ids", f"give at most {MAX_RUNS} runs, got {len(run_ids)}")
 
 
 def _request_points(request: curve_pb2.FitRequest) -> CurvePoints:
@@ -384,6 +421,10 @@ def stability_to_proto(stability: Stability) -> curve_pb2.Stability:
         verdict=stability.verdict,
         summary=stability.summary,
     )
+
+
+def calibration_row_to_proto(row: CalibrationRow) -> curve_pb2.CalibrationRow:
+    return curve_pb2.CalibrationRow(**dataclasses.asdict(row))
 
 
 def band_to_proto(band: Band) -> list[curve_pb2.Prediction]:

@@ -8,7 +8,8 @@ reward) with each point's standard error (0 = unknown; the fit weights by the kn
 are independent (their own points, R0, revision and fit). `RunStore` is the interface;
 `MemoryRunStore` is the thread-safe in-process backend. A Redis backend (keys
 `scalerl:{run_id}:curve:*`, `scalerl.state.keys`) implements the same methods so several
-curve service replicas share runs.
+curve service replicas share runs. Beside its series a run holds its prediction ledger
+(`curve_service.ledger`): the predictions made for it, at most MAX_PREDICTIONS.
 
 Every write validates first and then applies as a whole, so a rejected call changes nothing.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -28,6 +30,7 @@ from curve_service.errors import (
     UnknownTaskError,
 )
 from curve_service.fit import FitResult
+from curve_service.ledger import MAX_PREDICTIONS, Prediction
 from curve_service.noise import check_stderr_value
 from curve_service.points import MAX_POINTS, validate_point, validate_r0
 from scalerl.state.keys import RUN_ID_PATTERN, TASK_NAME_PATTERN
@@ -107,9 +110,25 @@ class RunStore(Protocol):
 
         R0 is kept. A series with nothing above the bound is unchanged (same revision, fit
         kept); a trimmed one gets a new revision and loses its fit, as after a record.
+        The ledger loses the predictions made past the bound (from the points removed).
         Raises CurveInputError for a bad run_id or a max_compute that is not finite and
         >= 0, UnknownRunError for a run never recorded.
         """
+        ...
+
+    def add_predictions(self, run_id: str, predictions: Sequence[Prediction]) -> int:
+        """Store predictions in the run's ledger, each under its `Prediction.key` (the
+        same key again replaces it); returns how many new keys found no room (the ledger
+        holds MAX_PREDICTIONS). Raises UnknownRunError for a run never recorded."""
+        ...
+
+    def predictions(self, run_id: str) -> tuple[Prediction, ...]:
+        """The run's ledger, in no particular order. Raises CurveInputError for a bad
+        run_id, UnknownRunError for a run never recorded."""
+        ...
+
+    def run_ids(self) -> tuple[str, ...]:
+        """The ids of the recorded runs, sorted."""
         ...
 
     def get(self, run_id: str, task: str = TOTAL) -> RunSnapshot:
@@ -175,13 +194,19 @@ class MemoryRunStore:
     """In-process `RunStore`: one lock around run_id -> {task: immutable snapshot}."""
 
     def __init__(
-        self, max_runs: int = MAX_RUNS, max_points: int = MAX_POINTS, max_tasks: int = MAX_TASKS
+        self,
+        max_runs: int = MAX_RUNS,
+        max_points: int = MAX_POINTS,
+        max_tasks: int = MAX_TASKS,
+        max_predictions: int = MAX_PREDICTIONS,
     ) -> None:
         self._runs: dict[str, dict[str, RunSnapshot]] = {}
+        self._ledgers: dict[str, dict[str, Prediction]] = {}
         self._lock = threading.Lock()
         self._max_runs = max_runs
         self._max_points = max_points
         self._max_tasks = max_tasks
+        self._max_predictions = max_predictions
 
     def record(
         self,
@@ -220,6 +245,8 @@ class MemoryRunStore:
                 raise UnknownRunError(run_id)
             new = {task: _trimmed(snap, bound) for task, snap in old.items()}
             self._runs[run_id] = new
+            ledger = self._ledgers.get(run_id, {})
+            self._ledgers[run_id] = {k: p for k, p in ledger.items() if p.made_at <= bound}
         removed = sum(len(old[task].points) - len(new[task].points) for task in old)
         return dict(new), removed
 
@@ -236,6 +263,31 @@ class MemoryRunStore:
         if run is None:
             raise UnknownRunError(run_id)
         return tuple(sorted(run))
+
+    def add_predictions(self, run_id: str, predictions: Sequence[Prediction]) -> int:
+        with self._lock:
+            if run_id not in self._runs:
+                raise UnknownRunError(run_id)
+            ledger = dict(self._ledgers.get(run_id, {}))
+            dropped = 0
+            for prediction in predictions:
+                if prediction.key not in ledger and len(ledger) >= self._max_predictions:
+                    dropped += 1
+                    continue
+                ledger[prediction.key] = prediction
+            self._ledgers[run_id] = ledger
+        return dropped
+
+    def predictions(self, run_id: str) -> tuple[Prediction, ...]:
+        validate_run_id(run_id)
+        with self._lock:
+            if run_id not in self._runs:
+                raise UnknownRunError(run_id)
+            return tuple(self._ledgers.get(run_id, {}).values())
+
+    def run_ids(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._runs))
 
     def set_fit(self, run_id: str, revision: int, fit: FitResult | None, task: str = TOTAL) -> bool:
         with self._lock:

@@ -3,6 +3,13 @@
     scalerl curve fit POINTS.csv [--r0 X] [--min-compute X] [--max-compute X]
                       [--predict C1,C2,...] [--plot OUT.png] [--json] [--server HOST:PORT]
     scalerl curve compare A.csv B.csv [...] [--a-margin M] [--json] [--server HOST:PORT]
+    scalerl curve calibration [RUN_DIR ...] [--run ID ...] [--task T] [--horizons E0,E1,...]
+                              [--json] [--server HOST:PORT]
+
+`calibration` grades the curve service's predictions (`curve_service.ledger`): those the
+service at --server made for its recorded runs (--run picks some), or, without --server,
+those it makes when each RUN_DIR's evaluations (eval.jsonl) are recorded again, in order,
+as the learner recorded them (the run id is the folder's name).
 
 A CSV has a header with columns `compute` and `reward` (an optional `series` column labels
 seeds fitted together, an optional `stderr` column holds each reward's standard error, an
@@ -27,7 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.rpc.clients.curve import CurveClient, FitSpec
-from scalerl.rpc.clients.curve_results import Comparison, FitSummary, RankedRun
+from scalerl.rpc.clients.curve_results import (
+    CalibrationReport,
+    Comparison,
+    FitSummary,
+    RankedRun,
+)
 from scalerl.rpc.errors import InvalidArgument, ServiceError
 
 EXIT_BAD_INPUT = 2
@@ -84,15 +96,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--a-margin", type=float, default=0.0, help="A margin (default 0.02, the paper's)."
     )
+    _calibration_parser(verbs)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--r0", type=float, default=None, help="Fixed R0 (default: first reward).")
-    parser.add_argument("--min-compute", type=float, default=None, help="Fit window start.")
-    parser.add_argument("--max-compute", type=float, default=None, help="Fit window end.")
-    parser.add_argument("--bootstrap", type=int, default=200, help="Bootstrap resamples.")
-    parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed.")
-    parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+def _calibration_parser(verbs: argparse._SubParsersAction) -> None:
+    calibration = verbs.add_parser(
+        "calibration",
+        help="How often the curve service's bands held what happened, by horizon.",
+    )
+    calibration.add_argument(
+        "runs",
+        type=Path,
+        nargs="*",
+        help="Run folders whose evaluations to record and grade (without --server).",
+    )
+    calibration.add_argument(
+        "--run", action="append", default=[], help="A run of --server to grade (repeatable)."
+    )
+    calibration.add_argument(
+        "--task",
+        default=None,
+        help="Grade one series: a task's name, or '' for the runs' totals (default: all).",
+    )
+    calibration.add_argument(
+        "--horizons",
+        default="",
+        help="Horizon bucket edges, target / made_at: E0,E1,... (default 1,1.5,2,4,inf).",
+    )
+    calibration.add_argument("--json", action="store_true", help="Print one JSON object.")
+    _server_flags(calibration)
+
+
+def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default=None, help="Use a curve service at HOST:PORT.")
     parser.add_argument(
         "--token-file",
@@ -104,6 +139,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default="", help="PEM key of --tls-cert.")
 
 
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--r0", type=float, default=None, help="Fixed R0 (default: first reward).")
+    parser.add_argument("--min-compute", type=float, default=None, help="Fit window start.")
+    parser.add_argument("--max-compute", type=float, default=None, help="Fit window end.")
+    parser.add_argument("--bootstrap", type=int, default=200, help="Bootstrap resamples.")
+    parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed.")
+    parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+    _server_flags(parser)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `scalerl curve ...`; returns the exit status (2 on bad input)."""
     try:
@@ -111,6 +156,8 @@ def main(args: argparse.Namespace) -> int:
             _use_credentials(args)
         if args.curve_command == "fit":
             return _fit(args)
+        if args.curve_command == "calibration":
+            return _calibration(args)
         return _compare(args)
     except CliInputError as exc:
         print(f"scalerl curve: {exc}", file=sys.stderr)
@@ -368,3 +415,86 @@ def compare_json(result: Comparison, paths: list[Path]) -> dict[str, Any]:
         "verdict_stable_from_compute": result.verdict_stable_from_compute,
         "runs": [{"file": str(paths[run.index]), **run.to_dict()} for run in result.runs],
     }
+
+
+# --- calibration ----------------------------------------------------------------------
+
+
+def _calibration(args: argparse.Namespace) -> int:
+    horizons = _float_list(args.horizons, "--horizons")
+    if args.server is not None and args.runs:
+        raise CliInputError("runs: give run folders without --server, or --run with it")
+    if args.server is None and args.run:
+        raise CliInputError("--run: picks runs of --server; without it give run folders")
+    if args.server is None and not args.runs:
+        raise CliInputError("runs: give run folders to grade, or --server HOST:PORT")
+    try:
+        with _client(args.server) as client:
+            run_ids = list(args.run) or replay_runs(client, args.runs)
+            report = client.calibration(run_ids, args.task, horizons)
+    except InvalidArgument as exc:
+        raise CliInputError(_calibration_field(exc, args)) from None
+    except ServiceError as exc:
+        raise _failed(exc, args.server) from None
+    print(json.dumps(report.to_dict()) if args.json else calibration_text(report))
+    return 0
+
+
+def replay_runs(client: CurveClient, run_dirs: list[Path]) -> list[str]:
+    """Record each run folder's evaluations (eval.jsonl), in file order, on `client` as
+    the learner recorded them: each series' points with their standard errors, R0 its
+    evaluation at step 0, compute 0 at `ZERO_COMPUTE`. Returns the run ids, the folders'
+    names. Raises CliInputError naming a folder that is not a run (no evaluations, a bad
+    line) or two folders of one name."""
+    from scalerl.rpc.clients.curve import ZERO_COMPUTE
+    from scalerl.run_folder import EvalRecord, read_records
+
+    run_ids: list[str] = []
+    for run_dir in run_dirs:
+        run_id = run_dir.resolve().name
+        if run_id in run_ids:
+            raise CliInputError(f"{run_dir}: another run folder is also named {run_id!r}")
+        try:
+            records = read_records(run_dir, EvalRecord)
+        except ValueError as exc:
+            raise CliInputError(str(exc)) from None
+        if not records:
+            raise CliInputError(f"{run_dir}: no evaluations ({EvalRecord.FILE}) to grade")
+        r0 = {r.task: r.pass_rate for r in records if r.step == 0}
+        for record in records:
+            compute = max(record.compute, ZERO_COMPUTE)
+            stderr = record.stderr or 0.0
+            client.record_point(
+                run_id, compute, record.pass_rate, r0.get(record.task), record.task, stderr
+            )
+        run_ids.append(run_id)
+    return run_ids
+
+
+def calibration_text(report: CalibrationReport) -> str:
+    """The report as a table: one line per level and horizon bucket, then per level."""
+    lines = [
+        f"{report.graded} predictions graded, {report.pending} pending, over "
+        f"{len(report.run_ids)} runs"
+    ]
+    for title, rows in (("by horizon (target / made_at)", report.rows), ("all", report.overall)):
+        if rows:
+            lines.append(f"{title}:")
+        lines += [
+            f"  level {row.level:g} horizon [{row.horizon_low:g}, {row.horizon_high:g}): "
+            f"{row.graded} graded, coverage {row.coverage:.2f}, mean width "
+            f"{row.mean_width:.3f}, MAE {row.mae:.3f}"
+            for row in rows
+        ]
+    return "\n".join(lines)
+
+
+def _calibration_field(exc: InvalidArgument, args: argparse.Namespace) -> str:
+    """An input error of the Calibration request in the command line's terms."""
+    match = re.fullmatch(r"(run_ids|horizons)\[(\d+)\]", exc.field)
+    if match is None:
+        return f"{'--task' if exc.field == 'task' else exc.field}: {exc.message}"
+    flag, index = match.groups()
+    if flag == "run_ids":
+        return f"--run {args.run[int(index)]}: {exc.message}" if args.run else str(exc)
+    return f"--horizons value {int(index) + 1}: {exc.message}"

@@ -147,10 +147,12 @@ class RunKeys:
         # Prompt pools, one per task: `pool_keys(task)`.
         self.pool_prefix = run_key(run_id, "pool") + ":"
         # The curve service's copy of the run's points, their known standard errors (hash:
-        # repr(compute) -> repr(stderr)) and fit metadata.
+        # repr(compute) -> repr(stderr)), fit metadata, and its prediction ledger (hash:
+        # `curve_service.ledger.Prediction.key` -> the prediction's JSON).
         self.curve_points = run_key(run_id, "curve", "points")
         self.curve_stderr = run_key(run_id, "curve", "stderr")
         self.curve_meta = run_key(run_id, "curve", "meta")
+        self.curve_ledger = run_key(run_id, "curve", "ledger")
 
     def worker(self, worker_id: str) -> str:
         """One worker's registry key, `workers:{worker_id}`. Raises ValueError for a

@@ -301,3 +301,45 @@ class CompareRunsResponse(_message.Message):
     verdict_stable_from_compute: float
     early_verdict: str
     def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ..., verdict_stable_from_compute: _Optional[float] = ..., early_verdict: _Optional[str] = ...) -> None: ...
+
+class CalibrationRequest(_message.Message):
+    __slots__ = ("run_ids", "task", "horizons")
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    HORIZONS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    task: str
+    horizons: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., horizons: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CalibrationRow(_message.Message):
+    __slots__ = ("level", "horizon_low", "horizon_high", "graded", "coverage", "mean_width", "mae")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_LOW_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_HIGH_FIELD_NUMBER: _ClassVar[int]
+    GRADED_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    MAE_FIELD_NUMBER: _ClassVar[int]
+    level: float
+    horizon_low: float
+    horizon_high: float
+    graded: int
+    coverage: float
+    mean_width: float
+    mae: float
+    def __init__(self, level: _Optional[float] = ..., horizon_low: _Optional[float] = ..., horizon_high: _Optional[float] = ..., graded: _Optional[int] = ..., coverage: _Optional[float] = ..., mean_width: _Optional[float] = ..., mae: _Optional[float] = ...) -> None: ...
+
+class CalibrationResponse(_message.Message):
+    __slots__ = ("rows", "overall", "graded", "pending", "run_ids")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    OVERALL_FIELD_NUMBER: _ClassVar[int]
+    GRADED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[CalibrationRow]
+    overall: _containers.RepeatedCompositeFieldContainer[CalibrationRow]
+    graded: int
+    pending: int
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rows: _Optional[_Iterable[_Union[CalibrationRow, _Mapping]]] = ..., overall: _Optional[_Iterable[_Union[CalibrationRow, _Mapping]]] = ..., graded: _Optional[int] = ..., pending: _Optional[int] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class CurveServiceStub:
                 request_serializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.SerializeToString,
                 response_deserializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.FromString,
                 _registered_method=True)
+        self.Calibration = channel.unary_unary(
+                '/scalerl.v1.CurveService/Calibration',
+                request_serializer=scalerl_dot_v1_dot_curve__pb2.CalibrationRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_curve__pb2.CalibrationResponse.FromString,
+                _registered_method=True)
 
 
 class CurveServiceServicer:
@@ -105,6 +110,12 @@ class CurveServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Calibration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CurveServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_CurveServiceServicer_to_server(servicer, server):
                     servicer.CompareRuns,
                     request_deserializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.FromString,
                     response_serializer=scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.SerializeToString,
+            ),
+            'Calibration': grpc.unary_unary_rpc_method_handler(
+                    servicer.Calibration,
+                    request_deserializer=scalerl_dot_v1_dot_curve__pb2.CalibrationRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_curve__pb2.CalibrationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class CurveService:
             '/scalerl.v1.CurveService/CompareRuns',
             scalerl_dot_v1_dot_curve__pb2.CompareRunsRequest.SerializeToString,
             scalerl_dot_v1_dot_curve__pb2.CompareRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calibration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.CurveService/Calibration',
+            scalerl_dot_v1_dot_curve__pb2.CalibrationRequest.SerializeToString,
+            scalerl_dot_v1_dot_curve__pb2.CalibrationResponse.FromString,
             options,
             channel_credentials,
             insecure,

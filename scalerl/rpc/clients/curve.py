@@ -3,9 +3,10 @@
 `FitSpec` is what to fit (points, R0, window, bootstrap and extrapolation options): the
 only place a FitRequest is built. `CurveClient` calls the service and returns the typed
 answers of `scalerl.rpc.clients.curve_results` (`FitSummary`, `Comparison`,
-`RecordedPoint`, `TrimmedRun`, `RecordedRun`); a failed call raises the domain error of
-its status (`scalerl.rpc.errors`): InvalidArgument (with the request's field), NotFound,
-FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without a domain error
+`RecordedPoint`, `TrimmedRun`, `RecordedRun`, `CalibrationReport`); a failed call raises
+the domain error of its status (`scalerl.rpc.errors`): InvalidArgument (with the request's
+field), NotFound, FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without
+a domain error
 (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed` (`scalerl.rpc.clients.base`). A run's
 calls take the series' `task` ("" = the run's total, the only series of a single-task
 run). Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 from scalerl.rpc.clients.base import RpcClient
 from scalerl.rpc.clients.curve_results import (
+    CalibrationReport,
     Comparison,
     FitSummary,
     RecordedPoint,
@@ -235,6 +237,22 @@ class CurveClient(RpcClient):
             tasks=tuple(reply.tasks),
             stderr=tuple(p.stderr for p in reply.points),
         )
+
+    def calibration(
+        self,
+        run_ids: Sequence[str] = (),
+        task: str | None = None,
+        horizons: Sequence[float] = (),
+    ) -> CalibrationReport:
+        """Grade the prediction ledgers of `run_ids` (every recorded run when empty), of
+        series `task` only ("" = the totals; None = every series), by horizon buckets
+        between the edges `horizons` (target / made_at, ascending, each >= 1; empty = 1,
+        1.5, 2, 4, inf). Raises InvalidArgument naming `run_ids[i]` (a run never recorded),
+        `task` or `horizons[i]`."""
+        request = curve_pb2.CalibrationRequest(run_ids=run_ids, horizons=horizons)
+        if task is not None:
+            request.task = task
+        return CalibrationReport.from_proto(self._call("Calibration", request))
 
     def fit_run(
         self,

@@ -280,3 +280,43 @@ class TrimmedRun(_Result):
     points_removed: int
     points: int
     fit: FitSummary | None
+
+
+class CalibrationRow(_Result):
+    """Graded predictions of one stated `level` and horizon bucket [horizon_low,
+    horizon_high) of target / made_at (high may be inf): how many, the share whose band
+    held the outcome (realized coverage), the mean band width and the mean absolute error
+    (reward units)."""
+
+    level: float
+    horizon_low: float
+    horizon_high: float
+    graded: int
+    coverage: float
+    mean_width: float
+    mae: float
+
+    @classmethod
+    def from_proto(cls, row: curve_pb2.CalibrationRow) -> CalibrationRow:
+        return cls(**{name: getattr(row, name) for name in cls.model_fields})
+
+
+class CalibrationReport(_Result):
+    """Calibration's answer: rows by level and horizon bucket, `overall` by level, the
+    predictions graded and pending, and the runs graded."""
+
+    rows: tuple[CalibrationRow, ...]
+    overall: tuple[CalibrationRow, ...]
+    graded: int
+    pending: int
+    run_ids: tuple[str, ...]
+
+    @classmethod
+    def from_proto(cls, reply: curve_pb2.CalibrationResponse) -> CalibrationReport:
+        return cls(
+            rows=tuple(CalibrationRow.from_proto(row) for row in reply.rows),
+            overall=tuple(CalibrationRow.from_proto(row) for row in reply.overall),
+            graded=reply.graded,
+            pending=reply.pending,
+            run_ids=tuple(reply.run_ids),
+        )
