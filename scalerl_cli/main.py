@@ -96,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--sweep-dir", type=Path, default=None, help="Sweep folder (default runs/sweep-<time>)."
     )
+    sweep.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="Runs per variant, seeds seed..seed+N-1, fitted together as one recipe.",
+    )
+    sweep.add_argument(
+        "--no-final-eval",
+        action="store_true",
+        help="Skip scoring every run's last checkpoint (scalerl eval) to check the verdict.",
+    )
     workers = sub.add_parser(
         "workers",
         help="Add or remove rollout workers of a running `scalerl run`.",
@@ -227,9 +238,11 @@ def _sweep(args: argparse.Namespace) -> int:
     from scalerl_cli import sweep
 
     try:
+        if not 1 <= args.seeds <= sweep.MAX_SEEDS:
+            raise ValueError(f"--seeds: must be 1..{sweep.MAX_SEEDS}, got {args.seeds}")
         axes = sweep.parse_vary(args.vary)
         variants = sweep.build_variants(
-            args.config, axes, args.recipe, args.leave_out, list(args.set)
+            args.config, axes, args.recipe, args.leave_out, list(args.set), args.seeds
         )
     except (FileNotFoundError, ValueError) as exc:
         print(f"scalerl sweep: {config_error(exc)}", file=sys.stderr)
@@ -237,7 +250,8 @@ def _sweep(args: argparse.Namespace) -> int:
     from scalerl.obs.logging import setup_logging
 
     setup_logging("launcher")
-    return sweep.run_sweep(variants, args.sweep_dir or sweep.default_sweep_dir())
+    sweep_dir = args.sweep_dir or sweep.default_sweep_dir()
+    return sweep.run_sweep(variants, sweep_dir, final_eval=not args.no_final_eval)
 
 
 if __name__ == "__main__":

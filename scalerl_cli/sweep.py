@@ -4,6 +4,7 @@ fit each run's held-out curve and compare them the paper's way.
     scalerl sweep --config tiny --vary loss=cispo,dapo
     scalerl sweep --vary recipe=scalerl,magistral --vary learner.lr=1e-5,2e-5
     scalerl sweep --vary leave_out=none,cispo,fp32_lm_head
+    scalerl sweep --config tiny --vary learner.lr=1e-5,3e-5 --seeds 3
 
 `--vary KEY=V1,V2,...` is repeatable; the variants are the cartesian product. KEY is a
 config field (`learner.loss`, or a bare name such as `loss` that one section owns),
@@ -15,18 +16,32 @@ A.5: the asymptote A decides unless the A values lie within 0.02, then the effic
 at a shared A) ranks them, with each variant's probability of the best A (joint bootstrap
 draws) and the early verdict (since which compute the best variant has held), and
 `sweep.json` keeps every fit and the verdict.
+
+`--seeds N` runs each variant N times (seed, seed + 1, ...; in `<variant>/seed-<i>/`), and
+each variant's seeds are fitted together as one recipe (the service's seed series). Then
+the verdict is checked (`scalerl_cli.sweep_verdict`): the comparison at every evaluation's
+compute, named only when P(best) >= 0.9; every run's final checkpoint scored by
+`scalerl eval` with one shared sample seed (common random numbers: every variant meets the
+same draws); the variant that ended best named only when its score clears the runner-up's
+by both standard errors, else "too close to call" with the seeds that would settle it; and
+the earliest compute share from which the curves named that variant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from scalerl.compute import COMPUTE_UNIT
@@ -40,22 +55,43 @@ from scalerl.rpc.errors import ServiceError
 from scalerl.rpc.security import Security
 from scalerl.run_folder import EvalRecord, read_records, run_evals
 from scalerl_cli.processes import start_child, stop_children
+from scalerl_cli.sweep_verdict import (
+    CONFIDENT,
+    MIN_POINTS,
+    TOO_CLOSE,
+    Score,
+    VerdictAt,
+    confident_best,
+    final_call,
+    settled_share,
+    verdict_history,
+)
 
 console = Console(stderr=True, soft_wrap=True)
-MIN_POINTS = 4  # the curve service's minimum for a sigmoid fit
+EVAL_TIMEOUT_S = 3600  # one run's final `scalerl eval`
+MAX_SEEDS = 16  # runs per variant: a bound on how long one sweep can be asked to take
 _SPECIAL = ("recipe", "leave_out")
+
+
+RULER_SEED = 1_000_003  # the sample seed of every run's final `scalerl eval`
 
 
 @dataclass
 class Variant:
-    """One point of the sweep: its label, recipe, leave-out components and overrides."""
+    """One point of the sweep: its label, recipe, leave-out components and overrides, and
+    its runs, one per seed: (folder under the variant's, config); the folder is "" for a
+    sweep of one seed."""
 
     label: str
     recipe: str | None
     leave_out: list[str]
     overrides: list[str]
     config: RunConfig | None = None
+    runs: list[tuple[str, RunConfig]] = field(default_factory=list)
     result: dict = field(default_factory=dict)
+
+    def run_dirs(self, sweep_dir: Path) -> list[Path]:
+        return [sweep_dir / _slug(self.label) / sub for sub, _ in self.runs]
 
 
 def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -86,9 +122,11 @@ def build_variants(
     recipe: str | None,
     leave_out: list[str],
     overrides: list[str],
+    seeds: int = 1,
 ) -> list[Variant]:
     """Every combination of the axes, each loaded and validated into a RunConfig whose
-    run_id names the variant.
+    run_id names the variant, and into one per seed (`seeds`: config seed, seed + 1, ...;
+    run ids ending -s0, -s1, ...) when seeds > 1.
 
     Raises:
         ValueError: a variant's config does not load (one line naming the variant and
@@ -111,76 +149,158 @@ def build_variants(
             variant.config = load_config(
                 config, [*variant.overrides, f"run_id={run_id}"], variant.recipe, variant.leave_out
             )
+            variant.runs = [("", variant.config)]
+            if seeds > 1:
+                variant.runs = [
+                    (f"seed-{i}", _seeded(variant, config, run_id, base.seed + i, i))
+                    for i in range(seeds)
+                ]
         except (FileNotFoundError, ValueError) as exc:
             raise ValueError(f"variant {label}: {config_error(exc)}") from exc
         variants.append(variant)
     return variants
 
 
+def _seeded(variant: Variant, config: str, run_id: str, seed: int, i: int) -> RunConfig:
+    """The variant's config for its i-th seed."""
+    sets = [*variant.overrides, f"run_id={run_id[:60]}-s{i}", f"seed={seed}"]
+    return load_config(config, sets, variant.recipe, variant.leave_out)
+
+
 def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")
 
 
-def run_sweep(variants: list[Variant], sweep_dir: Path) -> int:
-    """Run every variant, then fit and compare. Returns 0, 1 when a variant failed, 130
-    on Ctrl-C (the variants not yet run are skipped)."""
+def run_sweep(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -> int:
+    """Run every variant (each of its seeds), then fit, compare and, with final_eval,
+    check the verdict against every run's final `scalerl eval`. Returns 0, 1 when a run
+    failed, 130 on Ctrl-C (the runs not yet run are skipped)."""
     from scalerl_cli import launcher
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
     failed = False
     for i, variant in enumerate(variants, 1):
-        console.rule(f"variant {i}/{len(variants)}: {variant.label}")
-        assert variant.config is not None, "build_variants loads every variant's config"
-        code = launcher.run(variant.config, sweep_dir / _slug(variant.label))
-        variant.result["exit_code"] = code
-        if code == 130:
-            return 130
-        failed |= code != 0
-    summary = compare(variants, sweep_dir)
+        codes = []
+        for (sub, config), run_dir in zip(variant.runs, variant.run_dirs(sweep_dir), strict=True):
+            seed = f", {sub}" if sub else ""
+            console.rule(f"variant {i}/{len(variants)}: {variant.label}{seed}")
+            codes.append(launcher.run(config, run_dir))
+            if codes[-1] == 130:
+                return 130
+        variant.result["exit_code"] = max(codes, key=abs)
+        failed |= any(codes)
+    summary = compare(variants, sweep_dir, final_eval)
     (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
     console.print(f"sweep folder: {sweep_dir}")
     return 1 if failed else 0
 
 
-def compare(variants: list[Variant], sweep_dir: Path) -> dict:
-    """Fit every finished variant's held-out curve and compare them on a curve service
-    started for the purpose. Prints the table; returns what sweep.json holds."""
+def compare(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -> dict:
+    """Fit every finished variant's held-out curve (its seeds together) and compare them on
+    a curve service started for the purpose, at the end and at every evaluation's compute;
+    score every run's last checkpoint with `scalerl eval` (final_eval) and check the
+    verdict against it. Prints the table; returns what sweep.json holds."""
     evals = {
-        v.label: run_evals(read_records(sweep_dir / _slug(v.label), EvalRecord)) for v in variants
+        v.label: [run_evals(read_records(d, EvalRecord)) for d in v.run_dirs(sweep_dir)]
+        for v in variants
     }
-    fittable = [v for v in variants if len(evals[v.label]) >= MIN_POINTS]
-    result = None
+    fittable = [v for v in variants if all(len(e) >= MIN_POINTS for e in evals[v.label])]
+    result: Comparison | None = None
+    history: list[VerdictAt] = []
     if len(fittable) >= 2:
+        specs = [variant_spec(evals[v.label]) for v in fittable]
         try:
-            result = _compare_on_service([evals[v.label] for v in fittable], sweep_dir / "logs")
+            result, history = _compare_on_service(specs, sweep_dir / "logs")
         except ServiceError as exc:
             console.print(f"[yellow]curve service refused the comparison:[/] {exc}")
-    rows = []
-    for variant in variants:
-        points = evals[variant.label]
-        row = {
-            "variant": variant.label,
-            "run_dir": str(sweep_dir / _slug(variant.label)),
-            "exit_code": variant.result.get("exit_code"),
-            "evaluations": len(points),
-            "pass_rate_start": points[0].pass_rate if points else None,
-            "pass_rate_final": points[-1].pass_rate if points else None,
-        }
+    scores = {v.label: _final_score(v, sweep_dir) for v in variants} if final_eval else {}
+    rows = [_row(v, sweep_dir, evals[v.label], scores.get(v.label)) for v in variants]
+    for variant, row in zip(variants, rows, strict=True):
         if result is not None and variant in fittable:
             row |= result.runs[fittable.index(variant)].to_dict()
-        rows.append(row)
     verdict = None
     if result is not None:
-        verdict = {
-            "best": fittable[result.best].label,
-            "decided_by": result.decided_by,
-            "shared_a": result.shared_a,
-            "summary": _by_label(result.summary, fittable),
-            "early_verdict": _by_label(result.early_verdict, fittable),
-            "verdict_stable_from_compute": result.verdict_stable_from_compute,
-        }
+        verdict = _verdict(result, history, fittable, [scores.get(v.label) for v in fittable])
     _print_table(rows, verdict)
     return {"variants": rows, "comparison": verdict}
+
+
+def variant_spec(runs: list[list[EvalRecord]]) -> FitSpec:
+    """The fit of a variant's held-out curve: its one run's (`FitSpec.from_evals`), or its
+    seeds' evaluations fitted together, each seed a series, R0 their mean first
+    evaluation."""
+    if len(runs) == 1:
+        return FitSpec.from_evals(runs[0])
+    flat = [record for run in runs for record in run]
+    series = [f"seed-{i}" for i, run in enumerate(runs) for _ in run]
+    r0 = sum(run[0].pass_rate for run in runs) / len(runs)
+    return FitSpec.from_evals(flat, series=series, r0=r0)
+
+
+def _row(variant: Variant, sweep_dir: Path, runs: list[list[EvalRecord]], score) -> dict:
+    """The variant's table row before its fit: folders, exit code, evaluations (of its
+    first seed), first and last pass rates (means over its seeds) and final score."""
+    done = [run for run in runs if run]
+    return {
+        "variant": variant.label,
+        "run_dir": str(sweep_dir / _slug(variant.label)),
+        "seeds": len(runs),
+        "exit_code": variant.result.get("exit_code"),
+        "evaluations": len(runs[0]),
+        "pass_rate_start": _mean([run[0].pass_rate for run in done]),
+        "pass_rate_final": _mean([run[-1].pass_rate for run in done]),
+        "final_eval": None if score is None else dataclasses.asdict(score),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _verdict(
+    result: Comparison,
+    history: list[VerdictAt],
+    runs: list[Variant],
+    scores: list[Score | None],
+) -> dict:
+    """sweep.json's comparison: the curves' verdict (named only when sure), its history
+    by compute share, and its check against the final scores."""
+    best, p_best = confident_best(result)
+    out: dict[str, Any] = {
+        "best": None if best is None else runs[best].label,
+        "p_best": p_best,
+        "decided_by": result.decided_by,
+        "shared_a": result.shared_a,
+        "summary": _by_label(result.summary, runs),
+        "early_verdict": _by_label(result.early_verdict, runs),
+        "verdict_stable_from_compute": result.verdict_stable_from_compute,
+        "history": [
+            {
+                "compute": v.compute,
+                "share": v.share,
+                "best": None if v.best is None else runs[v.best].label,
+                "p_best": v.p_best,
+            }
+            for v in history
+        ],
+    }
+    known = [score for score in scores if score is not None]
+    if len(known) == len(runs):
+        call = final_call(known)
+        winner = call.best
+        out["final"] = {
+            "best": None if winner is None else runs[winner].label,
+            "gap": call.gap,
+            "seeds_needed": call.seeds_needed,
+            "line": _by_variant(call.line, runs),
+            "settled_share": settled_share(history, winner),
+            "right": None if winner is None or best is None else best == winner,
+        }
+    return out
+
+
+def _by_variant(text: str, runs: list[Variant]) -> str:
+    return re.sub(r"\bvariant (\d+)\b", lambda m: runs[int(m.group(1))].label, text)
 
 
 def _by_label(text: str, runs: list[Variant]) -> str:
@@ -188,9 +308,28 @@ def _by_label(text: str, runs: list[Variant]) -> str:
     return re.sub(r"\brun (\d+)\b", lambda m: runs[int(m.group(1))].label, text)
 
 
-def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
-    """Start a curve service, compare the runs' held-out curves (`FitSpec.from_evals`),
-    stop it. Raises a `scalerl.rpc.errors.ServiceError` when the service refuses."""
+def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
+    """The variant's final score: `scalerl eval` of each of its runs' last checkpoint with
+    the shared RULER_SEED, as the mean over its seeds (`Score.of`); None when a run has no
+    checkpoint or its evaluation fails (said on the console)."""
+    scores = []
+    for run_dir in variant.run_dirs(sweep_dir):
+        argv = [sys.executable, "-m", "scalerl_cli.main", "eval", str(run_dir), "--json"]
+        argv += ["--seed", str(RULER_SEED)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=EVAL_TIMEOUT_S)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            console.print(f"[yellow]scalerl eval {run_dir} failed:[/] {escape(last)}")
+            return None
+        result = json.loads(proc.stdout)
+        scores.append((result["pass_rate"], result["stderr"] or 0.0))
+    return Score.of(scores)
+
+
+def _compare_on_service(specs: list[FitSpec], logs: Path) -> tuple[Comparison, list[VerdictAt]]:
+    """Start a curve service, compare the variants' held-out curves, at the end and at
+    every evaluation's compute (`sweep_verdict.verdict_history`), stop it. Raises a
+    `scalerl.rpc.errors.ServiceError` when the service refuses the whole comparison."""
     port = free_port()
     child = start_child(
         "curve", "curve_service.main", ["--port", str(port), "--metrics-port", "0"], logs
@@ -202,15 +341,15 @@ def _compare_on_service(runs: list[list[EvalRecord]], logs: Path) -> Comparison:
         with CurveClient(
             address, timeout_s=300, compute_unit=COMPUTE_UNIT, security=plaintext
         ) as client:
-            return client.compare_runs([FitSpec.from_evals(points) for points in runs])
+            return client.compare_runs(specs), verdict_history(client, specs)
     finally:
         stop_children([child])
 
 
 def _print_table(rows: list[dict], verdict: dict | None) -> None:
     table = Table(title="sweep: held-out pass rate fits (R = R0 + (A - R0) / (1 + (C_mid/C)^B))")
-    columns = ("variant", "pass rate", "A [90%]", "B [90%]", "C_mid (h)", "P(best)", "fit", "rank")
-    for name in columns:
+    columns = ("variant", "pass rate", "final eval", "A [90%]", "B [90%]", "C_mid (h)")
+    for name in (*columns, "P(best)", "fit", "rank"):
         table.add_column(name)
     for r in rows:
         rate = (
@@ -218,21 +357,15 @@ def _print_table(rows: list[dict], verdict: dict | None) -> None:
             if r["evaluations"]
             else f"no evaluation (exit {r['exit_code']})"
         )
+        ruler = r.get("final_eval")
+        final = f"{ruler['mean']:.3f} +- {ruler['stderr']:.3f}" if ruler else "-"
         if "A" in r:
             a = f"{r['A']:.3f} [{r['A_interval'][0]:.3f}, {r['A_interval'][1]:.3f}]"
             b = f"{r['B']:.2f} [{r['B_interval'][0]:.2f}, {r['B_interval'][1]:.2f}]"
-            table.add_row(
-                r["variant"],
-                rate,
-                a,
-                b,
-                f"{r['C_mid']:.3g}",
-                _p_best(r),
-                _fit_verdict(r),
-                str(r["rank"]),
-            )
+            fit = (a, b, f"{r['C_mid']:.3g}", _p_best(r), _fit_verdict(r), str(r["rank"]))
+            table.add_row(r["variant"], rate, final, *fit)
         else:
-            table.add_row(r["variant"], rate, "-", "-", "-", "-", "-", "-")
+            table.add_row(r["variant"], rate, final, "-", "-", "-", "-", "-", "-")
     out = Console()
     if not out.is_terminal:
         out = Console(width=160)  # a log file: one line per variant
@@ -240,14 +373,37 @@ def _print_table(rows: list[dict], verdict: dict | None) -> None:
     for r in rows:
         for warning in r.get("warnings", []):
             out.print(f"[yellow]{r['variant']}: fit warning:[/] {warning}")
-    if verdict:
-        out.print(f"best: {verdict['best']} (decided by {verdict['decided_by']})")
-        out.print(verdict["summary"])
-        out.print(f"early verdict: {verdict['early_verdict']}")
-        if any(r.get("warnings") for r in rows):
-            out.print("[yellow]read the verdict with the fit warnings above in mind[/]")
-    else:
+    if not verdict:
         out.print(f"no comparison: fewer than two variants with {MIN_POINTS} evaluations")
+        return
+    for line in verdict_lines(verdict):
+        out.print(line)
+    if any(r.get("warnings") for r in rows):
+        out.print("[yellow]read the verdict with the fit warnings above in mind[/]")
+
+
+def verdict_lines(verdict: dict) -> list[str]:
+    """What the sweep prints of sweep.json's comparison: the curves' verdict (a name only
+    when P(best) >= CONFIDENT), the early verdict, and the check by the final scores."""
+    p_best = f"P(best) {verdict['p_best']:.2f}"
+    if verdict["best"] is not None:
+        lines = [f"best: {verdict['best']} (decided by {verdict['decided_by']}, {p_best})"]
+    else:
+        by = verdict["decided_by"]
+        lines = [f"curves: {TOO_CLOSE} ({p_best} < {CONFIDENT}, decided by {by})"]
+    lines += [verdict["summary"], f"early verdict: {verdict['early_verdict']}"]
+    final = verdict.get("final")
+    if final is None:
+        return lines
+    lines.append(f"final eval: {final['line']}")
+    if final["settled_share"] is not None:
+        lines.append(
+            f"the curves named {final['best']} from {final['settled_share']:.0%} of the "
+            "compute on, and never changed"
+        )
+    if final["right"] is not None:
+        lines.append("the curves' verdict was " + ("right" if final["right"] else "WRONG"))
+    return lines
 
 
 def _p_best(row: dict) -> str:

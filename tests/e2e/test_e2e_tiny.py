@@ -295,7 +295,16 @@ def test_sweep_over_loss_fits_and_compares_the_variants(tmp_path):
         assert f"{row['A']:.3f}" in proc.stdout and label in proc.stdout
         config = yaml.safe_load((sweep_dir / label.replace("=", "-") / "config.yaml").read_text())
         assert config["learner"]["loss"]["kind"] == label.split("=")[1]
+        # Each run's last checkpoint scored by `scalerl eval` with the sweep's seed.
+        ruler = row["final_eval"]
+        assert 0.0 <= ruler["mean"] <= 1.0 and ruler["stderr"] > 0 and ruler["seeds"] == 1
     assert {r["rank"] for r in rows.values()} == {1, 2}
     verdict = summary["comparison"]
-    assert verdict["best"] in rows and verdict["decided_by"] in ("A", "B")
-    assert f"best: {verdict['best']} (decided by {verdict['decided_by']})" in proc.stdout
+    assert verdict["decided_by"] in ("A", "B")
+    if verdict["best"] is not None:  # named only when P(best) >= 0.9
+        assert verdict["p_best"] >= 0.9 and verdict["best"] in rows
+        assert f"best: {verdict['best']} (decided by {verdict['decided_by']}" in proc.stdout
+    else:
+        assert "curves: too close to call" in proc.stdout
+    assert verdict["history"] and "final eval: " in proc.stdout
+    assert verdict["final"]["best"] in (None, *rows)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from curve_stub import eval_record
 
 from curve_service.ledger import LEDGER_HORIZONS, Prediction
 from curve_service.metrics import CurveMetrics
@@ -20,7 +21,7 @@ from curve_service.server import CurveServicer, serve
 from curve_service.sigmoid import SigmoidParams, predict
 from curve_service.store import MemoryRunStore, RunStore
 from scalerl.rpc import channel as grpc_channel
-from scalerl.run_folder import EvalRecord, append_record
+from scalerl.run_folder import append_record
 from scalerl.state.client import connect
 from scalerl.v1 import curve_pb2, curve_pb2_grpc
 from scalerl_cli import main as cli
@@ -217,21 +218,7 @@ def _run_folder(path: Path, rewards: list[float]) -> Path:
     path.mkdir()
     for step, reward in enumerate(rewards):
         for task in ("addition", ""):
-            record_ = EvalRecord(
-                step=step,
-                policy_version=step,
-                compute=float(step),
-                task=task,
-                pass_rate=reward,
-                stderr=0.02,
-                parse_failure_rate=0.0,
-                completions=128,
-                mean_tokens=20.0,
-                truncation_rate=0.0,
-                seconds=1.0,
-                learner_steps_meanwhile=0,
-                time=float(step),
-            )
+            record_ = eval_record(step, float(step), reward, task)
             append_record(path, record_)
     return path
 

@@ -3,6 +3,8 @@ leave-one-out variants, sweep parsing, and the CLI's exit-2 errors for them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -127,6 +129,22 @@ def test_sweep_variants_are_the_cartesian_product() -> None:
     assert [v.config.learner.fp32_lm_head for v in loo] == [True, False]
 
 
+def test_sweep_seeds_are_runs_of_each_variant() -> None:
+    variants = build_variants("tiny", parse_vary(["loss=cispo,dapo"]), None, [], [], seeds=3)
+    cispo = variants[0]
+    assert [sub for sub, _ in cispo.runs] == ["seed-0", "seed-1", "seed-2"]
+    assert [config.seed for _, config in cispo.runs] == [0, 1, 2]
+    assert [config.run_id for _, config in cispo.runs] == [
+        "tiny-loss-cispo-s0",
+        "tiny-loss-cispo-s1",
+        "tiny-loss-cispo-s2",
+    ]
+    assert {config.learner.loss.kind for _, config in variants[1].runs} == {"dapo"}
+    assert cispo.run_dirs(Path("sweep"))[2] == Path("sweep/loss-cispo/seed-2")
+    single = build_variants("tiny", parse_vary(["loss=cispo"]), None, [], [])[0]
+    assert single.run_dirs(Path("sweep")) == [Path("sweep/loss-cispo")]
+
+
 def test_sweep_rejects_bad_axes() -> None:
     with pytest.raises(ValueError, match="at least one value"):
         parse_vary(["loss="])
@@ -159,6 +177,7 @@ def test_sweep_rejects_bad_axes() -> None:
         ),
         (["sweep", "--config", "tiny", "--vary", "loss=cispo,bogus"], "variant loss=bogus"),
         (["sweep", "--config", "tiny", "--vary", "threads=1,2"], "threads: a field of"),
+        (["sweep", "--config", "tiny", "--vary", "loss=cispo", "--seeds", "0"], "--seeds: must"),
     ],
 )
 def test_cli_bad_recipe_input_exits_2_with_one_line(argv, message, capsys) -> None:
