@@ -121,10 +121,11 @@ class Grade:
 
 @dataclass(frozen=True)
 class CalibrationRow:
-    """Grades of one stated level and horizon bucket [horizon_low, horizon_high): their
-    count, the share whose band held the outcome, the mean band width and the mean
-    absolute error."""
+    """Grades of one fit method, stated level and horizon bucket [horizon_low,
+    horizon_high): their count, the share whose band held the outcome, the mean band width,
+    the mean absolute error and the mean error (predicted - actual: > 0 over-predicted)."""
 
+    method: str
     level: float
     horizon_low: float
     horizon_high: float
@@ -132,6 +133,7 @@ class CalibrationRow:
     coverage: float
     mean_width: float
     mae: float
+    bias: float
 
 
 def grade(
@@ -177,21 +179,23 @@ def check_horizons(edges: Sequence[float]) -> tuple[tuple[float, float], ...]:
 def calibrate(
     grades: Iterable[Grade], horizons: Sequence[tuple[float, float]] = HORIZONS
 ) -> list[CalibrationRow]:
-    """One row per stated level and horizon bucket that holds grades, by level then
-    horizon."""
-    buckets: dict[tuple[float, int], list[Grade]] = {}
+    """One row per fit method, stated level and horizon bucket that holds grades, in that
+    order."""
+    buckets: dict[tuple[str, float, int], list[Grade]] = {}
     for item in grades:
         index = next(
             (i for i, (low, high) in enumerate(horizons) if low <= item.prediction.horizon < high),
             None,
         )
         if index is not None:
-            buckets.setdefault((item.prediction.level, index), []).append(item)
+            key = (item.prediction.method, item.prediction.level, index)
+            buckets.setdefault(key, []).append(item)
     rows = []
-    for (level, index), held in sorted(buckets.items()):
+    for (method, level, index), held in sorted(buckets.items()):
         n = len(held)
         rows.append(
             CalibrationRow(
+                method=method,
                 level=level,
                 horizon_low=horizons[index][0],
                 horizon_high=horizons[index][1],
@@ -199,6 +203,7 @@ def calibrate(
                 coverage=sum(g.covered for g in held) / n,
                 mean_width=sum(g.prediction.upper - g.prediction.lower for g in held) / n,
                 mae=sum(abs(g.error) for g in held) / n,
+                bias=sum(g.error for g in held) / n,
             )
         )
     return rows
@@ -206,8 +211,8 @@ def calibrate(
 
 @dataclass(frozen=True)
 class Calibration:
-    """The calibration of some runs' ledgers: `rows` by stated level and horizon bucket,
-    `overall` by level alone (every horizon), the predictions `graded` and those still
+    """The calibration of some runs' ledgers: `rows` by method, stated level and horizon
+    bucket, `overall` by method and level alone (every horizon), the predictions `graded` and those still
     `pending` (not reached, or no point near enough their target)."""
 
     rows: tuple[CalibrationRow, ...]

@@ -481,9 +481,9 @@ def calibration_text(report: CalibrationReport) -> str:
         if rows:
             lines.append(f"{title}:")
         lines += [
-            f"  level {row.level:g} horizon [{row.horizon_low:g}, {row.horizon_high:g}): "
-            f"{row.graded} graded, coverage {row.coverage:.2f}, mean width "
-            f"{row.mean_width:.3f}, MAE {row.mae:.3f}"
+            f"  {row.method} level {row.level:g} horizon [{row.horizon_low:g}, "
+            f"{row.horizon_high:g}): {row.graded} graded, coverage {row.coverage:.2f}, mean "
+            f"width {row.mean_width:.3f}, MAE {row.mae:.3f}, bias {row.bias:+.3f}"
             for row in rows
         ]
     return "\n".join(lines)

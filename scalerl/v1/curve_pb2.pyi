@@ -313,8 +313,10 @@ class CalibrationRequest(_message.Message):
     def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., horizons: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CalibrationRow(_message.Message):
-    __slots__ = ("level", "horizon_low", "horizon_high", "graded", "coverage", "mean_width", "mae")
+    __slots__ = ("level", "method", "bias", "horizon_low", "horizon_high", "graded", "coverage", "mean_width", "mae")
     LEVEL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
     HORIZON_LOW_FIELD_NUMBER: _ClassVar[int]
     HORIZON_HIGH_FIELD_NUMBER: _ClassVar[int]
     GRADED_FIELD_NUMBER: _ClassVar[int]
@@ -322,13 +324,15 @@ class CalibrationRow(_message.Message):
     MEAN_WIDTH_FIELD_NUMBER: _ClassVar[int]
     MAE_FIELD_NUMBER: _ClassVar[int]
     level: float
+    method: str
+    bias: float
     horizon_low: float
     horizon_high: float
     graded: int
     coverage: float
     mean_width: float
     mae: float
-    def __init__(self, level: _Optional[float] = ..., horizon_low: _Optional[float] = ..., horizon_high: _Optional[float] = ..., graded: _Optional[int] = ..., coverage: _Optional[float] = ..., mean_width: _Optional[float] = ..., mae: _Optional[float] = ...) -> None: ...
+    def __init__(self, level: _Optional[float] = ..., method: _Optional[str] = ..., bias: _Optional[float] = ..., horizon_low: _Optional[float] = ..., horizon_high: _Optional[float] = ..., graded: _Optional[int] = ..., coverage: _Optional[float] = ..., mean_width: _Optional[float] = ..., mae: _Optional[float] = ...) -> None: ...
 
 class CalibrationResponse(_message.Message):
     __slots__ = ("rows", "overall", "graded", "pending", "run_ids")

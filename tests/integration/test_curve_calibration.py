@@ -80,6 +80,8 @@ def test_calibration_returns_the_hand_computed_coverage_and_mae(
     assert near.coverage == 0.5
     assert near.mae == pytest.approx((0.05 + 0.10) / 2)
     assert near.mean_width == pytest.approx((0.20 + 0.10) / 2)
+    assert near.bias == pytest.approx((-0.05 + 0.10) / 2)  # predicted - actual
+    assert near.method == far.method == "sigmoid"
     assert (far.horizon_low, far.graded, far.coverage) == (2.0, 1, 0.0)
     assert far.mae == pytest.approx(0.04)
     (overall,) = reply.overall

@@ -283,11 +283,12 @@ class TrimmedRun(_Result):
 
 
 class CalibrationRow(_Result):
-    """Graded predictions of one stated `level` and horizon bucket [horizon_low,
-    horizon_high) of target / made_at (high may be inf): how many, the share whose band
-    held the outcome (realized coverage), the mean band width and the mean absolute error
-    (reward units)."""
+    """Graded predictions of one fit `method`, stated `level` and horizon bucket
+    [horizon_low, horizon_high) of target / made_at (high may be inf): how many, the share
+    whose band held the outcome (realized coverage), the mean band width, the mean absolute
+    error and the mean error predicted - actual (reward units)."""
 
+    method: str
     level: float
     horizon_low: float
     horizon_high: float
@@ -295,6 +296,7 @@ class CalibrationRow(_Result):
     coverage: float
     mean_width: float
     mae: float
+    bias: float
 
     @classmethod
     def from_proto(cls, row: curve_pb2.CalibrationRow) -> CalibrationRow:
