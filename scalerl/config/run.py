@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -17,7 +17,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from scalerl.config.base import by_name
 from scalerl.config.learner import LearnerConfig
@@ -60,9 +60,15 @@ def load_yaml(text: str) -> Any:
 
 
 ENV_PREFIX = "SCALERL_"
-_ENV_FIELDS = ("run_id", "seed", "device")  # top-level fields settable as SCALERL_<NAME>
+# Top-level fields settable as SCALERL_<NAME>.
+_ENV_FIELDS = ("run_id", "seed", "device", "tracking")
 # Hyperparameters each policy loss takes (`learner_service.train.objective.policy_loss`): here,
 # torch-free, so that the config and the learner share one table.
+
+
+# The experiment trackers a run can log to (`scalerl.tracking`, whose factory is the one
+# place that maps a name to its class).
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
 
 
 def _one_additions_task() -> list[TaskConfig]:
@@ -98,11 +104,41 @@ class RunConfig(BaseSettings):
     fleet: FleetConfig = FleetConfig()
     curve: CurveConfig = CurveConfig()
     security: SecurityConfig = SecurityConfig()
+    # NoDecode: SCALERL_TRACKING is read as YAML by `_one_or_many_trackers` (`wandb`,
+    # `[wandb, mlflow]`), not as the JSON pydantic-settings requires of a list.
+    tracking: Annotated[list[TrackerName], NoDecode] = Field(
+        default_factory=list,
+        description="Experiment trackers the run also logs to, each under the run folder's "
+        "tracking/ (`scalerl.tracking`): tensorboard, wandb (offline), mlflow (a file "
+        "store); empty = none. A tracker that fails is dropped with one warning.",
+    )
 
     @field_validator("task", mode="before")
     @classmethod
     def _one_or_many_tasks(cls, value: Any) -> Any:
         return as_task_list(value)
+
+    @field_validator("tracking", mode="before")
+    @classmethod
+    def _one_or_many_trackers(cls, value: Any) -> Any:
+        """A list of names, one name, or either as YAML text (an environment variable);
+        nothing (an empty variable) is none. Raises ValueError for text that is not YAML."""
+        if isinstance(value, str):
+            try:
+                value = load_yaml(value)
+            except yaml.YAMLError as exc:
+                raise ValueError(f"tracking: not YAML ({_yaml_problem(exc)})") from None
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("tracking")
+    @classmethod
+    def _trackers_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"tracking: each tracker once, repeated: {', '.join(repeated)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import redis
@@ -98,7 +99,8 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     """The smoke run, with the learner's idle cores lent (a lender worker on its core) and
     the versions sent as deltas."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, "learner.lend_idle=workers", "learner.weights.delta=auto")
+    trackers = "tracking=[tensorboard, wandb, mlflow]"
+    proc = _launch(run_dir, "learner.lend_idle=workers", "learner.weights.delta=auto", trackers)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     evals = run_evals(read_records(run_dir, EvalRecord))  # every line has every field, or it raises
@@ -140,6 +142,10 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     publish = json.loads((run_dir / "report.json").read_text())["publish"]
     assert publish["delta_share"] >= 0.5
     assert publish["bytes_per_version"] < publish["full_bytes_per_version"]
+    # The curve service's predictions at each refit, graded by the later evaluations
+    # (every 5 steps: a prediction made at step 15 for 1.5x is graded at step 25).
+    calibration = json.loads((run_dir / "report.json").read_text())["calibration"]
+    assert calibration["graded"] > 0 and calibration["overall"][0]["method"] == "sigmoid"
     curve = json.loads((run_dir / "curve.json").read_text())
     assert {"A", "B", "C_mid", "R0", "warnings"} <= set(curve)
     assert curve["compute_unit"] == "accelerator-hours"  # not "cpu-core-hours" on a GPU
@@ -149,7 +155,37 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert (run_dir / "config.yaml").exists()
     assert not (run_dir / "weights").exists()  # transient publications are cleaned up
     assert _processes_of(run_dir) == []
+    _assert_the_trackers_hold_the_run(run_dir, metrics, evals, output)
     _assert_eval_cli_matches_the_final_evaluation(run_dir, evals[-1])
+
+
+def _assert_the_trackers_hold_the_run(
+    run_dir: Path, steps: list[StepRecord], evals: list[EvalRecord], output: str
+) -> None:
+    """`tracking: [tensorboard, wandb, mlflow]`: TensorBoard's and MLflow's own readers
+    find every step and evaluation (tests/unit/test_tracking.py reads all three in
+    detail), W&B wrote its offline run and the launcher's report run, and no tracker
+    warned in the learner's log or the launcher's output."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracking = run_dir / "tracking"
+    events = EventAccumulator(str(tracking / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [m.step for m in steps]
+    logged = events.Scalars("eval/pass_rate")
+    assert [e.value for e in logged] == pytest.approx([e.pass_rate for e in evals])
+    assert (tracking / "tensorboard" / "fit" / "final").is_dir()  # the launcher's fit
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):  # MLflow 3
+        client = MlflowClient(tracking_uri=(tracking / "mlflow").resolve().as_uri())
+        (run,) = client.search_runs([client.get_experiment_by_name("scalerl").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "eval/pass_rate")
+    assert [m.value for m in history] == [e.pass_rate for e in evals]
+    assert run.data.metrics["report/pass_rate_final"] == evals[-1].pass_rate
+    runs = sorted(p.name for p in (tracking / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(runs) == 2 and runs[0].endswith("-report.wandb"), runs
+    for log in ((run_dir / "logs" / "learner.log").read_text(), output):
+        assert "tracker" not in log, log[-3000:]
 
 
 @pytest.mark.slow

@@ -238,6 +238,12 @@ def test_cli_grades_run_folders(tmp_path: Path, capsys) -> None:
     assert report["run_ids"] == ["one", "two"] and report["graded"] == 10
     assert cli.main(["curve", "calibration", *map(str, runs)]) == 0  # with the task series
     assert capsys.readouterr().out.startswith("20 predictions graded")
+    # A sweep's seed folders share their names: each is named by its path below the rest.
+    (tmp_path / "lr-1").mkdir()
+    (tmp_path / "lr-3").mkdir()
+    seeds = [_run_folder(tmp_path / lr / "seed-0", [0.1, 0.2]) for lr in ("lr-1", "lr-3")]
+    assert cli.main(["curve", "calibration", *map(str, seeds), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_ids"] == ["lr-1-seed-0", "lr-3-seed-0"]
 
 
 @pytest.mark.parametrize(

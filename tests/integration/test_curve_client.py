@@ -29,7 +29,13 @@ from scalerl.rpc.clients.curve_results import (
     TrimmedRun,
     write_curve_json,
 )
-from scalerl.rpc.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from scalerl.rpc.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from scalerl.v1 import curve_pb2
 
 TRUTH = SigmoidParams(a=0.8, b=1.5, c_mid=100.0, r0=0.1)
@@ -308,6 +314,28 @@ def test_client_record_point_and_trim_run_return_the_refreshed_fit(client: Curve
     )
     with pytest.raises(NotFound, match="no run named 'client-never'"):
         client.trim_run("client-never", 1.0)
+
+
+def test_client_extrapolate_predicts_a_recorded_series_with_its_band() -> None:
+    # A service of its own: the module's server holds two runs, which later tests count on.
+    client = CurveClient.in_process(CurveServicer(metrics=CurveMetrics()))
+    compute = np.geomspace(0.01, 1.0, 6)
+    reward = predict(SigmoidParams(0.8, 1.5, 0.1, 0.1), compute)
+    for c, r in zip(compute, reward, strict=True):
+        client.record_point("extrapolated-run", c, r, r0=0.1, stderr=0.02)
+    fit = client.get_run("extrapolated-run").fit
+    at = [0.5, 2.0, 4.0]
+    band = client.extrapolate("extrapolated-run", at)
+    assert [p.compute for p in band] == at  # in the order asked
+    expected = predict(SigmoidParams(fit.a, fit.b, fit.c_mid, fit.r0), at)
+    assert [p.reward for p in band] == pytest.approx(list(expected), rel=1e-9)
+    assert all(p.lower < p.reward < p.upper for p in band)
+    assert band[2].upper - band[2].lower > band[0].upper - band[0].lower  # wider further out
+    with pytest.raises(NotFound):
+        client.extrapolate("extrapolated-never", at)
+    client.record_point("extrapolated-short", 0.01, 0.1)
+    with pytest.raises(FailedPrecondition, match="has no fit yet"):
+        client.extrapolate("extrapolated-short", at)
 
 
 def test_client_raises_domain_errors_with_the_request_field(client: CurveClient) -> None:

@@ -148,6 +148,18 @@ def test_environment_overrides_a_field(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("value", "trackers"),
+    [("", []), ("wandb", ["wandb"]), ("[tensorboard, mlflow]", ["tensorboard", "mlflow"])],
+)
+def test_trackers_are_a_list_a_name_or_an_environment_variable(monkeypatch, value, trackers):
+    assert load_config("tiny").tracking == []  # none by default
+    assert load_config("tiny", ["tracking=mlflow"]).tracking == ["mlflow"]
+    monkeypatch.setenv("SCALERL_TRACKING", value)
+    assert load_config("tiny").tracking == trackers
+    assert load_config("tiny", ["tracking=[wandb]"]).tracking == ["wandb"]  # the flag wins
+
+
+@pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["--set", "learner.lr=-1"], "scalerl: learner.lr: Input should be greater than 0"),
@@ -189,6 +201,15 @@ def test_environment_overrides_a_field(monkeypatch):
         (
             ["--set", "model.kind=llama"],
             "scalerl: model: kind must be one of 'smollm2', 'tiny', 'path'",
+        ),
+        (
+            ["--set", "tracking=[tensorboard, neptune]"],
+            "scalerl: tracking.1: Input should be 'tensorboard', 'wandb' or 'mlflow' (got "
+            "'neptune')",
+        ),
+        (
+            ["--set", "tracking=[wandb, wandb]"],
+            "scalerl: tracking: each tracker once, repeated: wandb",
         ),
         (["--config", "missing"], "scalerl: config 'missing': not a YAML file nor one of"),
         (["--set", "no-equals-sign"], "scalerl: override 'no-equals-sign' must look like"),

@@ -32,6 +32,7 @@ TORCH_FREE = (
     "scalerl.rpc.channel",
     "scalerl.obs.logging",
     "scalerl.obs.metrics",
+    "scalerl.tracking",
     "scalerl.verifiers",
     "scalerl.verifiers.code",
     "scalerl.verifiers.math_answer",

@@ -3,13 +3,13 @@
 `FitSpec` is what to fit (points, R0, window, bootstrap and extrapolation options): the
 only place a FitRequest is built. `CurveClient` calls the service and returns the typed
 answers of `scalerl.rpc.clients.curve_results` (`FitSummary`, `Comparison`,
-`RecordedPoint`, `TrimmedRun`, `RecordedRun`, `CalibrationReport`); a failed call raises
-the domain error of its status (`scalerl.rpc.errors`): InvalidArgument (with the request's
-field), NotFound, FailedPrecondition, ResourceExhausted, Unavailable, ...; a status without
-a domain error
-(INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed` (`scalerl.rpc.clients.base`). A run's
-calls take the series' `task` ("" = the run's total, the only series of a single-task
-run). Ground floor: grpc, pydantic and the generated messages, no numpy, no torch.
+`Prediction`, `RecordedPoint`, `TrimmedRun`, `RecordedRun`, `CalibrationReport`); a
+failed call raises the domain error of its status (`scalerl.rpc.errors`): InvalidArgument
+(with the request's field), NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
+...; a status without a domain error (INTERNAL, DEADLINE_EXCEEDED) raises `RpcFailed`
+(`scalerl.rpc.clients.base`). A run's calls take the series' `task` ("" = the run's total,
+the only series of a single-task run). Ground floor: grpc, pydantic and the generated
+messages, no numpy, no torch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from scalerl.rpc.clients.curve_results import (
     CalibrationReport,
     Comparison,
     FitSummary,
+    Prediction,
     RecordedPoint,
     RecordedRun,
     TrimmedRun,
@@ -207,6 +208,21 @@ class CurveClient(RpcClient):
         reply = self._call("RecordPoint", request)
         fit = FitSummary.from_proto(reply.fit, self.compute_unit) if reply.HasField("fit") else None
         return RecordedPoint(points=reply.points, fit=fit)
+
+    def extrapolate(
+        self, run_id: str, compute: Sequence[float], task: str = ""
+    ) -> tuple[Prediction, ...]:
+        """Series `task` of run `run_id` ("" = the run's total) extrapolated by its latest
+        fit to each of `compute` (1 to 100,000 values, each finite and > 0, in the unit the
+        points were recorded in): the predicted reward with its default prediction band
+        (90%: where an evaluation there will land), in the order asked. Raises
+        InvalidArgument (`run_id`, `task`, `compute` or `compute[i]`), NotFound (no such
+        run or series) or FailedPrecondition (the series has no fit yet: fewer than 4
+        points, or its fit failed)."""
+        request = curve_pb2.ExtrapolateRequest(run_id=run_id, compute=compute, task=task)
+        return tuple(
+            Prediction.from_proto(p) for p in self._call("Extrapolate", request).predictions
+        )
 
     def trim_run(self, run_id: str, max_compute: float) -> TrimmedRun:
         """Remove the points with compute > max_compute from EVERY series of run `run_id`

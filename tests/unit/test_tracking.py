@@ -1,0 +1,342 @@
+"""Experiment trackers (`scalerl.tracking`): a run's steps, evaluations, refits with their
+90% bands, config and report reach TensorBoard, MLflow and W&B (offline), each read back
+with the tracker's own reader; a tracker that fails, or whose package is missing, is one
+warning and the others go on.
+
+The run is driven through the learner's own writers (`EvalReporter` with a real curve
+service in this process, the step records the learner writes) and the launcher's
+`track_report`, without training: seconds, not a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from test_run_folder import STEP  # a complete StepRecord's fields
+
+from curve_service.metrics import CurveMetrics
+from curve_service.server import CurveServicer
+from learner_service.evaluation.evaluate import EvalResult
+from learner_service.evaluation.reporter import EvalReporter
+from learner_service.evaluation.schedule import EvalJob
+from learner_service.progress import RunProgress
+from scalerl.config import load_config
+from scalerl.rpc.clients.curve import CurveClient
+from scalerl.run_folder import EvalRecord, StepRecord, read_records
+from scalerl.tracking import CurveBand, TrackedRun, Trackers, curve_grid, fanout, open_trackers
+from scalerl.tracking.tensorboard_events import SECONDS_PER_UNIT
+from scalerl_cli.report import track_report
+
+pytestmark = pytest.mark.unit
+RUN_ID = "tracked-run"
+ALL = ["tensorboard", "wandb", "mlflow"]
+# A rising held-out curve: (step, compute in accelerator-hours, run pass rate, math's).
+EVALS = [
+    (0, 0.0, 0.10, 0.20),
+    (2, 0.01, 0.22, 0.30),
+    (4, 0.02, 0.35, 0.42),
+    (6, 0.03, 0.44, 0.50),
+    (8, 0.04, 0.50, 0.55),
+    (10, 0.05, 0.53, 0.58),
+]
+STEPS = 10
+
+
+def _job(step: int, compute: float, run_rate: float, math_rate: float) -> EvalJob:
+    math = EvalResult(math_rate, 0.0, 64, 10.0, 0.0, stderr=0.03)
+    run = EvalResult(run_rate, 0.0625, 64, 12.0, 0.125, {"math": math}, 0.03)
+    job = EvalJob(step=step, version=step, compute=compute, started=0.0, full=False)
+    job.result, job.seconds = run, 4.5
+    return job
+
+
+def _step(step: int) -> StepRecord:
+    loss, reward = -0.5 + 0.0625 * step, 0.125 + 0.03125 * step
+    return StepRecord(**(STEP | {"step": step, "loss": loss, "mean_reward": reward}))
+
+
+def _drive(run_dir: Path, trackers: Trackers, servicer: CurveServicer) -> list[StepRecord]:
+    """A run's records, as the learner writes them: an evaluation every 2 steps (each
+    refitting the run's and the task's curve on the service), a step record each step."""
+    config = load_config("tiny", [f"run_id={RUN_ID}", f"tracking={ALL}"])
+    trackers.log_config(config)
+    reporter = EvalReporter(run_dir, RUN_ID, "in-process", trackers=trackers)
+    reporter._client = lambda: CurveClient.in_process(servicer)  # no server, no port
+    progress, steps = RunProgress(), []
+    for step, compute, run_rate, math_rate in EVALS:
+        while progress.step < step:
+            progress.step += 1
+            steps.append(_step(progress.step))
+            trackers.log_step(steps[-1])
+        reporter.record(_job(step, compute, run_rate, math_rate), progress)
+    return steps
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory) -> Iterator[tuple[Path, list[StepRecord], CurveServicer]]:
+    """A run folder whose learner logged to all three trackers, then the launcher its
+    report and final fit."""
+    run_dir = tmp_path_factory.mktemp("run")
+    servicer = CurveServicer(metrics=CurveMetrics())
+    trackers = open_trackers(ALL, TrackedRun(run_dir / "tracking", RUN_ID))
+    assert trackers.names == ALL
+    steps = _drive(run_dir, trackers, servicer)
+    trackers.close()
+    config = load_config("tiny", [f"run_id={RUN_ID}", f"tracking={ALL}"])
+    fit = CurveClient.in_process(servicer).get_run(RUN_ID).fit
+    band = CurveBand(step=10, task="", fit=fit, predictions=_band(servicer), label="final")
+    report = {"final_step": 10, "pass_rate_final": 0.53, "fit": {"A": fit.a}, "ended": "max"}
+    track_report(run_dir, config, report, band)
+    yield run_dir, steps, servicer
+
+
+def _band(servicer: CurveServicer, task: str = "") -> tuple:
+    """The service's band of the series now (its last refit), over the grid the learner
+    logs: first evaluation to 4x the last one."""
+    grid = curve_grid(EVALS[0][1], EVALS[-1][1])
+    return CurveClient.in_process(servicer).extrapolate(RUN_ID, grid, task=task)
+
+
+def _evals(run_dir: Path, task: str = "") -> list[EvalRecord]:
+    return [r for r in read_records(run_dir, EvalRecord) if r.task == task]
+
+
+# --- TensorBoard --------------------------------------------------------------------------
+
+
+def _events(folder: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def test_tensorboard_holds_the_steps_evaluations_fits_and_bands(tracked) -> None:
+    run_dir, steps, servicer = tracked
+    events = _events(run_dir / "tracking" / "tensorboard")
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [s.step for s in steps] == list(range(1, STEPS + 1))
+    assert [e.value for e in loss] == pytest.approx([s.loss for s in steps])
+    for task, tag in (("", "eval/pass_rate"), ("math", "eval/math/pass_rate")):
+        evals, logged = _evals(run_dir, task), events.Scalars(tag)
+        assert [e.step for e in logged] == [r.step for r in evals] == [s for s, *_ in EVALS]
+        assert [e.value for e in logged] == pytest.approx([r.pass_rate for r in evals])
+    fit = CurveClient.in_process(servicer).get_run(RUN_ID).fit
+    a = events.Scalars("curve/A")  # a refit from the 4th evaluation on, then the final fit
+    assert [e.step for e in a] == [6, 8, 10, 10] and a[-1].value == pytest.approx(fit.a)
+    assert "config" in events.Tags()["tensors"] and "report" in events.Tags()["tensors"]
+    assert events.Scalars("report/pass_rate_final")[0].value == pytest.approx(0.53)
+    # The last refit's band: its own run, over compute in accelerator-seconds.
+    band = _band(servicer)
+    last = _events(run_dir / "tracking" / "tensorboard" / "fit" / "step-000010")
+    for tag, field in (("predicted", "reward"), ("lower", "lower"), ("upper", "upper")):
+        points = last.Scalars(f"curve/{tag}")
+        assert [e.step for e in points] == [round(p.compute * SECONDS_PER_UNIT) for p in band]
+        assert [e.value for e in points] == pytest.approx([getattr(p, field) for p in band])
+    assert band[-1].lower < band[-1].reward < band[-1].upper  # a real band, not a line
+    assert sorted(p.name for p in (run_dir / "tracking/tensorboard/fit").iterdir()) == [
+        "final",
+        "step-000006",
+        "step-000008",
+        "step-000010",
+    ]
+
+
+# --- MLflow -------------------------------------------------------------------------------
+
+
+def _mlflow(run_dir: Path):
+    from mlflow.tracking import MlflowClient
+
+    # MLflow 3 opens a file store only when asked (`scalerl.tracking.mlflow_files`).
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):
+        client = MlflowClient(tracking_uri=(run_dir / "tracking" / "mlflow").resolve().as_uri())
+        experiment = client.get_experiment_by_name("scalerl")
+        runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1  # the launcher's report went on in the learner's run
+    return client, runs[0]
+
+
+def test_mlflow_holds_the_steps_evaluations_fits_and_bands(tracked, tmp_path) -> None:
+    run_dir, steps, servicer = tracked
+    client, run = _mlflow(run_dir)
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED" and run.data.tags["scalerl.run_id"] == RUN_ID
+    loss = client.get_metric_history(run_id, "train/loss")
+    assert [(m.step, m.value) for m in loss] == [(s.step, s.loss) for s in steps]
+    for task, key in (("", "eval/pass_rate"), ("math", "eval/math/pass_rate")):
+        history = client.get_metric_history(run_id, key)
+        assert [(m.step, m.value) for m in history] == [
+            (r.step, r.pass_rate) for r in _evals(run_dir, task)
+        ]
+    band = _band(servicer)
+    far = client.get_metric_history(run_id, "curve/upper_far")
+    assert [m.step for m in far] == [6, 8, 10, 10]  # the learner's refits, the final fit
+    assert far[-2].value == band[-1].upper
+    table = json.loads(
+        Path(client.download_artifacts(run_id, "curve/step-000010.json", str(tmp_path))).read_text()
+    )
+    assert table["columns"] == ["compute", "predicted", "lower", "upper"]
+    assert table["data"] == [[p.compute, p.reward, p.lower, p.upper] for p in band]
+    assert run.data.params["learner.max_steps"] == "40"  # the tiny config's
+    assert run.data.metrics["report/pass_rate_final"] == 0.53
+
+
+# --- W&B (offline) ------------------------------------------------------------------------
+
+_BLOCK, _HEADER = 32768, 7  # the .wandb file's framing: LevelDB log blocks and record headers
+
+
+def _wandb_records(path: Path) -> Iterator:
+    """The `wandb_internal_pb2.Record`s of an offline run's .wandb file. wandb 0.31 reads
+    it in its Go core only (the Python `DataStore` is gone), so its LevelDB-log framing is
+    undone here: a 7-byte file header (":W&B", magic, version), then in 32 KiB blocks
+    records of crc32c (4), length (2), type (1: full, 2: first, 3: middle, 4: last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    position, parts = _HEADER, b""
+    while position + _HEADER <= len(data):
+        left = _BLOCK - position % _BLOCK
+        if left < _HEADER:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + _HEADER])
+        chunk = data[position + _HEADER : position + _HEADER + length]
+        position += _HEADER + length
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            yield record
+
+
+def _wandb_run(run_dir: Path, report: bool = False) -> dict:
+    """An offline run's history rows, summary and config as W&B recorded them."""
+    runs = sorted((run_dir / "tracking" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2  # the learner's run and the launcher's report run
+    (path,) = [p for f in runs for p in f.glob("*.wandb") if p.stem.endswith("-report") == report]
+    out: dict = {"history": [], "summary": {}, "config": {}, "folder": path.parent}
+    for record in _wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            out["history"].append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in record.history.item
+                }
+            )
+        elif kind == "summary":
+            for item in record.summary.update:
+                out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        elif kind in ("run", "config"):
+            updates = record.run.config.update if kind == "run" else record.config.update
+            for item in updates:
+                out["config"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return out
+
+
+def test_wandb_holds_the_steps_evaluations_fits_and_bands(tracked) -> None:
+    run_dir, steps, servicer = tracked
+    run = _wandb_run(run_dir)
+    rows = run["history"]
+    train = [(r["train/step"], r["train/loss"]) for r in rows if "train/loss" in r]
+    assert train == [(s.step, s.loss) for s in steps]
+    for task, key in (("", "eval/pass_rate"), ("math", "eval/math/pass_rate")):
+        logged = [(r["eval/step"], r[key]) for r in rows if key in r]
+        assert logged == [(r.step, r.pass_rate) for r in _evals(run_dir, task)]
+    assert run["config"]["learner"]["max_steps"] == 40
+    # The last refit's band: the line chart's table (x = compute; one line each).
+    last = [r for r in rows if "curve/band/path" in r or "curve/band_table/path" in r][-1]
+    assert last["curve/step"] == 10
+    table_path = last.get("curve/band_table/path") or last["curve/band/path"]
+    table = json.loads((run["folder"] / "files" / table_path).read_text())
+    lines = {}
+    for row in table["data"]:
+        values = dict(zip(table["columns"], row, strict=True))
+        lines.setdefault(values["lineKey"], []).append((values["step"], values["lineVal"]))
+    band = _band(servicer)
+    assert lines["predicted"] == [(p.compute, p.reward) for p in band]
+    assert lines["upper"] == [(p.compute, p.upper) for p in band]
+    report = _wandb_run(run_dir, report=True)
+    assert report["summary"]["report/pass_rate_final"] == 0.53
+
+
+def test_the_learner_and_the_launcher_name_one_wandb_run_and_its_report(tracked) -> None:
+    run_dir = tracked[0]
+    kept = (run_dir / "tracking" / "wandb-run-id").read_text().strip()
+    assert kept.startswith(f"{RUN_ID}-")
+    files = sorted(p.name for p in (run_dir / "tracking" / "wandb").glob("offline-run-*/*.wandb"))
+    assert files == [f"run-{kept}-report.wandb", f"run-{kept}.wandb"]
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+class _Raising:
+    """A tracker whose every call raises (a full disk, a broken library)."""
+
+    calls: list[str] = []
+
+    def __init__(self, run: TrackedRun) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        def fail(*args, **kwargs):
+            type(self).calls.append(name)
+            raise OSError(28, "No space left on device")
+
+        return fail
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_tracker_that_raises_is_one_warning_and_the_others_go_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(fanout.TRACKERS, "wandb", _Raising)
+    caplog.set_level(logging.WARNING)
+    trackers = open_trackers(ALL, TrackedRun(tmp_path / "tracking", RUN_ID))
+    steps = _drive(tmp_path, trackers, CurveServicer(metrics=CurveMetrics()))
+    trackers.close()
+    assert _Raising.calls == ["log_config", "close"]  # its first call, then only closed
+    (warning,) = _warnings(caplog)
+    assert warning.startswith("tracker wandb failed in log_config (OSError: ")
+    assert "dropped, the run goes on without it" in warning
+    assert trackers.names == []
+    events = _events(tmp_path / "tracking" / "tensorboard")
+    assert len(events.Scalars("train/loss")) == len(steps) == STEPS
+
+
+def test_a_missing_package_is_one_warning_at_start(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow...` raises ImportError
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+    monkeypatch.setitem(sys.modules, "mlflow.entities", None)
+    caplog.set_level(logging.WARNING)
+    trackers = open_trackers(["tensorboard", "mlflow"], TrackedRun(tmp_path / "tracking", RUN_ID))
+    (warning,) = _warnings(caplog)
+    assert warning.startswith("tracker mlflow not started (ModuleNotFoundError: import of")
+    assert warning.endswith("; pip install 'scalerl[tracking]'): the run goes on without it")
+    assert trackers.names == ["tensorboard"]
+    steps = _drive(tmp_path, trackers, CurveServicer(metrics=CurveMetrics()))
+    trackers.close()
+    assert len(_warnings(caplog)) == 1
+    loss = _events(tmp_path / "tracking" / "tensorboard").Scalars("train/loss")
+    assert [e.value for e in loss] == pytest.approx([s.loss for s in steps])
+    assert not (tmp_path / "tracking" / "mlflow").exists()
+
+
+def test_the_curve_grid_runs_from_the_first_evaluation_to_4x_the_last() -> None:
+    grid = curve_grid(0.0, 0.05)
+    assert len(grid) == 9 and grid[0] == 1e-9 and grid[-1] == pytest.approx(0.2)
+    assert grid == sorted(grid)
+    assert curve_grid(0.01, 0.01, points=3) == pytest.approx([0.01, 0.025, 0.04])
