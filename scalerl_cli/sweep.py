@@ -91,7 +91,9 @@ class Variant:
     result: dict = field(default_factory=dict)
 
     def run_dirs(self, sweep_dir: Path) -> list[Path]:
-        return [sweep_dir / _slug(self.label) / sub for sub, _ in self.runs]
+        """Its runs' folders: the variant's own when it has one run (or none built)."""
+        subs = [sub for sub, _ in self.runs] or [""]
+        return [sweep_dir / _slug(self.label) / sub for sub in subs]
 
 
 def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -204,7 +206,9 @@ def compare(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -
         v.label: [run_evals(read_records(d, EvalRecord)) for d in v.run_dirs(sweep_dir)]
         for v in variants
     }
-    fittable = [v for v in variants if all(len(e) >= MIN_POINTS for e in evals[v.label])]
+    fittable = [
+        v for v in variants if evals[v.label] and all(len(e) >= MIN_POINTS for e in evals[v.label])
+    ]
     result: Comparison | None = None
     history: list[VerdictAt] = []
     if len(fittable) >= 2:
