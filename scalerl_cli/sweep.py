@@ -314,7 +314,7 @@ def _by_label(text: str, runs: list[Variant]) -> str:
 
 def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
     """The variant's final score: `scalerl eval` of each of its runs' last checkpoint with
-    the shared RULER_SEED, as the mean over its seeds (`Score.of`); None when a run has no
+    the shared RULER_SEED, as the mean over its seeds (`score_of`); None when a run has no
     checkpoint or its evaluation fails (said on the console)."""
     scores = []
     for run_dir in variant.run_dirs(sweep_dir):
@@ -326,8 +326,18 @@ def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
             console.print(f"[yellow]scalerl eval {run_dir} failed:[/] {escape(last)}")
             return None
         result = json.loads(proc.stdout)
-        scores.append((result["pass_rate"], result["stderr"] or 0.0))
-    return Score.of(scores)
+        scores.append((result["pass_rate"], result["stderr"]))
+    return score_of(variant.label, scores)
+
+
+def score_of(label: str, scores: list[tuple[float, float | None]]) -> Score | None:
+    """`Score.of` the runs' (pass rate, stderr) results; None, said on the console, for a
+    single run whose evaluation has no standard error (fewer than 2 held-out prompts): a
+    score without one would look exact and could name a winner on noise."""
+    if len(scores) == 1 and scores[0][1] is None:
+        console.print(f"[yellow]{label}: final score has no standard error: not compared[/]")
+        return None
+    return Score.of([(rate, stderr or 0.0) for rate, stderr in scores])
 
 
 def _compare_on_service(specs: list[FitSpec], logs: Path) -> tuple[Comparison, list[VerdictAt]]:

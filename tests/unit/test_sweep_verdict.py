@@ -93,3 +93,13 @@ def test_the_history_names_the_clearly_better_recipe_and_not_a_tie() -> None:
     assert settled_share(clear, 1) is not None and settled_share(clear, 1) < 1.0
     # The same recipe twice: the curves do not name one at the end.
     assert tie[-1].best is None and tie[-1].p_best < CONFIDENT
+
+
+def test_a_lone_score_without_a_standard_error_is_not_compared() -> None:
+    from scalerl_cli.sweep import score_of
+
+    assert score_of("lr=1e-4", [(0.6, None)]) is None  # it would look exact
+    assert score_of("lr=1e-4", [(0.6, 0.03)]) == Score(0.6, 0.03, 1)
+    # With two seeds the spread is the standard error, known without the evaluations'.
+    two = score_of("lr=1e-4", [(0.6, None), (0.5, None)])
+    assert two is not None and two.stderr == pytest.approx(0.05)
