@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # Exit code 2 is bad input (a config or argument this process refuses): starting the same
 # command again cannot help.
 NOT_RESTARTED_CODES = frozenset({2})
+CRASH_LOG_LINES = 8  # of a restarted child's log, shown with its restart
 
 
 class CrashLoop(RuntimeError):
@@ -74,8 +75,12 @@ class Supervisor:
         )
 
     def restart(self, child: Child, code: int) -> Child:
-        """The child started again after it exited with `code` (`admit` decides)."""
+        """The child started again after it exited with `code` (`admit` decides). Its last
+        log lines go to the launcher's log first: why it crashed, where the user looks."""
         self.admit(child.name, code)
+        tail = child.log_tail(CRASH_LOG_LINES)
+        if tail:
+            log.warning("%s's last log lines (%s):\n%s", child.name, child.log_path, tail)
         return self._restart(child)
 
     def admit(self, name: str, code: int) -> None:

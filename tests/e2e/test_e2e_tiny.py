@@ -248,7 +248,8 @@ def test_a_two_rank_learner_learns_and_a_crashed_worker_is_restarted(tmp_path):
             proc.kill()
     assert proc.returncode == 0, output[-3000:]
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["restarts"] == {"rollout-1": 1}
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert report["restarts"] == {"rollout-1": 1}, learner_log[-4000:]
     steps = read_records(run_dir, StepRecord)
     assert [m.step for m in steps] == list(range(1, 41))  # the tiny config's max_steps
     worker_log = (run_dir / "logs" / "rollout-1.log").read_text()

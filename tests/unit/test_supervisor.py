@@ -19,13 +19,20 @@ class Clock:
         return self.now
 
 
-def child(name: str):
-    return SimpleNamespace(name=name, generation=0)
+def child(name: str, log: str = ""):
+    return SimpleNamespace(
+        name=name, generation=0, log_path=f"logs/{name}.log", log_tail=lambda lines: log
+    )
 
 
 def supervisor(clock: Clock, max_restarts: int = 2, window_s: float = 60.0) -> Supervisor:
     def restart(old):
-        return SimpleNamespace(name=old.name, generation=old.generation + 1)
+        return SimpleNamespace(
+            name=old.name,
+            generation=old.generation + 1,
+            log_path=old.log_path,
+            log_tail=old.log_tail,
+        )
 
     return Supervisor(RestartPolicy(max_restarts, window_s), restart=restart, clock=clock)
 
@@ -90,3 +97,13 @@ def test_restarts_are_exported_to_prometheus_by_process() -> None:
     assert value("scalerl_process_restarts_total", {"process": "redis"}) == 2.0
     assert value("scalerl_process_restarts_total", {"process": "rollout-0"}) == 1.0
     assert sup.restarts == {"rollout-0": 1, "redis": 2}
+
+
+def test_a_restart_shows_why_the_process_crashed(caplog) -> None:
+    """The crashed child's last log lines come with its restart, in the launcher's log."""
+    sup = supervisor(Clock())
+    crashed = child("learner", log="Traceback (most recent call last):\nRuntimeError: gloo")
+    with caplog.at_level("WARNING", logger="scalerl_cli.supervisor"):
+        sup.restart(crashed, 1)
+    assert "learner's last log lines (logs/learner.log):\nTraceback" in caplog.text
+    assert caplog.text.rstrip().endswith("RuntimeError: gloo")
