@@ -6,7 +6,10 @@ Steps, evaluations and the fit's parameters are scalars of the run at the learne
 tracking/tensorboard/fit/<step-NNNNNN | final>, with curve/predicted, curve/lower and
 curve/upper over compute: the Scalars tab then draws one line per refit on one chart (how
 the extrapolation moved as evaluations came) and the Custom Scalars tab each with its 90%
-band (a margin chart). TensorBoard's steps are integers, so compute is the step in
+band (a margin chart). The evaluations themselves are the run tracking/tensorboard/held-out
+on the same axis, curve/observed with its 90% interval (pass rate +- 1.645 standard
+errors, curve/observed_lower and _upper), drawn on the same chart: what was measured beside
+what each fit predicted. TensorBoard's steps are integers, so compute is the step in
 accelerator-seconds (COMPUTE_UNIT x 3600). The config and the report are text.
 """
 
@@ -30,6 +33,8 @@ from scalerl.tracking.api import (
 )
 
 SECONDS_PER_UNIT = 3600.0  # COMPUTE_UNIT is accelerator-hours; the fits' steps are seconds
+Z_90 = 1.645  # a two-sided 90% normal interval, the level of the fits' bands
+HELD_OUT_RUN = "held-out"  # the run of the evaluations over compute
 _FLUSH_S = 30  # a live run's events reach the files within this long
 
 
@@ -45,6 +50,7 @@ class TensorBoardTracker:
         self._writer_class = EventFileWriter
         self._folder = run.folder / "tensorboard"
         self._writer = EventFileWriter(str(self._folder), flush_secs=_FLUSH_S)
+        self._held_out: Any = None  # the held-out run's writer, opened at the first evaluation
         self._stepped = False
         self._write_layout()
 
@@ -53,15 +59,19 @@ class TensorBoardTracker:
 
     def log_step(self, record: StepRecord) -> None:
         if not self._stepped:
-            # A learner that resumed from a checkpoint logs its steps again: TensorBoard
-            # forgets what an earlier process logged from here on (torch's purge_step).
-            session = self._event.SessionLog(status=self._event.SessionLog.START)
-            self._writer.add_event(self._event.Event(step=record.step, session_log=session))
+            self._purge_from(self._writer, record.step)
             self._stepped = True
         self._scalars(self._writer, step_metrics(record), record.step, record.time)
 
     def log_eval(self, record: EvalRecord) -> None:
         self._scalars(self._writer, eval_metrics(record), record.step, record.time)
+        at = round(record.compute * SECONDS_PER_UNIT)
+        if self._held_out is None:
+            self._held_out = self._writer_class(
+                str(self._folder / HELD_OUT_RUN), flush_secs=_FLUSH_S
+            )
+            self._purge_from(self._held_out, at)
+        self._scalars(self._held_out, observed_metrics(record), at, record.time)
 
     def log_curve(self, band: CurveBand) -> None:
         self._scalars(self._writer, fit_metrics(band), band.step, time.time())
@@ -85,6 +95,15 @@ class TensorBoardTracker:
 
     def close(self) -> None:
         self._writer.close()
+        if self._held_out is not None:
+            self._held_out.close()
+
+    def _purge_from(self, writer: Any, step: int) -> None:
+        """A learner that resumed from a checkpoint logs its steps and evaluations again:
+        TensorBoard forgets what an earlier process logged to this run from `step` on
+        (a START session log; torch's purge_step)."""
+        session = self._event.SessionLog(status=self._event.SessionLog.START)
+        writer.add_event(self._event.Event(step=step, session_log=session))
 
     def _scalars(self, writer: Any, metrics: Mapping[str, float], step: int, at: float) -> None:
         """One event holding every metric at `step` (wall time `at`, Unix seconds)."""
@@ -123,12 +142,19 @@ class TensorBoardTracker:
             create_summary_metadata,
         )
 
-        series = layout_pb2.MarginChartContent.Series(
-            value="curve/predicted", lower="curve/lower", upper="curve/upper"
-        )
+        series = [
+            layout_pb2.MarginChartContent.Series(
+                value=f"curve/{value}", lower=f"curve/{lower}", upper=f"curve/{upper}"
+            )
+            for value, lower, upper in (
+                ("predicted", "lower", "upper"),
+                ("observed", "observed_lower", "observed_upper"),
+            )
+        ]
         chart = layout_pb2.Chart(
-            title="held-out reward predicted over compute (accelerator-seconds), 90% band",
-            margin=layout_pb2.MarginChartContent(series=[series]),
+            title="held-out reward over compute (accelerator-seconds): each fit's prediction "
+            "and the evaluations, 90% intervals",
+            margin=layout_pb2.MarginChartContent(series=series),
         )
         layout = layout_pb2.Layout(category=[layout_pb2.Category(title="curve", chart=[chart])])
         tensor = tensor_pb2.TensorProto(
@@ -140,3 +166,17 @@ class TensorBoardTracker:
             tag=CONFIG_SUMMARY_TAG, tensor=tensor, metadata=create_summary_metadata()
         )
         self._writer.add_event(self._event.Event(summary=self._summary.Summary(value=[value])))
+
+
+def observed_metrics(record: EvalRecord) -> dict[str, float]:
+    """An evaluation as a point of the held-out run: curve/observed (its pass rate) and its
+    90% interval, pass rate +- Z_90 standard errors clipped to [0, 1] (the pass rate alone
+    where no stderr was recorded); a task's under curve/<task>/."""
+    prefix = f"curve/{record.task}/" if record.task else "curve/"
+    half = Z_90 * (record.stderr or 0.0)
+    values = {
+        "observed": record.pass_rate,
+        "observed_lower": max(0.0, record.pass_rate - half),
+        "observed_upper": min(1.0, record.pass_rate + half),
+    }
+    return {f"{prefix}{k}": v for k, v in values.items()}

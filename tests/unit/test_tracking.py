@@ -19,7 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from test_run_folder import STEP  # a complete StepRecord's fields
+from test_run_folder import EVAL, STEP  # complete StepRecord and EvalRecord fields
 
 from curve_service.metrics import CurveMetrics
 from curve_service.server import CurveServicer
@@ -31,7 +31,7 @@ from scalerl.config import load_config
 from scalerl.rpc.clients.curve import CurveClient
 from scalerl.run_folder import EvalRecord, StepRecord, read_records
 from scalerl.tracking import CurveBand, TrackedRun, Trackers, curve_grid, fanout, open_trackers
-from scalerl.tracking.tensorboard_events import SECONDS_PER_UNIT
+from scalerl.tracking.tensorboard_events import SECONDS_PER_UNIT, TensorBoardTracker
 from scalerl_cli.report import track_report
 
 pytestmark = pytest.mark.unit
@@ -142,12 +142,46 @@ def test_tensorboard_holds_the_steps_evaluations_fits_and_bands(tracked) -> None
         assert [e.step for e in points] == [round(p.compute * SECONDS_PER_UNIT) for p in band]
         assert [e.value for e in points] == pytest.approx([getattr(p, field) for p in band])
     assert band[-1].lower < band[-1].reward < band[-1].upper  # a real band, not a line
+    # The evaluations on the same axis, with their 90% intervals (+-1.645 x 0.03).
+    held_out = _events(run_dir / "tracking" / "tensorboard" / "held-out")
+    for task, prefix in (("", "curve/"), ("math", "curve/math/")):
+        evals = _evals(run_dir, task)
+        observed = held_out.Scalars(f"{prefix}observed")
+        assert [e.step for e in observed] == [round(c * 3600) for _, c, *_ in EVALS]
+        assert [e.value for e in observed] == pytest.approx([r.pass_rate for r in evals])
+        lower = [e.value for e in held_out.Scalars(f"{prefix}observed_lower")]
+        assert lower == pytest.approx([r.pass_rate - 0.04935 for r in evals])
+    upper = [e.value for e in held_out.Scalars("curve/observed_upper")]
+    assert upper == pytest.approx([rate + 0.04935 for _, _, rate, _ in EVALS])
     assert sorted(p.name for p in (run_dir / "tracking/tensorboard/fit").iterdir()) == [
         "final",
         "step-000006",
         "step-000008",
         "step-000010",
     ]
+
+
+def test_a_resumed_learner_replaces_what_tensorboard_held_past_its_checkpoint(tmp_path) -> None:
+    """A learner that crashed at step 6 resumes from its step-4 checkpoint and logs steps 5
+    and 6 and the step-4 evaluation again: each is held once, with the later value."""
+
+    def process(steps, evals, offset: float) -> None:
+        tracker = TensorBoardTracker(TrackedRun(tmp_path / "tracking", RUN_ID))
+        for step in steps:
+            tracker.log_step(StepRecord(**(STEP | {"step": step, "loss": step + offset})))
+        for step in evals:
+            fields = {"step": step, "compute": step / 3600, "pass_rate": step / 10 + offset}
+            tracker.log_eval(EvalRecord(**(EVAL | fields | {"task": ""})))
+        tracker.close()
+
+    process(range(1, 7), (0, 2, 4), 0.0)
+    process((5, 6), (4,), 0.5)  # the resumed learner: steps 5-6 and evaluation 4 again
+    loss = _events(tmp_path / "tracking" / "tensorboard").Scalars("train/loss")
+    assert [(e.step, e.value) for e in loss] == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5.5), (6, 6.5)]
+    held_out = _events(tmp_path / "tracking" / "tensorboard" / "held-out")
+    observed = held_out.Scalars("curve/observed")  # at compute-seconds 0, 2 and 4
+    assert [e.step for e in observed] == [0, 2, 4]
+    assert [e.value for e in observed] == pytest.approx([0.0, 0.2, 0.9])
 
 
 # --- MLflow -------------------------------------------------------------------------------
