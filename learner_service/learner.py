@@ -251,10 +251,13 @@ class Learner:
         self.batches.restore_totals(resumed.batch_totals)
         self.reporter.restore(self.progress)
         self.evaluations.resume(read_records(self.run_dir, EvalRecord))
+        self.trackers.checkpointed(self.progress.step)
 
     def _checkpoint(self, final: bool = False) -> None:
-        """Save the run's progress and the trainer (`Checkpointer.save`)."""
+        """Save the run's progress and the trainer (`Checkpointer.save`); the trackers
+        that wait for checkpoints get the steps it covers."""
         self.checkpointer.save(self.progress, self.batches.totals(), final=final)
+        self.trackers.checkpointed(self.progress.step)
 
     # ----- main loop -----------------------------------------------------------------------
 

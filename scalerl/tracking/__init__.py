@@ -5,7 +5,9 @@ a team already uses, each under the run folder's `tracking/` and none over a net
 `api` holds what every tracker takes (the `Tracker` protocol, `TrackedRun`, `CurveBand`,
 the metric names); `fanout` builds the configured trackers (`open_trackers`, the one place
 that maps a name to its class) behind `Trackers`, which drops a failing tracker with one
-warning; one module per tracker: `tensorboard_events`, `mlflow_files`, `wandb_offline`,
+warning; `held` keeps the learner's records from a tracker that cannot forget until a
+checkpoint covers them (a resumed learner takes the steps past it again); one module per
+tracker: `tensorboard_events`, `mlflow_files`, `wandb_offline`,
 each importing its library only when built. Torch-free.
 """
 

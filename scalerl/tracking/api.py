@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from scalerl.config import RunConfig
 from scalerl.rpc.clients.curve import ZERO_COMPUTE
@@ -53,7 +53,13 @@ class CurveBand:
 class Tracker(Protocol):
     """One experiment tracker. Any method may raise: `Trackers` then drops the tracker
     with one warning. Built by its class from a `TrackedRun`; building imports the
-    tracker's library (ImportError when it is not installed)."""
+    tracker's library (ImportError when it is not installed).
+
+    FORGETS_ON_RESUME: True when a step logged again replaces what the tracker held from
+    it on (TensorBoard's purge); otherwise the learner's records reach it only once a
+    checkpoint covers their step (`scalerl.tracking.held`)."""
+
+    FORGETS_ON_RESUME: ClassVar[bool]
 
     def log_config(self, config: RunConfig) -> None: ...
 

@@ -11,6 +11,7 @@ from typing import Any
 from scalerl.config import RunConfig
 from scalerl.run_folder import EvalRecord, StepRecord
 from scalerl.tracking.api import CurveBand, TrackedRun, Tracker
+from scalerl.tracking.held import HeldUntilCheckpoint
 from scalerl.tracking.mlflow_files import MlflowTracker
 from scalerl.tracking.tensorboard_events import TensorBoardTracker
 from scalerl.tracking.wandb_offline import WandbTracker
@@ -52,35 +53,53 @@ class Trackers:
     def log_report(self, report: Mapping[str, Any]) -> None:
         self._each("log_report", lambda t: t.log_report(report))
 
+    def checkpointed(self, step: int) -> None:
+        """The learner's checkpoint at `step` was written, or resumed from: the trackers
+        that cannot forget get what it covers (`scalerl.tracking.held`)."""
+        for name in list(self._live):
+            tracker = self._live.get(name)
+            if isinstance(tracker, HeldUntilCheckpoint):
+                self._each_one(name, "checkpointed", lambda t: t.checkpointed(step))
+
     def close(self) -> None:
         """Close every tracker (flushes its files); one that fails is warned about once."""
         self._each("close", lambda t: t.close())
         self._live.clear()
 
-    def _each(self, doing: str, call: Callable[[Tracker], None]) -> None:
-        for name, tracker in list(self._live.items()):
-            try:
-                call(tracker)
-            except Exception as exc:  # any failure of a tracker's library: drop it
-                del self._live[name]
-                log.warning(
-                    "tracker %s failed in %s (%s): dropped, the run goes on without it",
-                    name,
-                    doing,
-                    _reason(exc),
-                )
-                if doing != "close":
-                    _close_quietly(tracker)
+    def _each(self, doing: str, call: Callable[[Any], None]) -> None:
+        for name in list(self._live):
+            self._each_one(name, doing, call)
+
+    def _each_one(self, name: str, doing: str, call: Callable[[Any], None]) -> None:
+        tracker = self._live[name]
+        try:
+            call(tracker)
+        except Exception as exc:  # any failure of a tracker's library: drop it
+            del self._live[name]
+            log.warning(
+                "tracker %s failed in %s (%s): dropped, the run goes on without it",
+                name,
+                doing,
+                _reason(exc),
+            )
+            if doing != "close":
+                _close_quietly(tracker)
 
 
 def open_trackers(names: Sequence[str], run: TrackedRun) -> Trackers:
-    """The trackers `names` (the config's `tracking`) for `run`, each built by its class.
-    One that cannot start (its package missing, a folder it cannot write, its library
-    raising) is left out with one warning; the others go on."""
+    """The trackers `names` (the config's `tracking`) for `run`, each built by its class;
+    for the learner's run, one that cannot forget (not `FORGETS_ON_RESUME`) is held until
+    checkpoints cover its steps (`Trackers.checkpointed`). One that cannot start (its
+    package missing, a folder it cannot write, its library raising) is left out with one
+    warning; the others go on."""
     opened: dict[str, Tracker] = {}
     for name in names:
         try:
-            opened[name] = TRACKERS[name](run)
+            tracker = TRACKERS[name](run)
+            # The learner's run is taken again past its checkpoint after a crash: a
+            # tracker that cannot forget what it was given waits for the checkpoints.
+            forgets = getattr(type(tracker), "FORGETS_ON_RESUME", False)
+            opened[name] = tracker if run.part or forgets else HeldUntilCheckpoint(tracker)
         except Exception as exc:  # ImportError included: the extra is not installed
             hint = "; pip install 'scalerl[tracking]'" if isinstance(exc, ImportError) else ""
             log.warning(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig, dump_config
@@ -41,6 +41,8 @@ class MlflowTracker:
     """The MLflow run of `run` in the file store under its folder's mlflow/. Raises
     ImportError without mlflow (mlflow-skinny), MlflowException or OSError when the store
     cannot be opened."""
+
+    FORGETS_ON_RESUME: ClassVar[bool] = False
 
     def __init__(self, run: TrackedRun) -> None:
         # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked:

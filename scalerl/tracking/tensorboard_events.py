@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from scalerl.config import RunConfig, dump_config
 from scalerl.run_folder import EvalRecord, StepRecord
@@ -41,6 +41,8 @@ _FLUSH_S = 30  # a live run's events reach the files within this long
 class TensorBoardTracker:
     """Event files of `run` under its folder's tensorboard/. Raises ImportError without
     the tensorboard package, OSError when the folder cannot be written."""
+
+    FORGETS_ON_RESUME: ClassVar[bool] = True
 
     def __init__(self, run: TrackedRun) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2

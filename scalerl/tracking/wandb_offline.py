@@ -20,7 +20,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from scalerl.compute import COMPUTE_UNIT
 from scalerl.config import RunConfig
@@ -41,6 +41,8 @@ _SECTIONS = ("train", "eval", "curve")  # each with its own step metric, <sectio
 class WandbTracker:
     """An offline W&B run of `run` under its folder's wandb/. Raises ImportError without
     wandb, or wandb's error when the run cannot start."""
+
+    FORGETS_ON_RESUME: ClassVar[bool] = False
 
     def __init__(self, run: TrackedRun) -> None:
         folder = run.folder.resolve()

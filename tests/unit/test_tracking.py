@@ -31,6 +31,7 @@ from scalerl.config import load_config
 from scalerl.rpc.clients.curve import CurveClient
 from scalerl.run_folder import EvalRecord, StepRecord, read_records
 from scalerl.tracking import CurveBand, TrackedRun, Trackers, curve_grid, fanout, open_trackers
+from scalerl.tracking.held import HeldUntilCheckpoint
 from scalerl.tracking.tensorboard_events import SECONDS_PER_UNIT, TensorBoardTracker
 from scalerl_cli.report import track_report
 
@@ -88,6 +89,7 @@ def tracked(tmp_path_factory) -> Iterator[tuple[Path, list[StepRecord], CurveSer
     trackers = open_trackers(ALL, TrackedRun(run_dir / "tracking", RUN_ID))
     assert trackers.names == ALL
     steps = _drive(run_dir, trackers, servicer)
+    trackers.checkpointed(STEPS)  # the learner's final checkpoint
     trackers.close()
     config = load_config("tiny", [f"run_id={RUN_ID}", f"tracking={ALL}"])
     fit = CurveClient.in_process(servicer).get_run(RUN_ID).fit
@@ -222,6 +224,94 @@ def test_mlflow_holds_the_steps_evaluations_fits_and_bands(tracked, tmp_path) ->
     assert table["data"] == [[p.compute, p.reward, p.lower, p.upper] for p in band]
     assert run.data.params["learner.max_steps"] == "40"  # the tiny config's
     assert run.data.metrics["report/pass_rate_final"] == 0.53
+
+
+def test_mlflow_holds_one_timeline_across_a_crash_and_resume(tmp_path) -> None:
+    """A learner checkpoints at step 4, takes steps 5 and 6 and crashes; the resumed one
+    takes 5 and 6 again with other values. MLflow cannot forget a point, so it got only
+    what a checkpoint covered: each step once, the resumed learner's 5 and 6, as
+    metrics.jsonl keeps them. The evaluation of step 4, ended after step 5, went at once."""
+    run = TrackedRun(tmp_path / "tracking", RUN_ID)
+
+    def step(trackers: Trackers, n: int, offset: float) -> None:
+        trackers.log_step(StepRecord(**(STEP | {"step": n, "loss": n + offset})))
+
+    def evaluation(trackers: Trackers, n: int) -> None:
+        fields = {"step": n, "compute": n / 3600, "pass_rate": n / 10, "task": ""}
+        trackers.log_eval(EvalRecord(**(EVAL | fields)))
+
+    crashed = open_trackers(["mlflow"], run)
+    for n in range(1, 5):
+        step(crashed, n, 0.0)
+    evaluation(crashed, 0)
+    crashed.checkpointed(4)
+    step(crashed, 5, 0.0)
+    evaluation(crashed, 4)  # started at step 4, ended after step 5
+    step(crashed, 6, 0.0)
+    crashed.close()  # the crash: steps 5 and 6 were never covered
+    resumed = open_trackers(["mlflow"], run)
+    resumed.checkpointed(4)  # resumed from the checkpoint at step 4
+    step(resumed, 5, 0.5)
+    step(resumed, 6, 0.5)
+    resumed.checkpointed(6)  # its final checkpoint
+    resumed.close()
+    client, mlflow_run = _mlflow(tmp_path)
+    loss = client.get_metric_history(mlflow_run.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in loss] == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5.5), (6, 6.5)]
+    evals = client.get_metric_history(mlflow_run.info.run_id, "eval/pass_rate")
+    assert [(m.step, m.value) for m in evals] == [(0, 0.0), (4, 0.4)]
+
+
+class _Recording:
+    """A tracker that records its calls: (method, step)."""
+
+    FORGETS_ON_RESUME = False
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail_at = fail_at
+
+    def log_step(self, record: StepRecord) -> None:
+        if record.step == self.fail_at:
+            raise OSError(28, "No space left on device")
+        self.calls.append(("step", record.step))
+
+    def log_curve(self, band: CurveBand) -> None:
+        self.calls.append(("curve", band.step))
+
+    def close(self) -> None:
+        self.calls.append(("close", -1))
+
+
+def test_held_records_go_in_order_once_a_checkpoint_covers_them() -> None:
+    tracker = _Recording()
+    held = HeldUntilCheckpoint(tracker)
+    fit = CurveBand(step=2, task="", fit=None)  # type: ignore[arg-type]
+    for n in (1, 2):
+        held.log_step(StepRecord(**(STEP | {"step": n})))
+    held.log_curve(fit)
+    held.log_step(StepRecord(**(STEP | {"step": 3})))
+    assert tracker.calls == [] and held.held == 4
+    held.checkpointed(2)  # covers steps 1, 2 and the fit of step 2; step 3 waits
+    assert tracker.calls == [("step", 1), ("step", 2), ("curve", 2)] and held.held == 1
+    held.log_curve(fit)  # a record of a covered step goes at once
+    assert tracker.calls[-1] == ("curve", 2) and held.held == 1
+    held.close()  # step 3 was never covered: dropped, not sent
+    assert tracker.calls[-2:] == [("curve", 2), ("close", -1)] and held.held == 0
+
+
+def test_a_held_record_the_tracker_refuses_stays_held_and_the_tracker_is_dropped(caplog):
+    """The fan-out drops a tracker that raises while a checkpoint's records are sent; the
+    ones after the failing record were not sent."""
+    tracker = _Recording(fail_at=2)
+    trackers = Trackers({"recording": HeldUntilCheckpoint(tracker)})
+    for n in (1, 2, 3):
+        trackers.log_step(StepRecord(**(STEP | {"step": n})))
+    with caplog.at_level(logging.WARNING):
+        trackers.checkpointed(3)
+    assert tracker.calls[:1] == [("step", 1)] and ("step", 3) not in tracker.calls
+    assert trackers.names == []
+    assert "tracker recording failed in checkpointed (OSError: " in caplog.text
 
 
 # --- W&B (offline) ------------------------------------------------------------------------
