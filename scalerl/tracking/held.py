@@ -44,14 +44,15 @@ class HeldUntilCheckpoint:
         return len(self._held)
 
     def checkpointed(self, step: int) -> None:
-        """A checkpoint at `step` was written (or resumed from): send what it covers, in
-        the order logged. Raises what the tracker raises (the records not yet sent stay
-        held)."""
+        """A checkpoint at `step` was written (or resumed from): send every held record
+        it covers, in the order logged; a later step's stays held (an evaluation is
+        logged after the steps taken while it ran, so it can follow records of later
+        steps). Raises what the tracker raises (the fan-out then drops the tracker)."""
         self._checkpointed = max(self._checkpointed, step)
-        while self._held and self._held[0][0] <= self._checkpointed:
-            _, call = self._held[0]
+        due = [call for at, call in self._held if at <= self._checkpointed]
+        self._held = [(at, call) for at, call in self._held if at > self._checkpointed]
+        for call in due:
             call()
-            self._held.pop(0)
 
     def log_config(self, config: RunConfig) -> None:
         self.tracker.log_config(config)

@@ -300,6 +300,18 @@ def test_held_records_go_in_order_once_a_checkpoint_covers_them() -> None:
     assert tracker.calls[-2:] == [("curve", 2), ("close", -1)] and held.held == 0
 
 
+def test_an_evaluation_held_behind_later_steps_goes_with_its_checkpoint() -> None:
+    """The evaluation of step 5 is logged after steps 6 and 7 (it ran meanwhile); a
+    checkpoint at step 6 covers it and step 6, not step 7."""
+    tracker = _Recording()
+    held = HeldUntilCheckpoint(tracker)
+    for n in (5, 6, 7):
+        held.log_step(StepRecord(**(STEP | {"step": n})))
+    held.log_curve(CurveBand(step=5, task="", fit=None))  # type: ignore[arg-type]
+    held.checkpointed(6)
+    assert tracker.calls == [("step", 5), ("step", 6), ("curve", 5)] and held.held == 1
+
+
 def test_a_held_record_the_tracker_refuses_stays_held_and_the_tracker_is_dropped(caplog):
     """The fan-out drops a tracker that raises while a checkpoint's records are sent; the
     ones after the failing record were not sent."""
