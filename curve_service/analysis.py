@@ -239,13 +239,16 @@ def compare(
     margin: float,
     seeds: Sequence[int],
     grids: Sequence[GridSpec | None],
+    at_compute: float | None = None,
 ) -> RunsComparison:
     """Rank 2..16 analysed runs by A, then B at a shared A within `margin` (reward units;
     Sec. 3 / App. A.7), and find how early the ranking settled (`early_verdict`, from each
-    run's bootstrap samples, or its own draws seeded by `seeds` for runs without). Raises
-    CurveInputError("runs") for curves that do not all rise (or all fall), ("a_margin")."""
+    run's bootstrap samples, or its own draws seeded by `seeds` for runs without); with
+    at_compute (the points' unit), rank them by their predicted reward there too. Raises
+    CurveInputError("runs") for curves that do not all rise (or all fall), ("a_margin"),
+    ("at_compute") unless finite and > 0."""
     fits = [a.fit for a in analyses]
     result = compare_fits(fits, margin)
     samples = [a.samples for a in analyses]
-    early = early_verdict(fits, result, samples, seeds, margin, list(grids))
+    early = early_verdict(fits, result, samples, seeds, margin, list(grids), at_compute)
     return RunsComparison(tuple(analyses), result, early)

@@ -59,6 +59,7 @@ from curve_service.store import (
     validate_run_id,
     validate_task,
 )
+from curve_service.verdict import check_at_compute
 from scalerl.rpc.security import Security
 from scalerl.rpc.services import CURVE
 from scalerl.rpc.services import serve as serve_service
@@ -101,6 +102,9 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
         """Rank 2..16 runs (Sec. 3 / App. A.7) with the early verdict (`analysis.compare`).
         RESOURCE_EXHAUSTED when the runs' costs together are over the service's limit."""
         check_run_count(len(request.runs))
+        at_compute = None
+        if request.at_compute != 0.0:  # 0 = not asked; a NaN or a negative is refused
+            at_compute = check_at_compute(request.at_compute)
         for i, run in enumerate(request.runs):
             with _request_fields(_prefixed(f"runs[{i}].")):
                 check_max_points(len(run.points))
@@ -114,7 +118,7 @@ class CurveServicer(curve_pb2_grpc.CurveServiceServicer):
             for i, run in enumerate(request.runs):
                 with _request_fields(_prefixed(f"runs[{i}].")):
                     analyses.append(self._analyse(run))
-            return comparison_to_proto(compare(analyses, margin, seeds, grids))
+            return comparison_to_proto(compare(analyses, margin, seeds, grids, at_compute))
 
     def Extrapolate(
         self, request: curve_pb2.ExtrapolateRequest, context: Any
@@ -381,6 +385,14 @@ def comparison_to_proto(comparison: RunsComparison) -> curve_pb2.CompareRunsResp
             entry.b_at_shared_a, entry.c_mid_at_shared_a = result.refits[i]
         if i in early.p_best_b:
             entry.p_best_b = early.p_best_b[i]
+    at = early.at_compute
+    if at is not None:
+        reply.best_at_compute, reply.at_compute_verdict = at.best, at.line
+        if at.stable_from is not None:
+            reply.at_compute_stable_from_compute = at.stable_from
+        for entry in reply.runs:
+            entry.reward_at_compute = at.reward[entry.index]
+            entry.p_best_at_compute = at.p_best[entry.index]
     return reply
 
 

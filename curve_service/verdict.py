@@ -8,13 +8,19 @@
     probability that its B at the shared A is the highest among them (`b_at_shared_a`);
   - stable_from: the smallest compute C from which the comparison on every run's points
     with compute <= C has named the same best run at every later compute where a run has
-    a point, i.e. when a user watching the runs could have stopped the others.
+    a point, i.e. when a user watching the runs could have stopped the others;
+  - at a compute, when asked (`AtCompute`): each run's predicted reward there (Eq. 1 of
+    its fit), the probability that it is the best there over the same joint draws, and
+    since when that ranking has held. A team that will spend a given compute needs this
+    verdict: a run that has not bent leaves its asymptote open (A interval up to 1.0)
+    while its curve still pins down where it will be at the compute spent.
 Pure numpy: takes fits and bootstrap samples, returns numbers and a line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +31,7 @@ from curve_service.errors import CurveInputError
 from curve_service.fit import FitResult, fit_sigmoid
 from curve_service.grid import GridSpec
 from curve_service.points import MIN_POINTS
+from curve_service.sigmoid import sigmoid
 from curve_service.uncertainty import bootstrap_params
 
 # Resamples per run that asked for no bootstrap: 100 put a probability near 0.5 within
@@ -33,16 +40,36 @@ DEFAULT_RESAMPLES = 100
 
 
 @dataclass(frozen=True)
+class AtCompute:
+    """The runs ranked by their predicted reward at `compute` (the points' unit).
+
+    reward: [R] Eq. 1 of each run's fit at compute; p_best: [R] the fraction of the joint
+    bootstrap draws in which its reward there is the best (the highest; the lowest for
+    falling curves), sums to 1; best: the run whose fit predicts the best reward there;
+    stable_from: the smallest compute from which the fits of every run's points up to it
+    have named `best` at `compute` (as EarlyVerdict.stable_from), or None; line: one line."""
+
+    compute: float
+    reward: tuple[float, ...]
+    p_best: tuple[float, ...]
+    best: int
+    stable_from: float | None
+    line: str
+
+
+@dataclass(frozen=True)
 class EarlyVerdict:
     """p_best_a: [R] per run, sums to 1; p_best_b: run index -> probability, for the runs
     within the A margin when B decided (else empty); stable_from: compute (the points'
-    unit) or None; draws: joint bootstrap draws behind the probabilities; line: one line."""
+    unit) or None; draws: joint bootstrap draws behind the probabilities; line: one line;
+    at_compute: the ranking at a compute, when one was asked."""
 
     p_best_a: tuple[float, ...]
     p_best_b: dict[int, float]
     stable_from: float | None
     draws: int
     line: str
+    at_compute: AtCompute | None = None
 
 
 def run_seed(seed: int, index: int) -> int:
@@ -58,17 +85,22 @@ def early_verdict(
     seeds: Sequence[int],
     a_margin: float,
     grids: Sequence[GridSpec | None] | None = None,
+    at_compute: float | None = None,
 ) -> EarlyVerdict:
     """The probabilities and the stable-from compute of `comparison` (compare_fits of
-    `fits` with `a_margin`).
+    `fits` with `a_margin`), and with `at_compute` (> 0, the points' unit) the ranking of
+    the runs' predicted rewards there (`AtCompute`).
 
     samples: per run its bootstrap samples [S_i, 3] (A, B, C_mid), or None to draw
     DEFAULT_RESAMPLES seeded `run_seed(seeds[i], i)`. The joint draws number max S_i; each
     takes one resample of every run at random (seeded by `seeds`), so runs bootstrapped
     with equal seeds are not paired resample by resample. grids: per run the grid of its
     prefix refits (None = adapted to the points; PAPER_GRID when the run's fit used it).
-    Raises CurveInputError("runs") when the counts of fits, samples and seeds differ.
+    Raises CurveInputError("runs") when the counts of fits, samples and seeds differ, and
+    CurveInputError("at_compute") unless it is finite and > 0.
     """
+    if at_compute is not None:
+        check_at_compute(at_compute)
     if not len(fits) == len(samples) == len(seeds):
         raise CurveInputError(
             "runs", f"{len(fits)} fits, {len(samples)} sample sets and {len(seeds)} seeds"
@@ -88,9 +120,52 @@ def early_verdict(
             axis=1,
         )
         p_b = dict(zip(close, (float(p) for p in _p_best(b_shared)), strict=True))
-    stable = stable_from(fits, comparison.best, a_margin, grids)
+    prefixes = _Prefixes(fits, grids)
+    stable = prefixes.stable_from(comparison.best, lambda fs: _best_by_asymptote(fs, a_margin))
     line = _line(comparison, tuple(p_a), p_b, stable, joint.shape[0], fits)
-    return EarlyVerdict(tuple(float(p) for p in p_a), p_b, stable, joint.shape[0], line)
+    at = None if at_compute is None else _at_compute(fits, joint, sign, at_compute, prefixes)
+    return EarlyVerdict(tuple(float(p) for p in p_a), p_b, stable, joint.shape[0], line, at)
+
+
+def check_at_compute(at_compute: float) -> float:
+    """at_compute unchanged; raises CurveInputError("at_compute") unless finite and > 0."""
+    if not (math.isfinite(at_compute) and at_compute > 0):
+        raise CurveInputError("at_compute", f"must be finite and > 0, got {at_compute}")
+    return at_compute
+
+
+def _at_compute(
+    fits: Sequence[FitResult],
+    joint: NDArray[np.float64],
+    sign: float,
+    compute: float,
+    prefixes: _Prefixes,
+) -> AtCompute:
+    """The ranking at `compute`: each fit's Eq. 1 there, each run's share of the joint
+    draws [J, R, 3] in which its Eq. 1 there is the best (times `sign`: falling curves
+    want the lowest), and since when the prefix fits have named the same run."""
+    r0 = np.array([f.r0 for f in fits])
+    drawn = sigmoid(compute, joint[:, :, 0], joint[:, :, 1], joint[:, :, 2], r0)  # [J, R]
+    p_best = tuple(float(p) for p in _p_best(sign * drawn))
+    reward = tuple(float(r) for r in _reward_at(fits, compute))
+    best = int(np.argmax(sign * np.array(reward)))
+    stable = prefixes.stable_from(best, lambda fs: int(np.argmax(sign * _reward_at(fs, compute))))
+    last = max(float(f.compute.max()) for f in fits)
+    since = (
+        f"held since compute {stable:.4g} (last point {last:.4g})"
+        if stable is not None
+        else f"not yet stable: before the last point ({last:.4g}) another run was predicted best"
+    )
+    line = (
+        f"at compute {compute:.4g}, run {best} is predicted the best reward ({reward[best]:.4f}) "
+        f"with probability {p_best[best]:.2f} ({joint.shape[0]} joint bootstrap draws); {since}"
+    )
+    return AtCompute(compute, reward, p_best, best, stable, line)
+
+
+def _reward_at(fits: Sequence[FitResult], compute: float) -> NDArray[np.float64]:
+    """[R] Eq. 1 of each fit at compute."""
+    return np.array([float(sigmoid(compute, f.a, f.b, f.c_mid, f.r0)) for f in fits])
 
 
 def fit_through(fit: FitResult, max_compute: float, grid: GridSpec | None = None) -> FitResult:
@@ -119,41 +194,55 @@ def stable_from(
     points has no comparison, so it names no best. Each run's prefix is refitted once
     (`fit_through`, the run's R0 and grid); the scan runs from the last compute down and
     stops at the first disagreement."""
-    grids = list(grids) if grids is not None else [None] * len(fits)
-    cuts = np.unique(np.concatenate([f.compute for f in fits]))
-    cache: dict[tuple[int, int], FitResult] = {}
-    since = float(cuts[-1])
-    for c in cuts[-2::-1]:
-        if _best_through(fits, float(c), a_margin, grids, cache) != best:
-            break
-        since = float(c)
-    return since if since < cuts[-1] else None
+    prefixes = _Prefixes(fits, grids)
+    return prefixes.stable_from(best, lambda fs: _best_by_asymptote(fs, a_margin))
 
 
-def _best_through(
-    fits: Sequence[FitResult],
-    c: float,
-    a_margin: float,
-    grids: list[GridSpec | None],
-    cache: dict[tuple[int, int], FitResult],
-) -> int | None:
-    """The best run of the comparison on every run's points with compute <= c; None when
-    some run has fewer than MIN_POINTS points there or the prefix fits do not compare."""
-    prefix = []
-    for i, fit in enumerate(fits):
-        n = int(np.count_nonzero(fit.compute <= c))
-        if n < MIN_POINTS:
-            return None
-        if n == fit.points_used:
-            prefix.append(fit)
-            continue
-        if (i, n) not in cache:
-            cache[(i, n)] = fit_through(fit, c, grids[i])
-        prefix.append(cache[(i, n)])
+def _best_by_asymptote(fits: Sequence[FitResult], a_margin: float) -> int | None:
+    """compare_fits' best, None when the fits do not compare."""
     try:
-        return compare_fits(prefix, a_margin).best
+        return compare_fits(fits, a_margin).best
     except CurveInputError:  # e.g. one prefix curve falls while the others rise
         return None
+
+
+class _Prefixes:
+    """The runs' fits on their points up to a compute, each refitted once (`fit_through`,
+    the run's R0 and grid) and shared by every verdict's scan."""
+
+    def __init__(self, fits: Sequence[FitResult], grids: Sequence[GridSpec | None] | None):
+        self.fits = list(fits)
+        self.grids = list(grids) if grids is not None else [None] * len(fits)
+        self.cuts = np.unique(np.concatenate([f.compute for f in fits]))
+        self._cache: dict[tuple[int, int], FitResult] = {}
+
+    def stable_from(self, best: int, name: Callable[[list[FitResult]], int | None]) -> float | None:
+        """The smallest cut C from which `name` of the fits through C has been `best` at
+        every later cut; None when only the last cut names it. A cut where some run has
+        fewer than MIN_POINTS points names no run."""
+        since = float(self.cuts[-1])
+        for c in self.cuts[-2::-1]:
+            prefix = self.through(float(c))
+            if prefix is None or name(prefix) != best:
+                break
+            since = float(c)
+        return since if since < self.cuts[-1] else None
+
+    def through(self, c: float) -> list[FitResult] | None:
+        """Every run's fit of its points with compute <= c; None when some run has fewer
+        than MIN_POINTS there."""
+        prefix = []
+        for i, fit in enumerate(self.fits):
+            n = int(np.count_nonzero(fit.compute <= c))
+            if n < MIN_POINTS:
+                return None
+            if n == fit.points_used:
+                prefix.append(fit)
+                continue
+            if (i, n) not in self._cache:
+                self._cache[(i, n)] = fit_through(fit, c, self.grids[i])
+            prefix.append(self._cache[(i, n)])
+        return prefix
 
 
 def b_at_shared_a(

@@ -2,7 +2,8 @@
 
     scalerl curve fit POINTS.csv [--r0 X] [--min-compute X] [--max-compute X]
                       [--predict C1,C2,...] [--plot OUT.png] [--json] [--server HOST:PORT]
-    scalerl curve compare A.csv B.csv [...] [--a-margin M] [--json] [--server HOST:PORT]
+    scalerl curve compare A.csv B.csv [...] [--a-margin M] [--at-compute C] [--json]
+                          [--server HOST:PORT]
     scalerl curve calibration [RUN_DIR ...] [--run ID ...] [--task T] [--horizons E0,E1,...]
                               [--json] [--server HOST:PORT]
 
@@ -96,6 +97,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _common(compare)
     compare.add_argument(
         "--a-margin", type=float, default=0.0, help="A margin (default 0.02, the paper's)."
+    )
+    compare.add_argument(
+        "--at-compute",
+        type=float,
+        default=None,
+        metavar="C",
+        help="Also rank the runs by their predicted reward at compute C (the CSVs' unit): "
+        "the verdict at the compute you will spend.",
     )
     _calibration_parser(verbs)
 
@@ -363,10 +372,13 @@ def _compare(args: argparse.Namespace) -> int:
         raise CliInputError("points: give at least two CSV files")
     if not (math.isfinite(args.a_margin) and args.a_margin >= 0):
         raise CliInputError(f"--a-margin: must be finite and >= 0, got {args.a_margin}")
+    at = args.at_compute
+    if at is not None and not (math.isfinite(at) and at > 0):
+        raise CliInputError(f"--at-compute: must be finite and > 0, got {at}")
     specs = [_spec(path, args, []) for path in args.points]
     try:
         with _client(args.server) as client:
-            result = client.compare_runs(specs, args.a_margin)
+            result = client.compare_runs(specs, args.a_margin, at)
     except InvalidArgument as exc:
         raise CliInputError(_run_field_message(exc, args.points)) from None
     except ServiceError as exc:
@@ -378,6 +390,8 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"{run.rank}. {args.points[run.index]}: {_run_text(run)}")
     print(result.summary)
     print(f"early verdict: {result.early_verdict}")
+    if result.at_compute is not None:
+        print(f"at the compute asked: {result.at_compute.line}")
     return 0
 
 
@@ -390,6 +404,8 @@ def _run_text(run: RankedRun) -> str:
     text += f" P(best A)={run.p_best_a:.2f}"
     if run.p_best_b is not None:
         text += f" P(best B)={run.p_best_b:.2f}"
+    if run.reward_at_compute is not None and run.p_best_at_compute is not None:
+        text += f" R@C={run.reward_at_compute:.4f} P(best@C)={run.p_best_at_compute:.2f}"
     if run.fit.stability is not None:
         text += f" fit {run.fit.stability.verdict}"
     return text
@@ -405,9 +421,12 @@ def _run_field_message(exc: InvalidArgument, paths: list[Path]) -> str:
 
 def compare_json(result: Comparison, paths: list[Path]) -> dict[str, Any]:
     """The --json object of `curve compare`: best file, decided_by, shared_A, summary,
-    early_verdict, verdict_stable_from_compute and one entry per run: its file and
+    early_verdict, verdict_stable_from_compute, at_compute (None unless asked: compute,
+    best file, stable_from_compute, line) and one entry per run: its file and
     `RankedRun.to_dict()`."""
+    at = result.at_compute
     return {
+        "at_compute": None if at is None else {**at.to_dict(), "best": str(paths[at.best])},
         "best": str(paths[result.best]),
         "decided_by": result.decided_by,
         "shared_A": result.shared_a,

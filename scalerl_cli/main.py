@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Skip scoring every run's last checkpoint (scalerl eval) to check the verdict.",
     )
+    sweep.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="Run nothing: compare the runs already in --sweep-dir again (the final scores "
+        "its sweep.json holds are reused) and rewrite its sweep.json.",
+    )
     workers = sub.add_parser(
         "workers",
         help="Add or remove rollout workers of a running `scalerl run`.",
@@ -244,14 +250,19 @@ def _sweep(args: argparse.Namespace) -> int:
         variants = sweep.build_variants(
             args.config, axes, args.recipe, args.leave_out, list(args.set), args.seeds
         )
+        if args.compare_only and args.sweep_dir is None:
+            raise ValueError("--compare-only: name the sweep's folder with --sweep-dir")
     except (FileNotFoundError, ValueError) as exc:
         print(f"scalerl sweep: {config_error(exc)}", file=sys.stderr)
         return 2
     from scalerl.obs.logging import setup_logging
 
     setup_logging("launcher")
+    final_eval = not args.no_final_eval
+    if args.compare_only:
+        return sweep.compare_again(variants, args.sweep_dir, final_eval)
     sweep_dir = args.sweep_dir or sweep.default_sweep_dir()
-    return sweep.run_sweep(variants, sweep_dir, final_eval=not args.no_final_eval)
+    return sweep.run_sweep(variants, sweep_dir, final_eval=final_eval)
 
 
 if __name__ == "__main__":

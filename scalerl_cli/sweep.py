@@ -61,7 +61,10 @@ from scalerl_cli.sweep_verdict import (
     TOO_CLOSE,
     Score,
     VerdictAt,
+    checkpoints,
+    confident_at_compute,
     confident_best,
+    end_named,
     final_call,
     settled_share,
     verdict_history,
@@ -197,11 +200,48 @@ def run_sweep(variants: list[Variant], sweep_dir: Path, final_eval: bool = True)
     return 1 if failed else 0
 
 
-def compare(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -> dict:
+def compare_again(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -> int:
+    """Compare the runs a finished sweep left in `sweep_dir` again, running none: each
+    variant's exit code and final score from its sweep.json (a score it lacks is taken
+    with `scalerl eval` when final_eval), then `compare`, and sweep.json rewritten. Returns
+    0, or 2 (said on the console) when a variant has no run folder there."""
+    missing = [d for v in variants for d in v.run_dirs(sweep_dir) if not d.is_dir()]
+    if missing:
+        console.print(f"scalerl sweep: --compare-only: no run folder {missing[0]}")
+        return 2
+    saved = _saved_rows(sweep_dir)
+    scores: dict[str, Score | None] = {}
+    for variant in variants:
+        row = saved.get(variant.label, {})
+        variant.result["exit_code"] = row.get("exit_code")
+        if row.get("final_eval"):
+            scores[variant.label] = Score(**row["final_eval"])
+    summary = compare(variants, sweep_dir, final_eval, scores)
+    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"sweep folder: {sweep_dir}")
+    return 0
+
+
+def _saved_rows(sweep_dir: Path) -> dict[str, dict]:
+    """sweep.json's rows by variant label; none when it is missing or unreadable."""
+    try:
+        summary = json.loads((sweep_dir / "sweep.json").read_text())
+        return {row["variant"]: row for row in summary["variants"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def compare(
+    variants: list[Variant],
+    sweep_dir: Path,
+    final_eval: bool = True,
+    scores: dict[str, Score | None] | None = None,
+) -> dict:
     """Fit every finished variant's held-out curve (its seeds together) and compare them on
     a curve service started for the purpose, at the end and at every evaluation's compute;
-    score every run's last checkpoint with `scalerl eval` (final_eval) and check the
-    verdict against it. Prints the table; returns what sweep.json holds."""
+    score every run's last checkpoint with `scalerl eval` (final_eval; `scores` given by
+    variant label are kept) and check the verdict against it. Prints the table; returns
+    what sweep.json holds."""
     evals = {
         v.label: [run_evals(read_records(d, EvalRecord)) for d in v.run_dirs(sweep_dir)]
         for v in variants
@@ -217,7 +257,12 @@ def compare(variants: list[Variant], sweep_dir: Path, final_eval: bool = True) -
             result, history = _compare_on_service(specs, sweep_dir / "logs")
         except ServiceError as exc:
             console.print(f"[yellow]curve service refused the comparison:[/] {exc}")
-    scores = {v.label: _final_score(v, sweep_dir) for v in variants} if final_eval else {}
+    known = scores or {}
+    scores = {
+        v.label: known[v.label] if v.label in known else _final_score(v, sweep_dir)
+        for v in variants
+        if final_eval or v.label in known
+    }
     rows = [_row(v, sweep_dir, evals[v.label], scores.get(v.label)) for v in variants]
     for variant, row in zip(variants, rows, strict=True):
         if result is not None and variant in fittable:
@@ -267,9 +312,12 @@ def _verdict(
     runs: list[Variant],
     scores: list[Score | None],
 ) -> dict:
-    """sweep.json's comparison: the curves' verdict (named only when sure), its history
-    by compute share, and its check against the final scores."""
+    """sweep.json's comparison: the curves' verdicts, of the asymptotes and at the compute
+    spent (each named only when sure), their history by compute share, and their check
+    against the final scores."""
     best, p_best = confident_best(result)
+    at_end, p_at_end = confident_at_compute(result)
+    at = result.at_compute
     out: dict[str, Any] = {
         "best": None if best is None else runs[best].label,
         "p_best": p_best,
@@ -278,12 +326,23 @@ def _verdict(
         "summary": _by_label(result.summary, runs),
         "early_verdict": _by_label(result.early_verdict, runs),
         "verdict_stable_from_compute": result.verdict_stable_from_compute,
+        "at_compute": None
+        if at is None
+        else {
+            "compute": at.compute,
+            "best": _label(at_end, runs),
+            "p_best": p_at_end,
+            "line": _by_label(at.line, runs),
+            "stable_from_compute": at.stable_from_compute,
+        },
         "history": [
             {
                 "compute": v.compute,
                 "share": v.share,
-                "best": None if v.best is None else runs[v.best].label,
+                "best": _label(v.best, runs),
                 "p_best": v.p_best,
+                "best_at_compute": _label(v.best_at_end, runs),
+                "p_best_at_compute": v.p_best_at_end,
             }
             for v in history
         ],
@@ -299,8 +358,14 @@ def _verdict(
             "line": _by_variant(call.line, runs),
             "settled_share": settled_share(history, winner),
             "right": None if winner is None or best is None else best == winner,
+            "settled_share_at_compute": settled_share(history, winner, end_named),
+            "right_at_compute": None if winner is None or at_end is None else at_end == winner,
         }
     return out
+
+
+def _label(index: int | None, runs: list[Variant]) -> str | None:
+    return None if index is None else runs[index].label
 
 
 def _by_variant(text: str, runs: list[Variant]) -> str:
@@ -341,8 +406,9 @@ def score_of(label: str, scores: list[tuple[float, float | None]]) -> Score | No
 
 
 def _compare_on_service(specs: list[FitSpec], logs: Path) -> tuple[Comparison, list[VerdictAt]]:
-    """Start a curve service, compare the variants' held-out curves, at the end and at
-    every evaluation's compute (`sweep_verdict.verdict_history`), stop it. Raises a
+    """Start a curve service, compare the variants' held-out curves (also at the compute
+    every variant spent, `checkpoints`' end), at the end and at every evaluation's compute
+    (`sweep_verdict.verdict_history`), stop it. Raises a
     `scalerl.rpc.errors.ServiceError` when the service refuses the whole comparison."""
     port = free_port()
     child = start_child(
@@ -355,7 +421,8 @@ def _compare_on_service(specs: list[FitSpec], logs: Path) -> tuple[Comparison, l
         with CurveClient(
             address, timeout_s=300, compute_unit=COMPUTE_UNIT, security=plaintext
         ) as client:
-            return client.compare_runs(specs), verdict_history(client, specs)
+            _, end = checkpoints([spec.compute for spec in specs])
+            return client.compare_runs(specs, at_compute=end), verdict_history(client, specs)
     finally:
         stop_children([child])
 
@@ -406,18 +473,40 @@ def verdict_lines(verdict: dict) -> list[str]:
         by = verdict["decided_by"]
         lines = [f"curves: {TOO_CLOSE} ({p_best} < {CONFIDENT}, decided by {by})"]
     lines += [verdict["summary"], f"early verdict: {verdict['early_verdict']}"]
+    at = verdict.get("at_compute")
+    if at is not None:
+        lines.append(_at_compute_line(at))
     final = verdict.get("final")
     if final is None:
         return lines
     lines.append(f"final eval: {final['line']}")
-    if final["settled_share"] is not None:
-        lines.append(
-            f"the curves named {final['best']} from {final['settled_share']:.0%} of the "
-            "compute on, and never changed"
-        )
-    if final["right"] is not None:
-        lines.append("the curves' verdict was " + ("right" if final["right"] else "WRONG"))
+    for share, what in (
+        (final["settled_share"], "by asymptote"),
+        (final.get("settled_share_at_compute"), "at the compute spent"),
+    ):
+        if share is not None:
+            lines.append(
+                f"the curves named {final['best']} {what} from {share:.0%} of the compute "
+                "on, and never changed"
+            )
+    for right, what in (
+        (final["right"], "verdict"),
+        (final.get("right_at_compute"), "verdict at the compute spent"),
+    ):
+        if right is not None:
+            lines.append(f"the curves' {what} was " + ("right" if right else "WRONG"))
     return lines
+
+
+def _at_compute_line(at: dict) -> str:
+    """The verdict at the compute every variant spent: its name (only when sure) and the
+    service's line."""
+    p_best = f"P(best) {at['p_best']:.2f}"
+    if at["best"] is not None:
+        head = f"best at the compute spent ({at['compute']:.4g} h): {at['best']} ({p_best})"
+    else:
+        head = f"at the compute spent ({at['compute']:.4g} h): {TOO_CLOSE} ({p_best} < {CONFIDENT})"
+    return f"{head}; {at['line']}"
 
 
 def _p_best(row: dict) -> str:

@@ -6,7 +6,10 @@ compute C, for each compute at which an evaluation was made, up to the smallest 
 compute of the variants (so every variant is compared on the same span). A verdict names
 its best variant only when the comparison is sure of it: P(best) >= CONFIDENT, the
 probability of the best asymptote, or of the best B at a shared A when B decided. Below,
-the verdict at C is "too close to call".
+the verdict at C is "too close to call". Each comparison also ranks the variants by their
+predicted reward at the end of the span, the compute every variant spent (CompareRuns'
+at_compute), named under the same rule: the verdict for a team that will spend that
+compute, which a variant whose curve has not bent (its asymptote open) cannot blur.
 
 The ruler (`final_call`): each variant's final held-out score (`scalerl eval` of its runs'
 last checkpoints, the mean over its seeds) with its standard error. The best variant is
@@ -15,15 +18,16 @@ named only when its score lies more than both standard errors above every other
 the seeds per variant that would shrink them apart at the gap measured (the standard error
 of a mean over n seeds falls as 1 / sqrt(n)).
 
-`settled_share`: the earliest share of the compute from which every verdict named the
-variant the ruler named, and never changed (paper Sec. 4 decides at a fraction of the
-compute; this says how early it could have, on these runs).
+`settled_share`: the earliest share of the compute from which every verdict (of the
+asymptotes, or at the compute spent) named the variant the ruler named, and never changed
+(paper Sec. 4 decides at a fraction of the compute; this says how early it could have, on
+these runs).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -41,20 +45,26 @@ TOO_CLOSE = "too close to call"
 class Comparer(Protocol):
     """What `verdict_history` needs of a curve client: `compare_runs`."""
 
-    def compare_runs(self, specs: Sequence[FitSpec], a_margin: float = 0.0) -> Comparison: ...
+    def compare_runs(
+        self, specs: Sequence[FitSpec], a_margin: float = 0.0, at_compute: float | None = None
+    ) -> Comparison: ...
 
 
 @dataclass(frozen=True)
 class VerdictAt:
     """The comparison on every variant's points with compute <= `compute` (the variants'
     unit; `share` of the smallest final compute): the index of the best variant (None when
-    no variant has P(best) >= CONFIDENT), that best's probability and what decided it."""
+    no variant has P(best) >= CONFIDENT), that best's probability and what decided it; and
+    the variant predicted the best reward at the span's end (None below CONFIDENT) with its
+    probability."""
 
     compute: float
     share: float
     best: int | None
     p_best: float
     decided_by: str
+    best_at_end: int | None = None
+    p_best_at_end: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,16 @@ def confident_best(result: Comparison) -> tuple[int | None, float]:
     return (result.best if p >= CONFIDENT else None), p
 
 
+def confident_at_compute(result: Comparison) -> tuple[int | None, float]:
+    """(the index CompareRuns predicted the best reward at the compute asked, or None when
+    its probability is below CONFIDENT or no compute was asked; that probability)."""
+    if result.at_compute is None:
+        return None, 0.0
+    best = result.at_compute.best
+    p = next(run for run in result.runs if run.index == best).p_best_at_compute or 0.0
+    return (best if p >= CONFIDENT else None), p
+
+
 def checkpoints(runs: Sequence[Sequence[float]]) -> tuple[list[float], float]:
     """(the computes at which to judge, ascending; the span's end): every evaluation's
     compute up to the smallest of the runs' final computes, from the first at which every
@@ -121,29 +141,44 @@ def checkpoints(runs: Sequence[Sequence[float]]) -> tuple[list[float], float]:
 
 def verdict_history(client: Comparer, specs: Sequence[FitSpec]) -> list[VerdictAt]:
     """The verdict at each of `checkpoints` of the specs' points: CompareRuns on each
-    spec windowed to compute <= C (FitSpec.max_compute); a window the service refuses has
-    no verdict."""
+    spec windowed to compute <= C (FitSpec.max_compute), ranked also at the span's end;
+    a window the service refuses has no verdict."""
     computes, end = checkpoints([spec.compute for spec in specs])
     history = []
     for compute in computes:
         windowed = [replace(spec, max_compute=compute) for spec in specs]
         try:
-            result = client.compare_runs(windowed)
+            result = client.compare_runs(windowed, at_compute=end)
         except ServiceError:  # a window the service cannot fit (e.g. a flat start): no verdict
             continue
         best, p = confident_best(result)
-        history.append(VerdictAt(compute, compute / end, best, p, result.decided_by))
+        at_end, p_at_end = confident_at_compute(result)
+        verdict = VerdictAt(compute, compute / end, best, p, result.decided_by, at_end, p_at_end)
+        history.append(verdict)
     return history
 
 
-def settled_share(history: Sequence[VerdictAt], winner: int | None) -> float | None:
+def asymptote_named(verdict: VerdictAt) -> int | None:
+    return verdict.best
+
+
+def end_named(verdict: VerdictAt) -> int | None:
+    return verdict.best_at_end
+
+
+def settled_share(
+    history: Sequence[VerdictAt],
+    winner: int | None,
+    named: Callable[[VerdictAt], int | None] = asymptote_named,
+) -> float | None:
     """The share of the first verdict from which every verdict named `winner`; None when
-    there is no winner or the last verdict did not name it."""
+    there is no winner or the last verdict did not name it. named: which verdict
+    (`asymptote_named`, or `end_named`: the one at the compute spent)."""
     if winner is None:
         return None
     share = None
     for verdict in reversed(history):
-        if verdict.best != winner:
+        if named(verdict) != winner:
             break
         share = verdict.share
     return share

@@ -259,15 +259,17 @@ class GetRunResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[CurvePoint, _Mapping]]] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., task: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CompareRunsRequest(_message.Message):
-    __slots__ = ("runs", "a_margin")
+    __slots__ = ("runs", "a_margin", "at_compute")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     A_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    AT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[FitRequest]
     a_margin: float
-    def __init__(self, runs: _Optional[_Iterable[_Union[FitRequest, _Mapping]]] = ..., a_margin: _Optional[float] = ...) -> None: ...
+    at_compute: float
+    def __init__(self, runs: _Optional[_Iterable[_Union[FitRequest, _Mapping]]] = ..., a_margin: _Optional[float] = ..., at_compute: _Optional[float] = ...) -> None: ...
 
 class RunComparison(_message.Message):
-    __slots__ = ("index", "fit", "rank", "b_at_shared_a", "c_mid_at_shared_a", "p_best_a", "p_best_b")
+    __slots__ = ("index", "fit", "rank", "b_at_shared_a", "c_mid_at_shared_a", "p_best_a", "p_best_b", "reward_at_compute", "p_best_at_compute")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +277,8 @@ class RunComparison(_message.Message):
     C_MID_AT_SHARED_A_FIELD_NUMBER: _ClassVar[int]
     P_BEST_A_FIELD_NUMBER: _ClassVar[int]
     P_BEST_B_FIELD_NUMBER: _ClassVar[int]
+    REWARD_AT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    P_BEST_AT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     index: int
     fit: FitResponse
     rank: int
@@ -282,10 +286,12 @@ class RunComparison(_message.Message):
     c_mid_at_shared_a: float
     p_best_a: float
     p_best_b: float
-    def __init__(self, index: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., rank: _Optional[int] = ..., b_at_shared_a: _Optional[float] = ..., c_mid_at_shared_a: _Optional[float] = ..., p_best_a: _Optional[float] = ..., p_best_b: _Optional[float] = ...) -> None: ...
+    reward_at_compute: float
+    p_best_at_compute: float
+    def __init__(self, index: _Optional[int] = ..., fit: _Optional[_Union[FitResponse, _Mapping]] = ..., rank: _Optional[int] = ..., b_at_shared_a: _Optional[float] = ..., c_mid_at_shared_a: _Optional[float] = ..., p_best_a: _Optional[float] = ..., p_best_b: _Optional[float] = ..., reward_at_compute: _Optional[float] = ..., p_best_at_compute: _Optional[float] = ...) -> None: ...
 
 class CompareRunsResponse(_message.Message):
-    __slots__ = ("runs", "best", "decided_by", "shared_a", "summary", "verdict_stable_from_compute", "early_verdict")
+    __slots__ = ("runs", "best", "decided_by", "shared_a", "summary", "verdict_stable_from_compute", "early_verdict", "best_at_compute", "at_compute_stable_from_compute", "at_compute_verdict")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     BEST_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +299,9 @@ class CompareRunsResponse(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     VERDICT_STABLE_FROM_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     EARLY_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    BEST_AT_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    AT_COMPUTE_STABLE_FROM_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    AT_COMPUTE_VERDICT_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunComparison]
     best: int
     decided_by: str
@@ -300,7 +309,10 @@ class CompareRunsResponse(_message.Message):
     summary: str
     verdict_stable_from_compute: float
     early_verdict: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ..., verdict_stable_from_compute: _Optional[float] = ..., early_verdict: _Optional[str] = ...) -> None: ...
+    best_at_compute: int
+    at_compute_stable_from_compute: float
+    at_compute_verdict: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunComparison, _Mapping]]] = ..., best: _Optional[int] = ..., decided_by: _Optional[str] = ..., shared_a: _Optional[float] = ..., summary: _Optional[str] = ..., verdict_stable_from_compute: _Optional[float] = ..., early_verdict: _Optional[str] = ..., best_at_compute: _Optional[int] = ..., at_compute_stable_from_compute: _Optional[float] = ..., at_compute_verdict: _Optional[str] = ...) -> None: ...
 
 class CalibrationRequest(_message.Message):
     __slots__ = ("run_ids", "task", "horizons")

@@ -155,6 +155,8 @@ def test_ranked_run_dict_adds_the_comparison_keys() -> None:
             "C_mid_at_shared_A",
             "p_best_A",
             "p_best_B",
+            "reward_at_compute",
+            "p_best_at_compute",
         }
     )
     assert (out["rank"], out["B_at_shared_A"], out["C_mid_at_shared_A"]) == (2, 1.2, None)

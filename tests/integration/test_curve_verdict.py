@@ -152,6 +152,33 @@ def test_compare_runs_within_the_margin_gives_b_probabilities(stub) -> None:
     assert reply.runs[1].fit.intervals.resamples == 40
 
 
+def test_compare_runs_at_a_compute_ranks_the_predicted_rewards_there(stub) -> None:
+    runs = [fit_request(COMPUTE, FAST, r0=0.1), fit_request(COMPUTE, SLOW, r0=0.1)]
+    reply = stub.CompareRuns(curve_pb2.CompareRunsRequest(runs=runs, at_compute=50.0))
+    # By asymptote run 1 (it climbs past 100); at compute 50 run 0 is ahead.
+    assert (reply.best, reply.best_at_compute) == (1, 0)
+    for run in reply.runs:
+        p = run.fit.params
+        at_50 = predict(SigmoidParams(p.a, p.b, p.c_mid, p.r0), [50.0])[0]
+        assert run.reward_at_compute == pytest.approx(at_50, abs=1e-12)
+    assert reply.runs[0].reward_at_compute == pytest.approx(0.6769, abs=1e-3)  # Eq. 1, exact
+    assert [r.p_best_at_compute for r in reply.runs] == [1.0, 0.0]
+    assert reply.at_compute_stable_from_compute == COMPUTE[3]
+    assert reply.at_compute_verdict.startswith("at compute 50, run 0 is predicted the best")
+    plain = stub.CompareRuns(curve_pb2.CompareRunsRequest(runs=runs), timeout=TIMEOUT_S)
+    assert not plain.HasField("best_at_compute") and plain.at_compute_verdict == ""
+    assert not plain.runs[0].HasField("reward_at_compute")
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_compare_runs_refuses_a_bad_compute_naming_at_compute(stub, bad: float) -> None:
+    runs = [fit_request(COMPUTE, FAST, r0=0.1), fit_request(COMPUTE, SLOW, r0=0.1)]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CompareRuns(curve_pb2.CompareRunsRequest(runs=runs, at_compute=bad))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("at_compute: must be finite and > 0")
+
+
 # --- the client, the CLI, the sweep, the run report ----------------------------------------
 
 
@@ -177,6 +204,15 @@ def test_client_reads_stability_and_the_early_verdict(address: str) -> None:
     assert result.early_verdict.startswith("run 1 has the best asymptote")
     row = result.runs[1].to_dict()
     assert row["p_best_A"] == result.runs[1].p_best_a and row["p_best_B"] is None
+    assert result.at_compute is None and row["reward_at_compute"] is None
+    with CurveClient(address, timeout_s=TIMEOUT_S) as client:
+        specs = [FitSpec(compute=list(COMPUTE), reward=list(r), r0=0.1) for r in (FAST, SLOW)]
+        at = client.compare_runs(specs, at_compute=50.0)
+    assert at.at_compute is not None
+    assert (at.at_compute.compute, at.at_compute.best) == (50.0, 0)
+    assert at.at_compute.stable_from_compute == COMPUTE[3]
+    assert at.at_compute.line.startswith("at compute 50, run 0 is predicted the best")
+    assert at.runs[0].to_dict()["p_best_at_compute"] == 1.0
 
 
 def _csv(path: Path, compute, reward) -> Path:
@@ -201,6 +237,16 @@ def test_cli_compare_prints_the_probabilities_and_the_early_verdict(
     assert out["early_verdict"].startswith("run 1 has the best asymptote")
     assert out["verdict_stable_from_compute"] > 100.0
     assert out["runs"][1]["p_best_A"] >= 0.99
+    assert out["at_compute"] is None
+    assert cli.main([*base, "--at-compute", "50", "--server", address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert " R@C=0.6769 P(best@C)=1.00 " in lines[1]  # run 0, ranked 2nd by asymptote
+    assert lines[-1].startswith("at the compute asked: at compute 50, run 0 is predicted")
+    assert cli.main([*base, "--at-compute", "50", "--json", "--server", address]) == 0
+    at = json.loads(capsys.readouterr().out)["at_compute"]
+    assert (at["best"], at["compute"], at["stable_from_compute"]) == (str(a), 50.0, COMPUTE[3])
+    assert cli.main([*base, "--at-compute", "0", "--server", address]) == 2
+    assert capsys.readouterr().err.strip().endswith("--at-compute: must be finite and > 0, got 0.0")
 
 
 def _write_evals(run_dir: Path, compute, reward) -> None:
@@ -267,3 +313,62 @@ def test_report_first_half_check_on_a_run_folder(address: str, tmp_path: Path) -
     _, missed = fit_first_half(address, evals, quiet)
     assert missed["final"] == 0.95 and missed["covered"] is False
     assert missed["upper"] < 0.95
+
+
+def test_sweep_checks_its_verdict_at_the_compute_spent(tmp_path: Path, capsys) -> None:
+    # loss=cispo (SLOW) levels off below loss=dapo (FAST) up to compute 100, then climbs
+    # past it: the verdict at the compute spent (2000) names loss=dapo while only the
+    # points before the climb are in, then loss=cispo, the variant that ended best.
+    sweep_dir = tmp_path / "sweep"
+    variants = [sweep.Variant("loss=cispo", None, [], []), sweep.Variant("loss=dapo", None, [], [])]
+    _write_evals(sweep_dir / "loss-cispo", COMPUTE, SLOW)
+    _write_evals(sweep_dir / "loss-dapo", COMPUTE, FAST)
+    scores = {"loss=cispo": sweep.Score(0.84, 0.01, 1), "loss=dapo": sweep.Score(0.70, 0.01, 1)}
+    summary = sweep.compare(variants, sweep_dir, final_eval=False, scores=scores)
+    verdict = summary["comparison"]
+    at = verdict["at_compute"]
+    assert (at["compute"], at["best"], at["p_best"]) == (2000.0, "loss=cispo", 1.0)
+    assert at["line"].startswith("at compute 2000, loss=cispo is predicted the best reward")
+    history = verdict["history"]
+    named = [h["best_at_compute"] for h in history]
+    # The first two cuts (4 and 5 points) are too close to call; then loss=dapo, sure.
+    assert named[:3] == [None, None, "loss=dapo"] and named[-1] == "loss=cispo"
+    first = max(i for i, name in enumerate(named) if name != "loss=cispo") + 1
+    final = verdict["final"]
+    assert final["best"] == "loss=cispo" and final["right_at_compute"] is True
+    assert final["settled_share_at_compute"] == history[first]["share"]
+    assert 100.0 / 2000.0 < final["settled_share_at_compute"] < 1.0
+    out = capsys.readouterr().out
+    assert "best at the compute spent (2000 h): loss=cispo (P(best) 1.00)" in out
+    share = final["settled_share_at_compute"]
+    assert f"named loss=cispo at the compute spent from {share:.0%} of the compute on" in out
+    assert "the curves' verdict at the compute spent was right" in out
+
+
+def test_sweep_compare_only_reuses_the_final_scores(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "sweep"
+    variants = [sweep.Variant("loss=cispo", None, [], []), sweep.Variant("loss=dapo", None, [], [])]
+    _write_evals(sweep_dir / "loss-cispo", COMPUTE, SLOW)
+    _write_evals(sweep_dir / "loss-dapo", COMPUTE, FAST)
+    rows = [
+        {
+            "variant": "loss=cispo",
+            "exit_code": 0,
+            "final_eval": {"mean": 0.84, "stderr": 0.01, "seeds": 1},
+        },
+        {
+            "variant": "loss=dapo",
+            "exit_code": 0,
+            "final_eval": {"mean": 0.70, "stderr": 0.01, "seeds": 1},
+        },
+    ]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"variants": rows, "comparison": None}))
+    # final_eval on: a score sweep.json holds is not taken again (there is no checkpoint).
+    assert sweep.compare_again(variants, sweep_dir) == 0
+    summary = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [r["final_eval"]["mean"] for r in summary["variants"]] == [0.84, 0.70]
+    assert summary["comparison"]["final"]["right_at_compute"] is True
+    assert summary["comparison"]["at_compute"]["best"] == "loss=cispo"
+    gone = [*variants, sweep.Variant("loss=grpo", None, [], [])]
+    assert sweep.compare_again(gone, sweep_dir) == 2
+    assert "no run folder" in capsys.readouterr().err

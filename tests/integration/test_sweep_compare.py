@@ -71,4 +71,7 @@ def test_a_close_finish_is_too_close_to_call(tmp_path, monkeypatch) -> None:
     assert verdict["final"]["best"] is None and verdict["final"]["right"] is None
     assert verdict["final"]["seeds_needed"] == 100
     lines = sweep.verdict_lines(verdict)
-    assert "final eval: too close to call: the best two ended 0.009 apart" in lines[3]
+    # The same curve twice: at the compute spent too, neither is named.
+    assert lines[3].startswith("at the compute spent (0.5 h): too close to call (P(best) 0.")
+    assert verdict["at_compute"]["best"] is None and verdict["final"]["right_at_compute"] is None
+    assert "final eval: too close to call: the best two ended 0.009 apart" in lines[4]

@@ -147,13 +147,18 @@ def test_identical_curves_are_a_coin_flip() -> None:
     assert v.p_best_b[0] == pytest.approx(0.5, abs=0.15)
 
 
-def test_runs_that_cross_settle_on_the_later_winner() -> None:
-    # Run 1 levels off at 0.6 (below run 0's 0.7) up to compute 100, then climbs towards
-    # 0.85: early comparisons name run 0, the full one run 1.
+def _crossing_fits() -> list:
+    """Run 1 levels off at 0.6 (below run 0's 0.7) up to compute 100, then climbs towards
+    0.85."""
     fast = predict(SigmoidParams(0.7, 2.0, 10.0, 0.1), COMPUTE)
     early = predict(SigmoidParams(0.6, 2.0, 10.0, 0.1), COMPUTE)
     slow = np.where(COMPUTE <= 100.0, early, 0.6 + 0.25 * (1.0 - 100.0 / COMPUTE))
-    fits = _fits(fast, slow)
+    return _fits(fast, slow)
+
+
+def test_runs_that_cross_settle_on_the_later_winner() -> None:
+    # Early comparisons name run 0, the full one run 1.
+    fits = _crossing_fits()
     result = compare_fits(fits)
     assert result.best == 1
     through_100 = [fit_through(f, 100.0) for f in fits]
@@ -187,3 +192,58 @@ def test_early_verdict_rejects_mismatched_inputs() -> None:
     fits = _fits(predict(TRUTH, COMPUTE), predict(TRUTH, COMPUTE))
     with pytest.raises(CurveInputError, match="^runs: "):
         early_verdict(fits, compare_fits(fits), [None], [0, 0], 0.02)
+
+
+# --- the verdict at a compute ------------------------------------------------------------
+
+
+def test_at_a_compute_a_run_that_has_not_bent_is_called_where_its_asymptote_is_not() -> None:
+    # Run 0 bends to 0.75 by compute 10; run 1 rises slowly (C_mid 1000, far past the last
+    # point at 100): its asymptote is open, so 18% of the joint draws give it the higher A
+    # (too close to call at 0.9), yet at the compute spent no draw puts it above run 0.
+    compute = np.geomspace(1.0, 100.0, 12)
+    rng = np.random.default_rng(0)
+    fast = predict(SigmoidParams(0.75, 2.5, 10.0, 0.1), compute) + rng.normal(0, 0.02, 12)
+    slow = predict(SigmoidParams(0.9, 1.0, 1000.0, 0.1), compute) + rng.normal(0, 0.02, 12)
+    fits = [fit_sigmoid(compute, r, r0=0.1) for r in (fast, slow)]
+    result = compare_fits(fits)
+    v = early_verdict(fits, result, [None, None], [0, 0], 0.02, at_compute=100.0)
+    assert result.best == 0 and v.p_best_a == (0.82, 0.18)
+    at = v.at_compute
+    assert at is not None and (at.compute, at.best, at.p_best) == (100.0, 0, (1.0, 0.0))
+    for fit, reward in zip(fits, at.reward, strict=True):
+        assert reward == pytest.approx(
+            float(predict(SigmoidParams(fit.a, fit.b, fit.c_mid, 0.1), [100.0])[0])
+        )
+    assert at.reward[0] == pytest.approx(0.7319, abs=1e-4)
+    assert at.line.startswith(
+        "at compute 100, run 0 is predicted the best reward (0.7319) "
+        "with probability 1.00 (100 joint bootstrap draws)"
+    )
+    assert early_verdict(fits, result, [None, None], [0, 0], 0.02).at_compute is None
+
+
+def test_runs_that_cross_are_ranked_by_the_compute_asked() -> None:
+    # Run 0 is ahead up to compute 100 and run 1 past it: at compute 50 run 0 is predicted
+    # best, at 4000 run 1, and the prefix fits named run 0 at 50 from the fourth point on.
+    fits = _crossing_fits()
+    result = compare_fits(fits)
+    near = early_verdict(fits, result, [None, None], [0, 0], 0.02, at_compute=50.0).at_compute
+    far = early_verdict(fits, result, [None, None], [0, 0], 0.02, at_compute=4000.0).at_compute
+    assert near is not None and far is not None
+    assert (near.best, near.p_best) == (0, (1.0, 0.0))
+    assert (far.best, far.p_best) == (1, (0.0, 1.0))
+    assert near.reward[0] == pytest.approx(0.1 + 0.6 / (1 + (10 / 50) ** 2), abs=2e-3)  # Eq. 1
+    assert near.stable_from == COMPUTE[3]  # the first cut where both runs have 4 points
+    # The prefix through 263 (the second cut past the climb's start at 100) already puts
+    # run 1 above run 0 at 4000, before its A clears the margin (from 437).
+    assert far.stable_from == pytest.approx(263.48, abs=0.01) and far.stable_from in COMPUTE
+    assert stable_from(fits, 1, 0.02) == pytest.approx(437.34, abs=0.01)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_compute_that_is_not_finite_and_positive_is_refused(bad: float) -> None:
+    fits = _fits(predict(TRUTH, COMPUTE), predict(TRUTH, COMPUTE))
+    with pytest.raises(CurveInputError) as err:
+        early_verdict(fits, compare_fits(fits), [None, None], [0, 0], 0.02, at_compute=bad)
+    assert err.value.field == "at_compute"

@@ -170,13 +170,20 @@ class CurveClient(RpcClient):
         reply = self._call("Fit", spec.to_proto())
         return FitSummary.from_proto(reply, self.compute_unit)
 
-    def compare_runs(self, specs: Sequence[FitSpec], a_margin: float = 0.0) -> Comparison:
+    def compare_runs(
+        self, specs: Sequence[FitSpec], a_margin: float = 0.0, at_compute: float | None = None
+    ) -> Comparison:
         """Rank 2..16 runs: A first, then B at a shared A when the A values lie within
-        a_margin (0 = the paper's 0.02). Raises InvalidArgument naming `runs[i].<field>`."""
+        a_margin (0 = the paper's 0.02); with at_compute (the points' unit, > 0) also by
+        their predicted reward there (`Comparison.at_compute`). Raises InvalidArgument
+        naming `runs[i].<field>`, `a_margin` or `at_compute`."""
         request = curve_pb2.CompareRunsRequest(
-            runs=[spec.to_proto() for spec in specs], a_margin=a_margin
+            runs=[spec.to_proto() for spec in specs],
+            a_margin=a_margin,
+            at_compute=0.0 if at_compute is None else at_compute,
         )
-        return Comparison.from_proto(self._call("CompareRuns", request), self.compute_unit)
+        reply = self._call("CompareRuns", request)
+        return Comparison.from_proto(reply, self.compute_unit, at_compute)
 
     def record_point(
         self,

@@ -177,7 +177,9 @@ class RankedRun(_Result):
     """One run of a comparison: its position in the request, rank (1 = best), fit, B and
     C_mid refitted at the shared A (set for runs within the A margin of the best), the
     probability that it has the best A (joint bootstrap draws) and, for the runs within
-    the margin when B decided, that its B is the highest of them. `to_dict` flattens the
+    the margin when B decided, that its B is the highest of them; with a compute asked,
+    its predicted reward there and the probability that it is the best there. `to_dict`
+    flattens the
     fit's keys in beside the comparison's (`RANKED_RUN_KEYS`) and leaves out the index."""
 
     index: int = Field(exclude=True)
@@ -186,6 +188,8 @@ class RankedRun(_Result):
     c_mid_at_shared_a: float | None = Field(None, alias="C_mid_at_shared_A")
     p_best_a: float | None = Field(None, alias="p_best_A")
     p_best_b: float | None = Field(None, alias="p_best_B")
+    reward_at_compute: float | None = None
+    p_best_at_compute: float | None = None
     fit: FitSummary = Field(exclude=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,6 +200,32 @@ RANKED_RUN_KEYS = (
     *(key for key in json_keys(RankedRun) if key not in ("index", "fit")),
     *FIT_KEYS,
 )
+
+
+class AtComputeVerdict(_Result):
+    """CompareRuns' ranking at the compute asked (`CompareRunsRequest.at_compute`): the
+    compute (the points' unit), the run predicted the best reward there, the compute since
+    which the fits up to it have named that run (None: not before the last point) and one
+    line. Each run's reward and probability there are on its RankedRun."""
+
+    compute: float
+    best: int
+    stable_from_compute: float | None
+    line: str
+
+    @classmethod
+    def from_proto(
+        cls, reply: curve_pb2.CompareRunsResponse, compute: float | None
+    ) -> AtComputeVerdict | None:
+        """compute: what the request asked (None: none, and then this is None)."""
+        if compute is None or not reply.HasField("best_at_compute"):
+            return None
+        return cls(
+            compute=compute,
+            best=reply.best_at_compute,
+            stable_from_compute=_optional(reply, "at_compute_stable_from_compute"),
+            line=reply.at_compute_verdict,
+        )
 
 
 class Comparison(_Result):
@@ -212,11 +242,16 @@ class Comparison(_Result):
     summary: str
     verdict_stable_from_compute: float | None = None
     early_verdict: str = ""
+    at_compute: AtComputeVerdict | None = None
 
     @classmethod
     def from_proto(
-        cls, reply: curve_pb2.CompareRunsResponse, compute_unit: str | None = None
+        cls,
+        reply: curve_pb2.CompareRunsResponse,
+        compute_unit: str | None = None,
+        at_compute: float | None = None,
     ) -> Comparison:
+        """at_compute: the compute the request asked the ranking at (None: none)."""
         runs = sorted(reply.runs, key=lambda r: r.index)
         return cls(
             runs=tuple(
@@ -230,6 +265,8 @@ class Comparison(_Result):
                     ),
                     p_best_a=r.p_best_a,
                     p_best_b=r.p_best_b if r.HasField("p_best_b") else None,
+                    reward_at_compute=_optional(r, "reward_at_compute"),
+                    p_best_at_compute=_optional(r, "p_best_at_compute"),
                 )
                 for r in runs
             ),
@@ -243,6 +280,7 @@ class Comparison(_Result):
                 else None
             ),
             early_verdict=reply.early_verdict,
+            at_compute=AtComputeVerdict.from_proto(reply, at_compute),
         )
 
 
@@ -322,3 +360,8 @@ class CalibrationReport(_Result):
             pending=reply.pending,
             run_ids=tuple(reply.run_ids),
         )
+
+
+def _optional(message: Any, name: str) -> float | None:
+    """An optional proto3 field's value, None when unset."""
+    return getattr(message, name) if message.HasField(name) else None
