@@ -9,7 +9,8 @@ What the paper watches and why (ScaleRL, Sec. 3-4):
   by No-Positive-Resampling (Sec. 3.2);
 - importance ratios: their mean and max, and the tokens truncated (CISPO) or clipped (PPO
   losses) among the tokens trained on, the first sign of a generator/learner mismatch
-  (Sec. 3.2, FP32 head);
+  (Sec. 3.2, FP32 head); the mismatch itself: |logp - logp_gen| (mean, p99), a k3 KL
+  estimate, the ratio's histogram and the tokens `learner.mismatch` masked out;
 - gradient norm before clipping.
 
 And the rollout workers the learner asks for (`scalerl.fleet`):
@@ -21,6 +22,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
+from scalerl.config import RATIO_HISTOGRAM_EDGES
 from scalerl.obs.metrics import service_registry
 from scalerl.run_folder import EvalRecord, StepRecord
 from scalerl.weights.broadcast_send import Delivery
@@ -29,6 +31,13 @@ from scalerl.weights.broadcast_send import Delivery
 TRUNCATION_WARNING_RATE = 0.10
 # The `task` label of the run's own series (task names start with a letter or digit).
 RUN_LABEL = "_all"
+# The importance-ratio histogram's buckets as labels, "[0,0.5)" ... "[2,inf)".
+_RATIO_BUCKETS = tuple(
+    f"[{lo:g},{hi:g})"
+    for lo, hi in zip(
+        (0.0, *RATIO_HISTOGRAM_EDGES), (*RATIO_HISTOGRAM_EDGES, float("inf")), strict=True
+    )
+)
 _STEP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _RECLAIM_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
@@ -46,6 +55,18 @@ _STEP_GAUGES = {
     "ratio_max": (
         "scalerl_learner_importance_ratio_max",
         "Largest importance ratio of the last step.",
+    ),
+    "mismatch_logp_abs_mean": (
+        "scalerl_learner_mismatch_logp_abs_mean",
+        "Mean |logp - logp_gen| over the last step's tokens, nats (learner against engine).",
+    ),
+    "mismatch_logp_abs_p99": (
+        "scalerl_learner_mismatch_logp_abs_p99",
+        "99th percentile of |logp - logp_gen| over the last step's tokens, nats.",
+    ),
+    "mismatch_kl_k3": (
+        "scalerl_learner_mismatch_kl_k3",
+        "k3 estimate of KL(engine || learner) per token of the last step, nats.",
     ),
     "prompts_eligible": (
         "scalerl_learner_prompts_eligible",
@@ -188,6 +209,18 @@ class LearnerMetrics:
             "Tokens trained on whose importance ratio was truncated (CISPO) or clipped (PPO).",
             registry=registry,
         )
+        self.tokens_mismatch_masked = Counter(
+            "scalerl_learner_tokens_mismatch_masked_total",
+            "Tokens trained on that the mismatch correction (learner.mismatch) masked out.",
+            registry=registry,
+        )
+        self.ratio_tokens = Counter(
+            "scalerl_learner_importance_ratio_tokens_total",
+            "Tokens trained on by importance-ratio bucket: bucket [lo,hi) holds lo <= "
+            "exp(logp - logp_gen) < hi.",
+            ["bucket"],
+            registry=registry,
+        )
         self.routing_choices = Counter(
             "scalerl_learner_routing_choices_total",
             "MoE (token, layer) choices the learner replayed from the engine's routed "
@@ -307,6 +340,10 @@ class LearnerMetrics:
             self.samples.labels(reason).inc(count)
         self.tokens.inc(record.tokens)
         self.tokens_ratio_clipped.inc(record.tokens_ratio_clipped or 0)
+        self.tokens_mismatch_masked.inc(round((record.mismatch_masked_frac or 0.0) * record.tokens))
+        if record.ratio_histogram is not None:
+            for bucket, count in zip(_RATIO_BUCKETS, record.ratio_histogram, strict=True):
+                self.ratio_tokens.labels(bucket).inc(count)
         if record.routing_choices:
             agreed = record.routing_agreed or 0
             self.routing_choices.labels("agreed").inc(agreed)

@@ -258,6 +258,29 @@ class StepRecord(_Record):
     tokens_ratio_clipped: int | None = Field(
         default=None, description="Tokens trained on whose ratio was truncated or clipped."
     )
+    # The engine/learner mismatch (learner.mismatch); None in run folders written before.
+    mismatch_logp_abs_mean: float | None = Field(
+        default=None,
+        description="Mean |logp - logp_gen| over the tokens trained on (nats; learner at the "
+        "step against the engine at sampling).",
+    )
+    mismatch_logp_abs_p99: float | None = Field(
+        default=None, description="99th percentile of |logp - logp_gen| (nats)."
+    )
+    mismatch_kl_k3: float | None = Field(
+        default=None,
+        description="k3 estimate of KL(engine || learner) per token, mean of rho - 1 - log "
+        "rho (nats).",
+    )
+    mismatch_masked_frac: float | None = Field(
+        default=None,
+        description="Fraction of the tokens trained on that learner.mismatch masked out.",
+    )
+    ratio_histogram: list[int] | None = Field(
+        default=None,
+        description="Tokens trained on per importance-ratio bucket, bucket i holding "
+        "EDGES[i-1] <= rho < EDGES[i] (scalerl.config.RATIO_HISTOGRAM_EDGES).",
+    )
     # MoE routing replay (R3); None in run folders written before it was recorded.
     routing_choices: int | None = Field(
         default=None,

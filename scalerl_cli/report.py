@@ -130,8 +130,9 @@ def training_health(steps: list[StepRecord]) -> dict:
     """The run's training-health summary (paper Sec. 3-4) from its metrics.jsonl records:
     worst truncation rate and the steps above 10%, staleness histogram of the groups used
     (index = versions behind), mean zero-variance fraction, stale groups dropped, prompts
-    retired by No-Positive-Resampling, importance-ratio statistics and gradient norms (of
-    the steps that updated the weights, all steps when none did). {} without steps."""
+    retired by No-Positive-Resampling, importance-ratio statistics, the engine/learner
+    mismatch (`mismatch_summary`) and gradient norms (of the steps that updated the
+    weights, all steps when none did). {} without steps."""
     if not steps:
         return {}
     last = steps[-1]
@@ -154,6 +155,27 @@ def training_health(steps: list[StepRecord]) -> dict:
         "ratio_clipped_frac_mean": sum(m.ratio_clipped_frac for m in stepped) / len(stepped),
         "grad_norm_mean": sum(m.grad_norm for m in stepped) / len(stepped),
         "grad_norm_max": max(m.grad_norm for m in stepped),
+        **mismatch_summary(stepped),
+    }
+
+
+def mismatch_summary(steps: list[StepRecord]) -> dict:
+    """The engine/learner mismatch over the steps that recorded it (`StepRecord`
+    mismatch_*, ratio_histogram): the mean of their mean |logp - logp_gen|, the largest
+    99th percentile, the mean k3 KL estimate and masked fraction, and the ratio histogram
+    summed; each None when no step recorded it (run folders written before)."""
+    seen = [m for m in steps if m.ratio_histogram is not None]
+    hists = [m.ratio_histogram for m in seen if m.ratio_histogram is not None]
+    if not seen:
+        keys = ("logp_abs_mean", "logp_abs_p99_max", "kl_k3_mean", "masked_frac_mean")
+        return {f"mismatch_{key}": None for key in keys} | {"ratio_histogram": None}
+    n = len(seen)
+    return {
+        "mismatch_logp_abs_mean": sum(m.mismatch_logp_abs_mean or 0.0 for m in seen) / n,
+        "mismatch_logp_abs_p99_max": max(m.mismatch_logp_abs_p99 or 0.0 for m in seen),
+        "mismatch_kl_k3_mean": sum(m.mismatch_kl_k3 or 0.0 for m in seen) / n,
+        "mismatch_masked_frac_mean": sum(m.mismatch_masked_frac or 0.0 for m in seen) / n,
+        "ratio_histogram": [sum(bucket) for bucket in zip(*hists, strict=True)],
     }
 
 

@@ -1,7 +1,8 @@
 """The ScaleRL update as pure tensor functions (paper Sec. 3-4).
 
 Everything here is stateless: advantages, the zero-variance filter, the per-token policy
-losses (CISPO, DAPO, GSPO, GRPO), the loss aggregations and importance-ratio metrics.
+losses (CISPO, DAPO, GSPO, GRPO), the engine/learner mismatch corrections (TIS, MIS per
+token and per sequence, IcePop), the loss aggregations and importance-ratio metrics.
 
 Shapes: S = samples (completions) in the batch, N = completion tokens of those samples,
 flattened sample after sample. Index tensors (`group_index`, `sample_index`) are integer
@@ -20,8 +21,13 @@ import math
 from collections.abc import Mapping
 
 import torch
+from pydantic import ValidationError
 
-from scalerl.config import LOSS_HYPERPARAMETERS  # one table for config and loss
+from scalerl.config import (  # one table for config and loss
+    LOSS_HYPERPARAMETERS,
+    MISMATCHES,
+    RATIO_HISTOGRAM_EDGES,
+)
 
 # Groups whose rewards all lie within this distance of each other carry no signal
 # (paper Sec. 3.2 "zero-variance filtering"): their advantages are set to exactly zero.
@@ -249,6 +255,77 @@ def _sequence_ratio(
     return torch.exp(total / tokens)[inverse]
 
 
+def check_mismatch(mismatch: str, thresholds: Mapping[str, float]) -> None:
+    """Validate a mismatch correction's name and thresholds (`scalerl.config.mismatch`).
+
+    Raises:
+        ValueError: unknown correction, a missing or unexpected threshold, or a value out
+            of range (cap >= 1; icepop 0 < low < 1 < high, all finite).
+    """
+    if mismatch not in MISMATCHES:
+        raise ValueError(f"mismatch must be one of {tuple(MISMATCHES)}, got {mismatch!r}")
+    try:
+        MISMATCHES[mismatch](**thresholds)  # the config's own rules
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"mismatch {mismatch!r}: {where}: {first['msg']}") from None
+
+
+def mismatch_weights(
+    log_rho: torch.Tensor,
+    sample_index: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mismatch: str,
+    thresholds: Mapping[str, float],
+) -> torch.Tensor:
+    """Per-token weights [N] of a mismatch correction, 0 where it masks a token out.
+
+    With rho_t = exp(log_rho_t) = pi_learner(y_t) / pi_engine(y_t) (the learner's
+    probability at the step, no gradient, over the engine's at sampling):
+      - "tis" (truncated IS; Yao et al. 2025): w_t = min(rho_t, cap);
+      - "mis_token" (masked IS per token; Liu et al. 2025): w_t = rho_t if rho_t <= cap,
+        else 0;
+      - "mis_sequence" (masked IS per sequence; Liu et al. 2025): with the sample's ratio
+        s_i = prod over its masked-in tokens of rho_t = exp(sum of log_rho_t),
+        w_t = s_i if s_i <= cap, else 0, for every token t of sample i;
+      - "icepop" (the Ring-1T report, 2025): w_t = rho_t if low <= rho_t <= high, else 0.
+    A masked-out token leaves the aggregation's denominator as it was (IcePop's objective
+    is normalised by every token of the group; MIS's estimator likewise).
+
+    Args:
+        log_rho: float [N], log pi_learner - log pi_engine (0 at loss-masked tokens).
+        sample_index: integer [N], sample of each token (whole samples: "mis_sequence").
+        loss_mask: bool [N], False for prompt, padding and forced tokens (weight 0).
+        mismatch: a correction other than "none".
+        thresholds: its thresholds (`scalerl.config.mismatch`).
+
+    Returns:
+        [N] weights in log_rho's dtype, without gradient.
+
+    Raises:
+        ValueError: as `check_mismatch`, or mismatch "none" (it weights nothing).
+    """
+    check_mismatch(mismatch, thresholds)
+    if mismatch == "none":
+        raise ValueError("mismatch 'none' has no weights: the loss's own ratio is used")
+    log_rho = log_rho.detach()
+    rho = torch.exp(log_rho)
+    if mismatch == "tis":
+        weights = rho.clamp_max(thresholds["cap"])
+    elif mismatch == "mis_token":
+        weights = torch.where(rho <= thresholds["cap"], rho, 0.0)
+    elif mismatch == "mis_sequence":
+        inverse, count = _dense(sample_index)
+        zeros = torch.zeros(count, dtype=log_rho.dtype, device=log_rho.device)
+        ratio = torch.exp(zeros.index_add(0, inverse, torch.where(loss_mask, log_rho, 0.0)))
+        weights = torch.where(ratio <= thresholds["cap"], ratio, 0.0)[inverse]
+    else:  # icepop
+        inside = (rho >= thresholds["low"]) & (rho <= thresholds["high"])
+        weights = torch.where(inside, rho, 0.0)
+    return torch.where(loss_mask, weights, 0.0)
+
+
 def token_terms(
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
@@ -257,9 +334,20 @@ def token_terms(
     loss_mask: torch.Tensor,
     loss: str,
     hyperparameters: Mapping[str, float],
+    mismatch: str = "none",
+    thresholds: Mapping[str, float] | None = None,
 ) -> torch.Tensor:
     """Per-token loss terms [N] before aggregation (0 at masked tokens); see `policy_loss`."""
     check_loss(loss, hyperparameters)
+    if mismatch != "none":
+        # Decoupled: the loss's ratio is taken against the learner's own log-probs at the
+        # step (1 in value, the gradient of logp) and the correction weights the term.
+        log_rho = _log_ratio(logp.detach(), logp_gen, loss_mask)
+        weights = mismatch_weights(log_rho, sample_index, loss_mask, mismatch, thresholds or {})
+        terms = token_terms(
+            logp, logp.detach(), advantages, sample_index, loss_mask, loss, hyperparameters
+        )
+        return weights.to(terms.dtype) * terms
     adv = advantages.to(logp.dtype)
     log_ratio = _log_ratio(logp, logp_gen, loss_mask)
     if loss == "cispo":
@@ -297,6 +385,8 @@ def policy_loss(
     loss: str,
     aggregation: str,
     weights: torch.Tensor | None = None,
+    mismatch: str = "none",
+    mismatch_thresholds: Mapping[str, float] | None = None,
     **hyperparameters: float,
 ) -> torch.Tensor:
     """Aggregated policy-gradient loss to minimise (paper Sec. 3.2, Eq. 4; Sec. 4).
@@ -310,6 +400,14 @@ def policy_loss(
             s_i = exp(mean over sample i's masked tokens of (logp - logp_gen)),
             term_t = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A) for each t in i
       - "grpo" (symmetric PPO clip, GRPO; needs eps): as "dapo" with eps_low = eps_high = eps.
+    With a mismatch correction other than "none" (`mismatch_weights`), the off-policy
+    part of the ratio is the correction's alone: each term is taken with logp_gen replaced
+    by sg(logp), the learner's policy at the step (so rho_t = 1 in value and the loss's
+    truncation or clip is inactive within the step), and multiplied by the correction's
+    weight c_t of rho_t = exp(sg(logp_t) - logp_gen_t): the decoupled objective of AReaL
+    (Fu et al. 2025) with the learner at the step as the proximal policy. Every loss then
+    has the gradient -c_t A grad logp_t at each token (GSPO's per sample: the mean); e.g.
+    "cispo" with "tis" of cap C is "cispo" with eps_max = C.
     The terms are then combined with `aggregation_weights` (or the given `weights`):
     loss = sum_t w_t * term_t.
 
@@ -324,14 +422,17 @@ def policy_loss(
         aggregation: "prompt", "sample" or "token".
         weights: optional float [N] from `aggregation_weights` on the whole batch, sliced
             to this micro-batch; then micro-batch losses sum to the full-batch loss.
+        mismatch: "none", "tis", "mis_token", "mis_sequence" or "icepop"; micro-batches
+            must hold whole samples for "mis_sequence".
+        mismatch_thresholds: the correction's thresholds (`scalerl.config.mismatch`).
         **hyperparameters: the loss's eps values (see above); no others are accepted.
 
     Returns:
         Scalar loss tensor (differentiable w.r.t. logp).
 
     Raises:
-        ValueError: unknown loss or aggregation, missing/unexpected/out-of-range
-            hyperparameters, mismatched shapes.
+        ValueError: unknown loss, aggregation or correction, missing/unexpected/out-of-range
+            hyperparameters or thresholds, mismatched shapes.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
@@ -351,7 +452,17 @@ def policy_loss(
         weights = aggregation_weights(sample_index, group_index, loss_mask, aggregation)
     elif weights.dim() != 1 or weights.numel() != n:
         raise ValueError(f"weights must have shape [{n}], got {list(weights.shape)}")
-    terms = token_terms(logp, logp_gen, advantages, sample_index, loss_mask, loss, hyperparameters)
+    terms = token_terms(
+        logp,
+        logp_gen,
+        advantages,
+        sample_index,
+        loss_mask,
+        loss,
+        hyperparameters,
+        mismatch,
+        mismatch_thresholds,
+    )
     return (weights.to(terms.dtype) * terms).sum()
 
 
@@ -407,4 +518,43 @@ def importance_ratio_stats(
         "ratio_clipped_frac": float(((rho > upper) | (rho < lower)).double().mean()),
         "ratio_max": float(rho.max()),
         "tokens": float(tokens),
+    }
+
+
+@torch.no_grad()
+def mismatch_stats(
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    loss_mask: torch.Tensor,
+    sample_index: torch.Tensor,
+    mismatch: str = "none",
+    thresholds: Mapping[str, float] | None = None,
+) -> dict[str, torch.Tensor | float]:
+    """What a micro-batch says of the engine/learner mismatch, over its masked-in tokens.
+
+    With log rho_t = logp_t - logp_gen_t (the learner at the step over the engine):
+      - "abs_log_ratio": float32 [M] |log rho_t| of the M tokens, on the CPU (the step's
+        mean and 99th percentile are taken over all its micro-batches);
+      - "k3_sum": sum of rho_t - 1 - log rho_t, the k3 estimator of KL(engine || learner)
+        from the engine's samples (Schulman 2020, "Approximating KL divergence");
+      - "masked": tokens the correction weights 0 (`mismatch_weights`; 0 for none, tis);
+      - "histogram": int64 [len(RATIO_HISTOGRAM_EDGES) + 1] tokens per rho bucket,
+        bucket i holding EDGES[i-1] <= rho < EDGES[i];
+      - "tokens": M.
+    """
+    log_rho = _log_ratio(logp.detach(), logp_gen, loss_mask).double()
+    inside = log_rho[loss_mask]
+    rho = torch.exp(inside)
+    edges = torch.tensor(RATIO_HISTOGRAM_EDGES, dtype=rho.dtype, device=rho.device)
+    buckets = torch.bucketize(rho, edges, right=True)
+    masked = 0.0
+    if mismatch != "none":
+        weights = mismatch_weights(log_rho, sample_index, loss_mask, mismatch, thresholds or {})
+        masked = float((weights[loss_mask] == 0).sum())
+    return {
+        "abs_log_ratio": inside.abs().float().cpu(),
+        "k3_sum": float((rho - 1.0 - inside).sum()),
+        "masked": masked,
+        "histogram": torch.bincount(buckets, minlength=edges.numel() + 1).cpu(),
+        "tokens": float(inside.numel()),
     }

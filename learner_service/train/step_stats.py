@@ -5,14 +5,16 @@ running sums over a step's micro-batches they are computed from (`RatioTotals`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from scalerl.config import RATIO_HISTOGRAM_EDGES
 from scalerl.run_folder import MultiTurnStats
 
 
@@ -31,6 +33,13 @@ class StepStats:
     PPO losses) and tokens_ratio_clipped (those tokens, counted). All 0 without a step.
 
     multi_turn: the batch's multi-turn trajectories (None for a single-turn batch).
+
+    The engine/learner mismatch over the tokens trained on (`objective.mismatch_stats`;
+    log rho = logp - logp_gen): mismatch_logp_abs_mean and mismatch_logp_abs_p99, the mean
+    and 99th percentile of |log rho| (nats); mismatch_kl_k3, the k3 estimate of
+    KL(engine || learner) per token (nats); mismatch_masked_frac, the fraction of tokens
+    `learner.mismatch` masked out; ratio_histogram, tokens per rho bucket
+    (`scalerl.config.RATIO_HISTOGRAM_EDGES`). All 0 (the histogram None) without a step.
 
     MoE with routing replay (R3): routing_choices, the (token, layer) choices replayed from
     the engine's routed experts, routing_agreed, those the learner's router would have
@@ -62,6 +71,11 @@ class StepStats:
     peak_memory_bytes_by_rank: list[int] | None = None
     mfu: float | None = None
     multi_turn: MultiTurnStats | None = None
+    mismatch_logp_abs_mean: float = 0.0
+    mismatch_logp_abs_p99: float = 0.0
+    mismatch_kl_k3: float = 0.0
+    mismatch_masked_frac: float = 0.0
+    ratio_histogram: list[int] | None = None
     routing_choices: int = 0
     routing_agreed: int = 0
     routing_agreement: float | None = None
@@ -103,28 +117,77 @@ class RatioTotals:
     rho_max: float = 0.0
     routed: float = 0.0
     routed_agreed: float = 0.0
+    k3_sum: float = 0.0
+    masked: float = 0.0
+    histogram: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(len(RATIO_HISTOGRAM_EDGES) + 1, dtype=torch.int64)
+    )
+    abs_log_ratio: list[torch.Tensor] = field(default_factory=list)
 
-    def add(self, loss: float, ratio: Mapping[str, float]) -> None:
-        """Add one micro-batch's `loss` and `recipe.importance_ratio_stats`."""
+    def add(
+        self,
+        loss: float,
+        ratio: Mapping[str, float],
+        mismatch: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Add one micro-batch's `loss`, `objective.importance_ratio_stats` and
+        `objective.mismatch_stats`."""
         self.loss += loss
         if ratio["tokens"]:
             self.rho_sum += ratio["ratio_mean"] * ratio["tokens"]
             self.clipped += ratio["ratio_clipped_frac"] * ratio["tokens"]
             self.tokens += ratio["tokens"]
             self.rho_max = max(self.rho_max, ratio["ratio_max"])
+        if mismatch is not None:
+            self.k3_sum += mismatch["k3_sum"]
+            self.masked += mismatch["masked"]
+            self.histogram = self.histogram + mismatch["histogram"]
+            self.abs_log_ratio.append(mismatch["abs_log_ratio"])
+
+    def mismatch(self) -> dict[str, Any]:
+        """The step's mismatch fields (StepStats) over the tokens counted."""
+        if not self.abs_log_ratio or not self.tokens:
+            return {}
+        diffs = torch.cat(self.abs_log_ratio).double().sort().values
+        p99 = diffs[min(diffs.numel() - 1, math.ceil(0.99 * diffs.numel()) - 1)]
+        return {
+            "mismatch_logp_abs_mean": float(diffs.mean()),
+            "mismatch_logp_abs_p99": float(p99),
+            "mismatch_kl_k3": self.k3_sum / self.tokens,
+            "mismatch_masked_frac": self.masked / self.tokens,
+            "ratio_histogram": [int(count) for count in self.histogram.tolist()],
+        }
 
     def over_ranks(self, mesh: DeviceMesh) -> RatioTotals:
-        """The totals of every rank of `mesh`: sums summed, the largest rho the largest."""
+        """The totals of every rank of `mesh`: sums summed, the largest rho the largest,
+        the |log rho| of every rank's tokens together."""
         group = mesh.get_group()
         device = "cuda" if mesh.device_type == "cuda" else "cpu"
         values = [self.loss, self.rho_sum, self.clipped, self.tokens]
-        values += [self.routed, self.routed_agreed]
+        values += [self.routed, self.routed_agreed, self.k3_sum, self.masked]
         sums = torch.tensor(values, dtype=torch.float64, device=device)
         peak = torch.tensor([self.rho_max], dtype=torch.float64, device=device)
         dist.all_reduce(sums, group=group)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-        loss, rho_sum, clipped, tokens, routed, agreed = sums.tolist()
-        return RatioTotals(loss, rho_sum, clipped, tokens, float(peak), routed, agreed)
+        loss, rho_sum, clipped, tokens, routed, agreed, k3_sum, masked = sums.tolist()
+        hist = self.histogram.to(device)
+        dist.all_reduce(hist, group=group)
+        mine = torch.cat(self.abs_log_ratio) if self.abs_log_ratio else torch.zeros(0)
+        every: list[Any] = [None] * mesh.size()
+        dist.all_gather_object(every, mine, group=group)
+        return RatioTotals(
+            loss,
+            rho_sum,
+            clipped,
+            tokens,
+            float(peak),
+            routed,
+            agreed,
+            k3_sum,
+            masked,
+            hist.cpu(),
+            every,
+        )
 
     def routing(self) -> dict[str, float | None]:
         """The step's routing replay fields (StepStats)."""

@@ -105,6 +105,9 @@ class Trainer:
             else config.loss.hyperparameters
         )
         self.ratio_bounds = objective.ratio_bounds(config.loss.kind, self.hyperparameters)
+        self.mismatch = config.mismatch.kind
+        self.mismatch_thresholds = config.mismatch.thresholds
+        objective.check_mismatch(self.mismatch, self.mismatch_thresholds)
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
@@ -261,6 +264,7 @@ class Trainer:
             "tokens_ratio_clipped": float(round(totals.clipped)),
             "stepped": float(stepped),
             **totals.routing(),
+            **totals.mismatch(),
         }
 
     def _throughput(
@@ -356,16 +360,19 @@ class Trainer:
         `counted` (an idle rank's) back-propagates zero and adds nothing."""
         cfg, dev = self.config, self.device
         mask, logp_gen = batch.loss_mask[sl].to(dev), batch.logp_gen[sl].to(dev)
+        samples = batch.sample_index[sl].to(dev)
         loss = objective.policy_loss(
             logp,
             logp_gen,
             token_adv[sl].to(dev),
-            batch.sample_index[sl].to(dev),
+            samples,
             batch.group_index[sl].to(dev),
             mask,
             loss=cfg.loss.kind,
             aggregation=cfg.aggregation,
             weights=weights[sl].to(dev),
+            mismatch=self.mismatch,
+            mismatch_thresholds=self.mismatch_thresholds,
             **self.hyperparameters,
         )
         if not counted:
@@ -374,7 +381,11 @@ class Trainer:
         loss.backward()
         low, high = self.ratio_bounds
         totals.add(
-            float(loss.detach()), objective.importance_ratio_stats(logp, logp_gen, mask, high, low)
+            float(loss.detach()),
+            objective.importance_ratio_stats(logp, logp_gen, mask, high, low),
+            objective.mismatch_stats(
+                logp, logp_gen, mask, samples, self.mismatch, self.mismatch_thresholds
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:

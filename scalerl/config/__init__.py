@@ -24,6 +24,16 @@ from scalerl.config.loss import (
     GspoLoss,
     LossConfig,
 )
+from scalerl.config.mismatch import (
+    MISMATCHES,
+    RATIO_HISTOGRAM_EDGES,
+    IcePopMismatch,
+    MismatchConfig,
+    MisSequenceMismatch,
+    MisTokenMismatch,
+    NoMismatch,
+    TisMismatch,
+)
 from scalerl.config.model import ModelConfig, PathModel, SmolLM2Model, TinyModel
 from scalerl.config.rollout import DEFAULT_INTERRUPT_TEXT, RolloutConfig
 from scalerl.config.run import (
@@ -71,6 +81,14 @@ __all__ = [
     "GrpoLoss",
     "GspoLoss",
     "LossConfig",
+    "MISMATCHES",
+    "RATIO_HISTOGRAM_EDGES",
+    "IcePopMismatch",
+    "MismatchConfig",
+    "MisSequenceMismatch",
+    "MisTokenMismatch",
+    "NoMismatch",
+    "TisMismatch",
     "CurveConfig",
     "DEFAULT_INTERRUPT_TEXT",
     "ENV_PREFIX",

@@ -13,6 +13,7 @@ from pydantic import (
 
 from scalerl.config.base import _Section, by_name
 from scalerl.config.loss import CispoLoss, LossConfig
+from scalerl.config.mismatch import MismatchConfig, NoMismatch
 from scalerl.config.weights import UriWeights, WeightsConfig
 
 # Every Linear of a Llama decoder layer: "LoRA Without Regret" (Schulman et al. 2025)
@@ -86,6 +87,13 @@ class LearnerConfig(_Section):
         description="Policy loss (learner_service.train.objective.policy_loss), one of "
         "cispo (eps_max), dapo and gspo (eps_low, eps_high), grpo (eps): a name, or a "
         "mapping with `kind` and its own clipping (scalerl.config.loss).",
+    )
+    mismatch: MismatchConfig = Field(
+        default_factory=NoMismatch,
+        description="Engine/learner mismatch correction (learner_service.train.objective."
+        "mismatch_weights), one of none, tis (cap), mis_token (cap), mis_sequence (cap), "
+        "icepop (low, high): a name, or a mapping with `kind` and its own thresholds "
+        "(scalerl.config.mismatch).",
     )
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
@@ -182,9 +190,9 @@ class LearnerConfig(_Section):
             return 0
         return self.dynamic_sampling * self.batch_prompts
 
-    @field_validator("loss", mode="before")
+    @field_validator("loss", "mismatch", mode="before")
     @classmethod
-    def _loss_by_name(cls, value: object) -> object:
+    def _variant_by_name(cls, value: object) -> object:
         return by_name(value)
 
     @model_validator(mode="after")

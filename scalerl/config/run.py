@@ -296,12 +296,12 @@ def load_config(
 
 
 # Sections with one variant per kind that a bare name selects, and their default kind.
-_NAMED_VARIANTS = {"learner.loss": "cispo", "rollout.engine": "torch"}
+_NAMED_VARIANTS = {"learner.loss": "cispo", "learner.mismatch": "none", "rollout.engine": "torch"}
 
 
 def _variants_by_name(data: dict[str, Any]) -> dict[str, Any]:
-    """A config file's `learner.loss: NAME` and `rollout.engine: NAME` as the mappings they
-    stand for, so that a later override can set one of their fields
+    """A config file's `learner.loss: NAME`, `learner.mismatch: NAME` and `rollout.engine:
+    NAME` as the mappings they stand for, so that a later override can set one of their fields
     (`learner.loss.eps_high=0.3`)."""
     for key in _NAMED_VARIANTS:
         section, name = key.split(".")

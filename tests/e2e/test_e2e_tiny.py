@@ -138,6 +138,13 @@ def test_tiny_run_learns_and_writes_the_run_folder(tmp_path):
     assert len(health["staleness_hist"]) == 3  # lags 0, 1, 2 = k
     assert sum(health["staleness_hist"]) == sum(m.groups_in_batch for m in metrics)  # once each
     assert health["steps"] == len(metrics) and 0 <= health["ratio_clipped_frac_mean"] < 0.5
+    # The engine/learner mismatch of every step, in metrics.jsonl and summed in report.json:
+    # every token trained on in one ratio bucket, none masked (learner.mismatch: none).
+    stepped = [m for m in metrics if m.stepped]
+    assert all(sum(m.ratio_histogram) == m.tokens for m in stepped)
+    assert all(0 <= m.mismatch_logp_abs_mean <= m.mismatch_logp_abs_p99 for m in stepped)
+    assert all(m.mismatch_masked_frac == 0 and m.mismatch_kl_k3 >= 0 for m in stepped)
+    assert sum(health["ratio_histogram"]) == sum(m.tokens for m in stepped)
     # `learner.weights.delta: auto` (uri): the versions after the first went as deltas.
     publish = json.loads((run_dir / "report.json").read_text())["publish"]
     assert publish["delta_share"] >= 0.5

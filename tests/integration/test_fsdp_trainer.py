@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from learner_service.checkpoint.files import LearnerState, load_checkpoint, save_checkpoint
 from learner_service.train.ranks import DrivenTrainer, LearnerRanks, serve_commands
 from learner_service.train.trainer import Trainer
-from scalerl.config import LearnerConfig, LoraConfig, TinyModel
+from scalerl.config import IcePopMismatch, LearnerConfig, LoraConfig, TinyModel
 from scalerl.policy.lora import attach_lora
 from scalerl.policy.models import load_policy
 from scalerl.ports import free_port
@@ -121,6 +121,20 @@ def family_step(name: str, device: str = "cpu", mesh=None) -> tuple[float, dict,
     return loss, gradients(trainer), [stats.routing_choices, stats.routing_agreed]
 
 
+def mismatch_step(device: str = "cpu", mesh=None) -> tuple[float, dict, dict]:
+    """(loss, full gradients, the step's mismatch figures) of the tiny model with IcePop
+    (high 2: `groups()`' random generator log-probs put many tokens outside)."""
+    icepop = config(*CASES[0]).model_copy(update={"mismatch": IcePopMismatch(high=2.0)})
+    trainer = Trainer(tiny().to(device), icepop, temperature=1.0, mesh=mesh)
+    loss = trainer.gradients(groups())
+    grads = gradients(trainer)
+    stats = trainer.step(groups())
+    names = ("mismatch_logp_abs_mean", "mismatch_logp_abs_p99", "mismatch_kl_k3")
+    figures = {name: getattr(stats, name) for name in names}
+    figures |= {"masked": stats.mismatch_masked_frac, "histogram": stats.ratio_histogram}
+    return loss, grads, figures
+
+
 def config(loss: str, aggregation: str, shared: bool) -> LearnerConfig:
     return LearnerConfig(
         loss=loss,
@@ -185,6 +199,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         results[case] = (loss, gradients(trainer))
     for name in FAMILIES:
         results[name] = family_step(name, device, mesh)
+    results["mismatch"] = mismatch_step(device, mesh)
     # Resume the one-process checkpoint, then one more step.
     trainer = Trainer(tiny().to(device), config(*CASES[0]), temperature=1.0, mesh=mesh)
     load_checkpoint(folder / "one", trainer)  # every rank reads it and keeps its shards
@@ -255,6 +270,23 @@ def test_other_families_shard_by_their_decoder_layers(two_ranks, name) -> None:
         torch.testing.assert_close(sharded[key], grad, rtol=RTOL, atol=ATOL, msg=key)
     assert sharded_routed == routed
     assert (routed[0] > routed[1] > 0) == (name == "qwen3-moe")  # random experts: few agree
+
+
+def test_a_mismatch_correction_and_its_figures_are_those_of_one_process(two_ranks) -> None:
+    """IcePop on two ranks: the one-process loss and gradient, and the step's mismatch
+    figures over both ranks' tokens (the histogram summed, the 99th percentile of them
+    all)."""
+    two_ranks, _ = two_ranks
+    loss, expected, figures = mismatch_step()
+    sharded_loss, sharded, sharded_figures = two_ranks["mismatch"]
+    assert 0.0 < figures["masked"] < 1.0  # some tokens masked out, not all
+    assert loss != 0.0 and sharded_loss == pytest.approx(loss, rel=RTOL / 10)
+    for key, grad in expected.items():
+        torch.testing.assert_close(sharded[key], grad, rtol=RTOL, atol=ATOL, msg=key)
+    assert sharded_figures["histogram"] == figures["histogram"]
+    assert sharded_figures["masked"] == figures["masked"]
+    for name in ("mismatch_logp_abs_mean", "mismatch_logp_abs_p99", "mismatch_kl_k3"):
+        assert sharded_figures[name] == pytest.approx(figures[name], rel=1e-5), name
 
 
 def test_checkpoints_move_between_world_sizes_with_identical_weights(two_ranks) -> None:

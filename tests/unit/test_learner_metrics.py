@@ -137,6 +137,29 @@ def test_observe_step_sets_gauges_and_adds_counts() -> None:
         assert value(ratio_gauge) is None
 
 
+def test_the_mismatch_figures_are_gauges_and_counters() -> None:
+    registry = CollectorRegistry()
+    metrics = LearnerMetrics(registry, max_staleness=2)
+    figures = {
+        "mismatch_logp_abs_mean": 0.03,
+        "mismatch_logp_abs_p99": 0.25,
+        "mismatch_kl_k3": 0.0015,
+        "mismatch_masked_frac": 0.05,
+        "ratio_histogram": [0, 1, 2, 7, 50, 280, 40, 12, 5, 2, 1],
+    }
+    metrics.observe_step(RECORD.model_copy(update=figures))
+    metrics.observe_step(RECORD.model_copy(update=figures | {"step": 8}))
+    value = registry.get_sample_value
+    assert value("scalerl_learner_mismatch_logp_abs_mean") == 0.03
+    assert value("scalerl_learner_mismatch_logp_abs_p99") == 0.25
+    assert value("scalerl_learner_mismatch_kl_k3") == 0.0015
+    assert value("scalerl_learner_tokens_mismatch_masked_total") == 40  # 2 x 5% of 400
+    ratio = "scalerl_learner_importance_ratio_tokens_total"
+    assert value(ratio, {"bucket": "[0.99,1.01)"}) == 560
+    assert value(ratio, {"bucket": "[2,inf)"}) == 2
+    assert value(ratio, {"bucket": "[0,0.5)"}) == 0
+
+
 def test_a_record_without_counts_adds_none() -> None:
     """A record from before the counts were kept sets the gauges, adds no group, sample
     or clipped-token count."""

@@ -173,8 +173,40 @@ def test_training_health_sums_up_the_step_records() -> None:
         "ratio_clipped_frac_mean": 0.01,
         "grad_norm_mean": 1.25,
         "grad_norm_max": 1.25,
+        # Written before the mismatch was recorded: none of it.
+        "mismatch_logp_abs_mean": None,
+        "mismatch_logp_abs_p99_max": None,
+        "mismatch_kl_k3_mean": None,
+        "mismatch_masked_frac_mean": None,
+        "ratio_histogram": None,
     }
     assert training_health([]) == {}
+
+
+def test_training_health_sums_up_the_mismatch_of_the_steps_that_recorded_it() -> None:
+    def step(n: int, mean: float, p99: float, k3: float, masked: float, hist: list[int]):
+        figures = {
+            "mismatch_logp_abs_mean": mean,
+            "mismatch_logp_abs_p99": p99,
+            "mismatch_kl_k3": k3,
+            "mismatch_masked_frac": masked,
+            "ratio_histogram": hist,
+        }
+        return StepRecord(**(STEP | {"step": n} | figures))
+
+    older = StepRecord(**(STEP | {"step": 2}))  # recorded before: left out
+    health = training_health(
+        [
+            older,
+            step(3, 0.02, 0.10, 0.001, 0.0, [0, 1, 5, 2]),
+            step(4, 0.04, 0.30, 0.003, 0.5, [1, 0, 3, 4]),
+        ]
+    )
+    assert health["mismatch_logp_abs_mean"] == pytest.approx(0.03)
+    assert health["mismatch_logp_abs_p99_max"] == 0.30
+    assert health["mismatch_kl_k3_mean"] == pytest.approx(0.002)
+    assert health["mismatch_masked_frac_mean"] == 0.25
+    assert health["ratio_histogram"] == [1, 1, 8, 6]
 
 
 FLEET = {
