@@ -21,9 +21,12 @@ line and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,12 +101,33 @@ def main(args: argparse.Namespace) -> int:
     if resolved is None:  # the device asked for is not here: said in one line
         return 2
     try:
-        result = evaluate_checkpoint(resolved, source, seed, args)
+        with stdout_to_stderr(args.json):
+            result = evaluate_checkpoint(resolved, source, seed, args)
     except InvalidArgument as exc:
         print(f"scalerl eval: {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else summary_line(result))
     return 0
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(on: bool) -> Iterator[None]:
+    """While on: everything written to stdout (sys.stdout and file descriptor 1, where an
+    engine's own libraries log: vLLM prints its start-up to stdout) goes to stderr, so
+    that `--json` prints exactly one JSON document on stdout."""
+    if not on:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def find_source(path: Path) -> Source:

@@ -390,8 +390,13 @@ def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             console.print(f"[yellow]scalerl eval {run_dir} failed:[/] {escape(last)}")
             return None
-        result = json.loads(proc.stdout)
-        scores.append((result["pass_rate"], result["stderr"]))
+        try:
+            result = json.loads(proc.stdout)
+            scores.append((float(result["pass_rate"]), float(result["stderr"])))
+        except (ValueError, KeyError, TypeError):
+            shown = escape(proc.stdout.strip()[:200] or "nothing")
+            console.print(f"[yellow]scalerl eval {run_dir} printed no result:[/] {shown}")
+            return None
     return score_of(variant.label, scores)
 
 

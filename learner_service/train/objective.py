@@ -466,16 +466,31 @@ def policy_loss(
     return (weights.to(terms.dtype) * terms).sum()
 
 
-def ratio_bounds(loss: str, hyperparameters: Mapping[str, float]) -> tuple[float, float]:
+def ratio_bounds(
+    loss: str,
+    hyperparameters: Mapping[str, float],
+    mismatch: str = "none",
+    thresholds: Mapping[str, float] | None = None,
+) -> tuple[float, float]:
     """The importance-ratio range outside which a token's ratio is truncated or clipped.
 
-    "cispo": (0, eps_max) (only the upper side is truncated, Eq. 4); "dapo" and "gspo":
-    (1 - eps_low, 1 + eps_high); "grpo": (1 - eps, 1 + eps).
+    Without a mismatch correction, the loss's: "cispo": (0, eps_max) (only the upper side
+    is truncated, Eq. 4); "dapo" and "gspo": (1 - eps_low, 1 + eps_high); "grpo":
+    (1 - eps, 1 + eps). With one, the loss's own ratio is against the learner at the step
+    (always 1, `token_terms`), and rho = exp(logp - logp_gen) meets the correction only:
+    "tis" truncates it above `cap`, so (0, cap); the masks ("mis_token", "mis_sequence",
+    "icepop") truncate nothing, so (0, inf): the tokens they drop are counted apart, as
+    `mismatch_masked_frac`.
 
     Raises:
-        ValueError: as `check_loss`.
+        ValueError: as `check_loss` and `check_mismatch`.
     """
     check_loss(loss, hyperparameters)
+    check_mismatch(mismatch, thresholds or {})
+    if mismatch == "tis":
+        return 0.0, (thresholds or {})["cap"]
+    if mismatch != "none":
+        return 0.0, math.inf
     if loss == "cispo":
         return 0.0, hyperparameters["eps_max"]
     if loss == "grpo":

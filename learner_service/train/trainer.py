@@ -9,6 +9,7 @@ over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp3
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import resource
 import time
@@ -57,6 +58,8 @@ from scalerl.policy.routing import RoutingReplay, moe_routers
 from scalerl.v1 import rollout_pb2
 from scalerl.weights.wire import FULL, Part, snapshot_state_dict, wire_copy, wire_tensors
 
+log = logging.getLogger(__name__)
+
 
 class Trainer:
     """The learner's model, AdamW optimizer and ScaleRL step (paper Sec. 4).
@@ -104,10 +107,11 @@ class Trainer:
             if loss_hyperparameters is not None
             else config.loss.hyperparameters
         )
-        self.ratio_bounds = objective.ratio_bounds(config.loss.kind, self.hyperparameters)
         self.mismatch = config.mismatch.kind
         self.mismatch_thresholds = config.mismatch.thresholds
-        objective.check_mismatch(self.mismatch, self.mismatch_thresholds)
+        self.ratio_bounds = objective.ratio_bounds(
+            config.loss.kind, self.hyperparameters, self.mismatch, self.mismatch_thresholds
+        )
         if pad_id is None:
             pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         self.pad_id = pad_id
@@ -244,6 +248,15 @@ class Trainer:
             backward_done = time.perf_counter()
             grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             stepped = math.isfinite(grad_norm) and math.isfinite(loss)
+            if stepped and totals.tokens and totals.masked >= totals.tokens:
+                # The mismatch correction dropped every token: no gradient signal, and an
+                # AdamW step would still move the weights (decay, momentum).
+                log.warning(
+                    "learner.mismatch %s masked all %d tokens of the batch: no step taken",
+                    self.mismatch,
+                    round(totals.tokens),
+                )
+                stepped = False
             if stepped:  # a non-finite gradient would corrupt the weights and AdamW moments
                 self.optimizer.step()
                 self.steps += 1

@@ -75,3 +75,18 @@ def test_a_close_finish_is_too_close_to_call(tmp_path, monkeypatch) -> None:
     assert lines[3].startswith("at the compute spent (0.5 h): too close to call (P(best) 0.")
     assert verdict["at_compute"]["best"] is None and verdict["final"]["right_at_compute"] is None
     assert "final eval: too close to call: the best two ended 0.009 apart" in lines[4]
+
+
+def test_an_evaluation_that_prints_no_json_is_one_line_and_no_score(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """`scalerl eval --json` output that is not a result (a library's log on stdout) leaves
+    the variant without a final score and says so in one line, never a traceback."""
+    import subprocess
+
+    (variant,) = sweep.build_variants("tiny", sweep.parse_vary(["learner.lr=1e-5"]), None, [], [])
+    done = subprocess.CompletedProcess([], 0, stdout="INFO engine ready\n{", stderr="")
+    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: done)
+    assert sweep._final_score(variant, tmp_path) is None
+    err = capsys.readouterr().err
+    assert "printed no result" in err and "INFO engine ready" in err

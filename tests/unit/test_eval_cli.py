@@ -69,3 +69,23 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("scalerl eval: ") and err.count("\n") == 1 and message in err
+
+
+def test_json_mode_sends_every_write_to_stdout_to_stderr(capfd):
+    """An engine's library logging to stdout (vLLM does) during `--json` must not spoil
+    the one JSON document: writes to sys.stdout and to file descriptor 1 go to stderr."""
+    import os
+    import sys
+
+    from scalerl_cli.eval_cli import stdout_to_stderr
+
+    with stdout_to_stderr(True):
+        print("engine says hello")
+        os.write(1, b"fd one says hello\n")
+    print('{"pass_rate": 0.5}')
+    out, err = capfd.readouterr()
+    assert out == '{"pass_rate": 0.5}\n'
+    assert "engine says hello" in err and "fd one says hello" in err
+    with stdout_to_stderr(False):
+        sys.stdout.write("kept\n")
+    assert capfd.readouterr().out == "kept\n"

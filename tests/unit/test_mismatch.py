@@ -197,13 +197,14 @@ def test_a_trainer_step_with_a_correction_reports_the_mismatch() -> None:
 
     model = tiny()
     # Engine log-probs far below the learner's (rho >> 1 at every token): icepop with a
-    # high of 1.5 masks every token out, so the step has no gradient and changes nothing.
+    # high of 1.5 masks every token out, so the step has no gradient and takes no
+    # optimizer step: AdamW's weight decay alone would otherwise move every weight.
     engine = [
         sample([7, 8, 9], 1.0, logprobs=[-30.0] * 3),
         sample([7, 9], 0.0, logprobs=[-30.0] * 2),
     ]
     groups = [group([5, 6], engine)]
-    icepop = config(mismatch={"kind": "icepop", "high": 1.5}, weight_decay=0.0)
+    icepop = config(mismatch={"kind": "icepop", "high": 1.5}, weight_decay=0.1)
     trainer = Trainer(model, icepop, 1.0)
     before = [p.detach().clone() for p in model.parameters()]
     stats = trainer.step(groups)
@@ -211,8 +212,30 @@ def test_a_trainer_step_with_a_correction_reports_the_mismatch() -> None:
     assert stats.ratio_histogram is not None and sum(stats.ratio_histogram) == 5
     assert stats.ratio_histogram[-1] == 5  # every rho >= 2
     assert stats.mismatch_logp_abs_p99 > 20.0 and stats.mismatch_kl_k3 > 1e6
-    assert stats.grad_norm == 0.0
+    assert stats.grad_norm == 0.0 and not stats.stepped and trainer.steps == 0
     for old, new in zip(before, model.parameters(), strict=True):
         assert torch.equal(old, new.detach())
     plain = Trainer(tiny(), LearnerConfig(lr=1e-3, autocast_bf16=False), 1.0).step(groups)
     assert plain.mismatch_masked_frac == 0.0 and plain.grad_norm > 0.0
+
+
+@pytest.mark.parametrize(
+    ("loss", "mismatch", "thresholds", "bounds"),
+    [
+        ("cispo", "none", {}, (0.0, 4.0)),
+        ("dapo", "none", {}, (0.8, 1.28)),
+        ("cispo", "tis", {"cap": 2.0}, (0.0, 2.0)),
+        ("dapo", "tis", {"cap": 3.0}, (0.0, 3.0)),
+        ("cispo", "icepop", {"low": 0.5, "high": 5.0}, (0.0, math.inf)),
+        ("grpo", "mis_token", {"cap": 2.0}, (0.0, math.inf)),
+    ],
+)
+def test_the_clipped_fraction_counts_what_the_correction_truncates(
+    loss, mismatch, thresholds, bounds
+) -> None:
+    """With a correction the loss's own ratio is 1, so the ratio's clipping is the
+    correction's: TIS truncates above its cap; the masks truncate nothing (what they drop
+    is the masked fraction)."""
+    hyper = {"cispo": {"eps_max": 4.0}, "dapo": {"eps_low": 0.2, "eps_high": 0.28}}
+    hyper["grpo"] = {"eps": 0.2}
+    assert objective.ratio_bounds(loss, hyper[loss], mismatch, thresholds) == bounds
