@@ -381,7 +381,7 @@ def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
     """The variant's final score: `scalerl eval` of each of its runs' last checkpoint with
     the shared RULER_SEED, as the mean over its seeds (`score_of`); None when a run has no
     checkpoint or its evaluation fails (said on the console)."""
-    scores = []
+    scores: list[tuple[float, float | None]] = []
     for run_dir in variant.run_dirs(sweep_dir):
         argv = [sys.executable, "-m", "scalerl_cli.main", "eval", str(run_dir), "--json"]
         argv += ["--seed", str(RULER_SEED)]
@@ -392,7 +392,7 @@ def _final_score(variant: Variant, sweep_dir: Path) -> Score | None:
             return None
         try:
             result = json.loads(proc.stdout)
-            scores.append((float(result["pass_rate"]), float(result["stderr"])))
+            scores.append((float(result["pass_rate"]), result["stderr"]))
         except (ValueError, KeyError, TypeError):
             shown = escape(proc.stdout.strip()[:200] or "nothing")
             console.print(f"[yellow]scalerl eval {run_dir} printed no result:[/] {shown}")
