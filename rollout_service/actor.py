@@ -219,7 +219,7 @@ class ActorLoop:
         return [
             _done(_trajectory_verdict(done))
             if isinstance(done, Trajectory) and (done.env_scores or done.unscored)
-            else scorer.submit(answer, problem.answer)
+            else scorer.submit(answer, problem.answer, problem.prompt_text)
             for done, answer in zip(group.completions, answers, strict=True)
         ]
 

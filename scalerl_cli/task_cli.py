@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument(
         "--verifier",
         required=True,
-        help="last_integer, math, code, reasoning_gym:DATASET or python:MODULE:FUNCTION.",
+        help="last_integer, math, code, judge, reasoning_gym:DATASET or "
+        "python:MODULE:FUNCTION.",
     )
     score.add_argument(
         "--answer",
@@ -44,6 +45,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "a reasoning-gym item as JSON or its plain answer (reasoning_gym:DATASET).",
     )
     score.add_argument("--completion", required=True, help="The completion text ('-': stdin).")
+    score.add_argument(
+        "--prompt", default="", help="The prompt the completion answers (what a judge reads)."
+    )
+    score.add_argument(
+        "--config",
+        default="default",
+        help="Config whose `verifier:` section is used (built-in name or YAML file).",
+    )
+    score.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config field, e.g. --set verifier.judge.url=http://judge:8000/v1.",
+    )
     score.add_argument(
         "--timeout-s",
         type=float,
@@ -293,10 +309,13 @@ def score_main(args: argparse.Namespace) -> int:
     from scalerl.entrypoint import config_error
     from scalerl.verifiers import build_verifier
 
+    from scalerl.config import load_config
+
     completion = sys.stdin.read() if args.completion == "-" else args.completion
     try:
-        verifier = build_verifier(args.verifier, timeout_s=args.timeout_s)
-    except ValueError as exc:
+        settings = load_config(args.config, args.set).verifier
+        verifier = build_verifier(args.verifier, args.timeout_s, settings)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"scalerl task score: {config_error(exc)}", file=sys.stderr)
         return 2
     try:
@@ -305,7 +324,7 @@ def score_main(args: argparse.Namespace) -> int:
         print(f"scalerl task score: {config_error(exc)}", file=sys.stderr)
         return 2
     # Worker processes, if any, are shared and stopped at exit, as in training.
-    verdict = verifier.score(completion, args.answer)
+    verdict = verifier.score(completion, args.answer, args.prompt)
     if args.json:
         print(json.dumps({"verifier": args.verifier, **verdict.as_dict()}))
     else:

@@ -181,7 +181,7 @@ class _Task(_Section):
     )
     verifier: str = Field(
         "",
-        description="last_integer, math, code, reasoning_gym:DATASET or "
+        description="last_integer, math, code, judge, reasoning_gym:DATASET or "
         "python:MODULE:FUNCTION; empty = the source's own (additions: last_integer, "
         "reasoning_gym: the dataset's scorer; a file source must name one).",
     )
@@ -259,8 +259,8 @@ class FileTaskConfig(_Task):
             raise ValueError(f"{where}: path is required for source file")
         if not self.verifier:
             raise ValueError(
-                f"{where}: verifier is required for source file (last_integer, math, "
-                "code or python:MODULE:FUNCTION)"
+                f"{where}: verifier is required for source file (last_integer, math, code, "
+                "judge or python:MODULE:FUNCTION)"
             )
         return self
 
@@ -345,10 +345,122 @@ class CodeVerifierConfig(_Section):
     )
 
 
+DEFAULT_RUBRIC = (
+    "Grade how well the response answers the prompt: 10 when it is correct and complete "
+    "(it agrees with the reference answer when one is given), 0 when it is wrong or "
+    "missing, in between for partial answers."
+)
+DEFAULT_JUDGE_TEMPLATE = "Prompt:\n{prompt}\n\nReference answer:\n{reference}\n\n{response}"
+JUDGE_PLACEHOLDERS = ("prompt", "reference", "response")
+
+
+class JudgeVerifierConfig(_Section):
+    """The `judge` verifier (`scalerl.verifiers.judge`): a generative model grading each
+    completion by a rubric, served by any OpenAI-compatible endpoint (vLLM's or SGLang's
+    server, a hosted API) at `url`."""
+
+    url: str = Field(
+        "",
+        description="Base URL of the OpenAI-compatible API, e.g. http://judge:8000/v1 "
+        "(requests go to {url}/chat/completions).",
+    )
+    model: str = Field("", description="The judge's model name, as the endpoint knows it.")
+    key_file: str = Field(
+        "",
+        description="File holding the endpoint's API key, sent as a bearer token ('' = no "
+        "key). Never readable by every user; hidden from what model output drives.",
+    )
+    rubric: str = Field(
+        DEFAULT_RUBRIC, min_length=1, description="How to grade (the judge's instructions)."
+    )
+    template: str = Field(
+        DEFAULT_JUDGE_TEMPLATE,
+        description="The judge's user message: {prompt} (the task's prompt), {reference} "
+        "(the row's answer, 'none' without one) and {response} (the completion, quoted "
+        "between delimiters the completion cannot guess). Must contain {response}.",
+    )
+    score_min: float = Field(0.0, description="The lowest score; it maps to reward 0.")
+    score_max: float = Field(10.0, description="The highest score; it maps to reward 1.")
+    max_tokens: int = Field(512, ge=8, le=65_536, description="Tokens of the judge's reply.")
+    temperature: float = Field(0.0, ge=0, le=2, description="The judge's sampling temperature.")
+    concurrency: int = Field(
+        8, ge=1, le=1024, description="Requests in flight at once from one process."
+    )
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="Wall time of one request, seconds.")
+    retry_s: float = Field(
+        120.0,
+        ge=0,
+        le=3600,
+        description="Seconds a judge that does not answer (down, busy: 429 or 5xx, past "
+        "timeout_s) is retried with back-off; then the completion is unscored and its group "
+        "dead-lettered (verifier_unavailable), never scored 0.",
+    )
+    parse_retries: int = Field(
+        1,
+        ge=0,
+        le=10,
+        description="Times a reply without a valid final 'SCORE: n' line is asked again; "
+        "then the completion is unscored (a judge's failure is never a reward).",
+    )
+    cache_size: int = Field(
+        65_536,
+        ge=0,
+        le=10_000_000,
+        description="Verdicts kept by (prompt, reference, completion, rubric); 0 = none.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> JudgeVerifierConfig:
+        if self.url:
+            check_http_url("verifier.judge.url", self.url)
+        if not self.score_max > self.score_min:
+            raise ValueError(
+                "verifier.judge: score_max must be above score_min, got "
+                f"{self.score_min} .. {self.score_max}"
+            )
+        check_template("verifier.judge.template", self.template, JUDGE_PLACEHOLDERS)
+        return self
+
+
+def check_http_url(field: str, url: str) -> None:
+    """Raise ValueError naming `field` unless `url` is http(s)://host[:port][/path] with
+    no query, fragment or credentials (a key goes in a key file, never in the URL)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{field}: {url!r} does not parse: {exc}") from None
+    del port  # read for its check: a port out of range raises
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{field}: {url!r} must be http(s)://host[:port][/path]")
+    if parts.query or parts.fragment or parts.username or parts.password or " " in url:
+        raise ValueError(f"{field}: {url!r} must have no query, fragment, spaces or credentials")
+
+
+def check_template(field: str, template: str, placeholders: tuple[str, ...]) -> None:
+    """Raise ValueError naming `field` unless `template` is a str.format template using
+    only `placeholders`, with the last of them ({response}) present."""
+    import string
+
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    unknown = sorted(set(names) - set(placeholders))
+    if unknown:
+        known = ", ".join("{" + p + "}" for p in placeholders)
+        raise ValueError(f"{field}: unknown placeholder {{{unknown[0]}}} (known: {known})")
+    if placeholders[-1] not in names:
+        raise ValueError(f"{field}: must contain {{{placeholders[-1]}}}")
+
+
 class VerifierConfig(_Section):
     """Settings of the verifiers shared by every task."""
 
     code: CodeVerifierConfig = CodeVerifierConfig()
+    judge: JudgeVerifierConfig = JudgeVerifierConfig()
 
 
 def as_task_list(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """Prometheus view of the verifiers' counters (`scalerl.verifiers.VerifierStats`): per task,
 the checks run and how they ended, so a verifier that raises or times out (each scored 0,
-never stopping the run) shows on a dashboard instead of only lowering the reward; and of
-the tasks' MCP servers (up, restarts)."""
+never stopping the run) shows on a dashboard instead of only lowering the reward; of the
+tasks' judges (requests, cache hits, unparseable replies, retries); and of the tasks' MCP
+servers (up, restarts)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,42 @@ class VerifierCollector:
                 failures.add_metric([*labels, outcome], stats[key])
         yield checks
         yield failures
+        yield from _judge_families(self._tasks)
         yield from _mcp_families(self._tasks)
         yield _openenv_restarts(self._tasks)
+
+
+# JudgeStats counter -> (metric name, help).
+_JUDGE_COUNTERS = {
+    "requests": ("scalerl_judge_requests", "Requests sent to the task's judge, retries included."),
+    "cache_hits": (
+        "scalerl_judge_cache_hits",
+        "Verdicts served from the judge's cache or a concurrent identical request.",
+    ),
+    "unparseable": (
+        "scalerl_judge_unparseable_replies",
+        "Judge replies without a valid final 'SCORE: n' line.",
+    ),
+    "retries": (
+        "scalerl_judge_retries",
+        "Requests sent again after the judge did not answer (down, busy, past its timeout).",
+    ),
+}
+
+
+def _judge_families(tasks: TaskSet) -> Iterator[Metric]:
+    """`scalerl_judge_*_total{task}` of the tasks graded by a judge
+    (`scalerl.verifiers.judge.JudgeStats`)."""
+    families = {
+        key: CounterMetricFamily(name, text, labels=["task"])
+        for key, (name, text) in _JUDGE_COUNTERS.items()
+    }
+    for task in tasks:
+        stats = getattr(task.verifier, "judge_stats", None)
+        if stats is not None:
+            for key, count in stats.snapshot().items():
+                families[key].add_metric([task.name], count)
+    yield from families.values()
 
 
 def _mcp_families(tasks: TaskSet) -> Iterator[Metric]:

@@ -84,11 +84,7 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
         raise ValueError(f"{TOKEN_ENV} is set but empty: unset it, or give the run's token")
     token = (given or "").strip()
     if not token and section.token_file:
-        _check_private("security.token_file", section.token_file)
-        token = _read("security.token_file", section.token_file).decode().strip()
-        private_paths.register(section.token_file)
-        if not token:
-            raise ValueError(f"security.token_file: {section.token_file} is empty")
+        token = read_secret("security.token_file", section.token_file)
     if section.tls_key_file:
         _check_private("security.tls_key_file", section.tls_key_file)
     private_paths.register(section.tls_key_file)
@@ -101,6 +97,20 @@ def from_config(section: SecurityConfig, environ: Mapping[str, str] | None = Non
         max_concurrent_rpcs=section.max_concurrent_rpcs,
         server_name=section.tls_server_name,
     )
+
+
+def read_secret(field: str, path: str) -> str:
+    """The secret in the file at `path` (surrounding whitespace stripped), registered as a
+    private path (`scalerl.private_paths`: hidden from what model output drives).
+
+    Raises ValueError naming `field` when the file is readable by every user, cannot be
+    read, or is empty (an empty secret never means "no auth")."""
+    _check_private(field, path)
+    secret = _read(field, path).decode().strip()
+    private_paths.register(path)
+    if not secret:
+        raise ValueError(f"{field}: {path} is empty")
+    return secret
 
 
 def _check_private(field: str, path: str) -> None:

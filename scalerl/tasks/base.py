@@ -40,6 +40,14 @@ class Problem:
     answer: Any
     messages: tuple[Mapping[str, str], ...] | None = None
 
+    @property
+    def prompt_text(self) -> str:
+        """The prompt as text, for a verifier that grades against it (a judge): the
+        question, or the row's conversation as "role: content" lines."""
+        if self.messages is None:
+            return self.question
+        return "\n\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in self.messages)
+
 
 class Task(ABC):
     """A named prompt set: `train_ids` and `heldout_ids` (disjoint sequences of prompt
@@ -88,7 +96,7 @@ class Task(ABC):
             problem = self.problem(prompt_id)
         except KeyError:
             return Verdict(0.0, True, detail=f"unknown prompt id {prompt_id!r}", failure="error")
-        return self.verifier.score(reply, problem.answer)
+        return self.verifier.score(reply, problem.answer, problem.prompt_text)
 
     def describe(self) -> dict[str, Any]:
         """Source and split sizes, for `scalerl task inspect` and the run's report."""

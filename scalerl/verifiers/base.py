@@ -172,13 +172,19 @@ class Verifier(ABC):
         if answer is None:
             raise ValueError(f"answer is required by the {self.name} verifier")
 
-    def score(self, completion: str, answer: Any) -> Verdict:
-        """The reward of `completion` in [0, 1]. Never raises: a check that raises scores 0
+    def check_prompted(self, completion: str, answer: Any, prompt: str) -> Verdict:
+        """`check` with the prompt the completion answers (its text: `Problem.prompt_text`),
+        for the verifiers that grade against it (a judge); the others ignore it."""
+        return self.check(completion, answer)
+
+    def score(self, completion: str, answer: Any, prompt: str = "") -> Verdict:
+        """The reward of `completion` in [0, 1]; `prompt`: the text it answers (for a
+        judge). Never raises: a check that raises scores 0
         as an "error", one past its time limit as a "timeout" (both are parse failures and
         counted in `stats`), a reward outside [0, 1] counts as an error. A check that could
         not run (`VerifierUnavailable`) is "unavailable": unscored, reward NaN."""
         try:
-            verdict = self.check(completion, answer)
+            verdict = self.check_prompted(completion, answer, prompt)
             verdict = replace(verdict, reward=check_reward(verdict.reward))
         except VerifierUnavailable as exc:
             verdict = Verdict(math.nan, False, detail=str(exc)[:500], failure=UNAVAILABLE)

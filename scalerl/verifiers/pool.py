@@ -31,11 +31,12 @@ class VerifierPool:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix=f"verify-{verifier.name}")
         self._slots = threading.BoundedSemaphore(max_pending)
 
-    def submit(self, completion: str, answer: Any) -> Future[Verdict]:
-        """Schedule one completion; blocks while `max_pending` are unfinished."""
+    def submit(self, completion: str, answer: Any, prompt: str = "") -> Future[Verdict]:
+        """Schedule one completion (`prompt`: the text it answers, for a judge); blocks
+        while `max_pending` are unfinished."""
         self._slots.acquire()
         try:
-            future = self._executor.submit(self.verifier.score, completion, answer)
+            future = self._executor.submit(self.verifier.score, completion, answer, prompt)
         except BaseException:
             self._slots.release()
             raise

@@ -1,4 +1,4 @@
-"""Verifiers by name: `last_integer`, `math`, `code`, `python:MODULE:FUNCTION` and
+"""Verifiers by name: `last_integer`, `math`, `code`, `judge`, `python:MODULE:FUNCTION` and
 `reasoning_gym:DATASET`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # The verifiers with a fixed name; `python:MODULE:FUNCTION` (a user's function) and
 # `reasoning_gym:DATASET` (a reasoning-gym dataset's scorer) name one of a family.
-VERIFIER_NAMES = ("last_integer", "math", "code")
+VERIFIER_NAMES = ("last_integer", "math", "code", "judge")
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
@@ -29,13 +29,15 @@ def build_verifier(
 
     timeout_s: the time limit of one check in seconds (None: the verifier's default):
     `math` and `python:` the check, `code` the program's wall time (its CPU time capped at
-    the same); `last_integer` cannot hang and ignores it. options go to the constructor:
+    the same), `judge` one request; `last_integer` cannot hang and ignores it. options go
+    to the constructor:
     `math` (workers, memory_bytes, end_of_thinking), `code` (limits: a `SandboxLimits`,
     end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
     `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
-    workers, memory_bytes; its reference answer is the item, or the answer text alone).
+    workers, memory_bytes; its reference answer is the item, or the answer text alone),
+    `judge` (end_of_thinking).
     settings: the run's `verifier` section (`code.allow_uncontained`, `code.service`,
-    `code.retry_s`);
+    `code.retry_s`; `judge`: its endpoint and rubric);
     None = defaults.
     Raises ValueError for an unknown name or dataset, a bad option value, a python:
     function that does not import or a `code` sandbox that cannot contain programs here;
@@ -59,6 +61,12 @@ def build_verifier(
             options["service"] = settings.code.service
             options["retry_s"] = settings.code.retry_s
         return CodeVerifier(**options)
+    if name == "judge":
+        from scalerl.config.task import JudgeVerifierConfig
+        from scalerl.verifiers.judge import JudgeVerifier
+
+        judge = settings.judge if settings is not None else JudgeVerifierConfig()
+        return JudgeVerifier(judge, timeout_s, **options)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))
     if name.startswith(REASONING_GYM_PREFIX):

@@ -97,6 +97,11 @@ def test_the_cli_agrees_on_reaching_the_network(capsys) -> None:
             ["--verifier", "math", "--answer", "1", "--timeout-s", "0"],
             r"timeout_s must be in [0.1, 600] seconds, got 0.0",
         ),
+        (["--verifier", "judge", "--answer", "1"], "verifier.judge.url is required"),
+        (
+            ["--verifier", "judge", "--answer", "1", "--set", "verifier.judge.url=judge:80"],
+            "verifier.judge.url: 'judge:80' must be http(s)://host[:port][/path]",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
@@ -172,3 +177,17 @@ def _agrees_with_task(task, problem, verifier: str, answer: str, completion: str
     shown = json.loads(capsys.readouterr().out)
     assert (shown["reward"], shown["parse_failed"]) == (trained.reward, trained.parse_failed)
     return trained.reward
+
+
+def test_a_judge_grades_the_completion_against_the_prompt(capsys) -> None:
+    from judge_standin import JudgeStandin
+
+    with JudgeStandin() as standin:
+        argv = ["task", "score", "--verifier", "judge", "--answer", "5", "--json"]
+        argv += ["--prompt", "What is 2+3?", "--completion", "It is 5."]
+        argv += ["--set", f"verifier.judge.url={standin.url}", "--set", "verifier.judge.model=m"]
+        assert main(argv) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert (verdict["verifier"], verdict["reward"], verdict["detail"]) == ("judge", 1.0, "SCORE: 10")
+    user = standin.received[0]["messages"][1]["content"]
+    assert user.startswith("Prompt:\nWhat is 2+3?\n")

@@ -40,16 +40,18 @@ class _Stream:
         return self._done
 
 
-def _actor(redis_client: RedisClient, run_id: str) -> tuple[ActorLoop, list]:
-    tasks = TaskSet([build_task(AdditionsTaskConfig(name="add", large_max=9, heldout_size=5))])
-    task = tasks["add"]
+def _actor(redis_client: RedisClient, run_id: str, task=None) -> tuple[ActorLoop, list]:
+    """An actor of one task: `task`, or additions whose verifier is down for "down"."""
+    if task is None:
+        task = build_task(AdditionsTaskConfig(name="add", large_max=9, heldout_size=5))
 
-    def check(completion, answer):
-        if completion == "down":
-            raise VerifierUnavailable("the sandbox service at sandbox:50054 did not run it")
-        return Verdict(1.0 if completion == str(answer) else 0.0, False)
+        def check(completion, answer):
+            if completion == "down":
+                raise VerifierUnavailable("the sandbox service at sandbox:50054 did not run it")
+            return Verdict(1.0 if completion == str(answer) else 0.0, False)
 
-    task.verifier.check = check
+        task.verifier.check = check
+    tasks = TaskSet([task])
     given_back: list = []
     actor = object.__new__(ActorLoop)
     actor.tasks, actor.worker_id = tasks, "w-1"
@@ -114,3 +116,40 @@ def test_the_progress_line_shows_the_unscored_groups() -> None:
     assert "unscored groups 3" in _progress_line(client, 10.0)
     status.last_metrics = {"groups_unscored_total": 0.0}
     assert "unscored" not in _progress_line(client, 10.0)
+
+
+def test_a_dead_judge_dead_letters_each_group_within_its_deadline(
+    redis_client: RedisClient, run_id: str
+) -> None:
+    """The `judge` verifier with nothing listening at its URL: every group ends as one
+    dead letter naming the judge, within retry_s, and none is lost or pushed."""
+    import time
+
+    from scalerl.config import JudgeVerifierConfig, VerifierConfig
+    from scalerl.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = VerifierConfig(judge=JudgeVerifierConfig(url=url, model="m", retry_s=1.0))
+    config = AdditionsTaskConfig(name="add", large_max=9, heldout_size=5, verifier="judge")
+    actor, given_back = _actor(redis_client, run_id, build_task(config, settings=settings))
+    task = actor.tasks["add"]
+    began = time.monotonic()
+    groups = []
+    for i, prompt_id in enumerate(task.train_ids[:3]):
+        streams = [_Stream("5"), _Stream("6"), _Stream("5")]
+        groups.append(_GroupInFlight(prompt_id, [1, 2], streams, i))
+    actor._scored(groups)
+    for group in groups:
+        actor._finish_group(group, should_stop=lambda: False)
+    # 6 distinct (prompt, completion) keys on 2 threads, each given up after retry_s = 1.
+    assert time.monotonic() - began < 3 * 1.0 + 5.0
+    assert (actor.groups_pushed, actor.groups_unscored, given_back) == (0, 3, [0, 1, 2])
+    assert actor.replay.accounting() == {
+        "pushed": 3,
+        f"dead_letter:{VERIFIER_UNAVAILABLE}": 3,
+        "queued": 0,
+        "unaccounted": 0,
+    }
+    details = [letter["detail"] for letter in actor.replay.dead_letters()]
+    assert all(d.startswith(f"3/3 samples unscored: judge at {url}: ConnectError") for d in details)
+    actor.scorers["add"].close()

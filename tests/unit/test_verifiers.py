@@ -130,7 +130,7 @@ def test_last_integer_refuses_a_non_integer_answer() -> None:
     [
         (
             "nope",
-            "verifier must be one of last_integer, math, code, python:MODULE:FUNCTION or "
+            "verifier must be one of last_integer, math, code, judge, python:MODULE:FUNCTION or "
             "reasoning_gym:DATASET, got 'nope'",
         ),
         ("python:os", "verifier must be python:MODULE:FUNCTION, got 'python:os'"),
