@@ -34,8 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument(
         "--verifier",
         required=True,
-        help="last_integer, math, code, judge, reasoning_gym:DATASET or "
-        "python:MODULE:FUNCTION.",
+        help="last_integer, math, code, judge, reasoning_gym:DATASET or python:MODULE:FUNCTION.",
     )
     score.add_argument(
         "--answer",
@@ -306,10 +305,9 @@ def _short(value, limit: int = 120) -> str:
 def score_main(args: argparse.Namespace) -> int:
     """`scalerl task score`: 0; 2 after one line for bad input; 1 when the verifier could
     not run (the sandbox down past its retries: the verdict is printed, unscored)."""
+    from scalerl.config import load_config
     from scalerl.entrypoint import config_error
     from scalerl.verifiers import build_verifier
-
-    from scalerl.config import load_config
 
     completion = sys.stdin.read() if args.completion == "-" else args.completion
     try:

@@ -188,6 +188,10 @@ def test_a_judge_grades_the_completion_against_the_prompt(capsys) -> None:
         argv += ["--set", f"verifier.judge.url={standin.url}", "--set", "verifier.judge.model=m"]
         assert main(argv) == 0
     verdict = json.loads(capsys.readouterr().out)
-    assert (verdict["verifier"], verdict["reward"], verdict["detail"]) == ("judge", 1.0, "SCORE: 10")
+    assert (verdict["verifier"], verdict["reward"], verdict["detail"]) == (
+        "judge",
+        1.0,
+        "SCORE: 10",
+    )
     user = standin.received[0]["messages"][1]["content"]
     assert user.startswith("Prompt:\nWhat is 2+3?\n")
