@@ -18,43 +18,33 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 GRACE_S = 10.0  # seconds running programs get to finish on shutdown
 
 
-def _bounded(kind: Callable[[str], float], low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: `kind(text)` within [low, high]."""
-
-    def parse(text: str) -> float:
-        value = kind(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}], got {text}")
-        return value
-
-    return parse
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line of scalerl-sandbox; exits with status 2 on bad arguments."""
+    from scalerl.service_args import bounded
+
     parser = argparse.ArgumentParser(prog="scalerl-sandbox", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=_bounded(int, 0, 65_535), required=True)
+    parser.add_argument("--port", type=bounded(int, 0, 65_535), required=True)
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind.")
     parser.add_argument(
-        "--concurrency", type=_bounded(int, 1, 256), default=4, help="Programs run at once."
+        "--concurrency", type=bounded(int, 1, 256), default=4, help="Programs run at once."
     )
     parser.add_argument(
         "--queue",
-        type=_bounded(int, 0, 4096),
+        type=bounded(int, 0, 4096),
         default=None,
         help="Requests that wait for a slot (default 4 x concurrency); beyond it, "
         "RESOURCE_EXHAUSTED and the caller retries with back-off.",
     )
     parser.add_argument(
-        "--wall-s", type=_bounded(float, 0.1, 600), default=10.0, help="Longest wall time."
+        "--wall-s", type=bounded(float, 0.1, 600), default=10.0, help="Longest wall time."
     )
     parser.add_argument(
-        "--memory-mb", type=_bounded(int, 32, 65_536), default=256, help="Address space."
+        "--memory-mb", type=bounded(int, 32, 65_536), default=256, help="Address space."
     )
     parser.add_argument("--allow-uncontained", action="store_true")
     parser.add_argument("--tls-cert", default="", help="PEM certificate of the server.")

@@ -181,7 +181,7 @@ class _Task(_Section):
     )
     verifier: str = Field(
         "",
-        description="last_integer, math, code, judge, reasoning_gym:DATASET or "
+        description="last_integer, math, code, judge, reward_model, reasoning_gym:DATASET or "
         "python:MODULE:FUNCTION; empty = the source's own (additions: last_integer, "
         "reasoning_gym: the dataset's scorer; a file source must name one).",
     )
@@ -260,7 +260,7 @@ class FileTaskConfig(_Task):
         if not self.verifier:
             raise ValueError(
                 f"{where}: verifier is required for source file (last_integer, math, code, "
-                "judge or python:MODULE:FUNCTION)"
+                "judge, reward_model or python:MODULE:FUNCTION)"
             )
         return self
 
@@ -456,11 +456,52 @@ def check_template(field: str, template: str, placeholders: tuple[str, ...]) -> 
         raise ValueError(f"{field}: must contain {{{placeholders[-1]}}}")
 
 
+class RewardModelVerifierConfig(_Section):
+    """The `reward_model` verifier (`scalerl.verifiers.reward_model`): a sequence-
+    classification checkpoint served by the reward service (`scalerl-reward`) at
+    `service`, its raw score mapped onto [0, 1]: "sigmoid" gives
+    1 / (1 + exp(-(score - center) / scale)), "linear" gives (score - low) / (high - low)
+    clipped to [0, 1]."""
+
+    service: str = Field(
+        "",
+        pattern=r"^$|^[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$",
+        description="host:port of the reward service (scalerl-reward).",
+    )
+    normalize: Literal["sigmoid", "linear"] = Field(
+        "sigmoid", description="How a raw score becomes a reward in [0, 1]."
+    )
+    center: float = Field(0.0, description="sigmoid: the score that maps to 0.5.")
+    scale: float = Field(1.0, gt=0, description="sigmoid: the score's scale (a temperature).")
+    low: float = Field(0.0, description="linear: the score that maps to 0.")
+    high: float = Field(1.0, description="linear: the score that maps to 1.")
+    timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Wall time of one call, queueing included, seconds."
+    )
+    retry_s: float = Field(
+        120.0,
+        ge=0,
+        le=3600,
+        description="Seconds a reward service that does not answer (down, busy, past "
+        "timeout_s) is retried with back-off; then the completion is unscored and its group "
+        "dead-lettered (verifier_unavailable), never scored 0.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardModelVerifierConfig:
+        if self.normalize == "linear" and not self.high > self.low:
+            raise ValueError(
+                f"verifier.reward_model: high must be above low, got {self.low} .. {self.high}"
+            )
+        return self
+
+
 class VerifierConfig(_Section):
     """Settings of the verifiers shared by every task."""
 
     code: CodeVerifierConfig = CodeVerifierConfig()
     judge: JudgeVerifierConfig = JudgeVerifierConfig()
+    reward_model: RewardModelVerifierConfig = RewardModelVerifierConfig()
 
 
 def as_task_list(value: Any) -> Any:

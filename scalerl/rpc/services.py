@@ -21,6 +21,8 @@ from scalerl.v1 import (
     curve_pb2_grpc,
     learner_pb2,
     learner_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
     rollout_pb2,
     rollout_pb2_grpc,
     sandbox_pb2,
@@ -51,6 +53,7 @@ CURVE = _service(curve_pb2, curve_pb2_grpc, "CurveService")
 LEARNER = _service(learner_pb2, learner_pb2_grpc, "LearnerService")
 ROLLOUT = _service(rollout_pb2, rollout_pb2_grpc, "RolloutService")
 SANDBOX = _service(sandbox_pb2, sandbox_pb2_grpc, "SandboxService")
+REWARD = _service(reward_pb2, reward_pb2_grpc, "RewardService")
 
 
 def serve(

@@ -29,7 +29,6 @@ import json
 import re
 import secrets
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -37,12 +36,12 @@ from typing import Any
 
 from scalerl.config.task import JudgeVerifierConfig
 from scalerl.verifiers.base import Verdict, Verifier, VerifierUnavailable
+from scalerl.verifiers.retries import Retry, with_retries
 
 # The final line of a judge's reply: the score alone.
 _SCORE_LINE = re.compile(r"SCORE:[ \t]*([+-]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*")
 _RETRIED_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _SHOWN_CHARS = 300
-_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 SYSTEM_PROMPT = (
     "You are a grader. {rubric}\n\n"
@@ -262,15 +261,15 @@ class JudgeVerifier(Verifier):
             reward = (score - s.score_min) / (s.score_max - s.score_min)
             return Verdict(reward, False, extracted=text[:_SHOWN_CHARS], detail=f"SCORE: {score:g}")
         raise VerifierUnavailable(
-            f"judge {s.model} at {s.url} gave no valid score in {s.parse_retries + 1} "
+            f"the judge {s.model} at {s.url} gave no valid score in {s.parse_retries + 1} "
             f"replies: {reason}"
         )
 
     def _reply(self, request: JudgePrompt) -> str:
-        """The judge's reply text, retried while the judge does not answer; raises
-        VerifierUnavailable past `retry_s`."""
-        import httpx
-
+        """The judge's reply text, retried while the judge does not answer
+        (`scalerl.verifiers.retries`); raises VerifierUnavailable past `retry_s`, or at
+        once for a refusal a retry cannot change (401, 404, a body that is not a chat
+        completion)."""
         s = self.settings
         body = {
             "model": s.model,
@@ -278,24 +277,30 @@ class JudgeVerifier(Verifier):
             "temperature": s.temperature,
             "max_tokens": s.max_tokens,
         }
-        deadline = time.monotonic() + s.retry_s
-        attempt = 0
-        while True:
-            with self._slots:
-                self.judge_stats.add(requests=1, retries=int(attempt > 0))
-                try:
-                    response = self._client.post("/chat/completions", json=body)
-                    failure = "" if response.status_code < 400 else _http_failure(response)
-                except httpx.HTTPError as exc:
-                    response, failure = None, f"{type(exc).__name__}: {exc}"
-            if response is not None and not failure:
-                return _content(response, s.url)
-            retried = response is None or response.status_code in _RETRIED_STATUS
-            pause = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
-            if not retried or time.monotonic() + pause > deadline:
-                raise VerifierUnavailable(f"judge at {s.url}: {failure}"[:500])
-            time.sleep(pause)
-            attempt += 1
+        tries = 0
+
+        def once() -> str:
+            nonlocal tries
+            self.judge_stats.add(requests=1, retries=int(tries > 0))
+            tries += 1
+            return self._post_once(body)
+
+        return with_retries(once, s.retry_s, f"the judge at {s.url} did not answer")
+
+    def _post_once(self, body: dict[str, Any]) -> str:
+        import httpx
+
+        url = self.settings.url
+        with self._slots:
+            try:
+                response = self._client.post("/chat/completions", json=body)
+            except httpx.HTTPError as exc:
+                raise Retry(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code in _RETRIED_STATUS:
+            raise Retry(_http_failure(response))
+        if response.status_code >= 400:
+            raise VerifierUnavailable(f"the judge at {url} refused: {_http_failure(response)}")
+        return _content(response, url)
 
     def close(self) -> None:
         self._client.close()
@@ -314,8 +319,8 @@ def _content(response, url: str) -> str:
         content = choice["message"]["content"] or ""
     except (ValueError, KeyError, IndexError, TypeError):
         raise VerifierUnavailable(
-            f"judge at {url}: not a chat completion: {response.text[:_SHOWN_CHARS]!r}"
+            f"the judge at {url} answered no chat completion: {response.text[:_SHOWN_CHARS]!r}"
         ) from None
     if not isinstance(content, str):
-        raise VerifierUnavailable(f"judge at {url}: the reply's content is not text")
+        raise VerifierUnavailable(f"the judge at {url} answered content that is not text")
     return "" if choice.get("finish_reason") == "length" else content

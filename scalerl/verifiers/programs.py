@@ -12,25 +12,16 @@ deadline or failed to start is retried with back-off within `retry_s` seconds, t
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
 
 from scalerl.rpc.errors import InvalidArgument, ServiceError
 from scalerl.sandbox.runner import SandboxLimits, SandboxRun, containment, run_program
-from scalerl.verifiers.base import VerifierUnavailable
+from scalerl.verifiers.retries import Retry, service_failure, with_retries
 
 log = logging.getLogger(__name__)
 
 ALLOW_UNCONTAINED = "verifier.code.allow_uncontained"
-# The service's answers that a later try may not get: busy, restarting, slow.
-RETRIED_STATUSES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"})
-FIRST_BACKOFF_S = 0.1
-MAX_BACKOFF_S = 5.0
-
-
-class _Retry(Exception):
-    """One try could not run the program, a later one may."""
 
 
 class ProgramRunner:
@@ -88,30 +79,20 @@ class ProgramRunner:
         limits = (
             self.limits if wall_s is None else self.limits.model_copy(update={"wall_s": wall_s})
         )
-        deadline = time.monotonic() + self.retry_s
-        attempt = 0
-        while True:
-            try:
-                return self._run_once(code, kind, cases, limits)
-            except _Retry as exc:
-                pause = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2**attempt) * random.uniform(0.5, 1)
-                if time.monotonic() + pause > deadline:
-                    raise VerifierUnavailable(
-                        f"the sandbox{self._where()} did not run the program within "
-                        f"{self.retry_s:g} s ({attempt + 1} tries): {exc}"
-                    ) from exc
-                self.sleep(pause)
-                attempt += 1
+        what = f"the sandbox{self._where()} did not run the program"
+        return with_retries(
+            lambda: self._run_once(code, kind, cases, limits), self.retry_s, what, self.sleep
+        )
 
     def _run_once(
         self, code: str, kind: str, cases: list[str], limits: SandboxLimits
     ) -> SandboxRun:
-        """One try; _Retry when a later one may succeed."""
+        """One try; Retry when a later one may succeed."""
         if not self.service:
             try:
                 return run_program(code, kind, cases, limits)
             except (RuntimeError, OSError) as exc:  # never the program's doing
-                raise _Retry(str(exc)) from exc
+                raise Retry(str(exc)) from exc
         from scalerl.rpc.security import Security
         from scalerl.sandbox.client import SandboxClient
 
@@ -121,13 +102,11 @@ class ProgramRunner:
             with SandboxClient(self.service, security=Security()) as client:
                 return client.execute(code, kind, cases, limits.wall_s)
         except InvalidArgument as exc:
-            if exc.field == "code":
+            if exc.field == "code":  # the program itself: the completion's doing
                 raise
-            raise VerifierUnavailable(f"the sandbox service refused the call: {exc}") from exc
+            raise service_failure(exc, "sandbox service") from exc
         except ServiceError as exc:
-            if exc.status in RETRIED_STATUSES:
-                raise _Retry(f"{exc.status}: {exc}") from exc
-            raise VerifierUnavailable(f"the sandbox service failed: {exc.status}: {exc}") from exc
+            raise service_failure(exc, "sandbox service") from exc
 
     def _where(self) -> str:
         return f" service at {self.service}" if self.service else ""

@@ -1,5 +1,5 @@
-"""Verifiers by name: `last_integer`, `math`, `code`, `judge`, `python:MODULE:FUNCTION` and
-`reasoning_gym:DATASET`."""
+"""Verifiers by name: `last_integer`, `math`, `code`, `judge`, `reward_model`,
+`python:MODULE:FUNCTION` and `reasoning_gym:DATASET`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # The verifiers with a fixed name; `python:MODULE:FUNCTION` (a user's function) and
 # `reasoning_gym:DATASET` (a reasoning-gym dataset's scorer) name one of a family.
-VERIFIER_NAMES = ("last_integer", "math", "code", "judge")
+VERIFIER_NAMES = ("last_integer", "math", "code", "judge", "reward_model")
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
@@ -29,15 +29,15 @@ def build_verifier(
 
     timeout_s: the time limit of one check in seconds (None: the verifier's default):
     `math` and `python:` the check, `code` the program's wall time (its CPU time capped at
-    the same), `judge` one request; `last_integer` cannot hang and ignores it. options go
-    to the constructor:
+    the same), `judge` and `reward_model` one request; `last_integer` cannot hang and
+    ignores it. options go to the constructor:
     `math` (workers, memory_bytes, end_of_thinking), `code` (limits: a `SandboxLimits`,
     end_of_thinking), `python:...` (workers, memory_bytes, end_of_thinking),
     `reasoning_gym:DATASET` (dataset_config: the dataset's options, end_of_thinking,
     workers, memory_bytes; its reference answer is the item, or the answer text alone),
-    `judge` (end_of_thinking).
+    `judge` and `reward_model` (end_of_thinking).
     settings: the run's `verifier` section (`code.allow_uncontained`, `code.service`,
-    `code.retry_s`; `judge`: its endpoint and rubric);
+    `code.retry_s`; `judge`: its endpoint and rubric; `reward_model`: its service);
     None = defaults.
     Raises ValueError for an unknown name or dataset, a bad option value, a python:
     function that does not import or a `code` sandbox that cannot contain programs here;
@@ -67,6 +67,12 @@ def build_verifier(
 
         judge = settings.judge if settings is not None else JudgeVerifierConfig()
         return JudgeVerifier(judge, timeout_s, **options)
+    if name == "reward_model":
+        from scalerl.config.task import RewardModelVerifierConfig
+        from scalerl.verifiers.reward_model import RewardModelVerifier
+
+        model = settings.reward_model if settings is not None else RewardModelVerifierConfig()
+        return RewardModelVerifier(model, timeout_s, **options)
     if name.startswith(PREFIX):
         return PythonVerifier(name, **_with_timeout(options, timeout_s))
     if name.startswith(REASONING_GYM_PREFIX):

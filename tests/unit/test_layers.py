@@ -37,6 +37,9 @@ TORCH_FREE = (
     "scalerl.verifiers.code",
     "scalerl.verifiers.math_answer",
     "scalerl.verifiers.reasoning_gym",
+    "scalerl.verifiers.judge",
+    "scalerl.verifiers.reward_model",
+    "reward_service.server",
     "scalerl.sandbox.client",
     "scalerl.sandbox.zygote",
     "scalerl.tasks.files",
@@ -47,7 +50,7 @@ TORCH_FREE = (
     "scalerl.weights.delta",
 )
 ROOTS = ("scalerl_cli", "rollout_service", "learner_service", "curve_service", "sandbox_service")
-ROOTS += ("scalerl",)
+ROOTS += ("reward_service", "scalerl")
 GENERATED = "scalerl/v1"  # the protobuf modules: named by the map as one package
 TAG_COLUMN = 22  # the map's package names stand left of this column, its text right of it
 

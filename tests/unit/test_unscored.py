@@ -18,7 +18,7 @@ from scalerl.rpc.errors import InvalidArgument, ResourceExhausted, Unavailable
 from scalerl.sandbox.client import SandboxClient
 from scalerl.sandbox.runner import CaseOutcome, SandboxRun
 from scalerl.tasks import TaskSet, build_task
-from scalerl.verifiers import Verdict, VerifierUnavailable, programs
+from scalerl.verifiers import Verdict, VerifierUnavailable, programs, retries
 from scalerl.verifiers.code import CodeVerifier
 
 PROGRAM = "```python\ndef add(a, b):\n    return a + b\n```"
@@ -42,8 +42,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(programs.time, "monotonic", clock.monotonic)
-    monkeypatch.setattr(programs.random, "uniform", lambda low, high: high)  # no jitter
+    monkeypatch.setattr(retries.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)  # no jitter
     return clock
 
 

@@ -130,8 +130,8 @@ def test_last_integer_refuses_a_non_integer_answer() -> None:
     [
         (
             "nope",
-            "verifier must be one of last_integer, math, code, judge, python:MODULE:FUNCTION or "
-            "reasoning_gym:DATASET, got 'nope'",
+            "verifier must be one of last_integer, math, code, judge, reward_model, "
+            "python:MODULE:FUNCTION or reasoning_gym:DATASET, got 'nope'",
         ),
         ("python:os", "verifier must be python:MODULE:FUNCTION, got 'python:os'"),
         ("python:no_such_module_x:f", "module no_such_module_x does not import"),
