@@ -15,6 +15,7 @@ COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
+COPY reward_service ./reward_service
 RUN python -m venv /opt/scalerl \
     && /opt/scalerl/bin/pip install --no-cache-dir .
 

@@ -15,6 +15,7 @@ COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
+COPY reward_service ./reward_service
 # The image's torch and sglang are held as constraints: if SGLang's torch is not the one
 # pyproject.toml's torch extra pins, the build fails instead of replacing it.
 ENV PIP_BREAK_SYSTEM_PACKAGES=1

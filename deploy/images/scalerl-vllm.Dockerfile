@@ -15,6 +15,7 @@ COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
+COPY reward_service ./reward_service
 # The image's Python is the system one (PEP 668 marks it externally managed).
 ENV PIP_BREAK_SYSTEM_PACKAGES=1
 RUN python3 -m pip freeze | grep -iE '^(torch|vllm)==' > /tmp/image-pins.txt \

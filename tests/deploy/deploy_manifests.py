@@ -30,6 +30,7 @@ COMPOSITIONS = {
     "sandbox-gvisor": ("sandbox-gvisor",),
     "tls": ("tls",),
     "external-redis": ("external-redis",),
+    "reward-model": ("reward-model",),
 }
 # The ConfigMap of deploy/components/external-redis: each component's Redis URL, by name.
 EXTERNAL_REDIS_URLS = {

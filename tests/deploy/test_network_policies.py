@@ -13,7 +13,7 @@ from deploy_manifests import find, pod_labels, workloads
 NAMESPACE = "scalerl"
 # The ports a connection may aim at: the services', the stores', DNS, HTTPS, and one
 # ephemeral port (torch.distributed's peer connections).
-PORTS = (53, 443, 6379, 9101, 9102, 9103, 29400, 29501, 50051, 50052, 50053, 50054, 40000)
+PORTS = (53, 443, 6379, 9101, 9102, 9103, 29400, 29501, 50051, 50052, 50053, 50054, 50055, 40000)
 ANY = frozenset(PORTS)
 
 
@@ -152,11 +152,24 @@ EXTERNAL_REDIS = {
 }
 
 
+# With deploy/components/reward-model: the reward service, scored by the learner and the
+# workers, reaching nothing.
+REWARD = {
+    **EXPECTED,
+    ("learner", "reward"): frozenset({50055}),
+    ("rollout", "reward"): frozenset({50055}),
+}
+
+
 def test_each_pod_reaches_only_its_peers(docs: list[dict]) -> None:
     ours = {p.name for p in _peers(docs) if p.ours}
     if "redis" not in ours:  # an external Redis
         assert ours == set(OURS) - {"redis"}
         assert allowed_peers(docs) == EXTERNAL_REDIS
+        return
+    if "reward" in ours:
+        assert ours == {*OURS, "reward"}
+        assert allowed_peers(docs) == REWARD
         return
     assert ours == set(OURS)
     assert allowed_peers(docs) == EXPECTED
