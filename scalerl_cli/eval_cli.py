@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported only once an evaluation starts
     from scalerl.policy.hardware import ResolvedConfig
@@ -184,34 +184,12 @@ def evaluate_checkpoint(
     local port, score the held-out split
     (every prompt, or the `--prompts` subset) and return the result as a dict. Raises
     InvalidArgument naming the first bad tensor when the weights do not fit the model."""
-    import torch
-
     from learner_service.evaluation.evaluate import evaluator_for
-    from rollout_service.engines.factory import build_engine
     from rollout_service.server import RolloutServicer, start_server
-    from scalerl.cores import torch_threads
-    from scalerl.length_control import check_budgets
-    from scalerl.policy.models import load_policy
-    from scalerl.rpc.errors import InvalidArgument
     from scalerl.tasks import build_tasks
-    from scalerl.weights.check import load_state_dict
-    from scalerl.weights.wire import lora_checkpoint_payload
 
     config = resolved.config
-    torch.set_num_threads(torch_threads(args.threads))
-    model, tokenizer = load_policy(config.model, seed=config.seed)
-    check_budgets(config.rollout, tokenizer.encode)
-    weights: dict = {}
-    for file in source.weights:
-        weights.update(load_state_dict(file))
-    lora = config.learner.lora
-    try:
-        weights = lora_checkpoint_payload(weights, lora.alpha / lora.rank if lora else None)
-    except ValueError as exc:
-        raise InvalidArgument("learner.lora", str(exc).removeprefix("learner.lora: ")) from exc
-    engine = build_engine(resolved, model, tokenizer, None)
-    try:
-        engine.stage_weights(weights, 1).result(timeout=600)
+    with loaded_engine(resolved, source.weights, args.threads) as (engine, tokenizer):
         r = config.rollout
         servicer = RolloutServicer(
             engine, tokenizer, "eval", config.model.kind, r.interrupt_text, r.max_new_tokens,
@@ -227,9 +205,47 @@ def evaluate_checkpoint(
             seconds = time.monotonic() - started
         finally:
             server.stop(grace=None)
+    return _as_dict(result, config, source, seed, args, seconds, evaluator)
+
+
+@contextlib.contextmanager
+def loaded_engine(
+    resolved: ResolvedConfig, weights: tuple[Path, ...], threads: int = 0
+) -> Iterator[tuple[Any, Any]]:
+    """(a started rollout engine of the config's model, its `PolicyTokenizer`), holding
+    `weights` (files of a checkpoint, as `find_source` names them; () = the model as the
+    config loads it), stopped on exit. threads: torch threads (0 = every usable core).
+    Raises InvalidArgument naming the first bad tensor when the weights do not fit."""
+    import torch
+
+    from rollout_service.engines.factory import build_engine
+    from scalerl.cores import torch_threads
+    from scalerl.length_control import check_budgets
+    from scalerl.policy.models import load_policy
+    from scalerl.rpc.errors import InvalidArgument
+    from scalerl.weights.check import load_state_dict
+    from scalerl.weights.wire import lora_checkpoint_payload
+
+    config = resolved.config
+    torch.set_num_threads(torch_threads(threads))
+    model, tokenizer = load_policy(config.model, seed=config.seed)
+    check_budgets(config.rollout, tokenizer.encode)
+    engine = build_engine(resolved, model, tokenizer, None)
+    try:
+        if weights:
+            state: dict = {}
+            for file in weights:
+                state.update(load_state_dict(file))
+            lora = config.learner.lora
+            try:
+                state = lora_checkpoint_payload(state, lora.alpha / lora.rank if lora else None)
+            except ValueError as exc:
+                field, message = "learner.lora", str(exc).removeprefix("learner.lora: ")
+                raise InvalidArgument(field, message) from exc
+            engine.stage_weights(state, 1).result(timeout=600)
+        yield engine, tokenizer
     finally:
         engine.stop()
-    return _as_dict(result, config, source, seed, args, seconds, evaluator)
 
 
 def _as_dict(result, config, source: Source, seed: int, args, seconds: float, evaluator) -> dict:

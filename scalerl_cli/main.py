@@ -9,7 +9,9 @@ running job's launcher-managed rollout workers, see `scalerl_cli.fleet`); `scale
 completion, and why: see `scalerl_cli.task_cli`); `scalerl eval CHECKPOINT [--config ...]
 [--samples N] [--seed S] [--plain] [--json]` (a checkpoint's held-out pass rate with a run's
 protocol: see `scalerl_cli.eval_cli`); `scalerl export RUN_DIR OUT [--merge]` (a LoRA run's
-adapter as a peft folder, or a merged HF model: see `scalerl_cli.export_cli`).
+adapter as a peft folder, or a merged HF model: see `scalerl_cli.export_cli`); `scalerl
+serve [CHECKPOINT] [--port P]` (a model on our engine behind an OpenAI-compatible API, e.g.
+a judge: see `scalerl_cli.serve_cli`).
 
 Bad input prints one line naming the field and exits with code 2.
 """
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         curve_cli,  # no torch: the curve commands load numpy/scipy/grpc only
         eval_cli,  # torch only once it runs
         export_cli,  # torch only once it runs
+        serve_cli,  # torch only once it runs
         task_cli,  # no torch: the verifiers are torch-free
     )
 
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     task_cli.add_parser(sub)
     eval_cli.add_parser(sub)
     export_cli.add_parser(sub)
+    serve_cli.add_parser(sub)
     return parser
 
 
@@ -156,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         from scalerl_cli import export_cli
 
         return export_cli.main(args)
+    if args.command == "serve":
+        from scalerl_cli import serve_cli
+
+        return serve_cli.main(args)
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "workers":
