@@ -486,6 +486,12 @@ class RewardModelVerifierConfig(_Section):
         "timeout_s) is retried with back-off; then the completion is unscored and its group "
         "dead-lettered (verifier_unavailable), never scored 0.",
     )
+    cache_size: int = Field(
+        65_536,
+        ge=0,
+        le=10_000_000,
+        description="Scores kept by (prompt, completion); 0 = none.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardModelVerifierConfig:

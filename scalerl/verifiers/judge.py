@@ -16,26 +16,24 @@ The completion is hostile input to the judge, so:
 - the API key is read from `key_file` (never readable by every user) and registered as a
   private path, hidden from MCP servers and OpenEnv environments.
 
-Verdicts are cached by (prompt, reference, completion) for this rubric, template and model:
-a group's repeated completions, and the same completion scored again, cost one request;
-concurrent requests for the same key share one call. At most `concurrency` requests are in
-flight from one process.
+Verdicts are cached by (prompt, reference, completion) for this rubric, template and model
+(`scalerl.verifiers.cache`): a group's repeated completions, and the same completion scored
+again, cost one request; concurrent requests for the same key share one call. At most
+`concurrency` requests are in flight from one process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import secrets
 import threading
-from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from scalerl.config.task import JudgeVerifierConfig
 from scalerl.verifiers.base import Verdict, Verifier, VerifierUnavailable
+from scalerl.verifiers.cache import VerdictCache, cache_key
 from scalerl.verifiers.retries import Retry, with_retries
 
 # The final line of a judge's reply: the score alone.
@@ -137,48 +135,6 @@ class JudgeStats:
             }
 
 
-class VerdictCache:
-    """A bounded LRU of verdicts by key, where a key being computed is shared: the first
-    caller computes it, concurrent callers wait for its result. Only scored verdicts are
-    kept (an unscored one is computed again next time)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._done: OrderedDict[str, Verdict] = OrderedDict()
-        self._running: dict[str, Future[Verdict]] = {}
-        self._lock = threading.Lock()
-
-    def get_or_compute(self, key: str, compute) -> tuple[Verdict, bool]:
-        """(the verdict of `key`, whether it came from the cache or a concurrent call);
-        `compute()` runs at most once per key at a time. Its exception is re-raised to
-        every waiter."""
-        with self._lock:
-            if key in self._done:
-                self._done.move_to_end(key)
-                return self._done[key], True
-            running = self._running.get(key)
-            mine: Future[Verdict] = Future()
-            if running is None:
-                self._running[key] = mine
-        if running is not None:
-            return running.result(), True
-        try:
-            verdict = compute()
-        except BaseException as exc:
-            mine.set_exception(exc)
-            raise
-        finally:
-            with self._lock:
-                self._running.pop(key, None)
-        mine.set_result(verdict)
-        if self.size and not verdict.unscored:
-            with self._lock:
-                self._done[key] = verdict
-                while len(self._done) > self.size:
-                    self._done.popitem(last=False)
-        return verdict, False
-
-
 class JudgeVerifier(Verifier):
     """The `judge` verifier (module doc). settings: `verifier.judge`; timeout_s: the task's
     `verifier_timeout_s`, which replaces `settings.timeout_s` when given.
@@ -240,7 +196,7 @@ class JudgeVerifier(Verifier):
         text = answer_part(completion, self.end_of_thinking)
         if text is None or not text.strip():
             return Verdict(0.0, True, detail="no answer to grade")
-        key = hashlib.sha256(json.dumps([self._salt, prompt, answer, text]).encode()).hexdigest()
+        key = cache_key(self._salt, prompt, answer, text)
         verdict, shared = self._cache.get_or_compute(key, lambda: self._grade(prompt, answer, text))
         if shared:
             self.judge_stats.add(cache_hits=1)

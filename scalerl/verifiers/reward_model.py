@@ -2,7 +2,9 @@
 served by the reward service (`scalerl-reward`, `reward_service`) at
 `verifier.reward_model.service`; its raw score is mapped onto [0, 1] (`normalized`).
 
-The service batches the calls that arrive together (every worker's and the evaluator's).
+The service batches the calls that arrive together (every worker's and the evaluator's);
+scores are cached by (prompt, completion) here (`scalerl.verifiers.cache`), so a group's
+repeated completions cost one call.
 A service that is down, busy or past `timeout_s` is retried with back-off for `retry_s`
 (`scalerl.verifiers.retries`), then the sample is unscored and its group dead-lettered:
 never a reward. The completion reaches the model as its assistant turn and nothing else,
@@ -21,6 +23,7 @@ from scalerl.rpc.security import Security
 from scalerl.rpc.services import REWARD
 from scalerl.v1 import reward_pb2
 from scalerl.verifiers.base import END_OF_THINKING, Verdict, Verifier
+from scalerl.verifiers.cache import VerdictCache, cache_key
 from scalerl.verifiers.retries import service_failure, with_retries
 
 
@@ -81,6 +84,7 @@ class RewardModelVerifier(Verifier):
         self._client = RewardClient(
             settings.service, timeout_s or settings.timeout_s, security=Security()
         )
+        self._cache = VerdictCache(settings.cache_size)
 
     def validate_answer(self, answer: Any) -> None:
         """Any reference answer, or none: the model scores the completion alone."""
@@ -94,6 +98,11 @@ class RewardModelVerifier(Verifier):
         text = answer_part(completion, self.end_of_thinking)
         if text is None or not text.strip():
             return Verdict(0.0, True, detail="no answer to score")
+        key = cache_key(prompt, text, self.end_of_thinking)
+        verdict, _ = self._cache.get_or_compute(key, lambda: self._scored(prompt, text))
+        return verdict
+
+    def _scored(self, prompt: str, text: str) -> Verdict:
         what = f"the reward service at {self.settings.service} did not score it"
         [score] = with_retries(lambda: self._score_once(prompt, text), self.settings.retry_s, what)
         reward = normalized(score, self.settings)

@@ -218,3 +218,20 @@ def test_a_folder_that_is_no_reward_model_is_refused_before_the_port_opens(tmp_p
     missing = _start(tmp_path / "nowhere")
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines()[-1].endswith("nowhere has no config.json")
+
+
+def test_a_repeated_completion_is_scored_once(service) -> None:
+    address, batcher = service
+    settings = VerifierConfig(reward_model=RewardModelVerifierConfig(service=address))
+    verifier = build_verifier("reward_model", settings=settings)
+    threads = [
+        threading.Thread(target=verifier.score, args=("5", None, "What is 2+3?")) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first = verifier.score("5", None, "What is 2+3?")
+    other = verifier.score("5", None, "What is 1+4?")  # another prompt: another score
+    assert batcher.items == 2 and first.reward != other.reward
+    verifier.close()

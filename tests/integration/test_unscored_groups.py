@@ -118,19 +118,29 @@ def test_the_progress_line_shows_the_unscored_groups() -> None:
     assert "unscored" not in _progress_line(client, 10.0)
 
 
-def test_a_dead_judge_dead_letters_each_group_within_its_deadline(
-    redis_client: RedisClient, run_id: str
+@pytest.mark.parametrize("verifier", ["judge", "reward_model"])
+def test_a_dead_judge_or_reward_service_dead_letters_each_group_within_its_deadline(
+    redis_client: RedisClient, run_id: str, verifier: str
 ) -> None:
-    """The `judge` verifier with nothing listening at its URL: every group ends as one
-    dead letter naming the judge, within retry_s, and none is lost or pushed."""
+    """A `judge` or `reward_model` verifier with nothing listening at its address: every
+    group ends as one dead letter naming the service, within retry_s, and none is lost or
+    pushed."""
     import time
 
-    from scalerl.config import JudgeVerifierConfig, VerifierConfig
+    from scalerl.config import JudgeVerifierConfig, RewardModelVerifierConfig, VerifierConfig
     from scalerl.ports import free_port
 
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    settings = VerifierConfig(judge=JudgeVerifierConfig(url=url, model="m", retry_s=1.0))
-    config = AdditionsTaskConfig(name="add", large_max=9, heldout_size=5, verifier="judge")
+    port = free_port()
+    if verifier == "judge":
+        url = f"http://127.0.0.1:{port}/v1"
+        settings = VerifierConfig(judge=JudgeVerifierConfig(url=url, model="m", retry_s=1.0))
+        named = f"the judge at {url} did not answer"
+    else:
+        address = f"127.0.0.1:{port}"
+        service = RewardModelVerifierConfig(service=address, retry_s=1.0, timeout_s=0.5)
+        settings = VerifierConfig(reward_model=service)
+        named = f"the reward service at {address} did not score it"
+    config = AdditionsTaskConfig(name="add", large_max=9, heldout_size=5, verifier=verifier)
     actor, given_back = _actor(redis_client, run_id, build_task(config, settings=settings))
     task = actor.tasks["add"]
     began = time.monotonic()
@@ -141,8 +151,8 @@ def test_a_dead_judge_dead_letters_each_group_within_its_deadline(
     actor._scored(groups)
     for group in groups:
         actor._finish_group(group, should_stop=lambda: False)
-    # 6 distinct (prompt, completion) keys on 2 threads, each given up after retry_s = 1.
-    assert time.monotonic() - began < 3 * 1.0 + 5.0
+    # At most 9 distinct checks on 2 threads, each given up after retry_s = 1 s.
+    assert time.monotonic() - began < 5 * 1.0 + 5.0
     assert (actor.groups_pushed, actor.groups_unscored, given_back) == (0, 3, [0, 1, 2])
     assert actor.replay.accounting() == {
         "pushed": 3,
@@ -151,7 +161,5 @@ def test_a_dead_judge_dead_letters_each_group_within_its_deadline(
         "unaccounted": 0,
     }
     details = [letter["detail"] for letter in actor.replay.dead_letters()]
-    assert all(
-        d.startswith(f"3/3 samples unscored: the judge at {url} did not answer") for d in details
-    )
+    assert all(d.startswith(f"3/3 samples unscored: {named}") for d in details), details
     actor.scorers["add"].close()
