@@ -154,6 +154,59 @@ def compute_advantages(
     return centered.to(rewards.dtype)
 
 
+def distill_advantages(
+    task_advantages: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    student_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    kl_coef: float,
+    reward_coef: float,
+) -> torch.Tensor:
+    """Per-token advantages of on-policy distillation mixed with the task's reward.
+
+    With y_t the token the student sampled, the per-token reverse KL of the student from
+    the teacher, KL(pi_S || pi_T) = E_{y ~ pi_S}[log pi_S(y) - log pi_T(y)], has the
+    one-sample estimate log pi_S(y_t) - log pi_T(y_t); its negative is the token's
+    distillation advantage (Agarwal et al. 2024, GKD; Lu and Thinking Machines 2025,
+    "On-Policy Distillation"), so a token the teacher finds likelier than the student
+    did is reinforced:
+        A_t = reward_coef * A_task_t + kl_coef * (log pi_T(y_t) - log pi_S(y_t)),
+    and 0 where the loss mask is off (prompt, forced and environment tokens). The
+    student's log-prob is the one it sampled with (the engine's, `logp_gen`), fixed like
+    the teacher's: the advantage carries no gradient.
+
+    Args:
+        task_advantages: float [N], the sample's group-relative advantage at each of its
+            tokens (`compute_advantages`, broadcast).
+        teacher_logp, student_logp: float [N], log-probs of the sampled tokens (nats).
+        loss_mask: bool [N].
+        kl_coef, reward_coef: the mix's weights, finite and >= 0, not both 0.
+
+    Returns:
+        [N] advantages in `task_advantages`' dtype, without gradient.
+
+    Raises:
+        ValueError: mismatched shapes, a weight out of range, or a non-finite log-prob at a
+            masked-in token (a missing teacher score is never trained on).
+    """
+    n = task_advantages.shape[0]
+    _check_token_inputs(
+        {"teacher_logp": teacher_logp, "student_logp": student_logp, "loss_mask": loss_mask}, n
+    )
+    for name, value in (("kl_coef", kl_coef), ("reward_coef", reward_coef)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    if kl_coef == 0 and reward_coef == 0:
+        raise ValueError("kl_coef and reward_coef must not both be 0")
+    kl_term = (teacher_logp.detach().double() - student_logp.detach().double())[loss_mask]
+    if not torch.isfinite(kl_term).all():
+        raise ValueError("a teacher or student log-prob of a trained token is not finite")
+    mixed = reward_coef * task_advantages.detach().double()
+    mixed[loss_mask] += kl_coef * kl_term
+    return torch.where(loss_mask, mixed, 0.0).to(task_advantages.dtype)
+
+
 def aggregation_weights(
     sample_index: torch.Tensor,
     group_index: torch.Tensor,

@@ -1,0 +1,124 @@
+"""On-policy distillation's advantages (`objective.distill_advantages`): the per-token
+reverse KL's estimate by hand on a 3-token vocabulary, mixed with the task's advantage, a
+teacher identical to the student giving zero advantage and zero gradient, and refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from learner_service.train import objective
+from learner_service.train.logprobs import token_logprobs
+from scalerl.config import TinyModel
+from scalerl.policy.models import load_policy
+
+# A 3-token vocabulary {a, b, c}: the student's and the teacher's next-token distributions
+# at each of 4 positions, and the token the student sampled there.
+STUDENT = torch.tensor(
+    [[0.5, 0.25, 0.25], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]], dtype=torch.float64
+)
+TEACHER = torch.tensor(
+    [[0.25, 0.5, 0.25], [0.25, 0.5, 0.25], [0.2, 0.2, 0.6], [0.4, 0.4, 0.2]], dtype=torch.float64
+)
+SAMPLED = torch.tensor([0, 1, 2, 1])  # a, b, c, b
+MASK = torch.tensor([True, True, True, False])  # the last token was forced
+
+
+def _sampled_logp(distributions: torch.Tensor) -> torch.Tensor:
+    return torch.log(distributions[torch.arange(4), SAMPLED])
+
+
+def test_the_reverse_kl_advantage_by_hand() -> None:
+    """log q(y) - log p(y): a at 0.25 / 0.5 is -ln 2; b at 0.5 / 0.25 is +ln 2; c where both
+    agree is 0; the forced token gets nothing (its log(0.4 / 0.8) is not counted)."""
+    advantages = objective.distill_advantages(
+        torch.zeros(4, dtype=torch.float64),
+        _sampled_logp(TEACHER),
+        _sampled_logp(STUDENT),
+        MASK,
+        kl_coef=1.0,
+        reward_coef=0.0,
+    )
+    ln2 = math.log(2.0)
+    assert advantages.tolist() == pytest.approx([-ln2, ln2, 0.0, 0.0], abs=1e-12)
+    # Its mean over the sampled tokens estimates -KL(student || teacher); the exact
+    # reverse KL at position 0 is 0.5 ln 2 + 0.25 ln 0.5 + 0 = 0.25 ln 2.
+    exact = float((STUDENT[0] * (STUDENT[0] / TEACHER[0]).log()).sum())
+    assert exact == pytest.approx(0.25 * ln2)
+
+
+def test_the_mix_weighs_the_task_advantage_and_the_kl() -> None:
+    task = torch.tensor([1.0, 1.0, -0.5, -0.5], dtype=torch.float64)
+    advantages = objective.distill_advantages(
+        task,
+        _sampled_logp(TEACHER),
+        _sampled_logp(STUDENT),
+        MASK,
+        kl_coef=0.5,
+        reward_coef=2.0,
+    )
+    ln2 = math.log(2.0)
+    assert advantages.tolist() == pytest.approx([2 - 0.5 * ln2, 2 + 0.5 * ln2, -1.0, 0.0])
+
+
+def _distill_gradients(teacher_seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(advantages, the student's gradients) of one sample's pure distillation loss, the
+    student a tiny model of seed 0, the teacher one of `teacher_seed`."""
+    model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=0)
+    teacher_model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=teacher_seed)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 7]])
+    logp = token_logprobs(model, ids, torch.ones_like(ids))[0]  # [5], with gradient
+    mask = torch.tensor([False, True, True, True, True])  # the first is a prompt token
+    with torch.no_grad():
+        teacher = token_logprobs(teacher_model, ids, torch.ones_like(ids))[0]
+    advantages = objective.distill_advantages(
+        torch.zeros(5), teacher, logp.detach(), mask, kl_coef=1.0, reward_coef=0.0
+    )
+    loss = objective.policy_loss(
+        logp,
+        logp.detach(),
+        advantages,
+        torch.zeros(5, dtype=torch.long),
+        torch.zeros(5, dtype=torch.long),
+        mask,
+        loss="cispo",
+        aggregation="prompt",
+        eps_max=4.0,
+    )
+    loss.backward()
+    return advantages, [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def test_a_teacher_identical_to_the_student_gives_zero_advantage_and_gradient() -> None:
+    advantages, grads = _distill_gradients(teacher_seed=0)
+    assert torch.equal(advantages, torch.zeros(5))
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    # The control: another teacher moves the student.
+    advantages, grads = _distill_gradients(teacher_seed=1)
+    assert torch.count_nonzero(advantages) == 4
+    assert any(torch.count_nonzero(g) > 0 for g in grads)
+
+
+@pytest.mark.parametrize(
+    ("kl_coef", "reward_coef", "teacher", "message"),
+    [
+        (-1.0, 0.0, 0.0, "kl_coef must be finite and >= 0"),
+        (1.0, math.nan, 0.0, "reward_coef must be finite and >= 0"),
+        (0.0, 0.0, 0.0, "must not both be 0"),
+        (1.0, 0.0, math.nan, "not finite"),
+    ],
+)
+def test_bad_weights_or_a_missing_teacher_score_are_refused(
+    kl_coef, reward_coef, teacher, message
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        objective.distill_advantages(
+            torch.zeros(2),
+            torch.tensor([teacher, 0.0]),
+            torch.zeros(2),
+            torch.tensor([True, True]),
+            kl_coef=kl_coef,
+            reward_coef=reward_coef,
+        )
