@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from learner_service.train.logprobs import prefix_logprobs, token_logprobs
 from learner_service.train.packing import PackedBatch
+from scalerl.policy.logprobs import prefix_logprobs, token_logprobs
 from scalerl.policy.routing import RoutingReplay
 
 

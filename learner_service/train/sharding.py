@@ -26,7 +26,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 class LogprobModule(torch.nn.Module):
     """The policy's log-prob computation as one module call: `module(compute, *args)` runs
-    `compute(policy, *args)` (`learner_service.train.logprobs.token_logprobs` or
+    `compute(policy, *args)` (`scalerl.policy.logprobs.token_logprobs` or
     `prefix_logprobs`) inside this module's forward, where FSDP2 has gathered the root
     unit's parameters. `micro_batches.call_policy` dispatches on `wraps_policy`."""
 

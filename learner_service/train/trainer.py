@@ -2,7 +2,7 @@
 
 `Trainer.step` applies zero-variance filtering, advantages, the aggregated policy loss
 over micro-batches (`learner_service.train.micro_batches`, log-probs with an fp32 LM head from
-`learner_service.train.logprobs`), grad clipping and one AdamW step. The groups are packed by
+`scalerl.policy.logprobs`), grad clipping and one AdamW step. The groups are packed by
 `learner_service.train.packing`; the math lives in `learner_service.train.objective`.
 """
 
@@ -65,7 +65,7 @@ class Trainer:
     """The learner's model, AdamW optimizer and ScaleRL step (paper Sec. 4).
 
     Args:
-        model: causal LM (see `learner_service.train.logprobs.token_logprobs`), already on its
+        model: causal LM (see `scalerl.policy.logprobs.token_logprobs`), already on its
             device.
         config: the learner section of the run config (loss, aggregation, advantage
             normalization, filter, lr, betas, weight decay, grad clip, micro-batch size,

@@ -40,6 +40,7 @@ PRIVILEGED_METHODS = frozenset(
         "/scalerl.v1.RolloutService/JoinWeightGroup",
         "/scalerl.v1.RolloutService/ReceiveWeights",
         "/scalerl.v1.RolloutService/FetchWeights",
+        "/scalerl.v1.TeacherService/ScoreTokens",
         "/scalerl.v1.LearnerService/FetchWeights",
         "/scalerl.v1.CurveService/RecordPoint",
         "/scalerl.v1.CurveService/TrimRun",

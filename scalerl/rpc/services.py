@@ -54,6 +54,7 @@ LEARNER = _service(learner_pb2, learner_pb2_grpc, "LearnerService")
 ROLLOUT = _service(rollout_pb2, rollout_pb2_grpc, "RolloutService")
 SANDBOX = _service(sandbox_pb2, sandbox_pb2_grpc, "SandboxService")
 REWARD = _service(reward_pb2, reward_pb2_grpc, "RewardService")
+TEACHER = _service(rollout_pb2, rollout_pb2_grpc, "TeacherService")
 
 
 def serve(

@@ -363,3 +363,77 @@ class RolloutService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TeacherServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ScoreTokens = channel.unary_unary(
+                '/scalerl.v1.TeacherService/ScoreTokens',
+                request_serializer=scalerl_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+                response_deserializer=scalerl_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
+                _registered_method=True)
+
+
+class TeacherServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ScoreTokens(self, request, context):
+        """INVALID_ARGUMENT for no sequences, too many, an empty prompt or completion, a token
+        id outside the teacher's vocabulary, or a sequence past its max_seq_len.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TeacherServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ScoreTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreTokens,
+                    request_deserializer=scalerl_dot_v1_dot_rollout__pb2.ScoreTokensRequest.FromString,
+                    response_serializer=scalerl_dot_v1_dot_rollout__pb2.ScoreTokensResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'scalerl.v1.TeacherService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('scalerl.v1.TeacherService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class TeacherService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ScoreTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.v1.TeacherService/ScoreTokens',
+            scalerl_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+            scalerl_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -40,11 +40,11 @@ import torch
 from model_families import tiny_family_model
 from safetensors.torch import save_file
 
-from learner_service.train.logprobs import token_logprobs
 from rollout_service.engines.api import ABORT, ABORTED, LENGTH, TRUNCATE, GenerationRequest
 from rollout_service.engines.torch.sampling import top_p_renormalise
 from rollout_service.server import RolloutServicer, start_server
 from scalerl.config import LoraConfig, TinyModel
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.lora import BASE_VERSION, attach_lora, base_version_tensor
 from scalerl.policy.models import load_policy, load_tokenizer
 from scalerl.rpc.channel import channel
@@ -143,7 +143,7 @@ def _logp_reference(model, prompt, tokens, temperature: float, top_p: float) -> 
 
 
 def _learner_logp(model, prompt, tokens, temperature: float) -> torch.Tensor:
-    """The learner's recomputation (learner_service.train.logprobs.token_logprobs, fp32)."""
+    """The learner's recomputation (scalerl.policy.logprobs.token_logprobs, fp32)."""
     ids = torch.tensor([list(prompt) + list(tokens)])
     with torch.no_grad():
         logp = token_logprobs(

@@ -18,7 +18,6 @@ import torch
 from model_families import FAMILY_CONFIGS, tiny_family_model
 from safetensors.torch import load_file
 
-from learner_service.train.logprobs import token_logprobs
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.adapters import Adapter
 from rollout_service.engines.torch.decoder import SlotDecoder, StagedWeights
@@ -30,6 +29,7 @@ from scalerl.policy.architectures import (
     check_model_folder,
     check_servable,
 )
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.lora import LORA_A, LORA_B
 from scalerl.weights.check import folder_shapes
 

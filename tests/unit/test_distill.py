@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from learner_service.train import objective
-from learner_service.train.logprobs import token_logprobs
 from scalerl.config import TinyModel
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.models import load_policy
 
 # A 3-token vocabulary {a, b, c}: the student's and the teacher's next-token distributions

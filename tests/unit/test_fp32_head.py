@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import TinyModel
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.models import load_policy
 from scalerl.state.registry import WorkerRegistry
 from scalerl.state.run_state import RunState

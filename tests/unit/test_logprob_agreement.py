@@ -16,11 +16,11 @@ import copy
 import pytest
 import torch
 
-from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.engines.api import GenerationRequest
 from rollout_service.engines.torch.engine import TorchEngine
 from scalerl.config import TinyModel
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 

@@ -13,7 +13,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from learner_service.train.logprobs import token_logprobs
 from learner_service.train.packing import pack_groups
 from rollout_service.actor import _GroupInFlight, build_group
 from rollout_service.engines.api import ABORT, ABORTED, INTERRUPTED, TRUNCATE, GenerationRequest
@@ -24,6 +23,7 @@ from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.environment import Observation, Opening
 from scalerl.agents.trajectory import STOP, TurnLimits, run_trajectory
 from scalerl.config import TinyModel
+from scalerl.policy.logprobs import token_logprobs
 from scalerl.policy.models import load_policy, load_tokenizer
 from scalerl.v1 import rollout_pb2
 from scalerl.verifiers import Verdict

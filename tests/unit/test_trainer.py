@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from learner_service.train import objective
-from learner_service.train.logprobs import prefix_logprobs, token_logprobs
 from learner_service.train.packing import pack_groups
 from learner_service.train.trainer import Trainer
 from scalerl.config import LearnerConfig, TinyModel
+from scalerl.policy.logprobs import prefix_logprobs, token_logprobs
 from scalerl.policy.models import load_policy
 from scalerl.v1 import rollout_pb2
 

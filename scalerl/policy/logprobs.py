@@ -1,7 +1,7 @@
-"""The learner's log-probabilities of completion tokens under the tempered policy, with
-an fp32 LM head (paper Sec. 3.2 and 4): per sample (`token_logprobs`) or with each
-shared prompt computed once (`prefix_logprobs`). Both feed the importance ratio
-exp(logp - logp_gen) of the policy loss.
+"""Log-probabilities of given tokens under a tempered policy, with an fp32 LM head (paper
+Sec. 3.2 and 4): per sample (`token_logprobs`) or with each shared prompt computed once
+(`prefix_logprobs`). The learner's feed the importance ratio exp(logp - logp_gen) of the
+policy loss; a distillation teacher's score the student's sampled tokens.
 
 The model is a Hugging Face causal LM whose `model` (the body) and `lm_head` are read by
 name; torch types a submodule as `Tensor | Module`, so it is taken as Any."""
