@@ -174,7 +174,11 @@ class Learner:
         hf: Any = self.model  # an HF causal LM: its head is read by name
         vocab_size = int(hf.lm_head.weight.shape[0])
         self.batches.limits = GroupLimits(
-            cfg.rollout.group_size, vocab_size, cfg.rollout.max_seq_len, moe_shape(self.model)
+            cfg.rollout.group_size,
+            vocab_size,
+            cfg.rollout.max_seq_len,
+            moe_shape(self.model),
+            teacher=cfg.learner.distill is not None,
         )
         self.trainer = build_trainer(self.model, cfg, self.tokenizer.pad_token_id, self.ranks)
         trainer = self.trainer

@@ -68,6 +68,11 @@ _STEP_GAUGES = {
         "scalerl_learner_mismatch_kl_k3",
         "k3 estimate of KL(engine || learner) per token of the last step, nats.",
     ),
+    "distill_reverse_kl": (
+        "scalerl_learner_distill_reverse_kl",
+        "Distillation: mean of log pi_student - log pi_teacher over the last step's sampled "
+        "tokens, the estimate of the reverse KL per token, nats.",
+    ),
     "prompts_eligible": (
         "scalerl_learner_prompts_eligible",
         "Training prompts still in the pool.",

@@ -25,7 +25,7 @@ from scalerl.config import RunConfig
 from scalerl.run_folder import StepRecord, append_record
 from scalerl.state.client import REDIS_ERRORS
 from scalerl.state.prompt_pool import TaskPools
-from scalerl.state.replay import VERIFIER_UNAVAILABLE, ReplayStream
+from scalerl.state.replay import UNSCORED_REASONS, ReplayStream
 from scalerl.tracking import Trackers
 from scalerl.verifiers.base import passes
 from scalerl.weights.publisher import WeightPublisher
@@ -131,10 +131,12 @@ class StepRecorder:
         )
 
     def _unscored_total(self) -> int | None:
-        """The run's groups dead-lettered unscored (replay ledger); None while Redis does
-        not answer (a step record is not worth failing the step)."""
+        """The run's groups dead-lettered unscored: a verifier or a distillation teacher
+        could not score them (replay ledger); None while Redis does not answer (a step
+        record is not worth failing the step)."""
         try:
-            return self.replay.accounting().get(f"dead_letter:{VERIFIER_UNAVAILABLE}", 0)
+            ledger = self.replay.accounting()
+            return sum(ledger.get(f"dead_letter:{r}", 0) for r in UNSCORED_REASONS)
         except REDIS_ERRORS:
             return None
 

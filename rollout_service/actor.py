@@ -33,6 +33,7 @@ from rollout_service.engines.api import (
     RolloutEngine,
     finish_reason_enum,
 )
+from rollout_service.teacher_scores import TeacherScores, TeacherUnavailable
 from rollout_service.trajectories import TrajectoryStream, TrajectoryTable
 from scalerl.agents.chat import TurnTemplate
 from scalerl.agents.trajectory import Trajectory
@@ -40,7 +41,12 @@ from scalerl.config import RolloutConfig, RunConfig
 from scalerl.length_control import forced_ids, scored_ids
 from scalerl.offpolicy import producer_for
 from scalerl.state.prompt_pool import TaskPools
-from scalerl.state.replay import VERIFIER_UNAVAILABLE, PushAborted, ReplayStream
+from scalerl.state.replay import (
+    TEACHER_UNAVAILABLE,
+    VERIFIER_UNAVAILABLE,
+    PushAborted,
+    ReplayStream,
+)
 from scalerl.state.run_state import RunState
 from scalerl.tasks import Task, TaskSet, task_of
 from scalerl.v1 import rollout_pb2
@@ -61,12 +67,15 @@ class _GroupInFlight:
     # is read once) and the futures of their verdicts.
     completions: Sequence[Completion | Trajectory] = field(default_factory=list)
     verdicts: list[Future[Verdict]] | None = None
+    # Distillation: the teacher's per-token scores of each sample (`TeacherScores`).
+    teacher: Future[list[list[float]]] | None = None
 
     def done(self) -> bool:
         return all(s.finished.is_set() for s in self.streams)
 
     def scored(self) -> bool:
-        return self.verdicts is not None and all(v.done() for v in self.verdicts)
+        verified = self.verdicts is not None and all(v.done() for v in self.verdicts)
+        return verified and (self.teacher is None or self.teacher.done())
 
 
 class ActorLoop:
@@ -81,6 +90,9 @@ class ActorLoop:
     a made-up reward) are for metrics.
     """
 
+    # Distillation's teacher scores of each group (`learner.distill`); None without.
+    teacher: TeacherScores | None = None
+
     def __init__(
         self,
         engine: RolloutEngine,
@@ -92,8 +104,10 @@ class ActorLoop:
         config: RunConfig,
         worker_id: str,
         trajectories: TrajectoryTable | None = None,
+        teacher: TeacherScores | None = None,
     ) -> None:
         self.engine = engine
+        self.teacher = teacher
         self.table = TrajectoryTable() if trajectories is None else trajectories
         self.tokenizer = tokenizer
         self.tasks = tasks
@@ -215,6 +229,12 @@ class ActorLoop:
             problem = self.tasks.problem(group.prompt_id)
         except KeyError:
             return [_done(self.tasks.score(group.prompt_id, a)) for a in answers]
+        if self.teacher is not None:
+            shared = len(group.prompt_ids)
+            sequences = [
+                (list(group.prompt_ids), sample_ids(done, shared)) for done in group.completions
+            ]
+            group.teacher = self.teacher.submit(sequences)
         scorer = self.scorers[task_of(group.prompt_id)]
         return [
             _done(_trajectory_verdict(done))
@@ -288,6 +308,16 @@ class ActorLoop:
         if any(v.unscored for v in verdicts):
             self._dead_letter_unscored(group, message, verdicts)
             return
+        if group.teacher is not None:
+            try:
+                scores = group.teacher.result()
+            except TeacherUnavailable as exc:
+                self.replay.push_dead_letter(message, TEACHER_UNAVAILABLE, str(exc)[:500])
+                self.producer.give_back([group.submitted_version])
+                self.groups_unscored += 1
+                return
+            for sample, score in zip(message.samples, scores, strict=True):
+                sample.teacher_logprobs[:] = score
         if not self.producer.worth_pushing(self.state.versions.announced(), message):
             # The learner would drop it anyway. Its PPO ticket stays counted as held: the
             # learner is past the ticket's version, so a newer quota has already replaced
@@ -424,6 +454,14 @@ def build_group(
         worker_id=worker_id,
         created_unix_s=time.time(),
     )
+
+
+def sample_ids(done: Completion | Trajectory, shared: int) -> list[int]:
+    """The token ids of `done`'s sample (`build_group`): a completion's tokens; a
+    trajectory's, after the part of its first prompt past the group's `shared` tokens."""
+    if isinstance(done, Trajectory):
+        return [*done.prompt_ids[shared:], *done.token_ids]
+    return list(done.token_ids)
 
 
 def _trajectory_sample(

@@ -25,6 +25,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"redis://[:password@]host:port/db (default: ${REDIS_URL_ENV})",
     )
     parser.add_argument("--worker-id", required=True, help="Unique worker name.")
+    parser.add_argument(
+        "--role",
+        choices=("rollout", "teacher"),
+        default="rollout",
+        help="rollout: generate groups; teacher: score them for distillation "
+        "(learner.distill: rollout_service.teacher).",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="gRPC bind address.")
     parser.add_argument("--advertise-host", default=None, help="Address others dial.")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = free port).")
@@ -60,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not resolved:
         return 2
+    if args.role == "teacher":
+        return _run_teacher(resolved, args)
     precision = resolved.precision
     from rollout_service.worker import RolloutWorker
     from scalerl.obs.metrics import service_registry
@@ -84,6 +93,34 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         worker.close()
     time.sleep(0)
+    return 0
+
+
+def _run_teacher(resolved, args: argparse.Namespace) -> int:
+    """A teacher worker until SIGTERM or SIGINT; 2 after one line when the run has no
+    teacher or its checkpoint does not fit."""
+    from rollout_service.teacher import TeacherWorker
+    from scalerl.entrypoint import stop_on_signals
+
+    stop = stop_on_signals(deadline_s=DRAIN_SLACK_S)
+    worker = TeacherWorker(
+        resolved,
+        args.redis_url,
+        args.worker_id,
+        args.host,
+        args.advertise_host or args.host,
+        args.port,
+    )
+    try:
+        worker.start()
+    except ValueError as exc:
+        print(f"scalerl-rollout: {exc}", file=sys.stderr)
+        worker.close()
+        return 2
+    try:
+        worker.run(stop)
+    finally:
+        worker.close()
     return 0
 
 

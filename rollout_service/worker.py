@@ -30,6 +30,7 @@ from rollout_service.engines.api import RolloutEngine
 from rollout_service.engines.factory import build_engine
 from rollout_service.metrics import DeltaCollector, RolloutMetrics
 from rollout_service.server import RolloutServicer, start_server
+from rollout_service.teacher_scores import TeacherScores
 from rollout_service.trajectories import TrajectoryTable
 from scalerl.compute import ComputeCounters, ComputeReporter
 from scalerl.cores import torch_threads
@@ -42,7 +43,14 @@ from scalerl.policy.models import load_policy
 from scalerl.state.client import connect
 from scalerl.state.prompt_pool import TaskPools
 from scalerl.state.push_blocked import PushBlockedReporter, PushBlockedSeconds
-from scalerl.state.registry import LEAVING, READY, SYNCING, WorkerProgress, WorkerRegistry
+from scalerl.state.registry import (
+    LEAVING,
+    READY,
+    SYNCING,
+    TEACHER,
+    WorkerProgress,
+    WorkerRegistry,
+)
 from scalerl.state.replay import ReplayStream
 from scalerl.state.run_state import RunState
 from scalerl.state.worker_stats import WorkerStats
@@ -176,6 +184,7 @@ class RolloutWorker:
             self.config,
             self.worker_id,
             self.trajectories,
+            self._teacher_scores(),
         )
 
         actor.run(
@@ -249,6 +258,14 @@ class RolloutWorker:
         thread = threading.Thread(target=target, daemon=True, name=target.__name__)
         thread.start()
         self._threads.append(thread)
+
+    def _teacher_scores(self) -> TeacherScores | None:
+        """Distillation's teacher scores of each group (`learner.distill`), None without."""
+        distill = self.config.learner.distill
+        if distill is None:
+            return None
+        teachers = WorkerRegistry(self.client, self.config.run_id, role=TEACHER)
+        return TeacherScores(teachers, distill.deadline_s)
 
     def _heartbeat(self) -> None:
         """Renew the registration every period with the worker's progress: the tokens it

@@ -170,7 +170,8 @@ class StepRecord(_Record):
     groups_unscored_total: int | None = Field(
         None,
         description="Groups the workers dead-lettered because a sample's verifier could not "
-        "run (the sandbox busy or down past its retries), run total from the replay ledger.",
+        "run (the sandbox, a judge or a reward service busy or down past its retries) or no "
+        "distillation teacher scored them in time, run total from the replay ledger.",
     )
     groups_future_total: int | None = Field(
         default=None,
@@ -280,6 +281,12 @@ class StepRecord(_Record):
         default=None,
         description="Tokens trained on per importance-ratio bucket, bucket i holding "
         "EDGES[i-1] <= rho < EDGES[i] (scalerl.config.RATIO_HISTOGRAM_EDGES).",
+    )
+    distill_reverse_kl: float | None = Field(
+        default=None,
+        description="On-policy distillation: mean over the tokens trained on of log "
+        "pi_student - log pi_teacher (the student at sampling), the one-sample estimate of "
+        "KL(student || teacher) per token (nats); None without learner.distill.",
     )
     # MoE routing replay (R3); None in run folders written before it was recorded.
     routing_choices: int | None = Field(

@@ -29,6 +29,7 @@ from scalerl_cli.processes import Child, start_child
 log = logging.getLogger(__name__)
 WORKER_PREFIX = "rollout-"
 LENDER_PREFIX = "lender-"
+TEACHER_PREFIX = "teacher-"
 
 
 def is_worker(child: Child) -> bool:
@@ -82,6 +83,14 @@ class LauncherFleet:
         return [
             self._start(f"{LENDER_PREFIX}{i}", threads, {**lender_env, SLOT_ENV: str(i)})
             for i in range(plan.lenders)
+        ]
+
+    def start_teachers(self, teachers: int) -> list[Child]:
+        """Start `teachers` teacher workers (`teacher-{i}`, `--role teacher`: on-policy
+        distillation's, `learner.distill`); the fleet's target does not count them."""
+        return [
+            self._start(f"{TEACHER_PREFIX}{i}", ["--role", "teacher"], self.env)
+            for i in range(teachers)
         ]
 
     def _start(self, name: str, extra: list[str], env: dict[str, str] | None) -> Child:

@@ -390,6 +390,8 @@ def _start_services(
     fleet = LauncherFleet(
         config_path, redis_url, config.run_id, logs, services, services_path, worker_env
     )
+    if config.learner.distill is not None:  # the teachers score the workers' first groups
+        children += fleet.start_teachers(config.learner.distill.teachers)
     children += fleet.start(config.rollout.workers)
     if plan and plan.lenders:
         gate = create_gate(run_dir / "lend_gate", plan.lenders)

@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             check_vllm_serves(hf_config(config.model), precision.rollout_dtype, on_cpu)
         tokenizer = load_tokenizer(resolved.config.model)
         check_budgets(resolved.config.rollout, tokenizer.encode)
+        _check_teacher(resolved.config, tokenizer)
         check_thinking(resolved.config.model, resolved.config.rollout, tokenizer)
         build_tasks(resolved.config).close()
         if config.learner.lora is not None:
@@ -70,6 +71,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(payload))
     return 0
+
+
+def _check_teacher(config, tokenizer) -> None:
+    """With `learner.distill`: the teacher's tokenizer is the student's and its checkpoint
+    names weights (they are checked against the teacher when its workers load them).
+    Raises ValueError naming the field."""
+    distill = config.learner.distill
+    if distill is None:
+        return
+    from rollout_service.teacher import teacher_weight_files
+    from scalerl.config import SmolLM2Model
+    from scalerl.policy.models import check_same_tokenizer, load_tokenizer, smollm2_dir
+
+    if isinstance(distill.teacher, SmolLM2Model):
+        smollm2_dir(distill.teacher.cache_dir)
+    check_same_tokenizer(tokenizer, load_tokenizer(distill.teacher))
+    if distill.checkpoint:
+        teacher_weight_files(Path(distill.checkpoint))
 
 
 if __name__ == "__main__":

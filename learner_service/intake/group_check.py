@@ -35,6 +35,7 @@ REASONS = (
     "token_out_of_vocab",
     "too_long",
     "bad_routes",
+    "missing_teacher_scores",
 )
 
 
@@ -44,12 +45,15 @@ class GroupLimits:
     id (prompt and completion) is below it (None: unchecked, before the model is loaded);
     max_tokens: a sample's prompt plus completion, tokens (`rollout.max_seq_len`; None:
     unchecked); moe: the policy's routing, which a sample's routed experts must fit (None:
-    unchecked, or a dense policy, which takes none)."""
+    unchecked, or a dense policy, which takes none); teacher: on-policy distillation, so
+    every sample carries one finite teacher log-prob per token (`Sample.teacher_logprobs`):
+    a group without them is never trained on."""
 
     group_size: int
     vocab_size: int | None = None
     max_tokens: int | None = None
     moe: MoeShape | None = None
+    teacher: bool = False  # distillation: every sample carries its teacher's log-probs
 
 
 def group_problem(group: rollout_pb2.RolloutGroup, limits: GroupLimits) -> tuple[str, str] | None:
@@ -109,6 +113,16 @@ def _sample_fit(
     total = len(group.prompt_token_ids) + len(sample.token_ids)
     if limits.max_tokens is not None and total > limits.max_tokens:
         return "too_long", f"{total} tokens (prompt and completion), over {limits.max_tokens}"
+    if limits.teacher:
+        scores = sample.teacher_logprobs
+        if len(scores) != len(sample.token_ids):
+            count = len(scores)
+            return (
+                "missing_teacher_scores",
+                f"{count} teacher log-probs for {len(sample.token_ids)} tokens",
+            )
+        if not all(math.isfinite(lp) and lp <= _LOGPROB_SLACK for lp in scores):
+            return "non_finite_logprob", "a teacher log-prob that is NaN, infinite or > 0"
     if sample.HasField("routed_experts") and limits.vocab_size is not None:
         problem = routes_problem(sample.routed_experts, total, limits.moe)
         if problem is not None:

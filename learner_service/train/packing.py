@@ -3,6 +3,7 @@ validated before anything is trained on."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,9 @@ class PackedBatch:
     # where unknown (padding, a sample without routes, the tokens past its last routed
     # one); None when no sample carries routes (`scalerl.policy.routing`, R3).
     routes: torch.Tensor | None = None
+    # On-policy distillation: float32 [N], the teacher's log-prob of each token; None when
+    # the samples carry none.
+    teacher_logp: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -104,6 +108,7 @@ def pack_groups(
         k: [] for k in ("positions", "logp_gen", "sample", "group", "mask", "version")
     }
     rewards, sample_group, finish, offsets = [], [], [], [0]
+    teacher: list[float] = []  # NaN for a sample without teacher scores
     for g, group in enumerate(groups):
         where = f"group {g} ({group.group_id!r})"
         if not group.prompt_token_ids or not group.samples:
@@ -125,6 +130,7 @@ def pack_groups(
         cols["group"].extend([g] * n)
         cols["mask"].extend(trained_tokens(sample))
         cols["version"].extend(sample.policy_versions)
+        teacher.extend(sample.teacher_logprobs or [math.nan] * n)
         rewards.append(sample.reward)
         sample_group.append(g)
         finish.append(sample.finish_reason)
@@ -151,6 +157,11 @@ def pack_groups(
         rewards=torch.tensor(rewards, dtype=torch.float32),
         sample_group=torch.tensor(sample_group, dtype=torch.long),
         finish_reasons=torch.tensor(finish, dtype=torch.long),
+        teacher_logp=(
+            torch.tensor(teacher, dtype=torch.float32)
+            if any(sample.teacher_logprobs for _, sample in order)
+            else None
+        ),
     )
 
 

@@ -79,6 +79,7 @@ class StepStats:
     routing_choices: int = 0
     routing_agreed: int = 0
     routing_agreement: float | None = None
+    distill_reverse_kl: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> StepStats:

@@ -208,7 +208,7 @@ class Trainer:
             / full.num_samples,
             "multi_turn": multi_turn_stats(s for g in groups for s in g.samples),
         }
-        drop = zero_var if self.config.zero_variance_filter else torch.zeros_like(zero_var)
+        drop = zero_var if self.config.filters_zero_variance else torch.zeros_like(zero_var)
         kept = [g for g, dropped in zip(groups, drop.tolist(), strict=True) if not dropped]
         if not kept:
             return metrics, None, 0
@@ -230,7 +230,19 @@ class Trainer:
         weights = objective.aggregation_weights(
             batch.sample_index, batch.group_index, batch.loss_mask, cfg.aggregation
         )
-        return advantages[batch.sample_index], weights
+        token_adv = advantages[batch.sample_index]
+        if cfg.distill is not None:  # on-policy distillation: the teacher's per-token signal
+            if batch.teacher_logp is None:
+                raise ValueError("learner.distill: the groups carry no teacher log-probs")
+            token_adv = objective.distill_advantages(
+                token_adv,
+                batch.teacher_logp,
+                batch.logp_gen,
+                batch.loss_mask,
+                kl_coef=cfg.distill.kl_coef,
+                reward_coef=cfg.distill.reward_coef,
+            )
+        return token_adv, weights
 
     def _optimize(self, batch: PackedBatch, groups_used: int) -> dict[str, float]:
         cfg = self.config
@@ -276,6 +288,7 @@ class Trainer:
             # Accumulated as fraction x tokens per micro-batch: integral up to rounding.
             "tokens_ratio_clipped": float(round(totals.clipped)),
             "stepped": float(stepped),
+            "distill_reverse_kl": _reverse_kl(batch),
             **totals.routing(),
             **totals.mismatch(),
         }
@@ -525,3 +538,14 @@ def _idle_metrics(groups_used: int, samples: int = 0) -> dict[str, float]:
         "tokens_ratio_clipped": 0.0,
         "stepped": 0.0,
     }
+
+
+def _reverse_kl(batch: PackedBatch) -> float | None:
+    """Mean of logp_gen - teacher_logp over the trained tokens (the distillation's
+    per-token reverse-KL estimate, `objective.distill_advantages`); None without teacher
+    log-probs."""
+    if batch.teacher_logp is None:
+        return None
+    mask = batch.loss_mask
+    gap = batch.logp_gen.double()[mask] - batch.teacher_logp.double()[mask]
+    return float(gap.mean()) if gap.numel() else None

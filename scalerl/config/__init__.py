@@ -9,6 +9,7 @@ one per transport, in `weights`), `services` (eval, fleet, curve, security) and 
 (the whole and its loading).
 """
 
+from scalerl.config.distill import DistillConfig
 from scalerl.config.engine import (
     EngineConfig,
     SglangEngineConfig,
@@ -74,6 +75,7 @@ from scalerl.config.weights import (
 )
 
 __all__ = [
+    "DistillConfig",
     "ADDITIONS_SYSTEM_PROMPT",
     "AdditionsTaskConfig",
     "BroadcastWeights",

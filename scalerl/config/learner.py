@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from scalerl.config.base import _Section, by_name
+from scalerl.config.distill import DistillConfig
 from scalerl.config.loss import CispoLoss, LossConfig
 from scalerl.config.mismatch import MismatchConfig, NoMismatch
 from scalerl.config.weights import UriWeights, WeightsConfig
@@ -164,6 +165,11 @@ class LearnerConfig(_Section):
         description="Also checkpoint when this many minutes passed since the last "
         "checkpoint (0 = only by steps and at the end); a preempted pod loses at most this.",
     )
+    distill: DistillConfig | None = Field(
+        None,
+        description="On-policy distillation from a teacher, mixed with the task reward "
+        "(None = RL alone; scalerl.config.distill).",
+    )
     lora: LoraConfig | None = Field(
         None,
         description="Train LoRA adapters instead of every weight, and publish the adapters "
@@ -182,11 +188,18 @@ class LearnerConfig(_Section):
     )
 
     @property
+    def filters_zero_variance(self) -> bool:
+        """Zero-variance groups are dropped: `zero_variance_filter`, but not under
+        distillation with a KL term, where every group carries the teacher's signal."""
+        distilled = self.distill is not None and self.distill.kl_coef > 0
+        return self.zero_variance_filter and not distilled
+
+    @property
     def fill_up_to(self) -> int:
         """Groups a PipelineRL round reads at most with dynamic sampling: dynamic_sampling
         x batch_prompts with the zero-variance filter in pipeline mode; 0 (no filling)
         otherwise."""
-        if self.off_policy_mode != "pipeline" or not self.zero_variance_filter:
+        if self.off_policy_mode != "pipeline" or not self.filters_zero_variance:
             return 0
         return self.dynamic_sampling * self.batch_prompts
 

@@ -286,6 +286,25 @@ def load_tokenizer(model_config) -> PolicyTokenizer:
     return _hf_policy_tokenizer(AutoTokenizer.from_pretrained(folder), model_config)
 
 
+def check_same_tokenizer(student: PolicyTokenizer, teacher: PolicyTokenizer) -> None:
+    """Raise ValueError naming `learner.distill.teacher` unless the teacher's tokenizer
+    maps every token to the id the student's does (distillation scores the student's
+    token ids with the teacher)."""
+    field = "learner.distill.teacher"
+    if student.chat != teacher.chat:
+        raise ValueError(f"{field}: a character tokenizer and a subword one do not match")
+    if not student.chat:
+        return  # both the tiny model's character tokenizer
+    mine, theirs = student.tokenizer.get_vocab(), teacher.tokenizer.get_vocab()
+    if mine != theirs:
+        differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
+        token, index = differ[0]
+        raise ValueError(
+            f"{field}: its tokenizer differs from model's ({len(theirs)} tokens against "
+            f"{len(mine)}; first difference: {token!r} at id {index})"
+        )
+
+
 def chat_template(model_config) -> str | None:
     """`model.chat_template`: None when unset (the tokenizer's own), else the Jinja text,
     read from the file when it names one (a path ending in .jinja or .j2). Raises

@@ -131,6 +131,11 @@ class RunKeys:
         # The ids of the registered workers (a set), so listing them costs O(workers),
         # not a SCAN of the whole keyspace; an id whose entry expired is pruned on read.
         self.workers_index = run_key(run_id, "workers_index")
+        # The teacher workers of on-policy distillation (`scalerl-rollout --role teacher`):
+        # a registry of their own, so the learner never pushes weights to nor evaluates on
+        # them.
+        self.teachers_prefix = run_key(run_id, "teachers") + ":"
+        self.teachers_index = run_key(run_id, "teachers_index")
         # Weight relay, per policy version: `relay:{version}:holders` (a set of the workers
         # that hold it and serve it to peers) and `relay:{version}:claims` (a hash: fetching
         # worker -> "source|lease deadline in ms"), both with a TTL (`weight_relay`).
@@ -158,6 +163,11 @@ class RunKeys:
         """One worker's registry key, `workers:{worker_id}`. Raises ValueError for a
         worker_id outside `WORKER_ID_PATTERN`."""
         return self.workers_prefix + check_worker_id(worker_id)
+
+    def teacher(self, worker_id: str) -> str:
+        """One teacher worker's registry key, `teachers:{worker_id}`. Raises ValueError
+        for a worker_id outside `WORKER_ID_PATTERN`."""
+        return self.teachers_prefix + check_worker_id(worker_id)
 
     def replay_pushed(self, writer: str) -> str:
         """The push dedup key of one writer (`scalerl.state.once.OpId.writer`)."""

@@ -47,6 +47,10 @@ for i = 2, #KEYS do
 end
 return pruned
 """
+# A registry's roles: the rollout workers, and on-policy distillation's teacher workers
+# (a registry of their own: no weights pushed to them, no evaluations on them).
+ROLLOUT, TEACHER = "rollout", "teacher"
+ROLES = (ROLLOUT, TEACHER)
 # A worker's states (`WorkerProgress.state`; rollout_service.worker has the diagram).
 SYNCING, READY, LEAVING = "SYNCING", "READY", "LEAVING"
 
@@ -104,7 +108,8 @@ class WorkerRegistry:
     stall_s: seconds without progress while it has work after which a worker is left out
     of `workers()` (None: never). clock: wall time in Unix seconds. signer: signs this
     process's heartbeats and checks every entry read (default: keyed by the process's
-    token, `scalerl.state.signing.process_signer`).
+    token, `scalerl.state.signing.process_signer`). role: ROLLOUT (the workers) or TEACHER
+    (distillation's teachers, keys `teachers:{id}` and `teachers_index`).
     """
 
     def __init__(
@@ -114,12 +119,18 @@ class WorkerRegistry:
         stall_s: float | None = None,
         clock: Callable[[], float] = time.time,
         signer: EntrySigner | None = None,
+        role: str = ROLLOUT,
     ) -> None:
         if stall_s is not None and not (isinstance(stall_s, Real) and stall_s > 0):
             raise ValueError(f"stall_s must be a number > 0 seconds or None, got {stall_s!r}")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self._client = client
         self._keys = RunKeys(run_id)
-        self._index = self._keys.workers_index
+        self.role = role
+        teacher = role == TEACHER
+        self._index = self._keys.teachers_index if teacher else self._keys.workers_index
+        self._key = self._keys.teacher if teacher else self._keys.worker
         self._prune = client.register_script(_PRUNE_LUA)
         self._stall_s = stall_s
         self._clock = clock
@@ -147,9 +158,7 @@ class WorkerRegistry:
         if self._signer.enabled:
             value[SIG_FIELD] = self._signer.sign("worker", self._entry(worker_id), value)
         with self._client.pipeline(transaction=True) as pipe:
-            pipe.set(
-                self._keys.worker(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000))
-            )
+            pipe.set(self._key(worker_id), json.dumps(value), px=max(1, round(ttl_s * 1000)))
             pipe.sadd(self._index, worker_id)
             pipe.execute()
 
@@ -159,7 +168,7 @@ class WorkerRegistry:
         ids = sorted(text(member) for member in self._client.smembers(self._index))
         if not ids:
             return {}
-        keys = [self._keys.worker(worker_id) for worker_id in ids]
+        keys = [self._key(worker_id) for worker_id in ids]
         values = self._client.mget(keys)
         found, expired = {}, []
         for worker_id, key, value in zip(ids, keys, values, strict=True):
@@ -178,7 +187,7 @@ class WorkerRegistry:
         """One worker's entry, or None when it is not registered (expired, left) or not
         signed with the run's secret. Raises ValueError for an id outside
         `WORKER_ID_PATTERN`."""
-        value = self._client.get(self._keys.worker(worker_id))
+        value = self._client.get(self._key(worker_id))
         return None if value is None else self._verified(worker_id, value)
 
     def _verified(self, worker_id: str, value: bytes | str) -> WorkerInfo | None:
@@ -190,7 +199,9 @@ class WorkerRegistry:
         return _parse(data)
 
     def _entry(self, worker_id: str) -> str:
-        return f"{self._run_id}/{worker_id}"
+        # A teacher's entry signs its role too: a worker's signed entry is no teacher's.
+        role = "" if self.role == ROLLOUT else f"{self.role}/"
+        return f"{self._run_id}/{role}{worker_id}"
 
     def workers(self) -> dict[str, str]:
         """Workers to push weights to and evaluate on: ready and not stalled. worker_id ->
@@ -245,7 +256,7 @@ class WorkerRegistry:
     def remove(self, worker_id: str) -> bool:
         """Deregister (clean shutdown). Returns False when it was not registered."""
         with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(self._keys.worker(worker_id))
+            pipe.delete(self._key(worker_id))
             pipe.srem(self._index, worker_id)
             deleted, _ = pipe.execute()
         return bool(deleted)

@@ -70,6 +70,11 @@ _POLL_MAX_S = 0.1
 # The dead-letter reason of a group with a sample whose verifier could not run (its
 # worker hands it in with `push_dead_letter`; `scalerl.verifiers.VerifierUnavailable`).
 VERIFIER_UNAVAILABLE = "verifier_unavailable"
+# ... and of a group no distillation teacher scored in time
+# (`rollout_service.teacher.TeacherUnavailable`).
+TEACHER_UNAVAILABLE = "teacher_unavailable"
+# The dead letters of groups nothing could score (`groups_unscored_total`).
+UNSCORED_REASONS = (VERIFIER_UNAVAILABLE, TEACHER_UNAVAILABLE)
 
 # What `ack` may count an entry as (dead letters and lost groups have their own paths).
 ACK_OUTCOMES = ("trained", "stale", "future_version")

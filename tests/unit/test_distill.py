@@ -122,3 +122,112 @@ def test_bad_weights_or_a_missing_teacher_score_are_refused(
             kl_coef=kl_coef,
             reward_coef=reward_coef,
         )
+
+
+# --- the learner's side: config, intake, trainer --------------------------------------
+
+TINY_TEACHER = {"teacher": {"kind": "tiny", "tiny_hidden": 64, "tiny_layers": 2}}
+
+
+def _distilled_group(model, teacher_model, rewards=(1.0, 1.0)):
+    """A group whose engine log-probs are the student's own and whose teacher log-probs
+    are `teacher_model`'s, with equal rewards (zero variance)."""
+    from test_trainer import group, on_policy
+
+    prompt, completions = [5, 6], [[7, 8, 9], [7, 9]]
+    built = on_policy(model, prompt, completions, list(rewards))
+    for sample, tokens in zip(built.samples, completions, strict=True):
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            lp = token_logprobs(teacher_model, ids, torch.ones_like(ids))[0]
+        sample.teacher_logprobs[:] = lp[len(prompt) - 1 :].tolist()
+    return group(prompt, list(built.samples))
+
+
+def test_a_teacher_like_the_student_leaves_the_weights_and_another_moves_them() -> None:
+    """Zero-variance groups are kept under distillation (the teacher's signal is there),
+    a teacher equal to the student gives no gradient, another one does, and the step
+    records the reverse KL's estimate."""
+    from learner_service.train.trainer import Trainer
+    from scalerl.config import LearnerConfig
+
+    def student():
+        model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=0)
+        return model
+
+    config = LearnerConfig(lr=1e-3, autocast_bf16=False, weight_decay=0.0, distill=TINY_TEACHER)
+    assert not config.filters_zero_variance and config.zero_variance_filter
+    model = student()
+    same = Trainer(model, config, 1.0).step([_distilled_group(model, student())])
+    assert same.groups_used == 1 and same.grad_norm == 0.0
+    assert same.distill_reverse_kl == pytest.approx(0.0, abs=1e-5)
+    other, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=1)
+    model = student()
+    moved = Trainer(model, config, 1.0).step([_distilled_group(model, other)])
+    assert moved.stepped and moved.grad_norm > 0.0 and moved.distill_reverse_kl != 0.0
+
+
+def test_a_group_without_teacher_scores_is_never_trained_on() -> None:
+    from test_trainer import group, sample
+
+    from learner_service.intake.group_check import GroupLimits, group_problem
+
+    bare = group([5, 6], [sample([7, 8], 1.0), sample([7], 0.0)])
+    assert group_problem(bare, GroupLimits(2)) is None
+    reason, detail = group_problem(bare, GroupLimits(2, teacher=True))
+    assert (reason, detail) == (
+        "missing_teacher_scores",
+        "samples[0]: 0 teacher log-probs for 2 tokens",
+    )
+    bare.samples[0].teacher_logprobs[:] = [-0.5, math.nan]
+    bare.samples[1].teacher_logprobs[:] = [-0.1]
+    assert group_problem(bare, GroupLimits(2, teacher=True))[0] == "non_finite_logprob"
+
+
+@pytest.mark.parametrize(
+    ("sets", "line"),
+    [
+        (
+            ["learner.distill.teacher.kind=tiny", "learner.distill.kl_coef=0"],
+            "learner.distill: kl_coef and reward_coef must not both be 0",
+        ),
+        (["learner.distill.teacher.kind=tiny", "learner.distill.teachers=0"], "teachers"),
+        (["learner.distill.teacher.kind=nope"], "learner.distill.teacher"),
+    ],
+)
+def test_a_bad_distill_config_is_one_line_naming_the_field(sets, line) -> None:
+    from scalerl.config import load_config
+    from scalerl.entrypoint import config_error
+
+    with pytest.raises(ValueError) as caught:
+        load_config("tiny", sets)
+    message = config_error(caught.value)
+    assert "\n" not in message and line in message
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_naming_the_field() -> None:
+    from transformers import AutoTokenizer
+
+    from scalerl.config import SmolLM2Model
+    from scalerl.policy.models import (
+        PolicyTokenizer,
+        check_same_tokenizer,
+        load_tokenizer,
+        smollm2_dir,
+    )
+
+    smollm2_dir()
+    student = load_tokenizer(SmolLM2Model())
+    check_same_tokenizer(student, load_tokenizer(SmolLM2Model()))  # the same: accepted
+    check_same_tokenizer(load_tokenizer(TinyModel()), load_tokenizer(TinyModel()))
+    with pytest.raises(ValueError, match="^learner.distill.teacher: a character tokenizer"):
+        check_same_tokenizer(student, load_tokenizer(TinyModel()))
+    other = AutoTokenizer.from_pretrained(smollm2_dir())
+    other.add_tokens(["<teacher-only>"])
+    teacher = PolicyTokenizer(other, True, student.stop_token_ids, student.pad_token_id)
+    with pytest.raises(ValueError) as caught:
+        check_same_tokenizer(student, teacher)
+    assert str(caught.value) == (
+        "learner.distill.teacher: its tokenizer differs from model's (49153 tokens against "
+        "49152; first difference: '<teacher-only>' at id 49152)"
+    )
