@@ -231,3 +231,33 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_field() -> None:
         "learner.distill.teacher: its tokenizer differs from model's (49153 tokens against "
         "49152; first difference: '<teacher-only>' at id 49152)"
     )
+
+
+def test_a_trajectorys_teacher_sequence_is_its_sample() -> None:
+    """The teacher scores exactly the tokens the sample carries: a completion's, or a
+    trajectory's first-prompt extension (environment tokens) and everything after it."""
+    from rollout_service.actor import sample_ids
+    from rollout_service.engines.api import Completion
+    from scalerl.agents.trajectory import Trajectory
+
+    assert sample_ids(Completion("r", 2, token_ids=[7, 8]), 2) == [7, 8]
+    trajectory = Trajectory(prompt_ids=[1, 2, 3, 4], token_ids=[5, 6, 7])
+    assert sample_ids(trajectory, 2) == [3, 4, 5, 6, 7]
+
+
+def test_a_lora_student_distils_into_its_adapters_alone() -> None:
+    from learner_service.train.trainer import Trainer
+    from scalerl.config import LearnerConfig
+    from scalerl.policy.lora import attach_lora
+
+    config = LearnerConfig(
+        lr=1e-2, autocast_bf16=False, weight_decay=0.0, distill=TINY_TEACHER, lora={"rank": 4}
+    )
+    model, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=0)
+    attach_lora(model, config.lora)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    other, _ = load_policy(TinyModel(tiny_hidden=64, tiny_layers=2), seed=1)
+    stats = Trainer(model, config, 1.0).step([_distilled_group(model, other)])
+    assert stats.stepped and stats.grad_norm > 0.0
+    changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert changed and all(".lora_" in n for n in changed)
